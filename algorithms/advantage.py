@@ -1,0 +1,1 @@
+"""Built-in advantage parts (being written)."""

@@ -1,0 +1,1 @@
+"""Built-in correction parts (being written)."""

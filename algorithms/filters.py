@@ -1,0 +1,1 @@
+"""Built-in filters parts (being written)."""

@@ -1,0 +1,1 @@
+"""Built-in loss_agg parts (being written)."""

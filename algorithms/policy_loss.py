@@ -1,0 +1,1 @@
+"""Built-in policy_loss parts (being written)."""

@@ -1,0 +1,1 @@
+"""Built-in reward parts (being written)."""

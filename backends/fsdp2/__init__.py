@@ -1,0 +1,1 @@
+"""The fsdp2 backend plugin (being written)."""

@@ -1,0 +1,1 @@
+"""The megatron backend plugin (being written)."""

@@ -1,0 +1,1 @@
+"""The vllm backend plugin (being written)."""

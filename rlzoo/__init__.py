@@ -1,0 +1,49 @@
+"""rlzoo: a pluggable zoo of RL algorithms for LLM post-training.
+
+The names exported here are the public API. Importing rlzoo is cheap: it does not import torch.
+
+- :data:`hookimpl` marks a plugin's hook implementations (see :mod:`rlzoo.hookspecs`).
+- :func:`param` declares a documented field of a part's params dataclass.
+- :func:`get_plugin_manager` gives the registries (``get_plugin_manager().registry("advantage")``).
+- :func:`build_run` composes a run from a recipe name, a config, or objects passed directly.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rlzoo.errors import ConfigError, PluginError, RlzooError, UnknownComponentError
+from rlzoo.hookspecs import hookimpl
+from rlzoo.kinds import KIND_NAMES, KINDS
+from rlzoo.plugins import get_plugin_manager, reset_plugin_manager
+from rlzoo.registry import Component, Registrar, Registry, param
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from rlzoo.compose import Run
+
+
+def build_run(config: Any = "quickstart", overrides: list[str] | None = None, **parts: Any) -> Run:
+    """Compose a run. See :func:`rlzoo.compose.build_run`."""
+    from rlzoo.compose import build_run as _build
+
+    return _build(config, overrides, **parts)
+
+
+__all__ = [
+    "KINDS",
+    "KIND_NAMES",
+    "Component",
+    "ConfigError",
+    "PluginError",
+    "Registrar",
+    "Registry",
+    "RlzooError",
+    "UnknownComponentError",
+    "build_run",
+    "get_plugin_manager",
+    "hookimpl",
+    "param",
+    "reset_plugin_manager",
+]

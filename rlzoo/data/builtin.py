@@ -1,0 +1,1 @@
+"""Built-in dataset preparers (being written)."""

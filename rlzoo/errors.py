@@ -1,0 +1,40 @@
+"""Exceptions with messages that say what was wrong and what would be right."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Sequence
+
+
+class RlzooError(Exception):
+    """Base class of every error rlzoo raises on purpose."""
+
+
+class PluginError(RlzooError):
+    """A plugin is malformed: a misspelt hook, an argument not in the spec, a clash of names."""
+
+
+class DuplicateComponentError(PluginError):
+    """Two plugins registered the same name for the same kind."""
+
+
+class UnknownComponentError(RlzooError, KeyError):
+    """A recipe or a call asked for a name no plugin registered."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class ConfigError(RlzooError, ValueError):
+    """A recipe has one or more problems. ``problems`` lists each with its key path."""
+
+    def __init__(self, problems: Sequence[str], header: str = "invalid recipe") -> None:
+        self.problems = list(problems)
+        lines = [f"{header}: {len(self.problems)} problem(s)"]
+        lines += [f"  - {p}" for p in self.problems]
+        super().__init__("\n".join(lines))
+
+
+def closest(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
+    """The registered names most similar to ``name`` (for 'did you mean')."""
+    return difflib.get_close_matches(name, list(choices), n=n, cutoff=0.5)

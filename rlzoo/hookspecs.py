@@ -1,0 +1,188 @@
+"""The hooks a plugin implements. Every part rlzoo knows, built-in or third-party, arrives here.
+
+A plugin is a module (or any object) with functions decorated by :data:`rlzoo.hookimpl`. Third-party
+packages expose it through the ``rlzoo`` entry-point group::
+
+    [project.entry-points.rlzoo]
+    my_plugin = "my_package.plugin"
+
+Each ``rlzoo_register_<kind>s`` hook receives ``registry``, a :class:`rlzoo.registry.Registrar` for
+that kind, and calls ``registry.register(name, part, params=..., capabilities=...)`` for each part
+it provides. Parts may be passed as ``"module:attr"`` strings so that listing them stays cheap.
+The calling conventions of each kind are the Protocols in :mod:`rlzoo.protocols`.
+
+Hooks are grouped by lifecycle: algorithm parts, reward parts, data, execution, configuration.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from rlzoo.registry import Registrar
+
+PROJECT = "rlzoo"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# ---------------------------------------------------------------------------------------------
+# Algorithm parts
+# ---------------------------------------------------------------------------------------------
+@hookspec
+def rlzoo_register_advantages(registry: Registrar) -> None:
+    """Register advantage estimators (kind ``advantage``).
+
+    An advantage estimator turns token-level rewards into advantages and returns. It is called
+    as ``fn(inputs: AdvantageInputs, params) -> AdvantageOutput`` where ``inputs`` carries
+    ``token_level_rewards [B, T]``, ``response_mask [B, T]`` and, when the part's capabilities ask
+    for them, ``group_ids [B]`` (``needs_group``), ``values [B, T]`` (``needs_critic``) and
+    ``baseline_rewards [B]`` (``needs_greedy_baseline``). Selected in recipes by
+    ``algorithm.advantage.name``.
+    """
+
+
+@hookspec
+def rlzoo_register_policy_losses(registry: Registrar) -> None:
+    """Register policy losses (kind ``policy_loss``).
+
+    Called as ``fn(inputs: PolicyLossInputs, params) -> PolicyLossOutput``. ``inputs`` carries
+    ``log_probs``, ``old_log_probs``, ``advantages``, ``response_mask`` (all ``[B, T]``), optional
+    ``rollout_is_weights [B, T]`` and the selected aggregation ``agg`` (a callable
+    ``agg(per_token_loss, mask) -> scalar`` already bound to the global token / sequence counts).
+    The output is the aggregated scalar loss plus metrics (clip fractions, approximate KL). A loss
+    must aggregate through ``inputs.agg``; where its paper fixes an aggregation, it says so in its
+    doc and declares it in the ``fixed_aggregation`` capability. Selected by
+    ``algorithm.policy_loss.name``.
+    """
+
+
+@hookspec
+def rlzoo_register_loss_aggs(registry: Registrar) -> None:
+    """Register loss aggregations (kind ``loss_agg``).
+
+    Called as ``fn(per_token_loss [B, T], mask [B, T], ctx: AggContext, params) -> scalar``.
+    ``ctx`` carries the global number of response tokens and sequences of the whole mini-batch
+    (across micro-batches and data-parallel ranks), so that summing the results over any split
+    of the batch gives the full-batch value. Selected by ``algorithm.loss_agg.name``.
+    """
+
+
+@hookspec
+def rlzoo_register_kls(registry: Registrar) -> None:
+    """Register KL estimators (kind ``kl``).
+
+    Called as ``fn(log_probs [B, T], ref_log_probs [B, T], params) -> kl [B, T]`` (per token, not
+    masked). Used both as a loss term (``algorithm.kl_loss``) and as a reward penalty
+    (``algorithm.kl_penalty``).
+    """
+
+
+@hookspec
+def rlzoo_register_rollout_corrections(registry: Registrar) -> None:
+    """Register off-policy corrections (kind ``rollout_correction``).
+
+    Called as ``fn(inputs: CorrectionInputs, params) -> CorrectionOutput`` with trainer-side
+    ``old_log_probs`` and the rollout engine's ``rollout_log_probs`` (both ``[B, T]``) and the
+    response mask. Returns importance weights ``[B, T]`` (or None), a mask of tokens / sequences
+    kept, and mismatch metrics. Selected by ``algorithm.rollout_correction.name``.
+    """
+
+
+@hookspec
+def rlzoo_register_sample_filters(registry: Registrar) -> None:
+    """Register sample filters (kind ``sample_filter``).
+
+    Called as ``fn(rewards [N], group_ids [N], params) -> keep [N] (bool)``. Filters decide per
+    group; a filter with the ``refills`` capability asks the runner to generate more groups
+    until the batch is full. Selected by ``algorithm.sample_filter.name``.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Reward parts
+# ---------------------------------------------------------------------------------------------
+@hookspec
+def rlzoo_register_scorers(registry: Registrar) -> None:
+    """Register scorers (kind ``scorer``).
+
+    Called as ``fn(response: str, ground_truth, data_source: str, extra_info: dict, params)`` and
+    returns a float score or a dict with at least ``score`` (other keys become metrics). A scorer
+    never ``eval``s model output. With the ``batched`` capability it receives lists instead.
+    Selected by ``reward.scorer.name`` (and per data source by ``reward.scorers.<source>``).
+    """
+
+
+@hookspec
+def rlzoo_register_reward_managers(registry: Registrar) -> None:
+    """Register reward managers (kind ``reward_manager``).
+
+    A reward manager is a factory ``factory(params, scorer: ScorerFn) -> RewardManager`` whose
+    instances are called with a list of :class:`rlzoo.protocols.RewardItem` and return one
+    :class:`rlzoo.protocols.RewardResult` per item. A scorer that raises or returns NaN must
+    yield a failed result, not an exception. Selected by ``reward.manager.name``.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------
+@hookspec
+def rlzoo_register_datasets(registry: Registrar) -> None:
+    """Register dataset preparers (kind ``dataset``).
+
+    A preparer is ``fn(out_dir: Path, params) -> dict[str, Path]`` that loads a dataset (hub
+    name or local path, through the ``datasets`` library) and writes parquet files in rlzoo's
+    schema (see :mod:`rlzoo.data`), returning the split names and the files written. Used by
+    ``rlzoo prepare NAME`` and by recipes through ``data.prepare``.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Execution
+# ---------------------------------------------------------------------------------------------
+@hookspec
+def rlzoo_register_train_backends(registry: Registrar) -> None:
+    """Register training backends (kind ``train_backend``).
+
+    A training backend is a factory ``factory(params, spec: TrainSpec) -> TrainBackend`` (see
+    :class:`rlzoo.protocols.TrainBackend`): it owns the actor, and where asked the critic and
+    the frozen reference model; computes log-probs, entropy and values; runs the policy and
+    value updates; exports weights for the rollout backend; saves and resumes checkpoints.
+    Heavy imports happen inside the factory. Selected by ``trainer.backend.name``.
+    """
+
+
+@hookspec
+def rlzoo_register_rollout_backends(registry: Registrar) -> None:
+    """Register rollout backends (kind ``rollout_backend``).
+
+    A rollout backend is a factory ``factory(params, spec: RolloutSpec) -> RolloutBackend``
+    (see :class:`rlzoo.protocols.RolloutBackend`): it generates ``n`` responses per prompt with
+    per-token log-probs, streams finished samples, can pause and resume in-flight requests
+    (``supports_partial_rollout``), and loads new weights. Selected by ``rollout.backend.name``.
+    """
+
+
+@hookspec
+def rlzoo_register_runners(registry: Registrar) -> None:
+    """Register runners (kind ``runner``).
+
+    A runner is a factory ``factory(params, run: Run) -> Runner`` whose ``run()`` drives the
+    loop (when each phase runs, and where) using only the parts the run holds and their
+    capabilities. Selected by ``runner.name``.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------------------------
+@hookspec
+def rlzoo_recipe_search_paths() -> list[str]:
+    """Return directories that hold recipes (Hydra YAML) and config groups a plugin ships.
+
+    Paths are searched after the user's working directory and before rlzoo's own ``recipes``,
+    so a plugin can add recipes (``rlzoo train recipe=my_recipe``) and config groups.
+    """

@@ -1,0 +1,291 @@
+"""The plugin manager: loads built-in and third-party plugins and builds the registries.
+
+Built-ins are ordinary plugins, listed in :data:`BUILTIN_PLUGINS` and registered through exactly
+the hooks a third party uses. Third parties are found in the ``rlzoo`` entry-point group.
+
+Environment variables:
+
+``RLZOO_PLUGINS``
+    Comma-separated allow-list of third-party plugins (entry-point names or distribution names).
+    When set, every other third-party plugin is blocked (listed as ``blocked`` by
+    ``rlzoo plugins --all``). Set it to an empty string to block all of them.
+``RLZOO_DISABLE_PLUGIN_AUTOLOAD``
+    ``1`` / ``true``: load no third-party plugin from entry points at all (built-ins still load).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as md
+import os
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pluggy
+
+from rlzoo import hookspecs
+from rlzoo.errors import PluginError
+from rlzoo.kinds import KINDS
+from rlzoo.registry import Component, Registrar, Registry
+
+ENTRY_POINT_GROUP = "rlzoo"
+ENV_ALLOW = "RLZOO_PLUGINS"
+ENV_NO_AUTOLOAD = "RLZOO_DISABLE_PLUGIN_AUTOLOAD"
+
+#: The built-in plugins, in load order. Each is an import-light module with hookimpls.
+BUILTIN_PLUGINS: tuple[str, ...] = (
+    "rlzoo.algorithms.advantage",
+    "rlzoo.algorithms.policy_loss",
+    "rlzoo.algorithms.loss_agg",
+    "rlzoo.algorithms.kl",
+    "rlzoo.algorithms.correction",
+    "rlzoo.algorithms.filters",
+    "rlzoo.algorithms.scorers",
+    "rlzoo.algorithms.reward",
+    "rlzoo.data.builtin",
+    "rlzoo.backends.native",
+    "rlzoo.backends.fsdp2",
+    "rlzoo.backends.vllm",
+    "rlzoo.backends.megatron",
+    "rlzoo.runners",
+    "rlzoo.recipes",
+)
+
+
+class PluginLoadWarning(UserWarning):
+    """A third-party plugin failed to import; the others still load."""
+
+
+@dataclass
+class PluginInfo:
+    """What ``rlzoo plugins`` reports about one plugin."""
+
+    name: str
+    version: str
+    source: str  # "builtin" or "entry point <group>:<name> (<dist>)"
+    status: str  # "loaded", "blocked", "failed", "disabled"
+    builtin: bool
+    distribution: str | None = None
+    hooks: list[str] = field(default_factory=list)
+    parts: list[str] = field(default_factory=list)  # "kind:name"
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "source": self.source,
+            "status": self.status,
+            "builtin": self.builtin,
+            "distribution": self.distribution,
+            "hooks": self.hooks,
+            "parts": self.parts,
+            "error": self.error,
+        }
+
+
+def _rlzoo_version() -> str:
+    try:
+        return md.version("rlzoo")
+    except md.PackageNotFoundError:  # running from a source tree
+        from rlzoo import __version__
+
+        return __version__
+
+
+def _truthy(v: str | None) -> bool:
+    return (v or "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+class PluginManager:
+    """A typed facade over :class:`pluggy.PluginManager` that builds one registry per kind."""
+
+    def __init__(
+        self,
+        *,
+        builtins: Iterable[str] = BUILTIN_PLUGINS,
+        load_entrypoints: bool | None = None,
+        allow: Iterable[str] | None = None,
+    ) -> None:
+        self._pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self._pm.add_hookspecs(hookspecs)
+        self._info: dict[str, PluginInfo] = {}
+        self._registries: dict[str, Registry[Any]] | None = None
+        version = _rlzoo_version()
+        for modname in builtins:
+            module = importlib.import_module(modname)
+            self._register(module, modname, PluginInfo(modname, version, "builtin", "loaded", True))
+        if load_entrypoints is None:
+            load_entrypoints = not _truthy(os.environ.get(ENV_NO_AUTOLOAD))
+        if allow is None and ENV_ALLOW in os.environ:
+            allow = [a.strip() for a in os.environ[ENV_ALLOW].split(",") if a.strip()]
+        self._allow = None if allow is None else set(allow)
+        if load_entrypoints:
+            self._load_entrypoints()
+        else:
+            for ep in md.entry_points(group=ENTRY_POINT_GROUP):
+                dist = ep.dist.name if ep.dist else None
+                self._info[ep.name] = PluginInfo(
+                    ep.name,
+                    ep.dist.version if ep.dist else "?",
+                    f"entry point {ENTRY_POINT_GROUP}:{ep.name} ({dist})",
+                    "disabled",
+                    False,
+                    dist,
+                    error=f"{ENV_NO_AUTOLOAD} is set",
+                )
+        self.check_pending()
+
+    # -- loading --------------------------------------------------------------------------------
+    def _load_entrypoints(self) -> None:
+        seen: set[str] = set()
+        for ep in md.entry_points(group=ENTRY_POINT_GROUP):
+            if ep.name in seen:
+                continue
+            seen.add(ep.name)
+            dist = ep.dist.name if ep.dist else None
+            info = PluginInfo(
+                ep.name,
+                ep.dist.version if ep.dist else "?",
+                f"entry point {ENTRY_POINT_GROUP}:{ep.name} ({dist})",
+                "loaded",
+                False,
+                dist,
+            )
+            if self._allow is not None and ep.name not in self._allow and dist not in self._allow:
+                info.status = "blocked"
+                info.error = f"not in {ENV_ALLOW}={','.join(sorted(self._allow))}"
+                self._info[ep.name] = info
+                continue
+            try:
+                plugin = ep.load()
+            except Exception as exc:  # a broken plugin must not take the others down
+                info.status = "failed"
+                info.error = f"{type(exc).__name__}: {exc}"
+                self._info[ep.name] = info
+                warnings.warn(
+                    f"rlzoo plugin {ep.name!r} (from {dist or ep.value}) failed to import and was "
+                    f"skipped: {info.error}",
+                    PluginLoadWarning,
+                    stacklevel=2,
+                )
+                continue
+            self._register(plugin, ep.name, info)
+
+    def _register(self, plugin: object, name: str, info: PluginInfo) -> None:
+        try:
+            self._pm.register(plugin, name=name)
+        except pluggy.PluginValidationError as exc:
+            raise PluginError(f"plugin {name!r}: {exc}") from exc
+        except ValueError as exc:
+            raise PluginError(f"plugin {name!r} could not be registered: {exc}") from exc
+        info.hooks = sorted(
+            impl.name for impl in self._pm.get_hookcallers(plugin) or []  # type: ignore[union-attr]
+        )
+        self._info[name] = info
+        self._registries = None
+
+    def register(self, plugin: object, name: str | None = None, *, version: str = "0") -> str:
+        """Register a plugin object at run time (tests, notebooks). Returns its name."""
+        name = name or getattr(plugin, "__name__", None) or f"plugin-{id(plugin)}"
+        self._register(plugin, name, PluginInfo(name, version, "registered at run time", "loaded", False))
+        self.check_pending()
+        return name
+
+    def unregister(self, name: str) -> None:
+        self._pm.unregister(name=name)
+        self._info.pop(name, None)
+        self._registries = None
+
+    def check_pending(self) -> None:
+        """Fail if a plugin implements a hook that does not exist (a misspelt hook name)."""
+        known = {k for k in dir(hookspecs) if k.startswith("rlzoo_")}
+        for name, caller in self._pm.hook.__dict__.items():
+            if name.startswith("_") or caller.spec is not None:
+                continue
+            for impl in caller.get_hookimpls():
+                if impl.hookimpl_config.optionalhook:
+                    continue
+                from rlzoo.errors import closest
+
+                near = closest(name, known)
+                hint = f"; did you mean {near[0]!r}?" if near else ""
+                raise PluginError(
+                    f"plugin {impl.plugin_name!r} implements unknown hook {name!r}{hint} "
+                    f"Known hooks: {', '.join(sorted(known))}"
+                )
+
+    # -- registries -----------------------------------------------------------------------------
+    def registries(self) -> dict[str, Registry[Any]]:
+        """One registry per kind, built by calling every plugin's register hooks."""
+        if self._registries is None:
+            regs: dict[str, Registry[Any]] = {}
+            for kind in KINDS:
+                reg: Registry[Any] = Registry(kind.name)
+                caller = getattr(self._pm.hook, kind.hook)
+                # pluggy keeps implementations last-registered-first; register in load order.
+                for impl in reversed(caller.get_hookimpls()):
+                    try:
+                        impl.function(registry=Registrar(reg, impl.plugin_name))
+                    except PluginError:
+                        raise
+                    except Exception as exc:
+                        raise PluginError(
+                            f"plugin {impl.plugin_name!r} failed in hook {kind.hook}: "
+                            f"{type(exc).__name__}: {exc}"
+                        ) from exc
+                regs[kind.name] = reg
+            self._registries = regs
+            for info in self._info.values():
+                info.parts = []
+            for reg in regs.values():
+                for comp in reg:
+                    if comp.plugin in self._info:
+                        self._info[comp.plugin].parts.append(f"{comp.kind}:{comp.name}")
+        return self._registries
+
+    def registry(self, kind: str) -> Registry[Any]:
+        regs = self.registries()
+        if kind not in regs:
+            raise KeyError(f"unknown kind {kind!r}; kinds are {', '.join(sorted(regs))}")
+        return regs[kind]
+
+    def get(self, kind: str, name: str, *, key: str | None = None) -> Component[Any]:
+        return self.registry(kind).get(name, key=key)
+
+    def recipe_search_paths(self) -> list[str]:
+        paths: list[str] = []
+        for result in self._pm.hook.rlzoo_recipe_search_paths():
+            paths.extend(str(p) for p in result or [])
+        return paths
+
+    def plugins(self, *, include_all: bool = False) -> list[PluginInfo]:
+        """Loaded third-party plugins; with ``include_all`` also built-ins, blocked and failed."""
+        self.registries()
+        out = [
+            i for i in self._info.values() if include_all or (not i.builtin and i.status == "loaded")
+        ]
+        return sorted(out, key=lambda i: (not i.builtin, i.name))
+
+    @property
+    def pluggy(self) -> pluggy.PluginManager:
+        return self._pm
+
+
+_default: PluginManager | None = None
+
+
+def get_plugin_manager() -> PluginManager:
+    """The process-wide plugin manager (created on first use)."""
+    global _default
+    if _default is None:
+        _default = PluginManager()
+    return _default
+
+
+def reset_plugin_manager() -> None:
+    """Forget the process-wide manager (tests; after changing RLZOO_PLUGINS)."""
+    global _default
+    _default = None
