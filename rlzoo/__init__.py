@@ -10,8 +10,7 @@ The names exported here are the public API. Importing rlzoo is cheap: it does no
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
+from rlzoo.compose import Run, build_run, part
 from rlzoo.errors import ConfigError, PluginError, RlzooError, UnknownComponentError
 from rlzoo.hookspecs import hookimpl
 from rlzoo.kinds import KIND_NAMES, KINDS
@@ -19,17 +18,6 @@ from rlzoo.plugins import get_plugin_manager, reset_plugin_manager
 from rlzoo.registry import Component, Registrar, Registry, param
 
 __version__ = "0.1.0"
-
-if TYPE_CHECKING:
-    from rlzoo.compose import Run
-
-
-def build_run(config: Any = "quickstart", overrides: list[str] | None = None, **parts: Any) -> Run:
-    """Compose a run. See :func:`rlzoo.compose.build_run`."""
-    from rlzoo.compose import build_run as _build
-
-    return _build(config, overrides, **parts)
-
 
 __all__ = [
     "KINDS",
@@ -39,11 +27,13 @@ __all__ = [
     "PluginError",
     "Registrar",
     "Registry",
+    "Run",
     "RlzooError",
     "UnknownComponentError",
     "build_run",
     "get_plugin_manager",
     "hookimpl",
     "param",
+    "part",
     "reset_plugin_manager",
 ]

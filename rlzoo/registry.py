@@ -65,6 +65,9 @@ def param(default: Any = dataclasses.MISSING, *, help: str, **kw: Any) -> Any:  
     if isinstance(default, (list, dict, set)):
         value = default
         return field(default_factory=lambda: type(value)(value), metadata=metadata, **kw)
+    if dataclasses.is_dataclass(default) and not isinstance(default, type):
+        instance = default
+        return field(default_factory=lambda: dataclasses.replace(instance), metadata=metadata, **kw)
     if default is dataclasses.MISSING:
         return field(metadata=metadata, **kw)
     return field(default=default, metadata=metadata, **kw)

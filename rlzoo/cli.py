@@ -1,0 +1,217 @@
+"""The ``rlzoo`` command line.
+
+    rlzoo train [RECIPE | recipe=NAME] [key=value ...]   run a recipe (default: quickstart)
+    rlzoo validate RECIPE [key=value ...]                resolve every name and param; load nothing
+    rlzoo components [KIND] [--json]                     list registered parts
+    rlzoo plugins [--all] [--json]                       list plugins, versions, hooks, parts
+    rlzoo recipes [--json]                               list recipes on the search path
+    rlzoo prepare NAME [--out DIR] [key=value ...]       prepare a dataset into rlzoo's parquet schema
+    rlzoo plot RUN_DIR                                   learning curves (PNG) and a Markdown summary
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rlzoo.errors import RlzooError
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [len(h) for h in header]
+    for r in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, r)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*r).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def _split_recipe(args: Sequence[str], default: str | None) -> tuple[str | None, list[str]]:
+    recipe = default
+    overrides: list[str] = []
+    for i, a in enumerate(args):
+        if a.startswith("recipe="):
+            recipe = a.split("=", 1)[1]
+        elif i == 0 and "=" not in a and not a.startswith(("+", "~")):
+            recipe = a
+        else:
+            overrides.append(a)
+    return recipe, overrides
+
+
+def cmd_components(ns: argparse.Namespace) -> int:
+    from rlzoo.kinds import KIND_NAMES
+    from rlzoo.plugins import get_plugin_manager
+
+    pm = get_plugin_manager()
+    if ns.kind and ns.kind not in KIND_NAMES:
+        from rlzoo.errors import closest
+
+        near = closest(ns.kind, KIND_NAMES)
+        hint = f" Did you mean: {', '.join(near)}?" if near else ""
+        raise RlzooError(f"unknown kind {ns.kind!r}. Kinds: {', '.join(KIND_NAMES)}.{hint}")
+    kinds = [ns.kind] if ns.kind else list(KIND_NAMES)
+    comps = [c for k in kinds for c in pm.registry(k)]
+    if ns.json:
+        print(json.dumps([c.to_json() for c in comps], indent=2, default=str))
+        return 0
+    rows = [[c.kind, c.name, c.plugin, c.summary] for c in comps]
+    print(_table(rows, ["kind", "name", "plugin", "summary"]))
+    return 0
+
+
+def cmd_plugins(ns: argparse.Namespace) -> int:
+    from rlzoo.plugins import get_plugin_manager
+
+    infos = get_plugin_manager().plugins(include_all=ns.all)
+    if ns.json:
+        print(json.dumps([i.to_json() for i in infos], indent=2))
+        return 0
+    if not infos:
+        print("no third-party plugins loaded (rlzoo plugins --all lists the built-ins too)")
+        return 0
+    rows = [
+        [i.name, i.version, i.status, ", ".join(h.removeprefix("rlzoo_") for h in i.hooks), ", ".join(i.parts)]
+        for i in infos
+    ]
+    print(_table(rows, ["name", "version", "status", "hooks", "parts"]))
+    for i in infos:
+        if i.error:
+            print(f"  {i.name}: {i.error}")
+    return 0
+
+
+def cmd_recipes(ns: argparse.Namespace) -> int:
+    from rlzoo.config import list_recipes
+
+    recipes = list_recipes()
+    if ns.json:
+        print(json.dumps({k: str(v) for k, v in sorted(recipes.items())}, indent=2))
+        return 0
+    print(_table([[k, str(v)] for k, v in sorted(recipes.items())], ["recipe", "file"]))
+    return 0
+
+
+def cmd_validate(ns: argparse.Namespace) -> int:
+    from rlzoo.config import load_config
+
+    recipe, overrides = _split_recipe(ns.args, None)
+    if recipe is None:
+        raise RlzooError("validate needs a recipe name or path, e.g. `rlzoo validate quickstart`")
+    cfg = load_config(recipe, overrides)
+    print(f"recipe {recipe!r} is valid")
+    rows = [[s.key, s.kind, s.name, s.component.plugin] for s in cfg.selections()]
+    print(_table(rows, ["key", "kind", "name", "plugin"]))
+    return 0
+
+
+def cmd_train(ns: argparse.Namespace) -> int:
+    from rlzoo.compose import build_run
+
+    recipe, overrides = _split_recipe(ns.args, "quickstart")
+    run = build_run(recipe or "quickstart", overrides)
+    summary = run.train()
+    if summary:
+        print(json.dumps(summary, indent=2, default=str))
+    return 0
+
+
+def cmd_prepare(ns: argparse.Namespace) -> int:
+    from rlzoo.config import bind_part
+    from rlzoo.errors import ConfigError
+    from rlzoo.plugins import get_plugin_manager
+
+    pm = get_plugin_manager()
+    params: dict[str, Any] = {}
+    for o in ns.overrides:
+        key, _, value = o.partition("=")
+        import yaml
+
+        params[key] = yaml.safe_load(value)
+    problems: list[str] = []
+    sel = bind_part("dataset", {"name": ns.name, **params}, "prepare", problems, pm)
+    if problems or sel is None:
+        raise ConfigError(problems, header=f"cannot prepare {ns.name!r}")
+    out = Path(ns.out or Path("data") / ns.name).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    files = sel.fn(out, sel.params)
+    for split, path in files.items():
+        print(f"{split}: {path}")
+    return 0
+
+
+def cmd_plot(ns: argparse.Namespace) -> int:
+    from rlzoo.report import plot_run
+
+    for path in plot_run(Path(ns.run_dir)):
+        print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlzoo", description="A pluggable zoo of RL algorithms for LLM post-training.")
+    p.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = p.add_subparsers(dest="command")
+
+    s = sub.add_parser("train", help="run a recipe (default: quickstart)")
+    s.add_argument("args", nargs="*", help="[RECIPE | recipe=NAME] then key=value overrides")
+    s.set_defaults(func=cmd_train)
+
+    s = sub.add_parser("validate", help="resolve every name and param of a recipe; loads no model")
+    s.add_argument("args", nargs="+", help="RECIPE then key=value overrides")
+    s.set_defaults(func=cmd_validate)
+
+    s = sub.add_parser("components", help="list registered parts")
+    s.add_argument("kind", nargs="?", help="only this kind")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(func=cmd_components)
+
+    s = sub.add_parser("plugins", help="list plugins with versions, hooks and parts")
+    s.add_argument("--all", action="store_true", help="include built-in, blocked and failed plugins")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(func=cmd_plugins)
+
+    s = sub.add_parser("recipes", help="list recipes on the search path")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_recipes)
+
+    s = sub.add_parser("prepare", help="prepare a dataset into rlzoo's parquet schema")
+    s.add_argument("name", help="registered dataset name (rlzoo components dataset)")
+    s.add_argument("--out", help="output folder (default: data/NAME)")
+    s.add_argument("overrides", nargs="*", help="preparer params as key=value")
+    s.set_defaults(func=cmd_prepare)
+
+    s = sub.add_parser("plot", help="render learning curves and a summary of a run directory")
+    s.add_argument("run_dir")
+    s.set_defaults(func=cmd_plot)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.version:
+        from rlzoo import __version__
+
+        print(__version__)
+        return 0
+    if ns.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return int(ns.func(ns) or 0)
+    except RlzooError as exc:
+        print(f"rlzoo {ns.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"rlzoo {ns.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,509 @@
+"""Recipes: Hydra YAML that selects parts by name, bound onto typed sections.
+
+A recipe is found by name on the search path (the working directory's ``recipes/``, paths that
+plugins add through ``rlzoo_recipe_search_paths``, rlzoo's own recipes) or given as a file path.
+Hydra composes it with command-line overrides (``key=value``, ``+key=value``, ``~key``). Then
+:func:`bind_config` binds every section onto its dataclass, resolves every part name in its
+registry and binds each part's params, and raises one :class:`ConfigError` listing every problem
+with its key path. Nothing heavy (no model, no dataset) is touched.
+
+A part selection is written as a name or as a mapping with ``name`` plus the part's params::
+
+    algorithm:
+      advantage: grpo                 # same as {name: grpo}
+      policy_loss:
+        name: ppo_clip
+        clip_ratio_high: 0.28
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from rlzoo.binding import bind_dataclass, coerce, field_types, to_plain
+from rlzoo.errors import ConfigError, RlzooError
+from rlzoo.plugins import PluginManager, get_plugin_manager
+from rlzoo.registry import Component, param
+
+
+# ---------------------------------------------------------------------------------------------
+# Part selections
+# ---------------------------------------------------------------------------------------------
+def part(kind: str, default: str | None, *, help: str, optional: bool = False) -> Any:  # noqa: A002
+    """A recipe field that selects a part of ``kind`` by name (plus its params)."""
+    meta = {"kind": kind, "help": help, "optional": optional}
+    if default is None:
+        return field(default=None, metadata=meta)
+    return field(default_factory=lambda: {"name": default}, metadata=meta)
+
+
+@dataclass
+class Selection:
+    """A resolved part: the registered component and its bound params."""
+
+    kind: str
+    key: str  # config key path that selected it
+    name: str
+    component: Component[Any]
+    params: Any
+
+    @property
+    def fn(self) -> Any:
+        """The part's callable / factory (imports it on first use)."""
+        return self.component.load()
+
+    def capability(self, key: str, default: Any = False) -> Any:
+        return self.component.capability(key, default)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call a function part with its params: ``sel(inputs)`` == ``fn(inputs, params)``."""
+        return self.fn(*args, self.params, **kwargs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "plugin": self.component.plugin, **(to_plain(self.params) or {})}
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class RunSection:
+    name: str = param("rlzoo", help="run name; the run directory is <dir>/<name>-<timestamp>")
+    dir: str = param("runs", help="parent folder of run directories")
+    output_dir: str | None = param(None, help="exact run directory (overrides dir/name; needed to resume)")
+    seed: int = param(0, help="seed for data order, sampling and initialisation")
+    loggers: list[str] = param(["console", "jsonl", "tensorboard"], help="metric sinks")
+    progress: bool = param(True, help="show a progress bar")
+
+
+@dataclass
+class ModelSection:
+    path: str = param(help="HF model name or local path of the actor (and rollout) model")
+    tokenizer_path: str | None = param(None, help="tokenizer path (defaults to model.path)")
+    critic_path: str | None = param(None, help="model the critic is initialised from (defaults to model.path)")
+    dtype: Literal["float32", "bfloat16", "float16"] = param("float32", help="parameter dtype")
+    device: str = param("auto", help="'cpu', 'cuda' or 'auto' (cuda when available)")
+    trust_remote_code: bool = param(False, help="passed to from_pretrained")
+
+
+@dataclass
+class DataSection:
+    prepare: Any = part("dataset", None, help="dataset preparer run when train_files are missing", optional=True)
+    dir: str | None = param(None, help="folder the preparer writes into (used by interpolation)")
+    train_files: list[str] = param([], help="parquet files of training prompts")
+    val_files: list[str] = param([], help="parquet files of validation prompts")
+    prompt_key: str = param("prompt", help="column holding the chat messages")
+    max_prompt_length: int = param(512, help="prompts longer than this (tokens) are filtered")
+    max_response_length: int = param(128, help="generation cap per response (tokens)")
+    train_batch_size: int = param(8, help="prompts per training step")
+    val_batch_size: int | None = param(None, help="prompts per validation batch (default: all)")
+    shuffle: bool = param(True, help="shuffle prompts each epoch")
+    strict: bool = param(False, help="raise on bad rows instead of filtering them")
+    apply_chat_template: bool = param(True, help="render prompts with the tokenizer's chat template")
+
+
+@dataclass
+class KLControlSection:
+    type: Literal["fixed", "adaptive"] = param("fixed", help="KL-in-reward controller")
+    kl_coef: float = param(0.001, help="initial / fixed coefficient")
+    target_kl: float = param(0.1, help="adaptive: target KL")
+    horizon: int = param(10000, help="adaptive: horizon")
+
+
+@dataclass
+class AlgorithmSection:
+    advantage: Any = part("advantage", "grpo", help="advantage estimator")
+    policy_loss: Any = part("policy_loss", "ppo_clip", help="policy loss")
+    loss_agg: Any = part("loss_agg", "token-mean", help="loss aggregation (loss_agg_mode)")
+    use_kl_loss: bool = param(False, help="add a KL-to-reference term to the loss")
+    kl_loss_coef: float = param(0.001, help="coefficient of the KL loss")
+    kl_loss: Any = part("kl", "low_var_kl", help="estimator of the KL loss (kl_loss_type)")
+    use_kl_in_reward: bool = param(False, help="subtract a KL penalty from token rewards")
+    kl_penalty: Any = part("kl", "k1", help="estimator of the in-reward KL penalty")
+    kl_ctrl: KLControlSection = param(KLControlSection(), help="in-reward KL controller")
+    entropy_coeff: float = param(0.0, help="entropy bonus coefficient (loss -= coeff * entropy)")
+    rollout_correction: Any = part(
+        "rollout_correction", None, help="off-policy correction of rollout/trainer mismatch", optional=True
+    )
+    sample_filter: Any = part("sample_filter", None, help="group filter (DAPO dynamic sampling)", optional=True)
+
+
+@dataclass
+class RewardSection:
+    manager: Any = part("reward_manager", "naive", help="reward manager")
+    scorer: Any = part("scorer", "auto", help="default scorer")
+    scorers: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={"kind": "scorer", "help": "scorer per data source (data_source -> part)", "mapping": True},
+    )
+
+
+@dataclass
+class SamplingSection:
+    n: int = param(1, help="responses per prompt")
+    temperature: float = param(1.0, help="sampling temperature (0 = greedy)")
+    top_p: float = param(1.0, help="nucleus sampling")
+    top_k: int = param(-1, help="top-k sampling (-1 = off)")
+
+
+@dataclass
+class RolloutSection:
+    backend: Any = part("rollout_backend", "native", help="rollout backend")
+    n: int = param(4, help="responses per prompt (n_resp_per_prompt)")
+    temperature: float = param(1.0, help="sampling temperature")
+    top_p: float = param(1.0, help="nucleus sampling")
+    top_k: int = param(-1, help="top-k sampling (-1 = off)")
+    val: SamplingSection = param(SamplingSection(n=1, temperature=0.0), help="validation sampling")
+
+
+@dataclass
+class TrainerSection:
+    backend: Any = part("train_backend", "native", help="training backend")
+    total_steps: int | None = param(None, help="training steps (default: total_epochs over the data)")
+    total_epochs: int = param(1, help="epochs over the training prompts")
+    ppo_mini_batch_size: int | None = param(None, help="prompts per PPO mini-batch (default: whole batch)")
+    ppo_epochs: int = param(1, help="passes over each batch")
+    shuffle_mini_batches: bool = param(False, help="shuffle samples before splitting into mini-batches")
+    critic_warmup: int = param(0, help="steps that train only the critic")
+    val_before_train: bool = param(True, help="validate before the first step")
+    test_freq: int = param(-1, help="validate every k steps (-1: never, except at the end)")
+    save_freq: int = param(-1, help="checkpoint every k steps (-1: only at the end)")
+    max_checkpoints: int = param(2, help="checkpoints kept (oldest deleted)")
+
+
+@dataclass
+class PoolSection:
+    nnodes: int = param(1, help="nodes in the pool")
+    n_gpus_per_node: int = param(0, help="GPUs per node (0: CPU workers)")
+    n_workers_per_node: int = param(1, help="worker processes per node when CPU-only")
+
+
+@dataclass
+class PlacementSection:
+    name: Literal["local", "ray"] = param("local", help="'local' (one process) or 'ray' (actors)")
+    address: str | None = param(None, help="Ray cluster address; None starts a local Ray")
+    colocate: bool = param(True, help="rollout and training share devices")
+    trainer: PoolSection = param(PoolSection(), help="trainer resource pool")
+    rollout: PoolSection = param(PoolSection(), help="rollout resource pool (split mode)")
+
+
+@dataclass
+class RecipeConfig:
+    """A whole run, bound and resolved."""
+
+    model: ModelSection = param(help="models")
+    run: RunSection = param(RunSection(), help="run directory, seed, loggers")
+    data: DataSection = param(DataSection(), help="prompts")
+    algorithm: AlgorithmSection = param(AlgorithmSection(), help="algorithm parts")
+    reward: RewardSection = param(RewardSection(), help="reward manager and scorers")
+    rollout: RolloutSection = param(RolloutSection(), help="generation")
+    trainer: TrainerSection = param(TrainerSection(), help="training loop")
+    runner: Any = part("runner", "sync", help="the loop: sync, one_step_off, fully_async")
+    placement: PlacementSection = param(PlacementSection(), help="where the parts run")
+    resume: bool = param(False, help="continue from the latest checkpoint in run.output_dir")
+    recipe: str | None = param(None, help="name of the recipe this came from (informational)")
+    defaults: Any = param(None, help="(Hydra defaults list; ignored after composition)")
+
+    def selections(self) -> list[Selection]:
+        """Every part selected by this config (for records and checks)."""
+        out: list[Selection] = []
+
+        def walk(obj: Any) -> None:
+            if isinstance(obj, Selection):
+                out.append(obj)
+            elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+                for f in dataclasses.fields(obj):
+                    walk(getattr(obj, f.name))
+            elif isinstance(obj, dict):
+                for v in obj.values():
+                    walk(v)
+
+        walk(self)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        def conv(obj: Any) -> Any:
+            if isinstance(obj, Selection):
+                return obj.to_json()
+            if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+                return {f.name: conv(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+            if isinstance(obj, dict):
+                return {k: conv(v) for k, v in obj.items()}
+            if isinstance(obj, (list, tuple)):
+                return [conv(v) for v in obj]
+            return obj
+
+        return conv(self)  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------------------------------------
+# Binding
+# ---------------------------------------------------------------------------------------------
+def bind_part(
+    kind: str,
+    value: Any,
+    key: str,
+    problems: list[str],
+    pm: PluginManager,
+    *,
+    optional: bool = False,
+) -> Selection | None:
+    """Resolve one part selection (a name, or a mapping with ``name`` and params)."""
+    if isinstance(value, Selection):
+        return value
+    if value is None or value == "none" and optional and "none" not in pm.registry(kind):
+        if not optional:
+            problems.append(f"{key}: a {kind} is required (set {key}.name)")
+        return None
+    if isinstance(value, str):
+        name, raw_params = value, {}
+    elif isinstance(value, Mapping):
+        raw_params = {k: v for k, v in value.items() if k != "name"}
+        name = value.get("name")
+        if not isinstance(name, str):
+            problems.append(f"{key}.name: missing; name one of: {', '.join(pm.registry(kind).names())}")
+            return None
+    else:
+        problems.append(f"{key}: expected a {kind} name or a mapping with 'name', got {value!r}")
+        return None
+    registry = pm.registry(kind)
+    if name not in registry:
+        problems.append(f"{key}.name: {registry.unknown_message(name, key=key + '.name')}")
+        return None
+    comp = registry.get(name)
+    if comp.params is None:
+        if raw_params:
+            problems.append(f"{key}: {kind} {name!r} takes no params, got {', '.join(sorted(raw_params))}")
+        return Selection(kind, key, comp.name, comp, None)
+    bound = bind_dataclass(comp.params, raw_params, key, problems, what=f"{kind} {name!r}")
+    return Selection(kind, key, comp.name, comp, bound)
+
+
+def _custom_binder(pm: PluginManager) -> Any:
+    def custom(f: dataclasses.Field[Any], value: Any, path: str, problems: list[str]) -> Any:
+        kind = f.metadata.get("kind")
+        if kind is None:
+            hint = field_types_cache.get(f.type)  # nested dataclass sections
+            if hint is not None:
+                return bind_dataclass(hint, value or {}, path, problems, custom=custom)
+            return NotImplemented
+        if f.metadata.get("mapping"):
+            if not isinstance(value, Mapping):
+                problems.append(f"{path}: expected a mapping of data_source -> {kind}")
+                return {}
+            return {k: bind_part(kind, v, f"{path}.{k}", problems, pm) for k, v in value.items()}
+        return bind_part(kind, value, path, problems, pm, optional=f.metadata.get("optional", False))
+
+    return custom
+
+
+field_types_cache: dict[Any, type] = {}
+
+
+def _register_sections(cls: type) -> None:
+    for name, tp in field_types(cls).items():
+        if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+            field_types_cache[tp] = tp
+            field_types_cache[tp.__name__] = tp
+            _register_sections(tp)
+        del name
+
+
+_register_sections(RecipeConfig)
+
+
+def bind_config(raw: Mapping[str, Any], pm: PluginManager | None = None) -> RecipeConfig:
+    """Bind a composed recipe (plain mapping) onto :class:`RecipeConfig`; one error lists all problems."""
+    pm = pm or get_plugin_manager()
+    problems: list[str] = []
+    custom = _custom_binder(pm)
+    raw = dict(raw)
+    raw.pop("hydra", None)
+    cfg = bind_dataclass(RecipeConfig, raw, "", problems, what="the recipe", custom=custom)
+    # defaults that were not given in the recipe are still mappings: resolve them too
+    if cfg is not None:
+        _resolve_defaults(cfg, "", problems, pm)
+        if not problems:  # cross-checks assume well-typed sections
+            problems += check_consistency(cfg)
+    if problems:
+        raise ConfigError(problems)
+    return cfg  # type: ignore[no-any-return]
+
+
+def _resolve_defaults(obj: Any, path: str, problems: list[str], pm: PluginManager) -> None:
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        sub = f"{path}.{f.name}" if path else f.name
+        kind = f.metadata.get("kind")
+        if kind is not None and not f.metadata.get("mapping"):
+            if isinstance(value, (str, Mapping)):  # a default never bound (None: failed or off)
+                setattr(obj, f.name, bind_part(kind, value, sub, problems, pm, optional=f.metadata.get("optional", False)))
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            _resolve_defaults(value, sub, problems, pm)
+
+
+def check_consistency(cfg: RecipeConfig) -> list[str]:
+    """Cross-section checks driven by capabilities (never by part names)."""
+    problems: list[str] = []
+    adv = cfg.algorithm.advantage
+    if isinstance(adv, Selection) and adv.capability("needs_group") and cfg.rollout.n < 2:
+        problems.append(
+            f"rollout.n: advantage {adv.name!r} is group-relative (needs_group) and needs rollout.n >= 2, "
+            f"got {cfg.rollout.n}"
+        )
+    if cfg.data.train_batch_size < 1:
+        problems.append(f"data.train_batch_size: must be >= 1, got {cfg.data.train_batch_size}")
+    mb = cfg.trainer.ppo_mini_batch_size
+    if mb is not None and (mb < 1 or cfg.data.train_batch_size % mb):
+        problems.append(
+            f"trainer.ppo_mini_batch_size: must divide data.train_batch_size ({cfg.data.train_batch_size}), got {mb}"
+        )
+    if not cfg.data.train_files and cfg.data.prepare is None:
+        problems.append("data.train_files: no training files given and no data.prepare to create them")
+    runner = cfg.runner
+    if isinstance(runner, Selection):
+        validate = getattr(runner.component.params, "check", None)
+        if callable(validate) and runner.params is not None:
+            problems += list(validate(runner.params, cfg))
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# Recipe loading (Hydra)
+# ---------------------------------------------------------------------------------------------
+def recipe_search_paths(pm: PluginManager | None = None) -> list[Path]:
+    """Where recipes are looked up, first match wins."""
+    pm = pm or get_plugin_manager()
+    paths = [Path.cwd() / "recipes"]
+    extra = os.environ.get("RLZOO_RECIPE_PATH")
+    if extra:
+        paths += [Path(p) for p in extra.split(os.pathsep) if p]
+    paths += [Path(p) for p in pm.recipe_search_paths()]
+    seen: list[Path] = []
+    for p in paths:
+        if p not in seen:
+            seen.append(p)
+    return seen
+
+
+def find_recipe(name: str, pm: PluginManager | None = None) -> Path:
+    """A recipe file by name (``quickstart``) or path (``my/recipe.yaml``)."""
+    p = Path(name)
+    if p.suffix in {".yaml", ".yml"} and p.exists():
+        return p.resolve()
+    paths = recipe_search_paths(pm)
+    for d in paths:
+        for cand in (d / f"{name}.yaml", d / f"{name}.yml"):
+            if cand.exists():
+                return cand.resolve()
+    available = sorted(list_recipes(pm))
+    from rlzoo.errors import closest
+
+    near = closest(name, available)
+    msg = f"unknown recipe {name!r}. Available recipes: {', '.join(available) or '(none)'}"
+    if near:
+        msg += f". Did you mean: {', '.join(near)}?"
+    msg += f" (searched: {', '.join(str(d) for d in paths)})"
+    raise RlzooError(msg)
+
+
+def list_recipes(pm: PluginManager | None = None) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for d in reversed(recipe_search_paths(pm)):
+        if d.is_dir():
+            for f in d.glob("*.yaml"):
+                if not f.name.startswith("_"):
+                    out[f.stem] = f
+    return out
+
+
+def compose_recipe(name: str, overrides: Sequence[str] = (), pm: PluginManager | None = None) -> dict[str, Any]:
+    """Compose a recipe with Hydra and return it as a resolved plain mapping."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    pm = pm or get_plugin_manager()
+    path = find_recipe(name, pm)
+    search = [d for d in recipe_search_paths(pm) if d.is_dir() and d != path.parent]
+    ovr = list(overrides)
+    if search:
+        ovr.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in search) + "]")
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(path.parent), version_base=None):
+            cfg = compose(config_name=path.stem, overrides=ovr)
+    except Exception as exc:
+        raise ConfigError([f"{type(exc).__name__}: {exc}"], header=f"cannot compose recipe {name!r}") from exc
+    try:
+        plain = OmegaConf.to_container(cfg, resolve=True)
+    except Exception as exc:
+        raise ConfigError([f"{type(exc).__name__}: {exc}"], header=f"cannot resolve recipe {name!r}") from exc
+    assert isinstance(plain, dict)
+    plain.pop("hydra", None)
+    plain.setdefault("recipe", path.stem)
+    return plain  # type: ignore[return-value]
+
+
+def load_config(
+    recipe: str | Mapping[str, Any] | RecipeConfig = "quickstart",
+    overrides: Sequence[str] = (),
+    pm: PluginManager | None = None,
+) -> RecipeConfig:
+    """Recipe name / path / mapping / bound config -> validated :class:`RecipeConfig`."""
+    pm = pm or get_plugin_manager()
+    if isinstance(recipe, RecipeConfig):
+        if overrides:
+            raw = apply_overrides(recipe.to_dict(), overrides)
+            return bind_config(raw, pm)
+        return recipe
+    if isinstance(recipe, Mapping):
+        raw = apply_overrides(dict(recipe), overrides) if overrides else dict(recipe)
+        return bind_config(raw, pm)
+    return bind_config(compose_recipe(recipe, overrides, pm), pm)
+
+
+def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply ``key=value`` overrides to a plain mapping (OmegaConf dotlist semantics)."""
+    from omegaconf import OmegaConf
+
+    base = OmegaConf.create(to_plain(dict(raw)))
+    dot = [o.lstrip("+") for o in overrides if not o.startswith("~")]
+    merged = OmegaConf.merge(base, OmegaConf.from_dotlist(dot))
+    for o in overrides:
+        if o.startswith("~"):
+            parent, _, leaf = o[1:].rpartition(".")
+            node = OmegaConf.select(merged, parent) if parent else merged
+            if node is not None and leaf in node:
+                del node[leaf]
+    out = OmegaConf.to_container(merged, resolve=True)
+    assert isinstance(out, dict)
+    return out  # type: ignore[return-value]
+
+
+__all__ = [
+    "AlgorithmSection",
+    "DataSection",
+    "ModelSection",
+    "PlacementSection",
+    "RecipeConfig",
+    "RewardSection",
+    "RolloutSection",
+    "RunSection",
+    "Selection",
+    "TrainerSection",
+    "bind_config",
+    "bind_part",
+    "coerce",
+    "compose_recipe",
+    "find_recipe",
+    "list_recipes",
+    "load_config",
+    "part",
+]
