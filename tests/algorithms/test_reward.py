@@ -1,0 +1,247 @@
+"""Reward managers: naive, dapo (overlong buffer, worked by hand), batch, process_pool."""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import time
+
+import pytest
+
+from rlzoo import get_plugin_manager
+from rlzoo.algorithms.functional.reward import (
+    BatchRewardManager,
+    BoundScorer,
+    DAPORewardManager,
+    NaiveRewardManager,
+    ProcessPoolRewardManager,
+    overlong_penalty,
+)
+from rlzoo.algorithms.reward import BatchParams, DAPOParams, NaiveParams, ProcessPoolParams
+from rlzoo.algorithms.scorers import MathParams
+from rlzoo.protocols import RewardItem, RewardResult
+
+
+# ---------------------------------------------------------------------------------------------
+# module-level scorers (picklable for the process pool)
+# ---------------------------------------------------------------------------------------------
+def exact(response, ground_truth, data_source, extra_info, params):
+    """1.0 when the response equals the ground truth; a dict with an extra key."""
+    return {"score": float(response == ground_truth), "acc": response == ground_truth}
+
+
+def picky(response, ground_truth, data_source, extra_info, params):
+    """Raises on 'boom', NaN on 'nan', inf on 'inf', a string on 'str', else a plain float."""
+    if response == "boom":
+        raise RuntimeError("scorer exploded")
+    if response == "nan":
+        return float("nan")
+    if response == "inf":
+        return {"score": float("inf")}
+    if response == "str":
+        return "1.0"
+    if response == "nodict":
+        return {"acc": True}
+    return 0.5
+
+
+def sleepy(response, ground_truth, data_source, extra_info, params):
+    """Sleeps for 'sleep' responses (far past any test timeout), else scores 1.0."""
+    if response == "sleep":
+        time.sleep(60)
+    return 1.0
+
+
+def crashy(response, ground_truth, data_source, extra_info, params):
+    """Kills its own worker process for 'crash' responses."""
+    if response == "crash":
+        os._exit(3)
+    return {"score": 1.0, "pid": os.getpid()}
+
+
+def batched_len(responses, ground_truths, data_sources, extra_infos, params):
+    """Batched: len(response) / 10 per sample; raises if any response is 'bad'."""
+    if "bad" in responses:
+        raise ValueError("bad sample in batch")
+    return [len(r) / 10 for r in responses]
+
+
+def _items(*responses: str, gt: str = "a", lengths: tuple[int, ...] | None = None) -> list[RewardItem]:
+    lengths = lengths or tuple(0 for _ in responses)
+    return [RewardItem(response=r, ground_truth=gt, response_length=n) for r, n in zip(responses, lengths)]
+
+
+# ---------------------------------------------------------------------------------------------
+# naive
+# ---------------------------------------------------------------------------------------------
+def test_naive_scores_and_moves_extra_keys_to_info():
+    mgr = NaiveRewardManager(NaiveParams(), BoundScorer(exact))
+    out = mgr(_items("a", "b"))
+    assert out == [
+        RewardResult(reward=1.0, score=1.0, info={"acc": True}),
+        RewardResult(reward=0.0, score=0.0, info={"acc": False}),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("response", "error"),
+    [
+        ("boom", "RuntimeError: scorer exploded"),
+        ("nan", "non-finite"),
+        ("inf", "non-finite"),
+        ("str", "not a number"),
+        ("nodict", "without 'score'"),
+    ],
+)
+def test_naive_failures_are_results_not_exceptions(response, error):
+    mgr = NaiveRewardManager(NaiveParams(failure_reward=-1.0), BoundScorer(picky))
+    ok, bad, ok2 = mgr(_items("fine", response, "fine"))
+    assert ok == RewardResult(reward=0.5, score=0.5) == ok2  # the batch continues
+    assert bad.failed and bad.reward == -1.0
+    assert error in bad.info["error"]
+
+
+def test_naive_with_a_registered_scorer_bound_from_its_component():
+    comp = get_plugin_manager().registry("scorer").get("math")
+    scorer = BoundScorer.from_component(comp)
+    assert scorer.params == MathParams()
+    out = NaiveRewardManager(NaiveParams(), scorer)([RewardItem("so \\boxed{\\frac{2}{4}}", "0.5")])
+    assert out[0].reward == 1.0 and out[0].info["acc"] is True and out[0].info["pred"] == "\\frac{2}{4}"
+
+
+# ---------------------------------------------------------------------------------------------
+# dapo overlong buffer
+# ---------------------------------------------------------------------------------------------
+def test_overlong_penalty_by_hand():
+    # M = 20, L = 8, p = 1.0: the buffer starts at M - L = 12
+    assert overlong_penalty(10, 20, 8, 1.0) == 0.0  # below the buffer: min(+0.25, 0) = 0
+    assert overlong_penalty(12, 20, 8, 1.0) == 0.0  # -(12 - 12) / 8 * 1.0 = 0
+    assert overlong_penalty(16, 20, 8, 1.0) == pytest.approx(-0.5)  # -(16 - 12) / 8 * 1.0
+    assert overlong_penalty(20, 20, 8, 1.0) == pytest.approx(-1.0)  # -(20 - 12) / 8 * 1.0
+    assert overlong_penalty(18, 20, 8, 0.5) == pytest.approx(-0.375)  # -(18 - 12) / 8 * 0.5
+
+
+def test_dapo_manager_adds_the_penalty_to_the_score():
+    params = DAPOParams(overlong_buffer_len=8, penalty_factor=1.0, max_response_length=20)
+    mgr = DAPORewardManager(params, BoundScorer(exact))
+    short, mid, full = mgr(_items("a", "a", "b", lengths=(10, 16, 20)))
+    assert short.reward == 1.0 and short.info["overlong_penalty"] == 0.0 and short.info["overlong"] is False
+    # score 1.0 + (-(16 - 12) / 8 * 1.0) = 0.5
+    assert mid.score == 1.0 and mid.reward == pytest.approx(0.5) and mid.info["overlong"] is True
+    assert mid.info["overlong_reward"] == mid.info["overlong_penalty"]  # verl's key too
+    # score 0.0 + (-(20 - 12) / 8 * 1.0) = -1.0
+    assert full.score == 0.0 and full.reward == pytest.approx(-1.0)
+
+
+def test_dapo_failed_samples_keep_failure_reward():
+    params = DAPOParams(overlong_buffer_len=8, max_response_length=20, failure_reward=-2.0)
+    (res,) = DAPORewardManager(params, BoundScorer(picky))(_items("boom", lengths=(20,)))
+    assert res.failed and res.reward == -2.0 and res.info["overlong_penalty"] == pytest.approx(-1.0)
+
+
+def test_dapo_disabled_is_naive_and_bad_config_is_rejected():
+    params = DAPOParams(enable=False)
+    (res,) = DAPORewardManager(params, BoundScorer(exact))(_items("a", lengths=(10_000,)))
+    assert res.reward == 1.0 and "overlong_penalty" not in res.info
+    with pytest.raises(ValueError, match="max_response_length"):
+        DAPORewardManager(DAPOParams(), BoundScorer(exact))
+    with pytest.raises(ValueError, match="overlong_buffer_len"):
+        DAPORewardManager(DAPOParams(overlong_buffer_len=30, max_response_length=20), BoundScorer(exact))
+
+
+# ---------------------------------------------------------------------------------------------
+# batch
+# ---------------------------------------------------------------------------------------------
+def test_batch_calls_a_batched_scorer_once():
+    calls = []
+
+    def counting(responses, ground_truths, data_sources, extra_infos, params):
+        calls.append(len(responses))
+        return batched_len(responses, ground_truths, data_sources, extra_infos, params)
+
+    mgr = BatchRewardManager(BatchParams(), BoundScorer(counting, capabilities={"batched": True}))
+    out = mgr(_items("ab", "abcd", "a"))
+    assert calls == [3]
+    assert [r.reward for r in out] == pytest.approx([0.2, 0.4, 0.1])
+
+
+def test_batch_retries_alone_when_the_batch_call_raises():
+    mgr = BatchRewardManager(
+        BatchParams(failure_reward=-1.0), BoundScorer(batched_len, capabilities={"batched": True})
+    )
+    out = mgr(_items("ab", "bad", "a"))
+    assert [r.failed for r in out] == [False, True, False]
+    assert out[0].reward == pytest.approx(0.2) and out[1].reward == -1.0
+    assert "bad sample" in out[1].info["error"]
+
+
+def test_batch_falls_back_to_per_item_for_plain_scorers():
+    out = BatchRewardManager(BatchParams(), BoundScorer(exact))(_items("a", "b"))
+    assert [r.reward for r in out] == [1.0, 0.0]
+
+
+# ---------------------------------------------------------------------------------------------
+# process pool
+# ---------------------------------------------------------------------------------------------
+def test_bound_scorer_pickles_as_target_and_params():
+    scorer = BoundScorer("rlzoo.algorithms.functional.scoring.math_answer:compute_score", MathParams())
+    scorer("\\boxed{1}", "1", "x", {})  # loads the function
+    clone = pickle.loads(pickle.dumps(scorer))
+    assert clone.target == scorer.target and clone.params == scorer.params
+    assert clone("\\boxed{1}", "1", "x", {})["score"] == 1.0
+
+
+def test_process_pool_rejects_an_unpicklable_scorer():
+    with pytest.raises(TypeError, match="BoundScorer"):
+        ProcessPoolRewardManager(ProcessPoolParams(), lambda *a: 1.0)
+
+
+def test_process_pool_scores_with_a_registered_lazy_scorer():
+    scorer = BoundScorer("rlzoo.algorithms.functional.scoring.math_answer:compute_score", MathParams())
+    with ProcessPoolRewardManager(ProcessPoolParams(num_workers=2, timeout=30), scorer) as mgr:
+        out = mgr(_items("\\boxed{\\frac{1}{2}}", "\\boxed{3}", gt="0.5"))
+    assert [r.reward for r in out] == [1.0, 0.0]
+    assert all(not r.failed for r in out)
+
+
+def test_process_pool_times_out_a_slow_sample_and_scores_the_others():
+    t0 = time.monotonic()
+    with ProcessPoolRewardManager(
+        ProcessPoolParams(num_workers=2, timeout=1.0, failure_reward=-1.0), BoundScorer(sleepy)
+    ) as mgr:
+        out = mgr(_items("x", "sleep", "y", "z"))
+        assert [r.failed for r in out] == [False, True, False, False]
+        assert out[1].reward == -1.0 and "timed out" in out[1].info["error"]
+        assert [out[i].reward for i in (0, 2, 3)] == [1.0, 1.0, 1.0]
+        assert mgr.restarts == 1
+        # the recreated pool keeps working
+        assert [r.reward for r in mgr(_items("again"))] == [1.0]
+    assert time.monotonic() - t0 < 20
+
+
+def test_process_pool_survives_a_dying_worker():
+    with ProcessPoolRewardManager(ProcessPoolParams(num_workers=2, timeout=30), BoundScorer(crashy)) as mgr:
+        out = mgr(_items("a", "crash", "b", "c"))
+    assert [r.failed for r in out] == [False, True, False, False]
+    assert "died" in out[1].info["error"]
+    assert all(math.isclose(out[i].reward, 1.0) for i in (0, 2, 3))
+
+
+def test_process_pool_reports_scorer_errors_per_sample():
+    with ProcessPoolRewardManager(ProcessPoolParams(num_workers=1, timeout=30), BoundScorer(picky)) as mgr:
+        out = mgr(_items("boom", "nan", "fine"))
+    assert [r.failed for r in out] == [True, True, False]
+    assert "scorer exploded" in out[0].info["error"]
+
+
+# ---------------------------------------------------------------------------------------------
+# registration
+# ---------------------------------------------------------------------------------------------
+def test_reward_managers_are_registered():
+    reg = get_plugin_manager().registry("reward_manager")
+    for name in ("naive", "dapo", "batch", "process_pool"):
+        comp = reg.get(name)
+        assert comp.summary and all(f["help"] for f in comp.param_fields()), name
+        assert isinstance(comp.load(), type)
+    assert reg.get("batch").capability("batched") is True
