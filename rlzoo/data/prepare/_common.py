@@ -1,0 +1,196 @@
+"""What every preparer shares: params binding, loading a source, picking splits, writing parquet."""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from rlzoo.errors import ConfigError, RlzooError
+
+if TYPE_CHECKING:
+    import datasets
+
+logger = logging.getLogger("rlzoo.data.prepare")
+
+P = TypeVar("P")
+
+#: File suffix -> ``datasets`` packaged builder, for single files and globs.
+BUILDERS: dict[str, str] = {
+    ".parquet": "parquet",
+    ".json": "json",
+    ".jsonl": "json",
+    ".csv": "csv",
+    ".arrow": "arrow",
+}
+
+# The split a file name stands for (as datasets infers it for folders): first match wins.
+_SPLIT_WORDS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("train", frozenset({"train", "training"})),
+    ("validation", frozenset({"validation", "valid", "val", "dev"})),
+    ("test", frozenset({"test", "testing", "eval", "evaluation"})),
+)
+
+
+class PrepareError(RlzooError, ValueError):
+    """A dataset could not be prepared (a missing split, an unexpected column layout)."""
+
+
+def bind_params(params: Any, cls: type[P], name: str) -> P:
+    """``params`` as an instance of ``cls``: an instance, None (defaults) or a mapping."""
+    if isinstance(params, cls):
+        return params
+    if params is None:
+        return cls()
+    if dataclasses.is_dataclass(params) and not isinstance(params, type):
+        params = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}
+    if not isinstance(params, Mapping):
+        raise TypeError(f"dataset {name!r}: params must be {cls.__name__}, a mapping or None, got {params!r}")
+    from rlzoo.binding import bind_dataclass
+
+    problems: list[str] = []
+    bound = bind_dataclass(cls, params, "", problems, what=f"dataset {name!r}")
+    if problems:
+        raise ConfigError(problems, header=f"cannot prepare {name!r}")
+    return bound  # type: ignore[no-any-return]
+
+
+def split_specs(splits: str | list[str] | tuple[str, ...]) -> list[tuple[str, str]]:
+    """``["train", "train:test"]`` or ``"train,test"`` -> ``[(upstream, written), ...]``."""
+    items = splits.split(",") if isinstance(splits, str) else list(splits)
+    out: list[tuple[str, str]] = []
+    for raw in items:
+        item = str(raw).strip()
+        if not item:
+            continue
+        upstream, _, written = item.partition(":")
+        out.append((upstream.strip(), (written or upstream).strip()))
+    if not out:
+        raise PrepareError(f"no splits to prepare (splits={splits!r})")
+    targets = [w for _, w in out]
+    if len(set(targets)) != len(targets):
+        raise PrepareError(f"two splits would be written to the same file: {targets}")
+    return out
+
+
+def split_of_file(path: str | Path) -> str:
+    """The split a data file's name stands for (``test-00000-of-00001.parquet`` -> ``test``)."""
+    words = set(re.split(r"[^a-z0-9]+", Path(path).name.lower()))
+    for split, names in _SPLIT_WORDS:
+        if words & names:
+            return split
+    return "train"
+
+
+def _builder(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix not in BUILDERS:
+        raise PrepareError(
+            f"{path}: cannot tell the file format from the suffix {suffix!r}; "
+            f"supported: {', '.join(sorted(BUILDERS))}"
+        )
+    return BUILDERS[suffix]
+
+
+def load_source(source: str, *, config: str | None = None) -> datasets.DatasetDict:
+    """Load every split of ``source`` with ``datasets.load_dataset``.
+
+    ``source`` is a hub dataset name, a local folder (a downloaded hub repository, or any folder
+    of data files whose names say their split), a single local file (its name says its split,
+    ``train`` otherwise) or a glob of local files. ``config`` selects a hub config (``main``); for
+    a folder without config metadata, a sub-folder of that name is used when there is one.
+    """
+    import datasets
+
+    path = Path(source).expanduser()
+    if path.is_file():
+        return datasets.load_dataset(_builder(path), data_files={split_of_file(path): str(path)})
+    if any(ch in source for ch in "*?[") and not path.exists():
+        files = sorted(glob.glob(str(path)))
+        if not files:
+            raise PrepareError(f"no file matches {source!r}")
+        by_split: dict[str, list[str]] = {}
+        for f in files:
+            by_split.setdefault(split_of_file(f), []).append(f)
+        return datasets.load_dataset(_builder(Path(files[0])), data_files=by_split)
+    if path.is_dir():
+        if config is None:
+            return datasets.load_dataset(str(path))
+        try:
+            return datasets.load_dataset(str(path), config)
+        except ValueError:  # no such config in a plain folder
+            if (path / config).is_dir():
+                return datasets.load_dataset(str(path), data_dir=config)
+            return datasets.load_dataset(str(path))
+    if source.startswith((".", "/", "~")) or Path(source).suffix.lower() in BUILDERS:
+        raise PrepareError(f"{source}: no such file or folder")
+    return datasets.load_dataset(source, config)  # a hub name
+
+
+def pick_split(dd: Any, upstream: str, name: str, source: str) -> datasets.Dataset:
+    if upstream not in dd:
+        raise PrepareError(
+            f"dataset {name!r}: split {upstream!r} is not in {source}; available splits: "
+            f"{', '.join(dd)}. Choose with splits=[...] (e.g. splits=[{next(iter(dd), 'train')}])"
+        )
+    return dd[upstream]
+
+
+def require_columns(ds: datasets.Dataset, columns: tuple[str, ...], name: str, source: str) -> None:
+    missing = [c for c in columns if c not in ds.column_names]
+    if missing:
+        raise PrepareError(
+            f"dataset {name!r}: {source} has no column(s) {', '.join(repr(c) for c in missing)}; "
+            f"found {', '.join(ds.column_names)}. The {name} preparer expects the upstream layout "
+            f"with columns {', '.join(columns)} (see docs/data.md)"
+        )
+
+
+def head(ds: datasets.Dataset, limit: int | None) -> datasets.Dataset:
+    if limit is None or limit >= len(ds):
+        return ds
+    if limit < 0:
+        raise PrepareError(f"limit must be >= 0, got {limit}")
+    return ds.select(range(limit))
+
+
+def prompt_key(prompt: Any) -> bytes:
+    """A digest of a chat prompt (roles and contents) used to find repeated prompts."""
+    if isinstance(prompt, list):
+        prompt = [{"role": m.get("role"), "content": m.get("content")} for m in prompt]
+    return hashlib.blake2b(json.dumps(prompt, sort_keys=True).encode(), digest_size=16).digest()
+
+
+def first_of_each_prompt(ds: datasets.Dataset, column: str = "prompt") -> datasets.Dataset:
+    """Keep the first row of each distinct prompt (order preserved)."""
+    seen: set[bytes] = set()
+    keep: list[int] = []
+    i = 0
+    for batch in ds.select_columns([column]).iter(batch_size=10_000):
+        for prompt in batch[column]:
+            k = prompt_key(prompt)
+            if k not in seen:
+                seen.add(k)
+                keep.append(i)
+            i += 1
+    if len(keep) == len(ds):
+        return ds
+    logger.info(
+        "dedup: kept %d of %d rows (%d repeated prompts dropped)", len(keep), len(ds), len(ds) - len(keep)
+    )
+    return ds.select(keep)
+
+
+def write_split(ds: datasets.Dataset, out_dir: Path, split: str, name: str) -> Path:
+    out_dir = Path(out_dir).expanduser()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{split}.parquet"
+    ds.to_parquet(str(path))
+    logger.info("%s: wrote %d rows of split %r to %s", name, len(ds), split, path)
+    return path

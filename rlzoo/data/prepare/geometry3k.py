@@ -1,0 +1,130 @@
+"""Geometry3K (``hiyouga/geometry3k``) -> rlzoo's schema, as verl's ``examples/data_preprocess/geo3k.py``.
+
+Upstream layout: ``images`` (list of images, one diagram), ``problem`` (text that marks the diagram
+with ``<image>``), ``answer`` (string); splits train / validation / test (2,101 / 300 / 601).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from rlzoo.data.builtin import Geometry3kParams
+from rlzoo.data.prepare._common import (
+    PrepareError,
+    bind_params,
+    head,
+    load_source,
+    pick_split,
+    require_columns,
+    split_specs,
+    write_split,
+)
+from rlzoo.data.schema import IMAGE_PLACEHOLDER, reward_model
+
+logger = logging.getLogger("rlzoo.data.prepare")
+
+NAME = "geometry3k"
+DATA_SOURCE = "hiyouga/geometry3k"
+UPSTREAM_COLUMNS = ("images", "problem", "answer")
+#: verl's geo3k instruction, appended to each problem after one space.
+INSTRUCTION = (
+    r"You FIRST think about the reasoning process as an internal monologue and then provide the "
+    r"final answer. The reasoning process MUST BE enclosed within <think> </think> tags. "
+    r"The final answer MUST BE put in \boxed{}."
+)
+
+
+def with_placeholders(problem: str, num_images: int) -> tuple[str, bool]:
+    """``problem`` with exactly one ``<image>`` per image (prepended when missing); and whether it changed.
+
+    Upstream problems already start with ``<image>``; a problem whose placeholders do not match its
+    images has them removed and ``num_images`` placeholders put in front.
+    """
+    if problem.count(IMAGE_PLACEHOLDER) == num_images:
+        return problem, False
+    text = problem.replace(IMAGE_PLACEHOLDER, "").lstrip()
+    return IMAGE_PLACEHOLDER * num_images + text, True
+
+
+def _image_cell(img: Any) -> dict[str, Any]:
+    if isinstance(img, dict):
+        return {"bytes": img.get("bytes"), "path": img.get("path")}
+    if isinstance(img, (bytes, bytearray)):
+        return {"bytes": bytes(img), "path": None}
+    if isinstance(img, str):
+        return {"bytes": None, "path": img}
+    raise PrepareError(f"{NAME}: cannot store an image of type {type(img).__name__}")
+
+
+def features() -> Any:
+    from datasets import Features, Image, List, Value
+
+    return Features(
+        {
+            "data_source": Value("string"),
+            "prompt": List({"role": Value("string"), "content": Value("string")}),
+            "images": List(Image()),
+            "ability": Value("string"),
+            "reward_model": {"style": Value("string"), "ground_truth": Value("string")},
+            "extra_info": {
+                "split": Value("string"),
+                "index": Value("int64"),
+                "answer": Value("string"),
+                "question": Value("string"),
+            },
+        }
+    )
+
+
+def prepare(out_dir: Path, params: Any = None) -> dict[str, Path]:
+    """Write Geometry3K's splits in rlzoo's schema; returns ``{split: parquet path}``."""
+    from datasets import Image, List
+
+    p = bind_params(params, Geometry3kParams, NAME)
+    instruction = INSTRUCTION if p.instruction is None else p.instruction
+    dd = load_source(p.source)
+    out: dict[str, Path] = {}
+    for upstream, written in split_specs(p.splits):
+        ds = pick_split(dd, upstream, NAME, p.source)
+        require_columns(ds, UPSTREAM_COLUMNS, NAME, p.source)
+        ds = head(ds, p.limit)
+        # keep the encoded bytes: no decoding to PIL and back
+        ds = ds.cast_column("images", List(Image(decode=False)))
+        fixed = [0]
+
+        def convert(
+            row: dict[str, Any], idx: int, split: str = written, fixed: list[int] = fixed
+        ) -> dict[str, Any]:
+            images = [_image_cell(img) for img in row["images"] or []]
+            problem, changed = with_placeholders(row["problem"], len(images))
+            fixed[0] += changed
+            prompt = f"{problem} {instruction}" if instruction else problem
+            answer = str(row["answer"])
+            return {
+                "data_source": DATA_SOURCE,
+                "prompt": [{"role": "user", "content": prompt}],
+                "images": images,
+                "ability": "math",
+                "reward_model": reward_model(answer),
+                "extra_info": {"split": split, "index": idx, "answer": answer, "question": row["problem"]},
+            }
+
+        ds = ds.map(
+            convert,
+            with_indices=True,
+            remove_columns=ds.column_names,
+            features=features(),
+            keep_in_memory=True,  # no cache file: the row function counts what it fixed
+        )
+        if fixed[0]:
+            logger.warning(
+                "%s %s: %d problem(s) had no or mismatched %s placeholders; one per image was put in front",
+                NAME,
+                written,
+                fixed[0],
+                IMAGE_PLACEHOLDER,
+            )
+        out[written] = write_split(ds, out_dir, written, NAME)
+    return out

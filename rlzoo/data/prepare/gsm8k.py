@@ -1,0 +1,107 @@
+"""GSM8K (``openai/gsm8k``, config ``main``) -> rlzoo's schema, as verl's ``examples/data_preprocess/gsm8k.py``.
+
+Upstream layout: ``question`` and ``answer`` (a worked solution whose last line is ``#### <number>``);
+splits train (7,473) / test (1,319).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from rlzoo.data.builtin import GSM8KParams
+from rlzoo.data.prepare._common import (
+    bind_params,
+    head,
+    load_source,
+    pick_split,
+    require_columns,
+    split_specs,
+    write_split,
+)
+from rlzoo.data.schema import reward_model
+
+logger = logging.getLogger("rlzoo.data.prepare")
+
+NAME = "gsm8k"
+DATA_SOURCE = "openai/gsm8k"
+UPSTREAM_COLUMNS = ("question", "answer")
+#: verl's gsm8k instruction, appended to each question after one space.
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+MARKER = "####"
+
+
+def final_answer(solution: str) -> str | None:
+    """The text after the last ``####`` of a GSM8K solution, without thousands separators.
+
+    ``"... so 72.\\n#### 1,072"`` -> ``"1072"``; None when there is no ``####`` or nothing after it.
+    """
+    if MARKER not in solution:
+        return None
+    answer = solution.rsplit(MARKER, 1)[1].strip().replace(",", "")
+    return answer or None
+
+
+def features() -> Any:
+    from datasets import Features, List, Value
+
+    return Features(
+        {
+            "data_source": Value("string"),
+            "prompt": List({"role": Value("string"), "content": Value("string")}),
+            "ability": Value("string"),
+            "reward_model": {"style": Value("string"), "ground_truth": Value("string")},
+            "extra_info": {
+                "split": Value("string"),
+                "index": Value("int64"),
+                "answer": Value("string"),
+                "question": Value("string"),
+            },
+        }
+    )
+
+
+def prepare(out_dir: Path, params: Any = None) -> dict[str, Path]:
+    """Write GSM8K's splits in rlzoo's schema; returns ``{split: parquet path}``."""
+    p = bind_params(params, GSM8KParams, NAME)
+    instruction = INSTRUCTION if p.instruction is None else p.instruction
+    dd = load_source(p.source, config=p.config)
+    out: dict[str, Path] = {}
+    for upstream, written in split_specs(p.splits):
+        ds = pick_split(dd, upstream, NAME, p.source)
+        require_columns(ds, UPSTREAM_COLUMNS, NAME, p.source)
+        ds = head(ds, p.limit)
+        n = len(ds)
+        ds = ds.filter(lambda row: final_answer(row["answer"]) is not None, keep_in_memory=True)
+        if len(ds) < n:
+            logger.warning(
+                "%s %s: dropped %d of %d row(s) whose answer has no final '%s <answer>' line",
+                NAME,
+                written,
+                n - len(ds),
+                n,
+                MARKER,
+            )
+
+        def convert(row: dict[str, Any], idx: int, split: str = written) -> dict[str, Any]:
+            question = row["question"]
+            return {
+                "data_source": DATA_SOURCE,
+                "prompt": [
+                    {"role": "user", "content": f"{question} {instruction}" if instruction else question}
+                ],
+                "ability": "math",
+                "reward_model": reward_model(final_answer(row["answer"]) or ""),
+                "extra_info": {"split": split, "index": idx, "answer": row["answer"], "question": question},
+            }
+
+        ds = ds.map(
+            convert,
+            with_indices=True,
+            remove_columns=ds.column_names,
+            features=features(),
+            keep_in_memory=True,
+        )
+        out[written] = write_split(ds, out_dir, written, NAME)
+    return out
