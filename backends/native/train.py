@@ -1,0 +1,571 @@
+"""The native train backend: one process, one device, any HF causal LM.
+
+Log-probs of response token ``t`` come from the logits at position ``P - 1 + t`` (the position
+before it), values likewise from the hidden state at ``P - 1 + t`` (as verl does). Each
+micro-batch is trimmed to the columns any of its rows attends to (common left padding of the
+prompt, common right padding of the response) before the forward pass, and only the ``T + 1``
+last positions go through the LM head (``logits_to_keep``), so the prompt's logits are never
+materialised. Outputs are zero where the response is padding.
+
+Updates: ``loss.backward()`` per micro-batch, gradients accumulate unscaled (the objective
+normalises by the mini-batch's global counts), then one optimizer step unless the loss or the
+gradient norm is not finite (then the step is skipped and the gradients dropped). The LR schedule
+is a pure function of the number of optimizer steps taken (:func:`lr_multiplier`).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import logging
+import math
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rlzoo.backends.native import checkpoint as ckpt
+from rlzoo.backends.native.train_params import NativeTrainParams
+from rlzoo.batch import Batch
+from rlzoo.protocols import Objective, TrainSpec
+
+__all__ = ["CriticModel", "NativeTrainBackend", "lr_multiplier", "token_log_probs"]
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_FORMAT = "rlzoo-native-train/1"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+# ---------------------------------------------------------------------------------------------
+# pure helpers
+# ---------------------------------------------------------------------------------------------
+def lr_multiplier(
+    step: int, *, schedule: str, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0
+) -> float:
+    """LR of optimizer step ``step`` (0-based) as a fraction of the peak LR.
+
+    verl / HF conventions (``verl/utils/torch_functional.py``), ``W`` warmup steps, ``N`` total::
+
+        constant: s < W: s / W                 else 1
+        linear:   s < W: m + (1 - m) s / W     else m + (1 - m) max(0, (N - s) / (N - W))
+        cosine:   s < W: m + (1 - m) s / W     else m + (1 - m) (1 + cos(pi p)) / 2,
+                  p = min(1, (s - W) / (N - W))
+
+    (the first warmup step has multiplier ``m``, 0 by default, as in HF).
+    """
+    m = 0.0 if schedule == "constant" else min_lr_ratio
+    if step < warmup_steps:
+        return m + (1.0 - m) * step / max(1, warmup_steps)
+    if schedule == "constant":
+        return 1.0
+    decay = max(1, total_steps - warmup_steps)
+    if schedule == "linear":
+        return m + (1.0 - m) * max(0.0, (total_steps - step) / decay)
+    if schedule == "cosine":
+        p = min(1.0, (step - warmup_steps) / decay)
+        return m + (1.0 - m) * 0.5 * (1.0 + math.cos(math.pi * p))
+    raise ValueError(f"unknown lr schedule {schedule!r}")
+
+
+def token_log_probs(
+    logits: Tensor, targets: Tensor, *, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """``log softmax(logits / temperature)`` at ``targets``, and the entropy of that distribution.
+
+    ``logits`` ``[B, T, V]``, ``targets`` ``[B, T]``. Computed in fp32 through ``logsumexp``;
+    the full ``[B, T, V]`` log-softmax is not materialised (the entropy needs one softmax).
+    """
+    logits = logits.float()  # [B, T, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    lse = torch.logsumexp(logits, dim=-1)  # [B, T]
+    picked = logits.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)  # [B, T]
+    log_probs = picked - lse  # [B, T]
+    entropy = None
+    if with_entropy:
+        probs = torch.softmax(logits, dim=-1)  # [B, T, V]
+        entropy = lse - (probs * logits).sum(-1)  # [B, T]
+    return log_probs, entropy
+
+
+def _trim(mb: Batch) -> tuple[Tensor, Tensor, Tensor, int, int]:
+    """Columns of a micro-batch that any row attends to.
+
+    Returns ``(input_ids, attention_mask, position_ids, T_eff, resp_start)`` where the trimmed
+    tensors are ``[b, P' + T_eff]`` and position ``resp_start - 1 + t`` predicts response token t.
+    """
+    ids = mb["input_ids"]  # [b, P+T]
+    attn = mb["attention_mask"]  # [b, P+T]
+    T = mb["responses"].shape[1]
+    P = ids.shape[1] - T
+    if "position_ids" in mb:
+        pos = mb["position_ids"]  # [b, P+T]
+    else:
+        pos = (attn.long().cumsum(-1) - 1).clamp(min=0)  # [b, P+T]
+    cols = attn.bool().any(0)  # [P+T]
+    prompt_cols = cols[:P].nonzero()
+    start = min(int(prompt_cols[0]) if len(prompt_cols) else P - 1, max(P - 1, 0))
+    resp_cols = cols[P:].nonzero()
+    t_eff = max(1, int(resp_cols[-1]) + 1 if len(resp_cols) else 1)
+    end = P + t_eff
+    return ids[:, start:end], attn[:, start:end], pos[:, start:end], t_eff, P - start
+
+
+class CriticModel(nn.Module):
+    """A transformer backbone (HF base model) + ``Linear(hidden, 1)`` value head."""
+
+    def __init__(self, backbone: nn.Module, hidden_size: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        dtype = next(backbone.parameters()).dtype
+        self.value_head = nn.Linear(hidden_size, 1, dtype=dtype)
+        nn.init.zeros_(self.value_head.weight)  # values start at 0: deterministic, seed-free
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, keep_last: int
+    ) -> Tensor:
+        """Values ``[b, keep_last]`` at the last ``keep_last`` positions (fp32)."""
+        out = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        )
+        hidden = out.last_hidden_state[:, -keep_last:]  # [b, keep_last, H]
+        return self.value_head(hidden).squeeze(-1).float()  # [b, keep_last]
+
+
+# ---------------------------------------------------------------------------------------------
+# the backend
+# ---------------------------------------------------------------------------------------------
+class NativeTrainBackend:
+    """Actor (+ frozen reference, + critic) trained in this process. See the module docstring.
+
+    ``version`` is the number of actor optimizer steps taken (skipped steps do not count).
+    """
+
+    def __init__(
+        self,
+        params: NativeTrainParams,
+        spec: TrainSpec,
+        *,
+        model: nn.Module | None = None,
+        critic_backbone: nn.Module | None = None,
+        tokenizer: Any = None,
+    ) -> None:
+        """Load the actor from ``spec.model_path``, or use ``model`` (an HF causal LM module).
+
+        ``critic_backbone`` overrides the critic's backbone (default: loaded from
+        ``spec.critic_model_path``, or the actor's base model copied when ``model`` is given and
+        no critic path is). ``tokenizer`` is saved by :meth:`export_hf` (default: loaded from
+        ``spec.model_path`` when it has one).
+        """
+        self.params = params
+        self.spec = spec
+        self.version = 0
+        self.critic_steps = 0
+        self.device = torch.device(
+            ("cuda" if torch.cuda.is_available() else "cpu") if params.device == "auto" else params.device
+        )
+        self.dtype = _DTYPES[params.dtype]
+        self._tokenizer = tokenizer
+
+        given_model = model is not None
+        if model is None:
+            model = self._load_causal_lm(spec.model_path)
+        self.actor: Any = model.to(device=self.device, dtype=self.dtype)  # an HF PreTrainedModel
+        # the initial weights, before any update
+        self.ref: nn.Module | None = None
+        if spec.need_reference:
+            self.ref = copy.deepcopy(self.actor).eval().requires_grad_(False)
+        self.critic: CriticModel | None = None
+        if spec.need_critic:
+            backbone: Any = critic_backbone
+            if backbone is None:
+                if spec.critic_model_path is not None or not given_model:
+                    backbone = self._load_backbone(spec.critic_model_path or spec.model_path)
+                else:
+                    backbone = copy.deepcopy(self.actor.base_model)
+            hidden = int(backbone.config.hidden_size)
+            self.critic = CriticModel(backbone.to(self.dtype), hidden).to(self.device)
+
+        if params.gradient_checkpointing:
+            m: Any
+            for m in (self.actor, self.critic.backbone if self.critic is not None else None):
+                if m is None:
+                    continue
+                if hasattr(m, "activation_checkpointing_enable"):  # transformers >= 5
+                    m.activation_checkpointing_enable({"use_reentrant": False})
+                else:
+                    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self._keep_arg = "logits_to_keep" in inspect.signature(self.actor.forward).parameters
+
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.actor.parameters() if p.requires_grad],
+            lr=params.lr,
+            betas=tuple(params.betas),  # type: ignore[arg-type]
+            eps=params.eps,
+            weight_decay=params.weight_decay,
+        )
+        self.critic_optimizer: torch.optim.Optimizer | None = None
+        if self.critic is not None:
+            self.critic_optimizer = torch.optim.AdamW(
+                self.critic.parameters(),
+                lr=params.critic_lr,
+                betas=tuple(params.betas),  # type: ignore[arg-type]
+                eps=params.eps,
+                weight_decay=params.critic_weight_decay,
+            )
+        total = max(1, spec.total_steps)
+        self.warmup_steps = params.warmup_steps or int(params.warmup_ratio * total)
+
+    @classmethod
+    def from_module(
+        cls,
+        model: nn.Module,
+        params: NativeTrainParams | None = None,
+        spec: TrainSpec | None = None,
+        **kw: Any,
+    ) -> NativeTrainBackend:
+        """A backend around an already built HF causal LM (tests, notebooks)."""
+        return cls(params or NativeTrainParams(), spec or TrainSpec(model_path=""), model=model, **kw)
+
+    # -- loading --------------------------------------------------------------------------------
+    def _hf_kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"dtype": self.dtype, "trust_remote_code": self.spec.trust_remote_code}
+        if self.params.attn_implementation is not None:
+            kw["attn_implementation"] = self.params.attn_implementation
+        return kw
+
+    def _load_causal_lm(self, path: str) -> nn.Module:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(path, **self._hf_kwargs())  # type: ignore[no-any-return]
+
+    def _load_backbone(self, path: str) -> nn.Module:
+        from transformers import AutoModel
+
+        return AutoModel.from_pretrained(path, **self._hf_kwargs())  # type: ignore[no-any-return]
+
+    # -- learning rates -------------------------------------------------------------------------
+    def lr_at(self, step: int, *, critic: bool = False) -> float:
+        """The LR of optimizer step ``step`` (0-based) of the actor or the critic."""
+        peak = self.params.critic_lr if critic else self.params.lr
+        return peak * lr_multiplier(
+            step,
+            schedule=self.params.lr_scheduler,
+            warmup_steps=self.warmup_steps,
+            total_steps=max(1, self.spec.total_steps),
+            min_lr_ratio=self.params.min_lr_ratio,
+        )
+
+    # -- forward passes -------------------------------------------------------------------------
+    def _actor_forward(
+        self, module: nn.Module, mb: Batch, *, with_entropy: bool, temperature: float
+    ) -> tuple[Tensor, Tensor | None]:
+        """Log-probs (+ entropy) ``[b, T]`` of one micro-batch already on the device."""
+        T = mb["responses"].shape[1]
+        ids, attn, pos, t_eff, _ = _trim(mb)
+        kw: dict[str, Any] = {"logits_to_keep": t_eff + 1} if self._keep_arg else {}
+        logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, **kw).logits
+        logits = logits[:, -(t_eff + 1) : -1]  # [b, T_eff, V]: position P-1+t predicts token t
+        targets = mb["responses"][:, :t_eff]  # [b, T_eff]
+        lp, ent = token_log_probs(logits, targets, temperature=temperature, with_entropy=with_entropy)
+        valid = mb["attention_mask"][:, -T:].bool()  # [b, T]
+        lp = torch.where(valid, F.pad(lp, (0, T - t_eff)), 0.0)  # [b, T]
+        if ent is not None:
+            ent = torch.where(valid, F.pad(ent, (0, T - t_eff)), 0.0)  # [b, T]
+        return lp, ent
+
+    def _critic_forward(self, mb: Batch) -> Tensor:
+        assert self.critic is not None
+        T = mb["responses"].shape[1]
+        ids, attn, pos, t_eff, _ = _trim(mb)
+        values = self.critic(ids, attn, pos, keep_last=t_eff + 1)[:, :-1]  # [b, T_eff]
+        valid = mb["attention_mask"][:, -T:].bool()  # [b, T]
+        return torch.where(valid, F.pad(values, (0, T - t_eff)), 0.0)  # [b, T]
+
+    @torch.no_grad()
+    def compute_log_probs(
+        self,
+        batch: Batch,
+        *,
+        model: str = "actor",
+        with_entropy: bool = False,
+        temperature: float | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Log-probs ``[B, T]`` (and entropy ``[B, T]`` if asked) of the responses, under no_grad.
+
+        fp32, on the input batch's device, zero where the response is padding. ``model``: "actor" or
+        "ref"; ``temperature`` defaults to ``params.temperature``.
+        """
+        if model == "actor":
+            module = self.actor
+        elif model == "ref":
+            if self.ref is None:
+                raise ValueError(
+                    "compute_log_probs(model='ref'): no reference model (spec.need_reference=False)"
+                )
+            module = self.ref
+        else:
+            raise ValueError(f"compute_log_probs: model must be 'actor' or 'ref', got {model!r}")
+        temp = self.params.temperature if temperature is None else temperature
+        was_training = module.training
+        module.eval()
+        lps, ents = [], []
+        for mb in batch.split(self.params.log_prob_micro_batch_size):
+            lp, ent = self._actor_forward(
+                module, mb.to(self.device), with_entropy=with_entropy, temperature=temp
+            )
+            lps.append(lp)
+            ents.append(ent)
+        module.train(was_training)
+        out_device = batch["input_ids"].device
+        entropy = torch.cat(ents).to(out_device) if with_entropy else None  # type: ignore[arg-type]
+        return torch.cat(lps).to(out_device), entropy
+
+    @torch.no_grad()
+    def compute_values(self, batch: Batch) -> Tensor:
+        """Critic values ``[B, T]`` (fp32, on the batch's device, zero on response padding).
+
+        The value of response token ``t`` is the value head at position ``P - 1 + t``.
+        """
+        if self.critic is None:
+            raise ValueError("compute_values: no critic (spec.need_critic=False)")
+        was_training = self.critic.training
+        self.critic.eval()
+        out = [
+            self._critic_forward(mb.to(self.device))
+            for mb in batch.split(self.params.log_prob_micro_batch_size)
+        ]
+        self.critic.train(was_training)
+        return torch.cat(out).to(batch["input_ids"].device)
+
+    # -- updates --------------------------------------------------------------------------------
+    def micro_batches(self, mini_batch: Batch) -> list[Batch]:
+        """The update's micro-batches: ``micro_batch_size`` rows, or packed by real-token count."""
+        limit = self.params.max_tokens_per_micro_batch
+        if limit is None:
+            return mini_batch.split(self.params.micro_batch_size)
+        tokens = mini_batch["attention_mask"].sum(-1).tolist()  # [B]
+        out, start, used = [], 0, 0
+        for i, n in enumerate(tokens):  # scheduling over B ints, not tensor math
+            if i > start and used + n > limit:
+                out.append(mini_batch.select(slice(start, i)))
+                start, used = i, 0
+            used += n
+        out.append(mini_batch.select(slice(start, len(mini_batch))))
+        return out
+
+    def update_policy(self, mini_batch: Batch, objective: Objective) -> dict[str, float]:
+        """One actor optimizer step over ``mini_batch``. Metrics: the objective's (mean over
+        micro-batches) + ``actor/loss`` (sum), ``actor/grad_norm``, ``actor/lr``,
+        ``actor/skipped_steps``, ``actor/num_micro_batches``."""
+        needs_entropy = bool(getattr(objective, "needs_entropy", False))
+        temp = self.params.temperature
+
+        def forward(mb: Batch) -> tuple[Tensor, Tensor | None]:
+            return self._actor_forward(self.actor, mb, with_entropy=needs_entropy, temperature=temp)
+
+        metrics = self._update(
+            mini_batch,
+            objective,
+            forward,
+            module=self.actor,
+            optimizer=self.optimizer,
+            lr=self.lr_at(self.version),
+            grad_clip=self.params.grad_clip,
+            prefix="actor",
+        )
+        if not metrics["actor/skipped_steps"]:
+            self.version += 1
+        return metrics
+
+    def update_critic(self, mini_batch: Batch, objective: Objective) -> dict[str, float]:
+        """One critic optimizer step: ``loss, metrics = objective(micro_batch, values, None)``."""
+        if self.critic is None or self.critic_optimizer is None:
+            raise ValueError("update_critic: no critic (spec.need_critic=False)")
+
+        def forward(mb: Batch) -> tuple[Tensor, Tensor | None]:
+            return self._critic_forward(mb), None
+
+        metrics = self._update(
+            mini_batch,
+            objective,
+            forward,
+            module=self.critic,
+            optimizer=self.critic_optimizer,
+            lr=self.lr_at(self.critic_steps, critic=True),
+            grad_clip=self.params.critic_grad_clip,
+            prefix="critic",
+        )
+        if not metrics["critic/skipped_steps"]:
+            self.critic_steps += 1
+        return metrics
+
+    def _update(
+        self,
+        mini_batch: Batch,
+        objective: Objective,
+        forward: Any,
+        *,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        lr: float,
+        grad_clip: float,
+        prefix: str,
+    ) -> dict[str, float]:
+        module.train()
+        optimizer.zero_grad(set_to_none=True)
+        collected: dict[str, list[Any]] = {}
+        total_loss = torch.zeros((), device=self.device)
+        mbs = self.micro_batches(mini_batch)
+        for mb in mbs:
+            mb = mb.to(self.device)
+            out, entropy = forward(mb)
+            loss, mb_metrics = objective(mb, out, entropy)
+            loss.backward()  # no 1/num_micro_batches: the objective uses global normalisers
+            total_loss += loss.detach().float()
+            for k, v in mb_metrics.items():
+                collected.setdefault(k, []).append(v.detach().float() if isinstance(v, Tensor) else v)
+
+        params = [p for p in module.parameters() if p.grad is not None]
+        max_norm = grad_clip if grad_clip > 0 else math.inf
+        if params:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        else:
+            grad_norm = torch.zeros(())
+        loss_value, norm_value = float(total_loss), float(grad_norm)
+        skipped = not (math.isfinite(loss_value) and math.isfinite(norm_value))
+        if skipped:
+            logger.warning(
+                "%s update skipped: non-finite %s (loss=%s, grad_norm=%s); gradients dropped",
+                prefix,
+                "loss" if not math.isfinite(loss_value) else "grad norm",
+                loss_value,
+                norm_value,
+            )
+        else:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+        metrics = {k: _mean(v) for k, v in collected.items()}
+        metrics.update(
+            {
+                f"{prefix}/loss": loss_value,
+                f"{prefix}/grad_norm": norm_value,
+                f"{prefix}/lr": lr,
+                f"{prefix}/skipped_steps": float(skipped),
+                f"{prefix}/num_micro_batches": float(len(mbs)),
+            }
+        )
+        return metrics
+
+    # -- weights --------------------------------------------------------------------------------
+    def export_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """``(name, tensor)`` of the actor's HF state dict, detached, on the backend's device.
+
+        The tensors alias the live parameters: copy them before the next update. Tied weights
+        appear under every name (as in ``state_dict()``).
+        """
+        for name, t in self.actor.state_dict().items():
+            yield name, t.detach()
+
+    def export_hf(self, path: str | Path) -> None:
+        """``save_pretrained`` of the actor (safetensors) + the tokenizer when one is known."""
+        path = Path(path)
+        with ckpt.atomic_dir(path, {"format": "hf"}) as tmp:
+            self.actor.save_pretrained(str(tmp))
+            tok = self._tokenizer
+            if tok is None and self.spec.model_path:
+                try:
+                    from transformers import AutoTokenizer
+
+                    tok = AutoTokenizer.from_pretrained(
+                        self.spec.model_path, trust_remote_code=self.spec.trust_remote_code
+                    )
+                except Exception as e:  # a model directory without tokenizer files
+                    logger.info("export_hf: no tokenizer saved (%s)", e)
+            if tok is not None:
+                tok.save_pretrained(str(tmp))
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def save_checkpoint(self, path: Path, extra_state: Mapping[str, Any]) -> None:
+        """Write a complete checkpoint to ``path`` atomically (see :meth:`load_checkpoint`)."""
+        try:
+            extra = json.loads(json.dumps(dict(extra_state)))
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"save_checkpoint: extra_state must be JSON-serialisable: {e}") from e
+        meta = {
+            "format": CHECKPOINT_FORMAT,
+            "version": self.version,
+            "scheduler": {
+                "actor": {"steps": self.version, "next_lr": self.lr_at(self.version)},
+                "critic": {"steps": self.critic_steps, "next_lr": self.lr_at(self.critic_steps, critic=True)},
+                "schedule": self.params.lr_scheduler,
+                "warmup_steps": self.warmup_steps,
+                "total_steps": self.spec.total_steps,
+            },
+            "has_critic": self.critic is not None,
+            "extra_state": extra,
+        }
+        with ckpt.atomic_dir(Path(path), {"format": CHECKPOINT_FORMAT}) as tmp:
+            parts: list[tuple[str, nn.Module, torch.optim.Optimizer]] = [
+                ("actor", self.actor, self.optimizer)
+            ]
+            if self.critic is not None and self.critic_optimizer is not None:
+                parts.append(("critic", self.critic, self.critic_optimizer))
+            for name, module, opt in parts:
+                (tmp / name).mkdir()
+                ckpt.save_state_dict(module.state_dict(), tmp / name / "model.safetensors")
+                ckpt.save_tree(opt.state_dict(), tmp / name, "optimizer")
+            ckpt.save_tree(ckpt.rng_state(), tmp, "rng")
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+
+    def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        """Restore weights, optimizer states, schedule position, ``version`` and RNG states.
+
+        Returns the ``extra_state`` given to :meth:`save_checkpoint`. Raises
+        :class:`~rlzoo.backends.native.checkpoint.IncompleteCheckpointError` when ``path`` has
+        no ``COMPLETE`` marker. The reference model is not in the checkpoint: it is the initial
+        weights this backend was built from.
+        """
+        path = Path(path)
+        marker = ckpt.require_complete(path)
+        if marker.get("format") != CHECKPOINT_FORMAT:
+            raise ckpt.IncompleteCheckpointError(
+                f"{str(path)!r} is not a native train checkpoint (format {marker.get('format')!r})"
+            )
+        meta = json.loads((path / "meta.json").read_text())
+        if meta["has_critic"] != (self.critic is not None):
+            raise ValueError(
+                f"checkpoint {str(path)!r} has_critic={meta['has_critic']} but this backend "
+                f"has_critic={self.critic is not None}"
+            )
+        parts: list[tuple[str, nn.Module, torch.optim.Optimizer]] = [("actor", self.actor, self.optimizer)]
+        if self.critic is not None and self.critic_optimizer is not None:
+            parts.append(("critic", self.critic, self.critic_optimizer))
+        for name, module, opt in parts:
+            state = ckpt.load_state_dict(path / name / "model.safetensors", device=self.device)
+            module.load_state_dict(state, strict=True)
+            opt.load_state_dict(ckpt.load_tree(path / name, "optimizer"))
+        self.version = int(meta["version"])
+        self.critic_steps = int(meta["scheduler"]["critic"]["steps"])
+        ckpt.set_rng_state(ckpt.load_tree(path, "rng"))
+        return dict(meta["extra_state"])
+
+    def shutdown(self) -> None:
+        """Drop the models and optimizer states (frees device memory)."""
+        for attr in ("actor", "ref", "critic", "optimizer", "critic_optimizer"):
+            setattr(self, attr, None)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _mean(values: list[Any]) -> float:
+    return float(sum(float(v) for v in values) / max(1, len(values)))
