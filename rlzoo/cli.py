@@ -26,7 +26,7 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     for r in rows:
         widths = [max(w, len(c)) for w, c in zip(widths, r)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    lines = [fmt.format(*header).rstrip(), fmt.format(*("-" * w for w in widths))]
     lines += [fmt.format(*r).rstrip() for r in rows]
     return "\n".join(lines)
 
@@ -128,10 +128,12 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
 
     pm = get_plugin_manager()
     params: dict[str, Any] = {}
-    for o in ns.overrides:
-        key, _, value = o.partition("=")
-        import yaml
+    import yaml
 
+    for o in ns.overrides:
+        key, sep, value = o.partition("=")
+        if not sep:
+            raise RlzooError(f"prepare params are key=value, got {o!r}")
         params[key] = yaml.safe_load(value)
     problems: list[str] = []
     sel = bind_part("dataset", {"name": ns.name, **params}, "prepare", problems, pm)
@@ -194,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    ns = parser.parse_args(argv)
+    ns = parser.parse_intermixed_args(argv)
     if ns.version:
         from rlzoo import __version__
 

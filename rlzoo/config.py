@@ -98,11 +98,14 @@ class DataSection:
     train_files: list[str] = param([], help="parquet files of training prompts")
     val_files: list[str] = param([], help="parquet files of validation prompts")
     prompt_key: str = param("prompt", help="column holding the chat messages")
-    max_prompt_length: int = param(512, help="prompts longer than this (tokens) are filtered")
+    max_prompt_length: int = param(512, help="longest prompt in tokens (see truncation)")
     max_response_length: int = param(128, help="generation cap per response (tokens)")
     train_batch_size: int = param(8, help="prompts per training step")
     val_batch_size: int | None = param(None, help="prompts per validation batch (default: all)")
     shuffle: bool = param(True, help="shuffle prompts each epoch")
+    truncation: Literal["filter", "error", "left", "right"] = param(
+        "filter", help="prompts longer than max_prompt_length: drop (filter), raise, or cut left / right"
+    )
     strict: bool = param(False, help="raise on bad rows instead of filtering them")
     apply_chat_template: bool = param(True, help="render prompts with the tokenizer's chat template")
 
@@ -431,7 +434,9 @@ def compose_recipe(name: str, overrides: Sequence[str] = (), pm: PluginManager |
     pm = pm or get_plugin_manager()
     path = find_recipe(name, pm)
     search = [d for d in recipe_search_paths(pm) if d.is_dir() and d != path.parent]
-    ovr = list(overrides)
+    # `key=value` may set any key the typed sections know, present in the recipe or not: force-add
+    # it (`++`) and let bind_config report keys that do not exist, with a did-you-mean.
+    ovr = [o if o.startswith(("+", "~", "hydra.")) or "=" not in o else "++" + o for o in overrides]
     if search:
         ovr.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in search) + "]")
     if GlobalHydra.instance().is_initialized():
@@ -440,7 +445,7 @@ def compose_recipe(name: str, overrides: Sequence[str] = (), pm: PluginManager |
         with initialize_config_dir(config_dir=str(path.parent), version_base=None):
             cfg = compose(config_name=path.stem, overrides=ovr)
     except Exception as exc:
-        raise ConfigError([f"{type(exc).__name__}: {exc}"], header=f"cannot compose recipe {name!r}") from exc
+        raise ConfigError([_chain(exc)], header=f"cannot compose recipe {name!r} ({path})") from exc
     try:
         plain = OmegaConf.to_container(cfg, resolve=True)
     except Exception as exc:
@@ -449,6 +454,18 @@ def compose_recipe(name: str, overrides: Sequence[str] = (), pm: PluginManager |
     plain.pop("hydra", None)
     plain.setdefault("recipe", path.stem)
     return plain  # type: ignore[return-value]
+
+
+def _chain(exc: BaseException) -> str:
+    """An exception and its causes in one line (Hydra wraps the useful message)."""
+    parts = []
+    e: BaseException | None = exc
+    while e is not None:
+        text = str(e).strip()
+        if text:
+            parts.append(f"{type(e).__name__}: {text}")
+        e = e.__cause__ or e.__context__
+    return " <- ".join(parts) or type(exc).__name__
 
 
 def load_config(

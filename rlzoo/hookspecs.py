@@ -135,7 +135,7 @@ def rlzoo_register_datasets(registry: Registrar) -> None:
 
     A preparer is ``fn(out_dir: Path, params) -> dict[str, Path]`` that loads a dataset (hub
     name or local path, through the ``datasets`` library) and writes parquet files in rlzoo's
-    schema (see :mod:`rlzoo.data`), returning the split names and the files written. Used by
+    schema (see :mod:`rlzoo.data.schema`), returning the split names and the files written. Used by
     ``rlzoo prepare NAME`` and by recipes through ``data.prepare``.
     """
 

@@ -50,6 +50,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlzoo.backends.vllm",
     "rlzoo.backends.megatron",
     "rlzoo.runners",
+    "rlzoo.tasks.quickstart",
     "rlzoo.recipes",
 )
 
@@ -191,7 +192,11 @@ class PluginManager:
         """Register a plugin object at run time (tests, notebooks). Returns its name."""
         name = name or getattr(plugin, "__name__", None) or f"plugin-{id(plugin)}"
         self._register(plugin, name, PluginInfo(name, version, "registered at run time", "loaded", False))
-        self.check_pending()
+        try:
+            self.check_pending()
+        except PluginError:  # a misspelt hook: leave the manager as it was
+            self.unregister(name)
+            raise
         return name
 
     def unregister(self, name: str) -> None:
@@ -206,7 +211,7 @@ class PluginManager:
             if name.startswith("_") or caller.spec is not None:
                 continue
             for impl in caller.get_hookimpls():
-                if impl.hookimpl_config.optionalhook:
+                if impl.optionalhook:  # pluggy >= 1.0 (there is no hookimpl_config)
                     continue
                 from rlzoo.errors import closest
 

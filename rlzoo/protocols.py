@@ -256,6 +256,7 @@ class TrainSpec:
     total_steps: int = 1  # optimizer steps the LR schedule spans
     trust_remote_code: bool = False
     pad_token_id: int = 0
+    temperature: float = 1.0  # rollout sampling temperature: log-probs are of logits / temperature
 
 
 class Objective(Protocol):

@@ -1,1 +1,31 @@
-"""Built-in native backends (being written)."""
+"""The native backends: a one-process torch trainer and a continuous-batching rollout engine.
+
+Both run any Hugging Face causal LM loaded by path, on CPU or one GPU. They are what the quickstart
+and the tests use, and the reference the distributed backends are checked against.
+"""
+
+from __future__ import annotations
+
+from rlzoo import hookimpl
+from rlzoo.backends.native.rollout_params import NativeRolloutParams
+from rlzoo.backends.native.train_params import NativeTrainParams
+
+
+@hookimpl
+def rlzoo_register_train_backends(registry):  # type: ignore[no-untyped-def]
+    registry.register(
+        "native",
+        "rlzoo.backends.native.train:NativeTrainBackend",
+        params=NativeTrainParams,
+        capabilities={"devices": ["cpu", "cuda"], "supports_critic": True, "distributed": False},
+    )
+
+
+@hookimpl
+def rlzoo_register_rollout_backends(registry):  # type: ignore[no-untyped-def]
+    registry.register(
+        "native",
+        "rlzoo.backends.native.rollout:NativeRolloutBackend",
+        params=NativeRolloutParams,
+        capabilities={"supports_partial_rollout": True, "supports_streaming": True, "devices": ["cpu", "cuda"]},
+    )

@@ -1,0 +1,1 @@
+"""Tasks shipped with rlzoo (synthetic data + scorers that need no download)."""

@@ -1,0 +1,104 @@
+"""Implementation of the quickstart task (see :mod:`rlzoo.tasks.quickstart`)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+DATA_SOURCE = "rlzoo/quickstart"
+OPS = {"copy": 0, "next": 1, "prev": -1}
+SPECIALS = ["<pad>", "<eos>", "<unk>", "<|user|>", "<|assistant|>"]
+WORDS = [str(d) for d in range(10)] + list(OPS) + ["answer", "is"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'user' %}<|user|> {{ m['content'] }} {% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def answer(op: str, d: int) -> str:
+    return str((d + OPS[op]) % 10)
+
+
+def build_tokenizer() -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(SPECIALS + WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        additional_special_tokens=["<|user|>", "<|assistant|>"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_model(tokenizer: Any, hidden_size: int, num_layers: int, seed: int) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    cfg = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(cfg)
+
+
+def rows(prompts: list[tuple[str, int]], split: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "data_source": DATA_SOURCE,
+            "prompt": [{"role": "user", "content": f"{op} {d}"}],
+            "ability": "digits",
+            "reward_model": {"style": "rule", "ground_truth": answer(op, d)},
+            "extra_info": {"split": split, "index": i},
+        }
+        for i, (op, d) in enumerate(prompts)
+    ]
+
+
+def prepare(out_dir: Path, params: Any) -> dict[str, Path]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir)
+    files = {"train": out / "train.parquet", "val": out / "val.parquet", "model": out / "model"}
+    if not params.overwrite and all(p.exists() for p in files.values()):
+        return files
+    out.mkdir(parents=True, exist_ok=True)
+    distinct = [(op, d) for op in OPS for d in range(10)]
+    rng = random.Random(params.seed)
+    train = [distinct[i % len(distinct)] for i in range(params.train_size)]
+    rng.shuffle(train)
+    pq.write_table(pa.Table.from_pylist(rows(train, "train")), files["train"])
+    pq.write_table(pa.Table.from_pylist(rows(distinct, "val")), files["val"])
+    tok = build_tokenizer()
+    model = build_model(tok, params.hidden_size, params.num_layers, params.seed)
+    model.save_pretrained(files["model"], safe_serialization=True)
+    tok.save_pretrained(files["model"])
+    model.generation_config.save_pretrained(files["model"])
+    return files
+
+
+def score(response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any], params: Any) -> dict[str, Any]:
+    words = response.split()
+    pred = words[0] if words else ""
+    acc = float(pred == str(ground_truth))
+    return {"score": acc, "acc": acc, "pred": pred}
