@@ -196,7 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    ns = parser.parse_intermixed_args(argv)
+    try:
+        ns = parser.parse_intermixed_args(argv)
+    except TypeError:  # argparse refuses intermixed parsing with subparsers (Python 3.11)
+        ns = parser.parse_args(argv)
     if ns.version:
         from rlzoo import __version__
 

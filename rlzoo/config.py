@@ -283,7 +283,11 @@ def bind_part(
         if raw_params:
             problems.append(f"{key}: {kind} {name!r} takes no params, got {', '.join(sorted(raw_params))}")
         return Selection(kind, key, comp.name, comp, None)
+    before = len(problems)
     bound = bind_dataclass(comp.params, raw_params, key, problems, what=f"{kind} {name!r}")
+    for i in range(before, len(problems)):
+        if "unknown key" in problems[i]:  # often params left over from the part an override replaced
+            problems[i] += f" (to switch parts with default params, override the whole entry: {key}={name})"
     return Selection(kind, key, comp.name, comp, bound)
 
 

@@ -89,7 +89,9 @@ def component_problems(component: Component[Any], *, load: bool = True) -> list[
         try:
             target = component.load()
         except Exception as exc:
-            problems.append(f"{where}: target {component.target!r} does not import: {type(exc).__name__}: {exc}")
+            problems.append(
+                f"{where}: target {component.target!r} does not import: {type(exc).__name__}: {exc}"
+            )
         else:
             if not callable(target):
                 problems.append(f"{where}: target {target!r} is not callable")
@@ -180,7 +182,9 @@ class ComponentConformance:
     @cached_property
     def component(self) -> Component[Any]:
         assert self.kind, f"{type(self).__name__}: set the class attribute 'kind'"
-        assert self.name, f"{type(self).__name__}: set the class attribute 'name' to the part's registered name"
+        assert self.name, (
+            f"{type(self).__name__}: set the class attribute 'name' to the part's registered name"
+        )
         return self.plugin_manager().get(self.kind, self.name, key=f"{type(self).__name__}.name")
 
     @cached_property
@@ -280,7 +284,9 @@ class AdvantageConformance(ComponentConformance):
             response_mask=mask,
             group_ids=torch.arange(B) // group_size if comp.capability("needs_group") else None,
             values=torch.randn(B, T, generator=g) * mask if comp.capability("needs_critic") else None,
-            baseline_rewards=torch.randn(B, generator=g) if comp.capability("needs_greedy_baseline") else None,
+            baseline_rewards=torch.randn(B, generator=g)
+            if comp.capability("needs_greedy_baseline")
+            else None,
         )
 
     def run(self, inputs: AdvantageInputs) -> Any:
@@ -458,7 +464,9 @@ class PolicyLossConformance(ComponentConformance):
         inputs.agg = agg
         self._check_valid(self.run(inputs))
         if not calls:
-            pytest.fail(f"policy loss {self.name!r} never called inputs.agg (the contract: aggregate through it)")
+            pytest.fail(
+                f"policy loss {self.name!r} never called inputs.agg (the contract: aggregate through it)"
+            )
 
     def test_gradients_finite_and_zero_where_masked(self) -> None:
         inputs = self.make_inputs()
@@ -595,7 +603,9 @@ class KLConformance(ComponentConformance):
 
     kind = "kl"
 
-    def make_inputs(self, B: int = 4, T: int = 5, seed: int = 0, spread: float = 0.5) -> tuple[Tensor, Tensor]:
+    def make_inputs(
+        self, B: int = 4, T: int = 5, seed: int = 0, spread: float = 0.5
+    ) -> tuple[Tensor, Tensor]:
         torch = _torch()
         g = torch.Generator().manual_seed(seed)
         ref = -torch.rand(B, T, generator=g) * 3 - 0.01  # [B, T]
@@ -700,7 +710,9 @@ class RolloutCorrectionConformance(ComponentConformance):
         base = self.run(inputs)
         masked = ~inputs.response_mask.bool()
         dirty = CorrectionInputs(
-            old_log_probs=torch.where(masked, -_garbage_like(inputs.old_log_probs, 8, 20.0).abs(), inputs.old_log_probs),
+            old_log_probs=torch.where(
+                masked, -_garbage_like(inputs.old_log_probs, 8, 20.0).abs(), inputs.old_log_probs
+            ),
             rollout_log_probs=torch.where(
                 masked, -_garbage_like(inputs.rollout_log_probs, 9, 20.0).abs(), inputs.rollout_log_probs
             ),
@@ -827,7 +839,9 @@ class ScorerConformance(ComponentConformance):
             pytest.skip("no cases given (set `cases` to (response, ground_truth, expected) triples)")
         for response, gt, expected in self.cases:
             got = self.score(response, gt)
-            assert math.isclose(got, expected, abs_tol=1e-6), f"score({response!r}, {gt!r}) = {got}, expected {expected}"
+            assert math.isclose(got, expected, abs_tol=1e-6), (
+                f"score({response!r}, {gt!r}) = {got}, expected {expected}"
+            )
 
     def test_deterministic(self) -> None:
         r = f"so the result is {self.ground_truth}"
@@ -854,13 +868,17 @@ def stub_scorer(response: str, ground_truth: Any, data_source: str, extra_info: 
     return 1.0 if str(ground_truth) in response else 0.0
 
 
-def dict_scorer(response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any]) -> dict[str, Any]:
+def dict_scorer(
+    response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any]
+) -> dict[str, Any]:
     """Like :func:`stub_scorer`, returning a dict with an extra metric."""
     s = stub_scorer(response, ground_truth, data_source, extra_info)
     return {"score": s, "acc": s > 0}
 
 
-def raising_scorer(response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any]) -> float:
+def raising_scorer(
+    response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any]
+) -> float:
     """A scorer that always raises (a reward manager must turn it into failed results)."""
     raise ValueError("scorer failed on purpose")
 

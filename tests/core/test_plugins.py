@@ -1,0 +1,200 @@
+"""The plugin manager: built-ins, entry points, run-time registration, validation, env vars."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import rlzoo
+from rlzoo import plugins as plugins_mod
+from rlzoo.errors import PluginError
+from rlzoo.plugins import BUILTIN_PLUGINS, ENV_ALLOW, ENV_NO_AUTOLOAD, PluginLoadWarning, PluginManager
+
+from .conftest import EXAMPLE_DIST
+
+
+def _fn(inputs, params):  # type: ignore[no-untyped-def]
+    """Fake part."""
+
+
+class FakePlugin:
+    """Registers one advantage and one scorer (what a test registers in a fixture)."""
+
+    @rlzoo.hookimpl
+    def rlzoo_register_advantages(self, registry):  # type: ignore[no-untyped-def]
+        registry.register("fake_adv", _fn, doc="A fake advantage.", capabilities={"needs_group": True})
+
+    @rlzoo.hookimpl
+    def rlzoo_register_scorers(self, registry):  # type: ignore[no-untyped-def]
+        registry.register("fake_scorer", _fn, doc="A fake scorer.")
+
+
+@pytest.fixture
+def fake_plugin(pm: PluginManager) -> Iterator[str]:
+    name = pm.register(FakePlugin(), "fake", version="1.2.3")
+    yield name
+    pm.unregister(name)
+
+
+def test_builtins_are_ordinary_plugins(pm: PluginManager) -> None:
+    infos = {i.name: i for i in pm.plugins(include_all=True)}
+    for modname in BUILTIN_PLUGINS:
+        assert infos[modname].builtin and infos[modname].status == "loaded"
+    assert pm.registry("advantage").get("grpo").plugin == "rlzoo.algorithms.advantage"
+
+
+def test_registered_plugin_is_listed_and_its_parts_stamped(pm: PluginManager, fake_plugin: str) -> None:
+    assert pm.get("advantage", "fake_adv").plugin == "fake"
+    info = {i.name: i for i in pm.plugins()}["fake"]
+    assert info.version == "1.2.3" and info.status == "loaded" and not info.builtin
+    assert info.hooks == ["rlzoo_register_advantages", "rlzoo_register_scorers"]
+    assert info.parts == ["advantage:fake_adv", "scorer:fake_scorer"]
+
+
+def test_unregister_removes_the_parts(pm: PluginManager) -> None:
+    pm.register(FakePlugin(), "fake")
+    assert "fake_adv" in pm.registry("advantage")
+    pm.unregister("fake")
+    assert "fake_adv" not in pm.registry("advantage")
+    assert "fake" not in {i.name for i in pm.plugins(include_all=True)}
+
+
+def test_misspelt_hook_names_plugin_hook_and_suggestion(pm: PluginManager) -> None:
+    class Misspelt:
+        @rlzoo.hookimpl
+        def rlzoo_register_advantage(self, registry):  # type: ignore[no-untyped-def]  (no trailing s)
+            registry.register("never", _fn)
+
+    with pytest.raises(PluginError) as e:
+        pm.register(Misspelt(), "misspelt_plugin")
+    msg = str(e.value)
+    assert "'misspelt_plugin'" in msg and "'rlzoo_register_advantage'" in msg
+    assert "did you mean 'rlzoo_register_advantages'" in msg
+    # the manager is left as it was: the same name registers again once fixed
+    assert "misspelt_plugin" not in {i.name for i in pm.plugins(include_all=True)}
+    pm.register(FakePlugin(), "misspelt_plugin")
+    pm.unregister("misspelt_plugin")
+
+
+def test_argument_not_in_spec_names_plugin_hook_and_argument(pm: PluginManager) -> None:
+    class ExtraArg:
+        @rlzoo.hookimpl
+        def rlzoo_register_kls(self, registry, config):  # type: ignore[no-untyped-def]
+            pass
+
+    with pytest.raises(PluginError) as e:
+        pm.register(ExtraArg(), "extra_arg_plugin")
+    msg = str(e.value)
+    assert "extra_arg_plugin" in msg and "rlzoo_register_kls" in msg and "config" in msg
+
+
+def test_hook_that_raises_names_plugin_and_hook(pm: PluginManager) -> None:
+    class Raises:
+        @rlzoo.hookimpl
+        def rlzoo_register_loss_aggs(self, registry):  # type: ignore[no-untyped-def]
+            raise RuntimeError("boom")
+
+    pm.register(Raises(), "raising_plugin")
+    try:
+        with pytest.raises(
+            PluginError, match=r"'raising_plugin' failed in hook rlzoo_register_loss_aggs.*boom"
+        ):
+            pm.registries()
+    finally:
+        pm.unregister("raising_plugin")
+
+
+# -- entry points ---------------------------------------------------------------------------------
+@pytest.fixture
+def fake_entry_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Two more entry points: one whose module raises on import, one that works."""
+    (tmp_path / "rlzoo_test_broken_plugin.py").write_text("raise RuntimeError('broken on purpose')\n")
+    (tmp_path / "rlzoo_test_good_plugin.py").write_text(
+        "import rlzoo\n\n"
+        "def fn(inputs, params):\n    '''Good.'''\n\n"
+        "@rlzoo.hookimpl\n"
+        "def rlzoo_register_sample_filters(registry):\n"
+        "    registry.register('good_filter', fn, doc='A filter from a good plugin.')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    real = md.entry_points
+
+    def entry_points(**kw):  # type: ignore[no-untyped-def]
+        eps = list(real(**kw))
+        if kw.get("group") == "rlzoo":
+            eps += [
+                md.EntryPoint("broken", "rlzoo_test_broken_plugin", "rlzoo"),
+                md.EntryPoint("good", "rlzoo_test_good_plugin", "rlzoo"),
+            ]
+        return eps
+
+    monkeypatch.setattr(plugins_mod.md, "entry_points", entry_points)
+    yield
+    for mod in ("rlzoo_test_broken_plugin", "rlzoo_test_good_plugin"):
+        sys.modules.pop(mod, None)
+
+
+@pytest.mark.usefixtures("fake_entry_points")
+def test_plugin_raising_on_import_warns_and_others_load() -> None:
+    with pytest.warns(PluginLoadWarning, match=r"'broken'.*RuntimeError: broken on purpose"):
+        pm = PluginManager()
+    infos = {i.name: i for i in pm.plugins(include_all=True)}
+    assert infos["broken"].status == "failed" and "broken on purpose" in (infos["broken"].error or "")
+    assert infos["good"].status == "loaded"
+    assert pm.get("sample_filter", "good_filter").plugin == "good"
+    assert "grpo" in pm.registry("advantage")
+
+
+@pytest.mark.usefixtures("fake_entry_points")
+def test_allow_list_blocks_the_others_by_entry_point_name() -> None:
+    pm = PluginManager(allow=["good"])
+    infos = {i.name: i for i in pm.plugins(include_all=True)}
+    assert infos["good"].status == "loaded"
+    assert infos["broken"].status == "blocked"  # never imported, so no warning
+
+
+@pytest.mark.usefixtures("fake_entry_points")
+def test_disabled_autoload_loads_builtins_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_NO_AUTOLOAD, "1")
+    pm = PluginManager()
+    infos = {i.name: i for i in pm.plugins(include_all=True)}
+    assert infos["good"].status == "disabled" and infos["broken"].status == "disabled"
+    assert "good_filter" not in pm.registry("sample_filter")
+    assert "grpo" in pm.registry("advantage")
+
+
+# -- the real example plugin through the CLI, in a subprocess -------------------------------------
+def _cli_json(*args: str, **env: str) -> object:
+    full_env = {k: v for k, v in os.environ.items() if k not in (ENV_ALLOW, ENV_NO_AUTOLOAD)}
+    full_env.update(env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlzoo.cli", *args], capture_output=True, text=True, env=full_env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.usefixtures("example")
+@pytest.mark.parametrize(
+    ("env", "status"),
+    [
+        ({}, "loaded"),
+        ({ENV_ALLOW: ""}, "blocked"),
+        ({ENV_ALLOW: "someone_else"}, "blocked"),
+        ({ENV_ALLOW: "example"}, "loaded"),  # entry-point name
+        ({ENV_ALLOW: f"other,{EXAMPLE_DIST}"}, "loaded"),  # distribution name
+        ({ENV_NO_AUTOLOAD: "1"}, "disabled"),
+    ],
+)
+def test_env_vars_control_the_example_plugin(env: dict[str, str], status: str) -> None:
+    infos = {i["name"]: i for i in _cli_json("plugins", "--all", "--json", **env)}  # type: ignore[union-attr]
+    assert infos["example"]["status"] == status
+    assert infos["example"]["distribution"] == EXAMPLE_DIST
+    assert infos["rlzoo.algorithms.advantage"]["status"] == "loaded"  # built-ins always load
