@@ -1,1 +1,142 @@
-"""Built-in advantage parts (being written)."""
+"""Built-in advantage estimators (kind ``advantage``): params and registration.
+
+Import-light: the tensor code lives in :mod:`rlzoo.algorithms.functional.advantage` and is only
+imported when a part is loaded. Formulas match verl's ``core_algos.py``; see
+``docs/components/advantage.md`` for the details and the deliberate differences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlzoo import hookimpl, param
+
+_IMPL = "rlzoo.algorithms.functional.advantage"
+
+
+@dataclass(frozen=True)
+class GAEParams:
+    """Generalized Advantage Estimation with a critic (PPO); advantages whitened over the batch.
+
+    delta_t = r_t + gamma * V_{t+1} - V_t;  A_t = delta_t + gamma * lam * A_{t+1};  returns = A + V.
+    Masked tokens inside a response are skipped (they carry V and A through). The advantages are
+    then whitened over all unmasked tokens of the batch. Schulman et al. 2015,
+    https://arxiv.org/abs/1506.02438.
+    """
+
+    gamma: float = param(1.0, help="discount factor")
+    lam: float = param(1.0, help="GAE lambda (bias / variance trade-off)")
+    whiten: bool = param(
+        True, help="whiten advantages over the unmasked tokens of the batch (verl always does)"
+    )
+
+
+@dataclass(frozen=True)
+class GRPOParams:
+    """Group-relative advantage (GRPO): (r - mean_group) / (std_group + eps).
+
+    r is the response's outcome reward (token rewards summed over the response). std is the unbiased
+    group std; a group of one gets mean 0 and std 1. With norm_by_std=False this is Dr.GRPO (r -
+    mean_group). Shao et al. 2024, https://arxiv.org/abs/2402.03300; Dr.GRPO:
+    https://arxiv.org/abs/2503.20783.
+    """
+
+    norm_by_std: bool = param(True, help="divide by the group's std; False gives Dr.GRPO")
+    epsilon: float = param(1e-6, help="added to the std")
+
+
+@dataclass(frozen=True)
+class RLOOParams:
+    """REINFORCE leave-one-out: r minus the mean reward of the other responses of its group.
+
+    A = r - (sum_group - r) / (n - 1) = (r - mean_group) * n / (n - 1); a group of one keeps A = r.
+    Ahmadian et al. 2024, https://arxiv.org/abs/2402.14740.
+    """
+
+
+@dataclass(frozen=True)
+class ReinforcePlusPlusParams:
+    """REINFORCE++: discounted return-to-go, whitened over all unmasked tokens of the batch.
+
+    G_t = r_t + gamma * G_{t+1} (reset after the last token); A = whiten(G). No critic, no groups.
+    Hu 2025, https://arxiv.org/abs/2501.03262.
+    """
+
+    gamma: float = param(1.0, help="discount factor")
+
+
+@dataclass(frozen=True)
+class ReinforcePlusPlusBaselineParams:
+    """REINFORCE++-baseline: subtract the group mean reward, then whiten over the batch.
+
+    A = whiten(r - mean_group) over the unmasked tokens (a group of one has mean 0).
+    Hu 2025, https://arxiv.org/abs/2501.03262.
+    """
+
+
+@dataclass(frozen=True)
+class ReMaxParams:
+    """ReMax: reward-to-go minus the reward of the greedy response to the same prompt.
+
+    A_t = sum_{s>=t} r_s - r_greedy. Needs baseline_rewards [B] (capability needs_greedy_baseline).
+    Li et al. 2023, https://arxiv.org/abs/2310.10505.
+    """
+
+
+@dataclass(frozen=True)
+class OPOParams:
+    """OPO: reward minus the length-weighted mean reward of the group (optimal baseline).
+
+    b = sum_i(|y_i| * r_i) / sum_i |y_i| over the group; A = r - b; a group of one has b = 0.
+    https://arxiv.org/abs/2505.23585.
+    """
+
+
+@dataclass(frozen=True)
+class GPGParams:
+    """GPG: alpha * (r - mean_group) / f_norm, alpha = B / #responses with non-zero reward.
+
+    A group of one has mean 0. GPG, https://arxiv.org/abs/2504.02546.
+    """
+
+    f_norm: float = param(1.0, help="divisor of the advantage (verl fixes it to 1)")
+
+
+@dataclass(frozen=True)
+class GRPOPassKParams:
+    """Pass@k GRPO: only each group's best response gets r_max - r_second_max (/ std + eps).
+
+    Every other response gets 0. Needs at least two responses per group.
+    https://arxiv.org/abs/2503.19595.
+    """
+
+    norm_by_std: bool = param(True, help="divide by the group's std")
+    epsilon: float = param(1e-6, help="added to the std")
+
+
+@hookimpl
+def rlzoo_register_advantages(registry):  # type: ignore[no-untyped-def]
+    group = {"needs_group": True}
+    registry.register("gae", f"{_IMPL}:gae", params=GAEParams, capabilities={"needs_critic": True})
+    registry.register("grpo", f"{_IMPL}:grpo", params=GRPOParams, capabilities=group)
+    registry.register("rloo", f"{_IMPL}:rloo", params=RLOOParams, capabilities=group)
+    registry.register(
+        "reinforce_plus_plus",
+        f"{_IMPL}:reinforce_plus_plus",
+        params=ReinforcePlusPlusParams,
+        capabilities={},
+        aliases=("reinforce++",),
+    )
+    registry.register(
+        "reinforce_plus_plus_baseline",
+        f"{_IMPL}:reinforce_plus_plus_baseline",
+        params=ReinforcePlusPlusBaselineParams,
+        capabilities=group,
+        aliases=("reinforce++_baseline",),
+    )
+    registry.register(
+        "remax", f"{_IMPL}:remax", params=ReMaxParams, capabilities={"needs_greedy_baseline": True}
+    )
+    registry.register("opo", f"{_IMPL}:opo", params=OPOParams, capabilities=group)
+    registry.register("gpg", f"{_IMPL}:gpg", params=GPGParams, capabilities=group)
+    registry.register("grpo_passk", f"{_IMPL}:grpo_passk", params=GRPOPassKParams, capabilities=group)

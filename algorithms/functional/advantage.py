@@ -1,0 +1,258 @@
+"""Advantage estimators: the tensor code behind :mod:`rlzoo.algorithms.advantage`.
+
+Every estimator is ``fn(inputs: AdvantageInputs, params) -> AdvantageOutput`` and matches verl's
+``verl/trainer/ppo/core_algos.py`` on every unmasked position, edge cases included (a group of one,
+all-equal rewards, length-1 responses). Two things differ on purpose, both only where verl's output
+is undefined or arbitrary (see ``docs/components/advantage.md``):
+
+- advantages (and returns) are exactly zero where ``response_mask`` is 0;
+- whitening a batch with fewer than two valid tokens, or OPO on a group whose lengths are all
+  zero, gives 0 where verl raises or returns NaN.
+
+Group statistics use ``torch.unique(return_inverse=True)`` and segment sums (``index_add_``,
+``scatter_reduce_``): no Python loop over samples or groups. GAE and REINFORCE++ loop over the
+time axis only (a linear recurrence with resets), on contiguous ``[T, B]`` slices.
+
+Shapes: ``B`` responses, ``T`` response tokens, ``G`` distinct group ids.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlzoo.protocols import AdvantageInputs, AdvantageOutput
+
+__all__ = [
+    "gae",
+    "gpg",
+    "group_index",
+    "grpo",
+    "grpo_passk",
+    "masked_whiten",
+    "opo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "rloo",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
+    """verl's ``masked_whiten``: ``(x - mean) * rsqrt(var + 1e-8)`` over the masked entries.
+
+    ``var`` is Bessel-corrected (``n / (n - 1)``). With fewer than two valid entries the variance
+    is taken as 0 (verl raises); the centred values are then 0 at the valid entry.
+    """
+    mask = mask.to(values.dtype)  # [B, T]
+    n = mask.sum()  # []
+    mean = (values * mask).sum() / n.clamp(min=1)  # []
+    centered = values - mean  # [B, T]
+    var = (centered.square() * mask).sum() / (n - 1).clamp(min=1)  # [] (unbiased)
+    whitened = centered * torch.rsqrt(var + 1e-8)  # [B, T]
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened
+
+
+def group_index(group_ids: Tensor | None, name: str) -> tuple[Tensor, int]:
+    """Map arbitrary group ids ``[B]`` to dense indices ``0..G-1``; returns ``(inverse [B], G)``."""
+    if group_ids is None:
+        raise ValueError(f"advantage {name!r} needs group_ids (capability needs_group), got None")
+    _, inverse = torch.unique(group_ids, return_inverse=True)  # [B]
+    num_groups = int(inverse.max().item()) + 1 if inverse.numel() else 0
+    return inverse, num_groups
+
+
+def _segment_sum(x: Tensor, inverse: Tensor, num_groups: int) -> Tensor:
+    return torch.zeros(num_groups, dtype=x.dtype, device=x.device).index_add_(0, inverse, x)  # [G]
+
+
+def _group_stats(scores: Tensor, inverse: Tensor, num_groups: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-group ``count, mean, std`` (std unbiased, like ``torch.std``; 0 for a group of one)."""
+    count = torch.bincount(inverse, minlength=num_groups).to(scores.dtype)  # [G]
+    mean = _segment_sum(scores, inverse, num_groups) / count  # [G]
+    sq = _segment_sum((scores - mean[inverse]).square(), inverse, num_groups)  # [G]
+    std = (sq / (count - 1).clamp(min=1)).sqrt()  # [G]
+    return count, mean, std
+
+
+def _outcome_scores(inputs: AdvantageInputs) -> Tensor:
+    # The reward of a response: its token-level rewards summed over T (verl sums over all T too;
+    # the reward manager puts the outcome on the last valid token and zeros elsewhere).
+    return inputs.token_level_rewards.sum(dim=-1)  # [B]
+
+
+def _broadcast(scores: Tensor, mask: Tensor) -> AdvantageOutput:
+    adv = scores.unsqueeze(-1) * mask.to(scores.dtype)  # [B, T]
+    return AdvantageOutput(advantages=adv, returns=adv)
+
+
+# ---------------------------------------------------------------------------------------------
+# critic-based
+# ---------------------------------------------------------------------------------------------
+@torch.no_grad()
+def gae(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+    """Generalized Advantage Estimation (verl ``compute_gae_advantage_return``)."""
+    if inputs.values is None:
+        raise ValueError("advantage 'gae' needs values (capability needs_critic), got None")
+    rewards = inputs.token_level_rewards
+    values = inputs.values.to(rewards.dtype)  # [B, T]
+    mask = inputs.response_mask.to(rewards.dtype)  # [B, T]
+    gamma, lam = float(params.gamma), float(params.lam)
+    r_t = rewards.t().contiguous()  # [T, B]
+    v_t = values.t().contiguous()  # [T, B]
+    m_t = mask.t().contiguous()  # [T, B]
+    adv_t = torch.empty_like(r_t)  # [T, B]
+    nextvalues = torch.zeros_like(r_t[0])  # [B]
+    lastgaelam = torch.zeros_like(r_t[0])  # [B]
+    for t in range(r_t.shape[0] - 1, -1, -1):
+        m, one_minus_m = m_t[t], 1.0 - m_t[t]  # [B]
+        delta = r_t[t] + gamma * nextvalues - v_t[t]  # [B]
+        new = delta + gamma * lam * lastgaelam  # [B]
+        # masked (e.g. observation) tokens carry the next value and the running estimate through
+        nextvalues = v_t[t] * m + one_minus_m * nextvalues  # [B]
+        lastgaelam = new * m + one_minus_m * lastgaelam  # [B]
+        adv_t[t] = lastgaelam
+    advantages = adv_t.t()  # [B, T]
+    returns = (advantages + values) * mask  # [B, T]
+    if params.whiten:
+        advantages = masked_whiten(advantages, mask)  # [B, T]
+    return AdvantageOutput(advantages=advantages * mask, returns=returns)
+
+
+# ---------------------------------------------------------------------------------------------
+# group-relative (outcome reward)
+# ---------------------------------------------------------------------------------------------
+@torch.no_grad()
+def grpo(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+    """GRPO (verl ``compute_grpo_outcome_advantage``): ``(r - mean_g) / (std_g + eps)``."""
+    scores = _outcome_scores(inputs)  # [B]
+    inverse, num_groups = group_index(inputs.group_ids, "grpo")
+    count, mean, std = _group_stats(scores, inverse, num_groups)  # [G]
+    single = count == 1  # [G] verl: a group of one has mean 0 and std 1
+    mean = torch.where(single, torch.zeros_like(mean), mean)  # [G]
+    std = torch.where(single, torch.ones_like(std), std)  # [G]
+    adv = scores - mean[inverse]  # [B]
+    if params.norm_by_std:
+        adv = adv / (std[inverse] + params.epsilon)  # [B]
+    return _broadcast(adv, inputs.response_mask)
+
+
+@torch.no_grad()
+def rloo(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+    """RLOO (verl ``compute_rloo_outcome_advantage``): ``r - mean of the other n-1 rewards``."""
+    scores = _outcome_scores(inputs)  # [B]
+    inverse, num_groups = group_index(inputs.group_ids, "rloo")
+    count, mean, _ = _group_stats(scores, inverse, num_groups)  # [G]
+    n = count[inverse]  # [B]
+    scale = n / (n - 1).clamp(min=1)  # [B]  n / (n - 1)
+    loo = scores * scale - mean[inverse] * scale  # [B]  == r - (sum - r) / (n - 1)
+    adv = torch.where(n > 1, loo, scores)  # [B] verl leaves a group of one unchanged
+    return _broadcast(adv, inputs.response_mask)
+
+
+@torch.no_grad()
+def opo(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+    """OPO (verl ``compute_opo_outcome_advantage``): length-weighted group baseline."""
+    scores = _outcome_scores(inputs)  # [B]
+    lengths = inputs.response_mask.to(scores.dtype).sum(dim=-1)  # [B]
+    inverse, num_groups = group_index(inputs.group_ids, "opo")
+    count = torch.bincount(inverse, minlength=num_groups)  # [G]
+    num = _segment_sum(lengths * scores, inverse, num_groups)  # [G]
+    den = _segment_sum(lengths, inverse, num_groups)  # [G]
+    baseline = torch.where(den > 0, num / den.clamp(min=torch.finfo(den.dtype).tiny), 0.0)  # [G]
+    baseline = torch.where(count == 1, torch.zeros_like(baseline), baseline)  # [G]
+    return _broadcast(scores - baseline[inverse], inputs.response_mask)
+
+
+@torch.no_grad()
+def gpg(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+    """GPG (verl ``compute_gpg_outcome_advantage``): ``alpha * (r - mean_g) / f_norm``."""
+    scores = _outcome_scores(inputs)  # [B]
+    inverse, num_groups = group_index(inputs.group_ids, "gpg")
+    count, mean, _ = _group_stats(scores, inverse, num_groups)  # [G]
+    mean = torch.where(count == 1, torch.zeros_like(mean), mean)  # [G]
+    # alpha = B / (number of responses with a non-zero reward), at least 1 in the denominator
+    alpha = scores.shape[0] / torch.count_nonzero(scores).clamp(min=1).to(scores.dtype)  # []
+    adv = alpha * (scores - mean[inverse]) / params.f_norm  # [B]
+    return _broadcast(adv, inputs.response_mask)
+
+
+@torch.no_grad()
+def grpo_passk(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+    """Pass@k GRPO (verl ``compute_grpo_passk_outcome_advantage``): only the best response
+    of each group gets ``r_max - r_second``, divided by ``std_g + eps`` when ``norm_by_std``."""
+    scores = _outcome_scores(inputs)  # [B]
+    inverse, num_groups = group_index(inputs.group_ids, "grpo_passk")
+    count, _, std = _group_stats(scores, inverse, num_groups)  # [G]
+    if num_groups and int(count.min().item()) < 2:
+        raise ValueError("grpo_passk needs at least 2 responses per group")
+    b = scores.shape[0]
+    neg_inf = torch.full((num_groups,), -torch.inf, dtype=scores.dtype, device=scores.device)
+    r_max = neg_inf.scatter_reduce(0, inverse, scores, "amax")  # [G]
+    arange = torch.arange(b, device=scores.device)  # [B]
+    cand = torch.where(scores == r_max[inverse], arange, b)  # [B]
+    first = torch.full((num_groups,), b, dtype=torch.long, device=scores.device)
+    first = first.scatter_reduce(0, inverse, cand, "amin")  # [G] lowest index holding the max
+    is_best = arange == first[inverse]  # [B]
+    others = torch.where(is_best, torch.full_like(scores, -torch.inf), scores)  # [B]
+    r_second = neg_inf.scatter_reduce(0, inverse, others, "amax")  # [G]
+    gap = r_max - r_second  # [G]
+    if params.norm_by_std:
+        gap = gap / (std + params.epsilon)  # [G]
+    adv = torch.where(is_best, gap[inverse], torch.zeros_like(scores))  # [B]
+    return _broadcast(adv, inputs.response_mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# batch-normalised REINFORCE family
+# ---------------------------------------------------------------------------------------------
+@torch.no_grad()
+def reinforce_plus_plus(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+    """REINFORCE++ (verl ``compute_reinforce_plus_plus_outcome_advantage``)."""
+    rewards = inputs.token_level_rewards
+    mask = inputs.response_mask.to(rewards.dtype)  # [B, T]
+    gamma = float(params.gamma)
+    r_t = rewards.t().contiguous()  # [T, B]
+    m_t = mask.t().contiguous()  # [T, B]
+    ret_t = torch.empty_like(r_t)  # [T, B]
+    running = torch.zeros_like(r_t[0])  # [B]
+    for t in range(r_t.shape[0] - 1, -1, -1):
+        running = r_t[t] + gamma * running  # [B]
+        ret_t[t] = running
+        running = running * m_t[t]  # reset after EOS / on masked tokens
+    returns = ret_t.t()  # [B, T]
+    advantages = masked_whiten(returns, mask) * mask  # [B, T]
+    return AdvantageOutput(advantages=advantages, returns=returns * mask)
+
+
+@torch.no_grad()
+def reinforce_plus_plus_baseline(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+    """REINFORCE++-baseline (verl ``compute_reinforce_plus_plus_baseline_outcome_advantage``)."""
+    scores = _outcome_scores(inputs)  # [B]
+    mask = inputs.response_mask.to(scores.dtype)  # [B, T]
+    inverse, num_groups = group_index(inputs.group_ids, "reinforce_plus_plus_baseline")
+    count, mean, _ = _group_stats(scores, inverse, num_groups)  # [G]
+    mean = torch.where(count == 1, torch.zeros_like(mean), mean)  # [G]
+    centered = (scores - mean[inverse]).unsqueeze(-1) * mask  # [B, T]
+    adv = masked_whiten(centered, mask) * mask  # [B, T]
+    return AdvantageOutput(advantages=adv, returns=adv)
+
+
+@torch.no_grad()
+def remax(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+    """ReMax (verl ``compute_remax_outcome_advantage``): return-to-go minus the greedy reward."""
+    if inputs.baseline_rewards is None:
+        raise ValueError("advantage 'remax' needs baseline_rewards (capability needs_greedy_baseline)")
+    rewards = inputs.token_level_rewards
+    mask = inputs.response_mask.to(rewards.dtype)  # [B, T]
+    returns = (rewards * mask).flip(-1).cumsum(-1).flip(-1)  # [B, T] reward-to-go
+    baseline = inputs.baseline_rewards.to(rewards.dtype).unsqueeze(-1)  # [B, 1]
+    advantages = (returns - baseline * mask) * mask  # [B, T]
+    return AdvantageOutput(advantages=advantages, returns=returns * mask)
