@@ -8,17 +8,17 @@ from pathlib import Path
 from typing import Any
 
 DATA_SOURCE = "rlzoo/quickstart"
-OPS = {"copy": 0, "next": 1, "prev": -1}
+OPS = ("first", "last")
 SPECIALS = ["<pad>", "<eos>", "<unk>", "<|user|>", "<|assistant|>"]
-WORDS = [str(d) for d in range(10)] + list(OPS) + ["answer", "is"]
+WORDS = [str(d) for d in range(10)] + list(OPS)
 CHAT_TEMPLATE = (
     "{% for m in messages %}{% if m['role'] == 'user' %}<|user|> {{ m['content'] }} {% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 
 
-def answer(op: str, d: int) -> str:
-    return str((d + OPS[op]) % 10)
+def answer(op: str, a: int, b: int) -> str:
+    return str(a if op == "first" else b)
 
 
 def build_tokenizer() -> Any:
@@ -61,16 +61,16 @@ def build_model(tokenizer: Any, hidden_size: int, num_layers: int, seed: int) ->
     return AutoModelForCausalLM.from_config(cfg)
 
 
-def rows(prompts: list[tuple[str, int]], split: str) -> list[dict[str, Any]]:
+def rows(prompts: list[tuple[str, int, int]], split: str) -> list[dict[str, Any]]:
     return [
         {
             "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": f"{op} {d}"}],
+            "prompt": [{"role": "user", "content": f"{op} {a} {b}"}],
             "ability": "digits",
-            "reward_model": {"style": "rule", "ground_truth": answer(op, d)},
+            "reward_model": {"style": "rule", "ground_truth": answer(op, a, b)},
             "extra_info": {"split": split, "index": i},
         }
-        for i, (op, d) in enumerate(prompts)
+        for i, (op, a, b) in enumerate(prompts)
     ]
 
 
@@ -83,12 +83,14 @@ def prepare(out_dir: Path, params: Any) -> dict[str, Path]:
     if not params.overwrite and all(p.exists() for p in files.values()):
         return files
     out.mkdir(parents=True, exist_ok=True)
-    distinct = [(op, d) for op in OPS for d in range(10)]
+    distinct = [(op, a, b) for op in OPS for a in range(10) for b in range(10) if a != b]
     rng = random.Random(params.seed)
-    train = [distinct[i % len(distinct)] for i in range(params.train_size)]
+    rng.shuffle(distinct)
+    val, pool = distinct[: params.val_size], distinct[params.val_size :]
+    train = [pool[i % len(pool)] for i in range(params.train_size)]
     rng.shuffle(train)
     pq.write_table(pa.Table.from_pylist(rows(train, "train")), files["train"])
-    pq.write_table(pa.Table.from_pylist(rows(distinct, "val")), files["val"])
+    pq.write_table(pa.Table.from_pylist(rows(val, "val")), files["val"])
     tok = build_tokenizer()
     model = build_model(tok, params.hidden_size, params.num_layers, params.seed)
     model.save_pretrained(files["model"], safe_serialization=True)

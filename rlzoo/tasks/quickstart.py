@@ -1,8 +1,9 @@
 """The quickstart task: a synthetic digit task, a word-level tokenizer and a tiny model, all built offline.
 
-Each prompt is ``<op> <d>`` with ``op`` one of ``copy`` / ``next`` / ``prev`` and a digit ``d``;
-the answer is ``d``, ``d+1 mod 10`` or ``d-1 mod 10``. The scorer gives 1.0 when the response's
-first word is the answer. A ~100k-parameter Qwen2 model built from a config starts near chance
+Each prompt is ``<op> <a> <b>`` with ``op`` one of ``first`` / ``last`` and two different digits;
+the answer is ``a`` for ``first`` and ``b`` for ``last``. The scorer gives 1.0 when the response's
+first word is the answer. Validation prompts are held out from training (the model must learn the
+rule, not a table). A ~100k-parameter Qwen2 model built from a config starts near chance
 (about 1 in 20) and learns the task with GRPO in a couple of minutes on a laptop CPU.
 
 Registered parts: dataset ``quickstart`` (writes train/val parquet, tokenizer and model into the
@@ -20,14 +21,15 @@ _IMPL = "rlzoo.tasks._quickstart"
 
 @dataclass(frozen=True)
 class QuickstartDataParams:
-    """Synthetic digit task (copy / next / prev of a digit) with a tokenizer and a tiny model, offline.
+    """Synthetic digit task (first / last of two digits) with a tokenizer and a tiny model, offline.
 
     Writes ``train.parquet``, ``val.parquet`` (rlzoo's schema, data_source ``rlzoo/quickstart``)
     and ``model/`` (a Qwen2 config with random weights and a word-level tokenizer with a chat
     template) into the output folder.
     """
 
-    train_size: int = param(1024, help="training prompts (the 30 distinct prompts, repeated and shuffled)")
+    train_size: int = param(2048, help="training prompts (drawn from the 180 - val_size distinct prompts)")
+    val_size: int = param(40, help="distinct prompts held out for validation")
     hidden_size: int = param(64, help="hidden size of the tiny model")
     num_layers: int = param(2, help="transformer layers of the tiny model")
     seed: int = param(0, help="seed of the model's random initialisation and the data order")
