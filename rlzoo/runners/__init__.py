@@ -28,3 +28,24 @@ def rlzoo_register_runners(registry):  # type: ignore[no-untyped-def]
         params=SyncParams,
         capabilities={"placements": ["local", "ray"]},
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Asynchronous runners (issue "fully-async and one-step-off runners"); params in async_params.py
+# ---------------------------------------------------------------------------------------------
+@hookimpl(specname="rlzoo_register_runners")
+def rlzoo_register_async_runners(registry):  # type: ignore[no-untyped-def]
+    from rlzoo.runners.async_params import FullyAsyncParams, OneStepOffParams
+
+    registry.register(
+        "fully_async",
+        "rlzoo.runners.fully_async:FullyAsyncRunner",
+        params=FullyAsyncParams,
+        capabilities={"placements": ["local"]},
+    )
+    registry.register(
+        "one_step_off",
+        "rlzoo.runners.one_step_off:OneStepOffRunner",
+        params=OneStepOffParams,
+        capabilities={"placements": ["local"]},
+    )

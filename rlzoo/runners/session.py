@@ -181,6 +181,16 @@ class Session:
             {"step": step, "loader": self.loader.state_dict(), "trainer": self.trainer.state_dict()},
         )
 
+    def resume_hint(self) -> str:
+        latest = self.ckpt.latest()
+        if latest is None:
+            return "rlzoo: interrupted before the first checkpoint; nothing to resume"
+        recipe = self.cfg.recipe or "RECIPE"
+        return (
+            f"rlzoo: interrupted; the last checkpoint is {latest}. Resume with:\n"
+            f"  rlzoo train {recipe} resume=true run.output_dir={self.run_dir}"
+        )
+
     def close(self) -> None:
         self.metrics.close()
         for obj in (self.rollout, self.train_backend):

@@ -51,6 +51,9 @@ class SyncRunner:
                         s.save(step)
                     m["timing_s/save_checkpoint"] = timer.seconds["save_checkpoint"]
                 last = s.metrics.log(step, m)
+        except KeyboardInterrupt:
+            s.metrics.write(s.resume_hint())
+            raise
         finally:
             s.close()
         summary = {"run_dir": str(s.run_dir), "steps": s.total_steps, "final": last}

@@ -1,0 +1,780 @@
+"""The fsdp2 train backend: an SPMD worker that runs in every rank of a torch.distributed group.
+
+Contract (see ``docs/backends/fsdp2.md``):
+
+- **Inputs.** Every rank is called with the *same full* batch. Rank ``r`` works on
+  ``plan.shards[r]`` (:func:`~rlzoo.backends.fsdp2.sharding.plan_shards`: samples balanced by real
+  token count), cut into micro-batches; every rank runs the same number of passes (dummy ones,
+  loss times zero, where its shard is short) because FSDP2's collectives must match.
+- **Outputs.** ``compute_log_probs`` / ``compute_values`` all-gather the shards: every rank returns
+  the full ``[B, T]`` result in the original order. ``update_*`` return the same metrics on every
+  rank (losses summed over ranks; the objective's accumulated metrics merged across ranks).
+- **Gradients** are summed over micro-batches and ranks, never averaged: the objective already
+  divides by the whole mini-batch's counts, so FSDP2's reduce-scatter divide factor is set to 1.
+- **export_weights** is collective: every rank must iterate it to the end; rank 0 receives
+  ``(name, full tensor)`` one parameter at a time, the other ranks receive nothing.
+
+Log-prob / value conventions are the native backend's (:mod:`rlzoo.backends.native.train`).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import logging
+import math
+import os
+import socket
+from collections.abc import Callable, Iterator, Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+from torch.distributed.tensor import DTensor
+
+from rlzoo.backends.fsdp2 import FSDP2Params
+from rlzoo.backends.fsdp2.sharding import Packed, ShardPlan, pack, plan_shards, unpack
+from rlzoo.backends.native import checkpoint as ckpt
+from rlzoo.backends.native.train import CriticModel, _trim, lr_multiplier, token_log_probs
+from rlzoo.batch import Batch
+from rlzoo.protocols import Objective, TrainSpec
+
+__all__ = ["FSDP2TrainBackend", "ensure_process_group"]
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_FORMAT = "rlzoo-fsdp2-train/1"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+# ---------------------------------------------------------------------------------------------
+# process group and sharding
+# ---------------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ensure_process_group(device_type: str) -> bool:
+    """Initialise the default group unless one is; True when this call created it.
+
+    With ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` / ``MASTER_PORT`` in the environment (torchrun)
+    it joins that group (``env://``); otherwise it starts a one-process group on a free port.
+    Backend: nccl for CUDA, gloo for CPU.
+    """
+    if dist.is_initialized():
+        return False
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        dist.init_process_group(backend, init_method="env://", timeout=timedelta(minutes=30))
+    else:
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    return True
+
+
+def _decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks to shard one by one: HF's ``_no_split_modules`` classes."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:  # fall back to the longest ModuleList
+        lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+        layers = list(max(lists, key=len)) if lists else []  # type: ignore[arg-type]
+    return layers
+
+
+class _Critic(CriticModel):
+    """The native critic, with a padding-free forward that goes through the root module.
+
+    FSDP2 unshards the root's own parameters (embeddings, final norm, value head) in the root's
+    forward hook, so every forward must enter through ``__call__`` of the root.
+    """
+
+    def forward(  # type: ignore[override]
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None,
+        position_ids: Tensor,
+        keep_last: int | None = None,
+        keep_index: Tensor | None = None,
+    ) -> Tensor:
+        out = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        )
+        hidden = out.last_hidden_state  # [b, L, H]
+        hidden = hidden[:, keep_index] if keep_index is not None else hidden[:, -int(keep_last or 1) :]
+        # a fresh tensor, not a view: FSDP2 hooks the root's output for its pre-backward all-gather
+        return self.value_head(hidden).float().squeeze(-1).clone()  # [b, keep]
+
+
+# ---------------------------------------------------------------------------------------------
+# the backend
+# ---------------------------------------------------------------------------------------------
+class FSDP2TrainBackend:
+    """Actor (+ frozen reference, + critic) sharded with FSDP2 over all ranks. See the module doc.
+
+    ``version`` is the number of actor optimizer steps taken (skipped steps do not count).
+    """
+
+    def __init__(
+        self,
+        params: FSDP2Params,
+        spec: TrainSpec,
+        *,
+        model: nn.Module | None = None,
+        critic_backbone: nn.Module | None = None,
+        tokenizer: Any = None,
+    ) -> None:
+        """Load the actor from ``spec.model_path`` (every rank), or shard ``model`` (same weights on
+        every rank). ``critic_backbone`` / ``tokenizer`` as in the native backend."""
+        self.params = params
+        self.spec = spec
+        temperature = params.temperature  # None: the rollout's temperature, from the spec (as native)
+        self.temperature = float(
+            temperature if temperature is not None else getattr(spec, "temperature", 1.0)
+        )
+        self.version = 0
+        self.critic_steps = 0
+        self._tokenizer = tokenizer
+        want = ("cuda" if torch.cuda.is_available() else "cpu") if params.device == "auto" else params.device
+        device_type = torch.device(want).type
+        self._owns_group = ensure_process_group(device_type)
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if device_type == "cuda":
+            local = int(os.environ.get("LOCAL_RANK", torch.device(want).index or 0))
+            self.device = torch.device("cuda", local)
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
+        self.dtype = _DTYPES[params.dtype]
+        self.mesh = self._make_mesh()
+        self.offload = params.offload
+        if self.offload and self.device.type == "cpu":
+            logger.info("fsdp2: offload=True has no effect on CPU (params already live there); ignored")
+            self.offload = False
+
+        given_model = model is not None
+        if model is None:
+            model = self._load_causal_lm(spec.model_path)
+        model = model.to(dtype=self.dtype)
+        self._actor_cls: Any = type(model)
+        self._actor_config = copy.deepcopy(model.config)
+        self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
+        if params.use_remove_padding and not self._keep_arg:
+            raise ValueError("fsdp2: use_remove_padding needs a model whose forward takes logits_to_keep")
+        ref = copy.deepcopy(model).eval().requires_grad_(False) if spec.need_reference else None
+        critic: _Critic | None = None
+        if spec.need_critic:
+            backbone: Any = critic_backbone
+            if backbone is None:
+                if spec.critic_model_path is not None or not given_model:
+                    backbone = self._load_backbone(spec.critic_model_path or spec.model_path)
+                else:
+                    backbone = copy.deepcopy(model.base_model)
+            critic = _Critic(backbone.to(self.dtype), int(backbone.config.hidden_size))
+        if params.gradient_checkpointing:
+            m: Any
+            for m in (model, critic.backbone if critic is not None else None):
+                if m is not None:
+                    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+        self.actor: nn.Module = self._shard(model, offload=self.offload)
+        self.ref: nn.Module | None = None if ref is None else self._shard(ref, offload=params.ref_offload)
+        self.critic: nn.Module | None = None if critic is None else self._shard(critic, offload=self.offload)
+
+        self.optimizer = self._adamw(self.actor, params.lr, params.weight_decay)
+        self.critic_optimizer = (
+            None
+            if self.critic is None
+            else self._adamw(self.critic, params.critic_lr, params.critic_weight_decay)
+        )
+        self.warmup_steps = params.warmup_steps or int(params.warmup_ratio * max(1, spec.total_steps))
+        if self.rank == 0:
+            logger.info(
+                "fsdp2: world=%d mesh=%s device=%s dtype=%s mixed_precision=%s offload=%s remove_padding=%s",
+                self.world,
+                tuple(self.mesh.mesh.shape),
+                self.device,
+                params.dtype,
+                self._mixed_precision(),
+                self.offload,
+                params.use_remove_padding,
+            )
+
+    @classmethod
+    def from_module(
+        cls, model: nn.Module, params: FSDP2Params | None = None, spec: TrainSpec | None = None, **kw: Any
+    ) -> FSDP2TrainBackend:
+        """A backend around an already built HF causal LM (tests, notebooks)."""
+        return cls(params or FSDP2Params(), spec or TrainSpec(model_path=""), model=model, **kw)
+
+    # -- construction ---------------------------------------------------------------------------
+    def _make_mesh(self) -> DeviceMesh:
+        size = self.world if self.params.fsdp_size == -1 else self.params.fsdp_size
+        if self.world % size:
+            raise ValueError(f"fsdp2: fsdp_size={size} does not divide the world size {self.world}")
+        if size == self.world:
+            return init_device_mesh(self.device.type, (self.world,), mesh_dim_names=("fsdp",))
+        return init_device_mesh(
+            self.device.type, (self.world // size, size), mesh_dim_names=("replicate", "fsdp")
+        )
+
+    def _mixed_precision(self) -> bool:
+        return self.params.mixed_precision and self.device.type == "cuda"
+
+    def _shard(self, module: nn.Module, *, offload: bool) -> nn.Module:
+        """``fully_shard`` every decoder layer, then the root; gradients summed (divide factor 1)."""
+        if self._mixed_precision():
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        else:
+            mp = MixedPrecisionPolicy()
+        if offload and self.device.type == "cuda":
+            off: OffloadPolicy = CPUOffloadPolicy(pin_memory=True)
+        else:
+            off = OffloadPolicy()
+        if not offload or self.device.type == "cpu":
+            module = module.to(self.device)
+        kw: dict[str, Any] = {
+            "mesh": self.mesh,
+            "mp_policy": mp,
+            "offload_policy": off,
+            "reshard_after_forward": self.params.reshard_after_forward,
+        }
+        for layer in _decoder_layers(module):
+            fully_shard(layer, **kw)
+        fully_shard(module, **kw)
+        for m in module.modules():
+            if isinstance(m, FSDPModule):
+                # sum over ranks, never average: the objective already divides by global counts.
+                # Plain SUM collectives (no PREMUL_SUM, which gloo lacks; a factor of 1 is a no-op).
+                m.set_gradient_divide_factor(1.0)
+                m.set_force_sum_reduction_for_comms(True)
+        return module
+
+    def _adamw(self, module: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(
+            [p for p in module.parameters() if p.requires_grad],
+            lr=lr,
+            betas=tuple(self.params.betas),  # type: ignore[arg-type]
+            eps=self.params.eps,
+            weight_decay=weight_decay,
+        )
+
+    def _hf_kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"dtype": self.dtype, "trust_remote_code": self.spec.trust_remote_code}
+        if self.params.attn_implementation is not None:
+            kw["attn_implementation"] = self.params.attn_implementation
+        return kw
+
+    def _load_causal_lm(self, path: str) -> Any:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(path, **self._hf_kwargs())  # type: ignore[no-any-return]
+
+    def _load_backbone(self, path: str) -> Any:
+        from transformers import AutoModel
+
+        return AutoModel.from_pretrained(path, **self._hf_kwargs())  # type: ignore[no-any-return]
+
+    def lr_at(self, step: int, *, critic: bool = False) -> float:
+        """The LR of optimizer step ``step`` (0-based) of the actor or the critic."""
+        peak = self.params.critic_lr if critic else self.params.lr
+        return peak * lr_multiplier(
+            step,
+            schedule=self.params.lr_scheduler,
+            warmup_steps=self.warmup_steps,
+            total_steps=max(1, self.spec.total_steps),
+            min_lr_ratio=self.params.min_lr_ratio,
+        )
+
+    # -- planning -------------------------------------------------------------------------------
+    def plan(self, batch: Batch, *, update: bool) -> ShardPlan:
+        """This batch's shards and micro-batches (identical on every rank)."""
+        p = self.params
+        if update:
+            return plan_shards(
+                batch, self.world, rows=p.micro_batch_size, max_tokens=p.max_tokens_per_micro_batch
+            )
+        return plan_shards(batch, self.world, rows=p.log_prob_micro_batch_size, max_tokens=None)
+
+    def _my_micro_batches(self, batch: Batch, plan: ShardPlan) -> list[Batch | None]:
+        """This rank's micro-batches on the device, ``None`` for the dummy passes that pad them."""
+        shard = plan.shards[self.rank]
+        out: list[Batch | None] = [
+            batch.select(shard[s:e]).to(self.device) for s, e in plan.bounds[self.rank]
+        ]
+        return out + [None] * (plan.num_micro_batches - len(out))
+
+    @staticmethod
+    def _dummy(batch: Batch) -> Batch:
+        return batch.select([0])
+
+    # -- forward passes -------------------------------------------------------------------------
+    def _actor_forward(
+        self, module: nn.Module, mb: Batch, *, with_entropy: bool, temperature: float
+    ) -> tuple[Tensor, Tensor | None]:
+        """Log-probs (+ entropy) ``[b, T]`` of one micro-batch on the device; zero on padding."""
+        if self.params.use_remove_padding:
+            pk: Packed = pack(mb)
+            logits = module(
+                input_ids=pk.input_ids,
+                position_ids=pk.position_ids,
+                use_cache=False,
+                logits_to_keep=pk.predict_at,
+            ).logits[0]  # [n, V]
+            lp, ent = token_log_probs(
+                logits.unsqueeze(0),
+                pk.targets.unsqueeze(0),
+                temperature=temperature,
+                with_entropy=with_entropy,
+            )  # [1, n]
+            return unpack(lp[0], pk.response_valid), None if ent is None else unpack(
+                ent[0], pk.response_valid
+            )
+        T = mb["responses"].shape[1]
+        ids, attn, pos, t_eff, _ = _trim(mb)
+        kw: dict[str, Any] = {"logits_to_keep": t_eff + 1} if self._keep_arg else {}
+        logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, **kw).logits
+        logits = logits[:, -(t_eff + 1) : -1]  # [b, T_eff, V]: position P-1+t predicts token t
+        lp, ent = token_log_probs(
+            logits, mb["responses"][:, :t_eff], temperature=temperature, with_entropy=with_entropy
+        )  # [b, T_eff]
+        valid = mb["attention_mask"][:, -T:].bool()  # [b, T]
+        lp = torch.where(valid, F.pad(lp, (0, T - t_eff)), 0.0)  # [b, T]
+        if ent is not None:
+            ent = torch.where(valid, F.pad(ent, (0, T - t_eff)), 0.0)  # [b, T]
+        return lp, ent
+
+    def _critic_forward(self, mb: Batch) -> Tensor:
+        """Values ``[b, T]`` of one micro-batch (value at ``P - 1 + t``); zero on padding."""
+        assert self.critic is not None
+        if self.params.use_remove_padding:
+            pk = pack(mb)
+            values = self.critic(pk.input_ids, None, pk.position_ids, keep_index=pk.predict_at)[0]  # [n]
+            return unpack(values, pk.response_valid)
+        T = mb["responses"].shape[1]
+        ids, attn, pos, t_eff, _ = _trim(mb)
+        values = self.critic(ids, attn, pos, keep_last=t_eff + 1)[:, :-1]  # [b, T_eff]
+        valid = mb["attention_mask"][:, -T:].bool()  # [b, T]
+        return torch.where(valid, F.pad(values, (0, T - t_eff)), 0.0)  # [b, T]
+
+    def _gather_rows(self, local: Tensor, plan: ShardPlan, width: int) -> Tensor:
+        """All-gather every rank's ``[n_r, width]`` rows; return ``[B, width]`` in the original order."""
+        rows = plan.max_shard
+        padded = torch.zeros((rows, width), dtype=local.dtype, device=self.device)  # [rows, T]
+        padded[: local.shape[0]] = local
+        parts = [torch.empty_like(padded) for _ in range(self.world)]
+        dist.all_gather(parts, padded)
+        full = torch.cat([p[: len(s)] for p, s in zip(parts, plan.shards)])  # [B, T] in shard order
+        out = torch.empty_like(full)
+        out[plan.order().to(self.device)] = full
+        return out
+
+    @torch.no_grad()
+    def _inference(
+        self, batch: Batch, forward: Callable[[Batch], tuple[Tensor, Tensor | None]], *, second: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """Run ``forward`` over this rank's shard; all-gather its outputs (and the second, if asked)."""
+        plan = self.plan(batch, update=False)
+        T = batch["responses"].shape[1]
+        outs: list[Tensor] = []
+        seconds: list[Tensor] = []
+        for mb in self._my_micro_batches(batch, plan):
+            out, sec = forward(self._dummy(batch).to(self.device) if mb is None else mb)
+            if mb is not None:
+                outs.append(out.float())
+                if second and sec is not None:
+                    seconds.append(sec.float())
+        empty = torch.zeros((0, T), device=self.device)
+        result = self._gather_rows(torch.cat(outs) if outs else empty, plan, T)  # [B, T]
+        extra = self._gather_rows(torch.cat(seconds) if seconds else empty, plan, T) if second else None
+        return result, extra
+
+    def compute_log_probs(
+        self,
+        batch: Batch,
+        *,
+        model: str = "actor",
+        with_entropy: bool = False,
+        temperature: float | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Log-probs ``[B, T]`` (+ entropy) of the responses on every rank (collective, no_grad).
+
+        fp32, on this rank's device, zero on response padding; ``model``: "actor" or "ref".
+        """
+        if model == "actor":
+            module = self.actor
+        elif model == "ref":
+            if self.ref is None:
+                raise ValueError(
+                    "compute_log_probs(model='ref'): no reference model (spec.need_reference=False)"
+                )
+            module = self.ref
+        else:
+            raise ValueError(f"compute_log_probs: model must be 'actor' or 'ref', got {model!r}")
+        temp = self.temperature if temperature is None else temperature
+        was_training = module.training
+        module.eval()
+        try:
+            lp, ent = self._inference(
+                batch,
+                lambda mb: self._actor_forward(module, mb, with_entropy=with_entropy, temperature=temp),
+                second=with_entropy,
+            )
+        finally:
+            module.train(was_training)
+        return lp, ent
+
+    def compute_values(self, batch: Batch) -> Tensor:
+        """Critic values ``[B, T]`` on every rank (collective, no_grad; fp32, zero on padding)."""
+        if self.critic is None:
+            raise ValueError("compute_values: no critic (spec.need_critic=False)")
+        was_training = self.critic.training
+        self.critic.eval()
+        try:
+            values, _ = self._inference(batch, lambda mb: (self._critic_forward(mb), None), second=False)
+        finally:
+            self.critic.train(was_training)
+        return values
+
+    # -- updates --------------------------------------------------------------------------------
+    def update_policy(self, mini_batch: Batch, objective: Objective) -> dict[str, float]:
+        """One actor optimizer step over ``mini_batch`` (collective). Metrics as the native backend:
+        the objective's + ``actor/loss`` (sum over micro-batches and ranks), ``actor/grad_norm``,
+        ``actor/lr``, ``actor/skipped_steps``, ``actor/num_micro_batches`` (per rank)."""
+        needs_entropy = bool(getattr(objective, "needs_entropy", False))
+        temp = self.temperature
+
+        def forward(mb: Batch) -> tuple[Tensor, Tensor | None]:
+            return self._actor_forward(self.actor, mb, with_entropy=needs_entropy, temperature=temp)
+
+        metrics = self._update(
+            mini_batch,
+            objective,
+            forward,
+            module=self.actor,
+            optimizer=self.optimizer,
+            lr=self.lr_at(self.version),
+            grad_clip=self.params.grad_clip,
+            prefix="actor",
+        )
+        if not metrics["actor/skipped_steps"]:
+            self.version += 1
+        return metrics
+
+    def update_critic(self, mini_batch: Batch, objective: Objective) -> dict[str, float]:
+        """One critic optimizer step (collective): ``loss, metrics = objective(mb, values, None)``."""
+        if self.critic is None or self.critic_optimizer is None:
+            raise ValueError("update_critic: no critic (spec.need_critic=False)")
+        metrics = self._update(
+            mini_batch,
+            objective,
+            lambda mb: (self._critic_forward(mb), None),
+            module=self.critic,
+            optimizer=self.critic_optimizer,
+            lr=self.lr_at(self.critic_steps, critic=True),
+            grad_clip=self.params.critic_grad_clip,
+            prefix="critic",
+        )
+        if not metrics["critic/skipped_steps"]:
+            self.critic_steps += 1
+        return metrics
+
+    def _update(
+        self,
+        mini_batch: Batch,
+        objective: Objective,
+        forward: Callable[[Batch], tuple[Tensor, Tensor | None]],
+        *,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        lr: float,
+        grad_clip: float,
+        prefix: str,
+    ) -> dict[str, float]:
+        module.train()
+        optimizer.zero_grad(set_to_none=True)
+        snapshot = _acc_snapshot(objective)
+        plan = self.plan(mini_batch, update=True)
+        collected: dict[str, list[float]] = {}
+        total_loss = torch.zeros((), device=self.device)
+        mbs = self._my_micro_batches(mini_batch, plan)
+        for mb in mbs:
+            if mb is None:  # pad this rank's passes: same collectives, zero gradient
+                out, _ = forward(self._dummy(mini_batch).to(self.device))
+                (out.sum() * 0.0).backward()
+                continue
+            out, entropy = forward(mb)
+            loss, mb_metrics = objective(mb, out, entropy)
+            loss.backward()  # summed, never averaged: the objective divides by global counts
+            total_loss += loss.detach().float()
+            for k, v in mb_metrics.items():
+                collected.setdefault(k, []).append(
+                    float(v.detach().float()) if isinstance(v, Tensor) else float(v)
+                )
+
+        dist.all_reduce(total_loss)  # sum over ranks
+        max_norm = grad_clip if grad_clip > 0 else math.inf
+        params = [p for p in module.parameters() if p.requires_grad]
+        grad_norm = _clip_grad_norm(params, max_norm, self.device)
+        loss_value, norm_value = float(total_loss), float(grad_norm)
+        bad = torch.tensor(
+            [0.0 if math.isfinite(loss_value) and math.isfinite(norm_value) else 1.0], device=self.device
+        )
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)  # every rank skips together
+        skipped = bool(bad.item())
+        if skipped:
+            if self.rank == 0:
+                logger.warning(
+                    "%s update skipped on all %d ranks: non-finite loss or grad norm (loss=%s, grad_norm=%s); "
+                    "gradients dropped",
+                    prefix,
+                    self.world,
+                    loss_value,
+                    norm_value,
+                )
+        else:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+        metrics = _merge_across_ranks(collected, objective, snapshot)
+        metrics.update(
+            {
+                f"{prefix}/loss": loss_value,
+                f"{prefix}/grad_norm": norm_value,
+                f"{prefix}/lr": lr,
+                f"{prefix}/skipped_steps": float(skipped),
+                f"{prefix}/num_micro_batches": float(plan.num_micro_batches),
+            }
+        )
+        return metrics
+
+    # -- weights --------------------------------------------------------------------------------
+    def export_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """``(name, full tensor)`` of the actor's HF state dict, one parameter at a time.
+
+        **Collective**: every rank must iterate the generator to its end, in step. Each tensor is
+        all-gathered (``DTensor.full_tensor()``), yielded on rank 0 only and dropped on the other
+        ranks, so at most one full parameter exists at a time on each rank besides what rank 0's
+        consumer keeps. Tensors are in the stored dtype (``params.dtype``), on this rank's device,
+        freshly allocated (safe to keep). Tied weights appear under every name, as in
+        ``state_dict()``; rank != 0 yields nothing.
+        """
+        for name, t in self.actor.state_dict().items():
+            if isinstance(t, DTensor):
+                if t.device.type != self.device.type:  # offloaded shard: gather on the device
+                    t = t.to(self.device)
+                full = t.full_tensor()
+            else:
+                full = t.detach()
+            if self.rank == 0:
+                yield name, full.detach()
+            del full
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """The actor's full state dict on CPU on rank 0 (collective; empty on the other ranks)."""
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return dict(get_model_state_dict(self.actor, options=opts))  # type: ignore[arg-type]
+
+    def export_hf(self, path: str | Path) -> None:
+        """``save_pretrained`` of the gathered actor (safetensors) + tokenizer, by rank 0 (collective)."""
+        state = self.full_state_dict()
+        if self.rank == 0:
+            with ckpt.atomic_dir(Path(path), {"format": "hf"}) as tmp:
+                with torch.device("meta"):
+                    model: Any = self._actor_cls(copy.deepcopy(self._actor_config))
+                model.load_state_dict(state, strict=False, assign=True)
+                if getattr(self._actor_config, "tie_word_embeddings", False):
+                    model.tie_weights()
+                missing = [n for n, p in model.named_parameters() if p.is_meta]
+                if missing:
+                    raise RuntimeError(f"export_hf: parameters missing from the gathered state: {missing}")
+                model.save_pretrained(str(tmp))
+                tok = self._tokenizer
+                if tok is None and self.spec.model_path:
+                    try:
+                        from transformers import AutoTokenizer
+
+                        tok = AutoTokenizer.from_pretrained(
+                            self.spec.model_path, trust_remote_code=self.spec.trust_remote_code
+                        )
+                    except Exception as e:  # a model directory without tokenizer files
+                        logger.info("export_hf: no tokenizer saved (%s)", e)
+                if tok is not None:
+                    tok.save_pretrained(str(tmp))
+        dist.barrier()
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def _parts(self) -> list[tuple[str, nn.Module, torch.optim.Optimizer]]:
+        parts: list[tuple[str, nn.Module, torch.optim.Optimizer]] = [("actor", self.actor, self.optimizer)]
+        if self.critic is not None and self.critic_optimizer is not None:
+            parts.append(("critic", self.critic, self.critic_optimizer))
+        return parts
+
+    def save_checkpoint(self, path: Path, extra_state: Mapping[str, Any]) -> None:
+        """Write a sharded checkpoint to ``path`` atomically (collective; ``path`` on a shared FS).
+
+        Layout: ``actor/`` and ``critic/`` are ``torch.distributed.checkpoint`` directories (model +
+        optimizer, resharding-capable), ``rng_rank{r}.{json,safetensors}`` per rank, ``meta.json``
+        (version, schedule, world size, extra_state), ``COMPLETE`` last; written in ``PATH.tmp`` by
+        all ranks and renamed by rank 0 only after every rank finished.
+        """
+        try:
+            extra = json.loads(json.dumps(dict(extra_state)))
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"save_checkpoint: extra_state must be JSON-serialisable: {e}") from e
+        meta = {
+            "format": CHECKPOINT_FORMAT,
+            "version": self.version,
+            "scheduler": {
+                "actor": {"steps": self.version, "next_lr": self.lr_at(self.version)},
+                "critic": {"steps": self.critic_steps, "next_lr": self.lr_at(self.critic_steps, critic=True)},
+                "schedule": self.params.lr_scheduler,
+                "warmup_steps": self.warmup_steps,
+                "total_steps": self.spec.total_steps,
+            },
+            "has_critic": self.critic is not None,
+            "world_size": self.world,
+            "extra_state": extra,
+        }
+        # extra_state must be the same on every rank; rank 0's is the one written.
+        box: list[Any] = [None]
+
+        def write(tmp: Path) -> None:
+            for name, module, opt in self._parts():
+                model_sd, optim_sd = get_state_dict(module, opt)
+                dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / name))
+            ckpt.save_tree(ckpt.rng_state(), tmp, f"rng_rank{self.rank}")
+            dist.barrier()
+
+        if self.rank == 0:
+            with ckpt.atomic_dir(Path(path), {"format": CHECKPOINT_FORMAT, "world_size": self.world}) as tmp:
+                box[0] = str(tmp)
+                dist.broadcast_object_list(box, src=0)
+                write(tmp)
+                (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        else:
+            dist.broadcast_object_list(box, src=0)
+            write(Path(box[0]))
+        dist.barrier()  # nobody returns before the checkpoint is complete
+
+    def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        """Restore weights, optimizer states, schedule, ``version`` and RNG (collective).
+
+        The world size may differ from the saving run's (DCP reshards model and optimizer); RNG
+        states then come from rank ``r % saved_world``. Returns ``extra_state``.
+        """
+        path = Path(path)
+        marker = ckpt.require_complete(path)
+        if marker.get("format") != CHECKPOINT_FORMAT:
+            raise ckpt.IncompleteCheckpointError(
+                f"{str(path)!r} is not an fsdp2 train checkpoint (format {marker.get('format')!r})"
+            )
+        meta = json.loads((path / "meta.json").read_text())
+        if meta["has_critic"] != (self.critic is not None):
+            raise ValueError(
+                f"checkpoint {str(path)!r} has_critic={meta['has_critic']} but this backend "
+                f"has_critic={self.critic is not None}"
+            )
+        for name, module, opt in self._parts():
+            model_sd, optim_sd = get_state_dict(module, opt)
+            state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+            dcp.load(state, checkpoint_id=str(path / name))
+            set_state_dict(module, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        self.version = int(meta["version"])
+        self.critic_steps = int(meta["scheduler"]["critic"]["steps"])
+        ckpt.set_rng_state(ckpt.load_tree(path, f"rng_rank{self.rank % int(meta['world_size'])}"))
+        dist.barrier()
+        return dict(meta["extra_state"])
+
+    def shutdown(self) -> None:
+        """Drop models and optimizer states; destroy the process group if this backend made it."""
+        for attr in ("actor", "ref", "critic", "optimizer", "critic_optimizer"):
+            setattr(self, attr, None)
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self._owns_group = False
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------
+# collective helpers
+# ---------------------------------------------------------------------------------------------
+def _clip_grad_norm(params: list[nn.Parameter], max_norm: float, device: torch.device) -> Tensor:
+    """Global grad norm over all shards (and clip to ``max_norm``), as a plain tensor."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros((), device=device)
+    norm = torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return norm
+
+
+def _acc_snapshot(objective: Any) -> tuple[dict[str, float], dict[str, int]] | None:
+    """What the objective's accumulator held before this update (None: it has none)."""
+    acc = getattr(objective, "acc", None)
+    if acc is None or not hasattr(acc, "sums") or not hasattr(acc, "means"):
+        return None
+    return dict(acc.sums), {k: len(v) for k, v in acc.means.items()}
+
+
+def _merge_across_ranks(
+    collected: dict[str, list[float]],
+    objective: Any,
+    snapshot: tuple[dict[str, float], dict[str, int]] | None,
+) -> dict[str, float]:
+    """Means of the per-micro-batch metrics over all ranks; merge the objective's accumulator.
+
+    :class:`rlzoo.objective.PolicyObjective` accumulates additive sums (already globally
+    normalised) and per-micro-batch means in ``objective.acc``; each rank saw only its shard, so
+    what this update added is summed (sums) or concatenated (means) over ranks, in place, so that
+    ``objective.summary()`` reads the same on every rank.
+    """
+    local: dict[str, Any] = {"collected": collected}
+    acc: Any = getattr(objective, "acc", None)
+    if snapshot is not None:
+        sums0, lens0 = snapshot
+        local["sums"] = {k: v - sums0.get(k, 0.0) for k, v in acc.sums.items()}
+        local["means"] = {k: list(v[lens0.get(k, 0) :]) for k, v in acc.means.items()}
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, local)
+    merged: dict[str, list[float]] = {}
+    for g in gathered:
+        for k, v in g["collected"].items():
+            merged.setdefault(k, []).extend(v)
+    if snapshot is not None:
+        sums0, lens0 = snapshot
+        for k in list(acc.sums):
+            acc.sums[k] = sums0.get(k, 0.0)
+        for k in list(acc.means):
+            del acc.means[k][lens0.get(k, 0) :]
+        for g in gathered:
+            for k, v in g["sums"].items():
+                acc.sums[k] += v
+            for k, v in g["means"].items():
+                acc.means[k].extend(v)
+    return {k: sum(v) / len(v) for k, v in merged.items() if v}
