@@ -193,6 +193,8 @@ class PlacementSection:
     colocate: bool = param(True, help="rollout and training share devices")
     trainer: PoolSection = param(PoolSection(), help="trainer resource pool")
     rollout: PoolSection = param(PoolSection(), help="rollout resource pool (split mode)")
+    bucket_size_mb: float = param(256.0, help="ray: weight-sync bucket size (MB)")
+    sync_timeout_s: float = param(600.0, help="ray: seconds a weight sync may take before it fails")
 
 
 @dataclass

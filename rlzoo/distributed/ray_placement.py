@@ -19,6 +19,7 @@ Order, so that a placement that cannot fit fails before any actor starts:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import Any
@@ -123,7 +124,10 @@ class RayPlacement:
     # -- the placement interface ----------------------------------------------------------------
     def train_backend(self, sel: Selection, spec: TrainSpec) -> TrainGroup:
         ws = self.workers("trainer")
-        ws.wait([a.build.remote(TrainGroup.role, _target(sel), sel.params, spec) for a in ws.actors], "build train backend")
+        ws.wait(
+            [a.build.remote(TrainGroup.role, _target(sel), sel.params, spec) for a in ws.actors],
+            "build train backend",
+        )
         self._train = TrainGroup(ws)
         if self._rollout is not None and self._rollout.train is None:
             self._rollout.train = self._train
@@ -131,7 +135,10 @@ class RayPlacement:
 
     def rollout_backend(self, sel: Selection, spec: RolloutSpec) -> RolloutGroup:
         ws = self.workers("trainer" if self.colocate else "rollout")
-        ws.wait([a.build.remote(RolloutGroup.role, _target(sel), sel.params, spec) for a in ws.actors], "build rollout backend")
+        ws.wait(
+            [a.build.remote(RolloutGroup.role, _target(sel), sel.params, spec) for a in ws.actors],
+            "build rollout backend",
+        )
         self._rollout = RolloutGroup(
             ws,
             train=self._train,
@@ -150,10 +157,8 @@ class RayPlacement:
         self._workers.clear()
         for pgs in self._pgs.values():
             for pg in pgs:
-                try:
+                with contextlib.suppress(Exception):  # already gone with the cluster
                     remove_placement_group(pg)
-                except Exception:  # already gone with the cluster
-                    pass
         self._pgs.clear()
         self._stop_ray()
 

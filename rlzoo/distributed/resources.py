@@ -55,7 +55,9 @@ class PoolPlan:
 
     def describe(self) -> str:
         if self.uses_gpu:
-            return f"{self.key}: {self.nnodes} node(s) x {self.gpus_per_node} GPU(s) = {self.world_size} GPU(s)"
+            return (
+                f"{self.key}: {self.nnodes} node(s) x {self.gpus_per_node} GPU(s) = {self.world_size} GPU(s)"
+            )
         return f"{self.key}: {self.nnodes} node(s) x {self.workers_per_node} CPU worker(s) = {self.world_size} CPU(s)"
 
 

@@ -62,7 +62,9 @@ def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def iter_buckets(named: Iterable[tuple[str, Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, Tensor]]]:
+def iter_buckets(
+    named: Iterable[tuple[str, Tensor]], bucket_bytes: int
+) -> Iterator[list[tuple[str, Tensor]]]:
     """Group consecutive ``(name, tensor)`` pairs into lists of at most ``bucket_bytes`` (aligned).
 
     A tensor larger than ``bucket_bytes`` forms a bucket of its own. Lazy: pulls one pair at a time.
@@ -80,7 +82,9 @@ def iter_buckets(named: Iterable[tuple[str, Tensor]], bucket_bytes: int) -> Iter
         yield cur
 
 
-def flatten_bucket(items: list[tuple[str, Tensor]], device: torch.device | str | None = None) -> tuple[Tensor, Meta]:
+def flatten_bucket(
+    items: list[tuple[str, Tensor]], device: torch.device | str | None = None
+) -> tuple[Tensor, Meta]:
     """Pack tensors into one ``uint8`` buffer; returns ``(buffer [nbytes], meta)``."""
     meta: Meta = []
     offset = 0
@@ -203,7 +207,9 @@ def receive_weights(
     stats.seconds = time.perf_counter() - t0
 
 
-def apply_and_drain(apply: Callable[[Iterable[tuple[str, Tensor]]], None], stream: Iterator[tuple[str, Tensor]]) -> None:
+def apply_and_drain(
+    apply: Callable[[Iterable[tuple[str, Tensor]]], None], stream: Iterator[tuple[str, Tensor]]
+) -> None:
     """``apply(stream)``, then finish ``stream`` even if ``apply`` stopped early or raised.
 
     Every member must take part in every broadcast round, or the others block; an error while
@@ -227,14 +233,21 @@ class TorchSyncGroup:
     """
 
     def __init__(
-        self, host: str, port: int, rank: int, world_size: int, *, backend: str = "gloo", timeout_s: float = 300.0
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        *,
+        backend: str = "gloo",
+        timeout_s: float = 300.0,
     ) -> None:
         import torch.distributed as dist
 
         self.rank, self.world_size, self.backend = rank, world_size, backend
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore(host, port, world_size, rank == 0, timeout=timeout)
-        self._store = store  # keep the store (rank 0 hosts it) alive as long as the group
+        self._store: Any = store  # keep the store (rank 0 hosts it) alive as long as the group
         prefixed = dist.PrefixStore("rlzoo-weight-sync", store)
         if backend == "gloo":
             self.pg: Any = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
@@ -244,7 +257,9 @@ class TorchSyncGroup:
             self.pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
         else:
             raise ValueError(f"weight sync backend must be 'gloo' or 'nccl', got {backend!r}")
-        self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        )
 
     def broadcast(self, tensor: Tensor) -> None:
         import torch.distributed as dist
@@ -254,7 +269,9 @@ class TorchSyncGroup:
         opts.rootTensor = 0
         self.pg.broadcast([tensor], opts).wait()
 
-    def send(self, named: Iterable[tuple[str, Tensor]], bucket_bytes: int, stats: SyncStats | None = None) -> Iterator[tuple[str, Tensor]]:
+    def send(
+        self, named: Iterable[tuple[str, Tensor]], bucket_bytes: int, stats: SyncStats | None = None
+    ) -> Iterator[tuple[str, Tensor]]:
         return send_weights(named, self.broadcast, bucket_bytes, device=self.device, stats=stats)
 
     def receive(self, stats: SyncStats | None = None) -> Iterator[tuple[str, Tensor]]:

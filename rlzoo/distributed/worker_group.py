@@ -27,6 +27,7 @@ calls raise immediately instead of waiting on peers stuck in a collective.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -138,7 +139,9 @@ class BackendWorker:
         return out, backend.num_pending() == 0
 
     # -- weights --------------------------------------------------------------------------------
-    def init_sync(self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
+    def init_sync(
+        self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float
+    ) -> None:
         from rlzoo.distributed.weight_sync import TorchSyncGroup
 
         self.sync_group = TorchSyncGroup(host, port, rank, world_size, backend=backend, timeout_s=timeout_s)
@@ -187,7 +190,13 @@ class BackendWorker:
                 drainer.join()
                 if errors:
                     raise errors[0]
-        return {"version": version, "bytes": stats.bytes, "tensors": stats.tensors, "buckets": stats.buckets, "seconds": stats.seconds}
+        return {
+            "version": version,
+            "bytes": stats.bytes,
+            "tensors": stats.tensors,
+            "buckets": stats.buckets,
+            "seconds": stats.seconds,
+        }
 
     def _drain(self, role: str, errors: list[BaseException]) -> None:
         try:
@@ -290,7 +299,9 @@ class WorkerSet:
         if self.broken:
             raise WorkerError(f"{self.name} worker group is unusable after an earlier failure: {self.broken}")
 
-    def wait(self, refs: Sequence[Any], what: str, owners: Sequence[tuple[str, int]] | None = None) -> list[Any]:
+    def wait(
+        self, refs: Sequence[Any], what: str, owners: Sequence[tuple[str, int]] | None = None
+    ) -> list[Any]:
         """``ray.get`` of ``refs`` that raises as soon as any one fails (never waits on the rest)."""
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -314,7 +325,9 @@ class WorkerSet:
                     raise WorkerError(msg) from e
         return results
 
-    def call_all(self, role: str, method: str, *args: Any, ranks: Sequence[int] | None = None, **kwargs: Any) -> list[Any]:
+    def call_all(
+        self, role: str, method: str, *args: Any, ranks: Sequence[int] | None = None, **kwargs: Any
+    ) -> list[Any]:
         """Call ``method`` of the ``role`` backend on ``ranks`` (all) with the same arguments."""
         import ray
 
@@ -329,10 +342,8 @@ class WorkerSet:
         import ray
 
         for a in self.actors:
-            try:
+            with contextlib.suppress(Exception):  # already gone
                 ray.kill(a, no_restart=True)
-            except Exception:  # already gone
-                pass
 
 
 def _describe(e: BaseException) -> str:
@@ -377,7 +388,9 @@ class TrainGroup:
     @property
     def version(self) -> int:
         self.workers._check()
-        return int(self.workers.wait([self.workers.actors[0].get_attr.remote(self.role, "version")], "version")[0])
+        return int(
+            self.workers.wait([self.workers.actors[0].get_attr.remote(self.role, "version")], "version")[0]
+        )
 
     def compute_log_probs(self, batch: Any, *, model: str = "actor", with_entropy: bool = False) -> Any:
         return self._spmd("compute_log_probs", batch, model=model, with_entropy=with_entropy)
@@ -468,7 +481,9 @@ class RolloutGroup:
     @property
     def version(self) -> int:
         self.workers._check()
-        return int(self.workers.wait([self.workers.actors[0].get_attr.remote(self.role, "version")], "version")[0])
+        return int(
+            self.workers.wait([self.workers.actors[0].get_attr.remote(self.role, "version")], "version")[0]
+        )
 
     def _offload_role(self) -> str | None:
         return TrainGroup.role if self.colocated else None
@@ -535,7 +550,9 @@ class RolloutGroup:
                 for ref in ready:
                     rank = owner.pop(ref)
                     del active[rank]
-                    samples, done = self.workers.wait([ref], "rollout.stream()", [(self.workers.name, rank)])[0]
+                    samples, done = self.workers.wait([ref], "rollout.stream()", [(self.workers.name, rank)])[
+                        0
+                    ]
                     if not done:
                         nxt = self.workers.actors[rank].stream_poll.remote(self.role, POLL_S, 4 * POLL_S)
                         active[rank] = nxt
@@ -600,7 +617,12 @@ class RolloutGroup:
                 "rollout.update_weights()",
             )
             nbytes = sum(t.numel() * t.element_size() for _, t in items)
-            self.last_sync = {"version": version, "bytes": nbytes, "seconds": time.perf_counter() - t0, "path": "object_store"}
+            self.last_sync = {
+                "version": version,
+                "bytes": nbytes,
+                "seconds": time.perf_counter() - t0,
+                "path": "object_store",
+            }
 
     def _members(self) -> list[tuple[Any, dict[str, Any], tuple[str, int]]]:
         """Sync-group members in rank order: (actor, sync_weights kwargs, owner)."""
@@ -612,9 +634,17 @@ class RolloutGroup:
                 kw = {"src": rank == 0, "train_role": TrainGroup.role, "apply_role": self.role}
                 members.append((a, kw, (tw.name, rank)))
         else:
-            members.append((tw.actors[0], {"src": True, "train_role": TrainGroup.role, "apply_role": None}, (tw.name, 0)))
+            members.append(
+                (tw.actors[0], {"src": True, "train_role": TrainGroup.role, "apply_role": None}, (tw.name, 0))
+            )
             for rank, a in enumerate(self.workers.actors):
-                members.append((a, {"src": False, "train_role": None, "apply_role": self.role}, (self.workers.name, rank)))
+                members.append(
+                    (
+                        a,
+                        {"src": False, "train_role": None, "apply_role": self.role},
+                        (self.workers.name, rank),
+                    )
+                )
         return members
 
     def _ensure_sync_group(self) -> None:
@@ -622,7 +652,9 @@ class RolloutGroup:
             return
         assert self.train is not None
         members = self._members()
-        info = self.train.workers.wait([self.train.workers.actors[0].info.remote()], "weight-sync group setup")[0]
+        info = self.train.workers.wait(
+            [self.train.workers.actors[0].info.remote()], "weight-sync group setup"
+        )[0]
         host, port = info["ip"], info["port"]  # a port free on trainer rank 0's node
         backend = "nccl" if info["gpu_ids"] else "gloo"
         refs = [

@@ -92,13 +92,17 @@ class Session:
         self.greedy_baseline = bool(cfg.algorithm.advantage.capability("needs_greedy_baseline"))
 
     # -- pieces runners call --------------------------------------------------------------------
-    def sync_weights(self) -> float:
-        """Push the trainer's weights to the rollout backend; returns seconds spent."""
+    def sync_weights(self) -> dict[str, float]:
+        """Push the trainer's weights to the rollout backend; returns weight-sync metrics."""
         import time
 
         t0 = time.perf_counter()
         self.rollout.update_weights(self.train_backend.export_weights(), self.train_backend.version)
-        return time.perf_counter() - t0
+        out = {"weight_sync/seconds": time.perf_counter() - t0}
+        stats = getattr(self.rollout, "last_sync", None)
+        if stats is not None and hasattr(stats, "as_dict"):
+            out.update({f"weight_sync/{k}": v for k, v in stats.as_dict().items()})
+        return out
 
     def next_prompts(self) -> list[dict[str, Any]]:
         return list(next(self.loader))

@@ -40,7 +40,7 @@ class SyncRunner:
                     batch, m = s.generate_groups(step, timer)
                     m.update(s.trainer.step(batch, timer))
                     with timer("sync_weights"):
-                        s.sync_weights()
+                        m.update(s.sync_weights())
                 m.update(step_perf(batch, timer))
                 if s.val_data is not None and is_due(step, cfg.trainer.test_freq, s.total_steps):
                     with timer("testing"):

@@ -1,0 +1,57 @@
+"""One local Ray cluster for every Ray test of the session, and a tiny saved model."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parents[1]
+REPO = TESTS_DIR.parent
+VOCAB = 96
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Any:
+    """A 4-CPU local Ray cluster shared by all Ray tests (workers can import ``distributed.helpers``)."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        yield ray
+        return
+    path = os.pathsep.join([str(TESTS_DIR), str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    ray.init(
+        num_cpus=4,
+        num_gpus=0,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={
+            "env_vars": {"PYTHONPATH": path, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        },
+    )
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ~100k-parameter random Qwen2 causal LM saved with ``save_pretrained`` (fp32)."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    torch.manual_seed(0)
+    cfg = transformers.Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    path = tmp_path_factory.mktemp("tiny-qwen2")
+    model.save_pretrained(str(path))
+    return path
