@@ -165,3 +165,27 @@ def test_failing_scorer_counts_failures_and_the_run_continues(tmp_path: Path, da
     recs = [r for r in read_metrics(run.run_dir) if r["step"] > 0]
     assert all(r["reward/failed"] > 0 for r in recs)
     assert len(recs) == 2
+
+
+def test_ppo_with_critic_learns(tmp_path: Path, data_dir: Path) -> None:
+    """GAE with a critic (value head trained with the clipped value loss) also learns the task."""
+    run = rlzoo.build_run(
+        "quickstart",
+        overrides(
+            tmp_path,
+            data_dir,
+            **{
+                "algorithm.advantage": "gae",
+                "trainer.total_steps": 60,
+                "trainer.val_before_train": "false",
+                "trainer.backend.critic_lr": 1e-3,
+            },
+        ),
+    )
+    assert run.config.algorithm.advantage.capability("needs_critic")
+    run.train()
+    recs = [r for r in read_metrics(run.run_dir) if r["step"] > 0]
+    assert all("critic/vf_loss" in r for r in recs)
+    rewards = [r["critic/score/mean"] for r in recs]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last > first + 0.1, (first, last)
