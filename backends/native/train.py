@@ -165,6 +165,7 @@ class NativeTrainBackend:
         """
         self.params = params
         self.spec = spec
+        self.temperature = params.temperature if params.temperature is not None else spec.temperature
         self.version = 0
         self.critic_steps = 0
         self.device = torch.device(
@@ -312,7 +313,7 @@ class NativeTrainBackend:
             module = self.ref
         else:
             raise ValueError(f"compute_log_probs: model must be 'actor' or 'ref', got {model!r}")
-        temp = self.params.temperature if temperature is None else temperature
+        temp = self.temperature if temperature is None else temperature
         was_training = module.training
         module.eval()
         lps, ents = [], []
@@ -365,7 +366,7 @@ class NativeTrainBackend:
         micro-batches) + ``actor/loss`` (sum), ``actor/grad_norm``, ``actor/lr``,
         ``actor/skipped_steps``, ``actor/num_micro_batches``."""
         needs_entropy = bool(getattr(objective, "needs_entropy", False))
-        temp = self.params.temperature
+        temp = self.temperature
 
         def forward(mb: Batch) -> tuple[Tensor, Tensor | None]:
             return self._actor_forward(self.actor, mb, with_entropy=needs_entropy, temperature=temp)

@@ -39,8 +39,8 @@ class NativeTrainParams:
         None, help="HF attention implementation ('sdpa', 'eager', 'flash_attention_2'); None: HF's default"
     )
     gradient_checkpointing: bool = param(False, help="recompute activations in backward (actor and critic)")
-    temperature: float = param(
-        1.0, help="logits are divided by this before log-softmax (set it to the rollout temperature)"
+    temperature: float | None = param(
+        None, help="logits are divided by this before log-softmax (None: the rollout temperature, from the spec)"
     )
     # -- micro-batching --------------------------------------------------------------------------
     micro_batch_size: int = param(4, help="samples per forward/backward in updates")
@@ -90,7 +90,7 @@ class NativeTrainParams:
             problems.append("set warmup_steps or warmup_ratio, not both")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             problems.append(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        if self.temperature <= 0:
+        if self.temperature is not None and self.temperature <= 0:
             problems.append(f"temperature must be > 0, got {self.temperature}")
         if problems:
             raise ValueError("invalid native train params: " + "; ".join(problems))

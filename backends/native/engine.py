@@ -1,0 +1,832 @@
+"""The native rollout engine: batched KV-cache sampling with continuous batching.
+
+Works with any Hugging Face causal LM (anything whose ``forward`` takes ``input_ids``,
+``attention_mask``, ``position_ids`` and a ``DynamicCache``) and, without a cache, with any module
+that maps ``input_ids`` (+ ``attention_mask`` / ``position_ids``) to logits.
+
+Layout of the running batch
+---------------------------
+``B`` running sequences (``B <= max_num_seqs``) share one KV cache of ``T`` columns. Every row is
+*right-aligned*: its context (all its tokens but the last) fills the last columns of the row, the
+columns before it are padding, masked out by ``ctx_mask``; ``position_ids`` are given per row, so
+padding never shifts positions. The last token of each row (``last_tok``, sampled but not yet fed)
+is what the next decode step feeds::
+
+    ctx_ids / cache columns  ->   0   1   2   3   4   5        last_tok
+    row 0 (long prompt)           p   p   p   p   r   r        r
+    row 1 (joined later)          .   .   .   p   p   r        r      ('.' = padding, mask 0)
+
+One decode step feeds ``last_tok`` ([B, 1]) with the mask ``[ctx_mask, 1]`` and the cache, samples a
+token per row and appends one column to every row. A sequence that stops leaves the batch at once
+(its row is dropped from the cache; leading columns that are padding in every remaining row are
+cut). Queued sequences join in the same step: their contexts are prefilled together (left-padded,
+one forward, the ``n`` samples of a prompt share one prefill) and their KV is left-padded to ``T``
+(or the running rows to the joiners' length) and concatenated along the batch. So a long response
+never holds the slots of short ones.
+
+After ``update_weights`` the KV of in-flight rows was computed by the old weights; with
+``recompute_kv_on_update`` the whole running context is re-prefilled (one forward over ``ctx_ids``,
+the same layout) before the next decode step.
+
+Without a cache (``use_kv_cache=False`` or a model that returns none, or a cache whose layers are
+not plain full-attention ``DynamicLayer``s, e.g. sliding-window or linear-attention layers) the
+same layout is kept for the token ids only and every step recomputes the whole context.
+
+Sampling
+--------
+Per row: temperature, top-k, top-p (top-k first, then top-p on the renormalised top-k
+distribution, as in HF / vLLM), greedy. Sampling is a Gumbel-max draw ``argmax(logits' + G)`` with
+``G = -log(E)``, ``E ~ Exp(1)`` from the row's own ``torch.Generator``; each sequence's generator is
+seeded from ``(engine seed, request seed, sample index)`` (or the request's submission number when
+the request has no seed), so a sequence's tokens do not depend on which other sequences share the
+batch, on slot timing or on threads.
+
+Rollout log-prob of a token: ``log_softmax(logits / temperature)[token]`` of the model's full
+distribution, without top-k / top-p truncation (what a trainer recomputes with the same
+temperature). Greedy rows use ``temperature`` as given, 1.0 when it is 0.
+
+Threads
+-------
+The engine runs either driven by the caller (``generate`` / ``stream`` call :meth:`step`) or in a
+background thread (:meth:`start`). ``submit`` is thread-safe and never waits for a step;
+finished samples go to a queue that ``stream`` / ``generate`` read. ``pause`` returns once no step
+is running; ``update_weights`` takes the step lock, so it always lands between two steps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rlzoo.protocols import GenerationRequest, Sample
+
+__all__ = ["NativeEngine"]
+
+_NEG_INF = float("-inf")
+_NO_TOP_K = 1 << 62  # top-k "off": larger than any vocabulary
+
+
+def _mix_seed(*parts: object) -> int:
+    """A stable 63-bit seed from any printable parts (same parts, same seed, any process)."""
+    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+@dataclass(eq=False)
+class _Seq:
+    """One sample being generated (its token buffers live in the engine's batch tensors)."""
+
+    request: GenerationRequest
+    index: int
+    tokens: list[int]  # prompt + generated so far: only read when the sequence joins the batch
+    max_new: int
+    stop_ids: tuple[int, ...]
+    temperature: float  # used for the log-probs (and the sampling unless greedy)
+    top_k: int  # <= 0: off
+    top_p: float
+    greedy: bool
+    generator: torch.Generator | None  # None for greedy rows
+
+
+def _filter_top_k_top_p(scaled: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """Logits with everything outside each row's top-k, then top-p, set to -inf.
+
+    ``scaled`` [B, V]; ``top_k`` [B] long (V where off); ``top_p`` [B] float (1.0 where off).
+    """
+    sorted_logits, order = scaled.sort(dim=-1, descending=True)  # [B, V]
+    rank = torch.arange(scaled.shape[-1], device=scaled.device)  # [V]
+    keep = rank[None, :] < top_k[:, None]  # [B, V]
+    sorted_logits = sorted_logits.masked_fill(~keep, _NEG_INF)  # [B, V]
+    probs = sorted_logits.softmax(dim=-1)  # [B, V], renormalised over the top-k
+    mass_before = probs.cumsum(dim=-1) - probs  # [B, V], exclusive cumsum: the first token is always kept
+    keep = keep & (mass_before < top_p[:, None])  # [B, V]
+    sorted_logits = sorted_logits.masked_fill(~keep, _NEG_INF)  # [B, V]
+    return torch.full_like(scaled, _NEG_INF).scatter(-1, order, sorted_logits)  # [B, V]
+
+
+class _Batch:
+    """Per-row tensors of the running batch (rows aligned with the KV cache rows)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.seqs: list[_Seq] = []
+        self.cache: Any = None  # DynamicCache over ctx columns, or None (empty, or recompute mode)
+        self.ctx_ids = torch.zeros(0, 0, dtype=torch.long, device=device)  # [B, T]
+        self.ctx_mask = torch.zeros(0, 0, dtype=torch.long, device=device)  # [B, T]
+        self.last_tok = torch.zeros(0, dtype=torch.long, device=device)  # [B], fed next step
+        self.pos = torch.zeros(0, dtype=torch.long, device=device)  # [B], position of last_tok
+        self.gen_tok = torch.zeros(0, 0, dtype=torch.long, device=device)  # [B, G]
+        self.gen_lp = torch.zeros(0, 0, dtype=torch.float32, device=device)  # [B, G]
+        self.gen_ver = torch.zeros(0, 0, dtype=torch.long, device=device)  # [B, G]
+        self.n_gen = torch.zeros(0, dtype=torch.long, device=device)  # [B]
+        self.max_new = torch.zeros(0, dtype=torch.long, device=device)  # [B]
+        self.stop_ids = torch.full((0, 1), -1, dtype=torch.long, device=device)  # [B, S], -1 pads
+        self.temperature = torch.ones(0, device=device)  # [B]
+        self.top_k = torch.zeros(0, dtype=torch.long, device=device)  # [B]
+        self.top_p = torch.ones(0, device=device)  # [B]
+        self.greedy = torch.zeros(0, dtype=torch.bool, device=device)  # [B]
+        self.any_filter = False
+        self.all_greedy = True
+        self.sampled_rows: list[tuple[int, torch.Generator]] = []
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def refresh_sampling(self) -> None:
+        """Rebuild the per-row sampling tensors after the batch composition changed."""
+        dev = self.device
+        self.temperature = torch.tensor([s.temperature for s in self.seqs], dtype=torch.float32, device=dev)
+        self.top_k = torch.tensor(
+            [s.top_k if s.top_k > 0 else _NO_TOP_K for s in self.seqs], dtype=torch.long, device=dev
+        )
+        self.top_p = torch.tensor([s.top_p for s in self.seqs], dtype=torch.float32, device=dev)
+        self.greedy = torch.tensor([s.greedy for s in self.seqs], dtype=torch.bool, device=dev)
+        self.max_new = torch.tensor([s.max_new for s in self.seqs], dtype=torch.long, device=dev)
+        width = max([1] + [len(s.stop_ids) for s in self.seqs])
+        self.stop_ids = torch.tensor(
+            [list(s.stop_ids) + [-1] * (width - len(s.stop_ids)) for s in self.seqs],
+            dtype=torch.long,
+            device=dev,
+        ).reshape(len(self.seqs), width)  # [B, S]
+        self.any_filter = any((not s.greedy) and (s.top_k > 0 or s.top_p < 1.0) for s in self.seqs)
+        self.all_greedy = all(s.greedy for s in self.seqs)
+        self.sampled_rows = [(i, s.generator) for i, s in enumerate(self.seqs) if s.generator is not None]
+
+
+def _pad_left(x: Tensor, width: int, dim: int, value: float = 0) -> Tensor:
+    """``x`` left-padded along ``dim`` to ``width``."""
+    extra = width - x.shape[dim]
+    if extra <= 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = extra
+    return torch.cat([x.new_full(shape, value), x], dim=dim)
+
+
+def _pad_right(x: Tensor, width: int, value: float = 0) -> Tensor:
+    """``x`` [B, W] right-padded to [B, width]."""
+    extra = width - x.shape[1]
+    return x if extra <= 0 else F.pad(x, (0, extra), value=value)
+
+
+class NativeEngine:
+    """Continuous-batching sampler over a causal LM. See the module docstring for the design.
+
+    Args:
+        model: the causal LM (already on its device, in its dtype).
+        eos_token_ids: tokens that end every sequence (finish reason ``"stop"``), on top of each
+            request's ``sampling.stop_token_ids``. The stop token is kept as the last response token.
+        pad_token_id: id written in padding columns (never attended to).
+        max_num_seqs: slots: sequences decoded together.
+        max_prefill_tokens: padded tokens per prefill forward (joins are chunked to fit).
+        seed: engine seed; with the request seed (or submission number) and the sample index it
+            seeds each sequence's generator.
+        max_response_length: cap on every request's ``max_new_tokens`` (None: no cap).
+        max_prompt_length: longer prompts are rejected at submit (None: no check).
+        recompute_kv_on_update: re-prefill in-flight sequences after ``update_weights``.
+        use_kv_cache: False recomputes the whole context every step.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        eos_token_ids: Sequence[int] = (),
+        pad_token_id: int = 0,
+        max_num_seqs: int = 64,
+        max_prefill_tokens: int = 16384,
+        seed: int = 0,
+        max_response_length: int | None = None,
+        max_prompt_length: int | None = None,
+        recompute_kv_on_update: bool = True,
+        use_kv_cache: bool = True,
+    ) -> None:
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        self.model = model.eval()
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self.pad_token_id = int(pad_token_id)
+        self.max_num_seqs = int(max_num_seqs)
+        self.max_prefill_tokens = max(1, int(max_prefill_tokens))
+        self.seed = int(seed)
+        self.max_response_length = max_response_length
+        self.max_prompt_length = max_prompt_length
+        self.recompute_kv_on_update = recompute_kv_on_update
+        self.version = 0
+
+        first_param = next(iter(model.parameters()), None)
+        self.device = first_param.device if first_param is not None else torch.device("cpu")
+        sig = inspect.signature(model.forward).parameters
+        var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.values())
+        self._cache_kw = next((k for k in ("cache", "past_key_values") if k in sig), None)
+        self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in sig), None)
+        self._takes_mask = "attention_mask" in sig or var_kw
+        self._takes_pos = "position_ids" in sig or var_kw
+        self._use_cache = bool(use_kv_cache) and self._cache_kw is not None
+
+        self._batch = _Batch(self.device)
+        self._waiting: deque[_Seq] = deque()
+        self._kv_stale = False
+        self._num_requests = 0  # submission counter: seeds requests that carry no seed
+
+        # threads: _step_lock guards the batch, the model and the waiting queue; _cv guards the
+        # inbox, the counters and the paused / stop flags (submit never waits for a step).
+        self._step_lock = threading.RLock()
+        self._cv = threading.Condition()
+        self._inbox: deque[_Seq] = deque()
+        self._out: queue.Queue[Sample] = queue.Queue()
+        self._submitted = 0
+        self._delivered = 0
+        self._paused = False
+        self._stop = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.stats = {"steps": 0, "decode_forwards": 0, "prefill_forwards": 0, "tokens": 0, "recomputes": 0}
+
+    # ------------------------------------------------------------------------------------------
+    # public API
+    # ------------------------------------------------------------------------------------------
+    def submit(self, requests: Sequence[GenerationRequest]) -> None:
+        """Queue requests (``sampling.n`` sequences each). Thread-safe; returns at once."""
+        if self._closed:
+            raise RuntimeError("the engine was shut down")
+        seqs: list[_Seq] = []
+        done: list[_Seq] = []
+        with self._cv:
+            for req in requests:
+                seqs_of_req = self._make_seqs(req, self._num_requests)
+                self._num_requests += 1
+                for s in seqs_of_req:
+                    (done if s.max_new <= 0 else seqs).append(s)
+            self._inbox.extend(seqs)
+            self._submitted += len(seqs) + len(done)
+            self._cv.notify_all()
+        for s in done:  # nothing to generate: finished at once
+            self._out.put(self._to_sample(s, [], [], [], "length"))
+
+    def step(self) -> int:
+        """One engine iteration: admit queued sequences, then decode one token for every row.
+
+        Returns the number of sequences that finished. Does nothing while paused.
+        """
+        with self._step_lock, torch.inference_mode():
+            with self._cv:
+                if self._paused:
+                    return 0
+                self._waiting.extend(self._inbox)
+                self._inbox.clear()
+            b = self._batch
+            if self._kv_stale:
+                self._reprefill()
+            free = self.max_num_seqs - len(b)
+            if free > 0 and self._waiting:
+                joiners = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+                self._admit(joiners)
+            if len(b) == 0:
+                return 0
+            self.stats["steps"] += 1
+            return self._decode()
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Sample]:
+        """Submit ``requests`` and block until all their samples are done.
+
+        Returns them in request order, then sample index. Samples of other requests that finish
+        meanwhile stay in the stream queue. Do not run it concurrently with a ``stream`` consumer.
+        """
+        ids = [r.request_id for r in requests]
+        if len(set(ids)) != len(ids):
+            raise ValueError("generate(): request ids must be unique")
+        wanted = {(r.request_id, i) for r in requests for i in range(r.sampling.n)}
+        with self._cv:
+            if self._paused:
+                raise RuntimeError("generate() while paused would never finish: call resume() first")
+        self.submit(requests)
+        got: dict[tuple[str, int], Sample] = {}
+        others: list[Sample] = []
+        try:
+            while len(got) < len(wanted):
+                s = self._next_sample(timeout=None, poll=0.05)
+                if s is None:
+                    if self._closed:
+                        raise RuntimeError("the engine was shut down during generate()")
+                    continue
+                if (s.request_id, s.index) in wanted:
+                    got[(s.request_id, s.index)] = s
+                    with self._cv:
+                        self._delivered += 1
+                else:
+                    others.append(s)
+        finally:
+            for s in others:
+                self._out.put(s)
+        order = {rid: k for k, rid in enumerate(ids)}
+        return sorted(got.values(), key=lambda s: (order[s.request_id], s.index))
+
+    def stream(self, timeout: float | None = None) -> Iterator[Sample]:
+        """Yield finished samples as they complete, each exactly once.
+
+        Ends when every submitted sample has been yielded, or when ``timeout`` seconds pass
+        without a new sample (``None``: wait as long as work is pending). Without a background
+        thread the caller drives the engine through this iterator; while paused it then waits up
+        to ``timeout`` for another thread to resume (``None``: ends at once, nothing would drive it).
+        """
+        last = time.monotonic()
+        while True:
+            remaining = None if timeout is None else timeout - (time.monotonic() - last)
+            if remaining is not None and remaining < 0:
+                return
+            s = self._next_sample(timeout=remaining, poll=0.05)
+            if s is None:
+                if self.num_pending() == 0 or self._closed:
+                    return
+                if timeout is None and self._paused and not self._thread_alive():
+                    return  # nobody drives the engine: waiting would never end
+                continue
+            with self._cv:
+                self._delivered += 1
+            last = time.monotonic()
+            yield s
+
+    def start(self) -> None:
+        """Run the engine loop in a background thread (idempotent)."""
+        if self._thread_alive():
+            return
+        if self._closed:
+            raise RuntimeError("the engine was shut down")
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="rlzoo-native-engine", daemon=True)
+        self._thread.start()
+
+    def pause(self) -> None:
+        """Stop generating; returns once no step is in progress. In-flight sequences keep their tokens."""
+        with self._cv:
+            self._paused = True
+        with self._step_lock:  # wait for the step in progress, if any
+            pass
+
+    def resume(self) -> None:
+        """Continue generating (after a weight update the in-flight KV is re-prefilled first)."""
+        with self._cv:
+            self._paused = False
+            self._cv.notify_all()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
+        """Copy new weights into the model in place and set ``version``.
+
+        Takes the step lock, so it lands between two steps. In-flight sequences continue under
+        the new weights (their next tokens carry ``version``); with ``recompute_kv_on_update``
+        their KV is recomputed before the next decode step.
+        """
+        with self._step_lock, torch.no_grad():
+            own = dict(self.model.state_dict(keep_vars=True))
+            unknown = []
+            for name, tensor in named_tensors:
+                target = own.get(name)
+                if target is None:
+                    unknown.append(name)
+                    continue
+                target.data.copy_(tensor.to(device=target.device, dtype=target.dtype))
+            if unknown:
+                raise KeyError(
+                    f"update_weights: {len(unknown)} names the model does not have, e.g. {unknown[:5]}"
+                )
+            self.version = int(version)
+            if self.recompute_kv_on_update and self._use_cache and len(self._batch) > 0:
+                self._kv_stale = True
+
+    def abort(self, request_ids: Iterable[str] | None = None) -> int:
+        """Finish queued and in-flight sequences now (all, or those of ``request_ids``).
+
+        Their samples keep the tokens generated so far, with finish reason ``"abort"``, and are
+        delivered like any other. Returns how many were aborted.
+        """
+        ids = None if request_ids is None else set(request_ids)
+
+        def hit(s: _Seq) -> bool:
+            return ids is None or s.request.request_id in ids
+
+        with self._step_lock, torch.inference_mode():
+            with self._cv:
+                self._waiting.extend(self._inbox)
+                self._inbox.clear()
+            queued = [s for s in self._waiting if hit(s)]
+            self._waiting = deque(s for s in self._waiting if not hit(s))
+            for s in queued:
+                self._out.put(self._to_sample(s, [], [], [], "abort"))
+            rows = [i for i, s in enumerate(self._batch.seqs) if hit(s)]
+            if rows:
+                self._finish_rows(rows, ["abort"] * len(rows))
+        return len(queued) + len(rows)
+
+    def num_pending(self) -> int:
+        """Samples submitted and not yet handed out by ``stream`` / ``generate`` (queued, running or done)."""
+        with self._cv:
+            return self._submitted - self._delivered
+
+    def num_running(self) -> int:
+        """Sequences in the batch now."""
+        return len(self._batch)
+
+    def num_waiting(self) -> int:
+        """Sequences queued for a slot."""
+        with self._cv:
+            return len(self._waiting) + len(self._inbox)
+
+    def shutdown(self) -> None:
+        """Stop the background thread and drop every sequence and the cache."""
+        with self._cv:
+            self._stop = True
+            self._closed = True
+            self._cv.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        self._thread = None
+        with self._step_lock:
+            self._batch = _Batch(self.device)
+            self._waiting.clear()
+            self._inbox.clear()
+
+    # ------------------------------------------------------------------------------------------
+    # threads
+    # ------------------------------------------------------------------------------------------
+    def _thread_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _has_work(self) -> bool:
+        return bool(self._inbox or self._waiting or len(self._batch))
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and (self._paused or not self._has_work()):
+                    self._cv.wait()
+                if self._stop:
+                    return
+            try:
+                self.step()
+            except BaseException as e:  # surfaced to the consumer by stream() / generate()
+                self._error = e
+                with self._cv:
+                    self._stop = True
+                    self._cv.notify_all()
+                return
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError("the native rollout engine thread failed") from self._error
+
+    def _next_sample(self, timeout: float | None, poll: float) -> Sample | None:
+        """The next finished sample, driving the engine when no thread does; None if none came."""
+        try:
+            return self._out.get_nowait()
+        except queue.Empty:
+            pass
+        self._raise_if_failed()
+        if self._thread_alive():
+            wait = poll if timeout is None else max(0.0, min(poll, timeout))
+            try:
+                return self._out.get(timeout=wait)
+            except queue.Empty:
+                self._raise_if_failed()
+                return None
+        if not self._paused and self._has_work():
+            self.step()
+        elif self._paused:
+            with self._cv:  # another thread may resume us
+                self._cv.wait(timeout=poll if timeout is None else min(poll, timeout))
+        try:
+            return self._out.get_nowait()
+        except queue.Empty:
+            return None
+
+    # ------------------------------------------------------------------------------------------
+    # sequences
+    # ------------------------------------------------------------------------------------------
+    def _make_seqs(self, req: GenerationRequest, number: int) -> list[_Seq]:
+        sp = req.sampling
+        if not req.prompt_ids:
+            raise ValueError(f"request {req.request_id!r}: empty prompt")
+        if self.max_prompt_length is not None and len(req.prompt_ids) > self.max_prompt_length:
+            raise ValueError(
+                f"request {req.request_id!r}: prompt of {len(req.prompt_ids)} tokens is longer than "
+                f"max_prompt_length={self.max_prompt_length}"
+            )
+        if sp.n < 1:
+            raise ValueError(f"request {req.request_id!r}: sampling.n must be >= 1, got {sp.n}")
+        if not 0.0 < sp.top_p <= 1.0:
+            raise ValueError(f"request {req.request_id!r}: top_p must be in (0, 1], got {sp.top_p}")
+        if sp.temperature < 0.0:
+            raise ValueError(f"request {req.request_id!r}: temperature must be >= 0 (0: greedy)")
+        greedy = sp.greedy or sp.temperature == 0.0
+        max_new = sp.max_new_tokens
+        if self.max_response_length is not None:
+            max_new = min(max_new, self.max_response_length)
+        stop = tuple(dict.fromkeys((*self.eos_token_ids, *sp.stop_token_ids)))
+        req_seed: object = sp.seed if sp.seed is not None else f"auto{number}"
+        out = []
+        for i in range(sp.n):
+            gen = None
+            if not greedy:
+                gen = torch.Generator(device=self.device)
+                gen.manual_seed(_mix_seed(self.seed, req_seed, i))
+            out.append(
+                _Seq(
+                    request=req,
+                    index=i,
+                    tokens=list(req.prompt_ids),
+                    max_new=max_new,
+                    stop_ids=stop,
+                    temperature=sp.temperature if sp.temperature > 0 else 1.0,
+                    top_k=sp.top_k,
+                    top_p=sp.top_p,
+                    greedy=greedy,
+                    generator=gen,
+                )
+            )
+        return out
+
+    def _to_sample(
+        self, s: _Seq, response: list[int], log_probs: list[float], versions: list[int], reason: str
+    ) -> Sample:
+        req = s.request
+        return Sample(
+            request_id=req.request_id,
+            index=s.index,
+            prompt_ids=list(req.prompt_ids),
+            response_ids=response,
+            rollout_log_probs=log_probs,
+            versions=versions,
+            finish_reason=reason,
+            data=dict(req.data),
+            multi_modal=req.multi_modal,
+        )
+
+    # ------------------------------------------------------------------------------------------
+    # model calls
+    # ------------------------------------------------------------------------------------------
+    def _forward(
+        self, ids: Tensor, mask: Tensor, pos: Tensor, cache: Any, want_cache: bool
+    ) -> tuple[Tensor, Any]:
+        """Last-position logits [B, V] (float32) and the cache (None when unusable)."""
+        kw: dict[str, Any] = {"input_ids": ids}
+        if self._takes_mask:
+            kw["attention_mask"] = mask
+        if self._takes_pos:
+            kw["position_ids"] = pos
+        if self._cache_kw is not None:
+            kw["use_cache"] = want_cache
+            if want_cache and cache is not None:
+                kw[self._cache_kw] = cache
+        if self._keep_kw is not None:
+            kw[self._keep_kw] = 1
+        out = self.model(**kw)
+        if isinstance(out, Tensor):
+            logits, new_cache = out, None
+        elif isinstance(out, tuple):
+            logits, new_cache = out[0], None
+        else:
+            logits = out.logits
+            new_cache = getattr(out, "cache", None)
+            if new_cache is None:
+                new_cache = getattr(out, "past_key_values", None)
+        if want_cache and not self._cache_ok(new_cache):
+            self._use_cache = False  # e.g. sliding-window / linear-attention layers: recompute from now on
+            new_cache = None
+        logits = logits[:, -1].float()  # [B, V]
+        return logits, (new_cache if want_cache else None)
+
+    @staticmethod
+    def _cache_ok(cache: Any) -> bool:
+        """Whether the cache is one whose layers we can slice and concatenate per row/column."""
+        from transformers.cache_utils import DynamicCache, DynamicLayer
+
+        if not isinstance(cache, DynamicCache) or not hasattr(cache, "layers"):
+            return False
+        return all(type(layer) is DynamicLayer for layer in cache.layers)
+
+    def _prefill(self, ctx_ids: Tensor, ctx_mask: Tensor) -> Any:
+        """The KV cache of left-padded contexts [b, P] (None if P == 0 or no cache is used)."""
+        if ctx_ids.shape[1] == 0 or not self._use_cache:
+            return None
+        pos = (ctx_mask.cumsum(-1) - 1).clamp(min=0)  # [b, P]
+        self.stats["prefill_forwards"] += 1
+        _, cache = self._forward(ctx_ids, ctx_mask, pos, None, want_cache=True)
+        return cache
+
+    # ------------------------------------------------------------------------------------------
+    # batch surgery
+    # ------------------------------------------------------------------------------------------
+    def _admit(self, joiners: list[_Seq]) -> None:
+        """Prefill ``joiners`` (identical contexts once) and append them to the running batch."""
+        dev = self.device
+        # one prefill row per distinct context: the n samples of a prompt share it
+        rows: dict[tuple[int, ...], int] = {}
+        which = [rows.setdefault(tuple(s.tokens[:-1]), len(rows)) for s in joiners]
+        contexts = list(rows)
+        # chunk the distinct contexts so that each padded prefill stays under max_prefill_tokens
+        chunks: list[list[int]] = [[]]
+        width = 0
+        for k, ctx in enumerate(contexts):
+            w = max(width, len(ctx))
+            if chunks[-1] and w * (len(chunks[-1]) + 1) > self.max_prefill_tokens:
+                chunks.append([])
+                w = len(ctx)
+            chunks[-1].append(k)
+            width = w
+        for chunk in chunks:
+            chunk_rows = {k: j for j, k in enumerate(chunk)}
+            members = [i for i, k in enumerate(which) if k in chunk_rows]
+            p = max(len(contexts[k]) for k in chunk)
+            ids = torch.tensor(
+                [[self.pad_token_id] * (p - len(contexts[k])) + list(contexts[k]) for k in chunk],
+                dtype=torch.long,
+                device=dev,
+            ).reshape(len(chunk), p)  # [c, P]
+            mask = torch.tensor(
+                [[0] * (p - len(contexts[k])) + [1] * len(contexts[k]) for k in chunk],
+                dtype=torch.long,
+                device=dev,
+            ).reshape(len(chunk), p)  # [c, P]
+            cache = self._prefill(ids, mask)
+            expand = torch.tensor(
+                [chunk_rows[which[i]] for i in members], dtype=torch.long, device=dev
+            )  # [j]
+            if len(members) != len(chunk) or expand.tolist() != list(range(len(chunk))):
+                if cache is not None:
+                    for layer in cache.layers:
+                        layer.keys = layer.keys.index_select(0, expand)
+                        layer.values = layer.values.index_select(0, expand)
+                ids, mask = ids.index_select(0, expand), mask.index_select(0, expand)
+            self._append_rows([joiners[i] for i in members], ids, mask, cache)
+
+    def _append_rows(self, seqs: list[_Seq], ids: Tensor, mask: Tensor, cache: Any) -> None:
+        """Concatenate new rows (contexts ``ids``/``mask`` [j, P], their ``cache``) to the batch."""
+        b, dev = self._batch, self.device
+        t, p = b.ctx_ids.shape[1], ids.shape[1]
+        width = max(t, p)
+        if not self._use_cache:
+            b.cache = None
+        elif len(b) == 0:
+            b.cache = cache
+        elif b.cache is not None or cache is not None:
+            b.cache = self._concat_caches(b.cache, len(b), cache, len(seqs), width)
+        b.ctx_ids = torch.cat(
+            [_pad_left(b.ctx_ids, width, 1, self.pad_token_id), _pad_left(ids, width, 1, self.pad_token_id)]
+        )  # [B + j, T']
+        b.ctx_mask = torch.cat([_pad_left(b.ctx_mask, width, 1), _pad_left(mask, width, 1)])  # [B + j, T']
+        new_last = torch.tensor([s.tokens[-1] for s in seqs], dtype=torch.long, device=dev)  # [j]
+        new_pos = torch.tensor([len(s.tokens) - 1 for s in seqs], dtype=torch.long, device=dev)  # [j]
+        b.last_tok = torch.cat([b.last_tok, new_last])
+        b.pos = torch.cat([b.pos, new_pos])
+        g = max(b.gen_tok.shape[1], max(s.max_new for s in seqs))
+        j = len(seqs)
+        b.gen_tok = torch.cat([_pad_right(b.gen_tok, g), torch.zeros(j, g, dtype=torch.long, device=dev)])
+        b.gen_lp = torch.cat([_pad_right(b.gen_lp, g), torch.zeros(j, g, dtype=torch.float32, device=dev)])
+        b.gen_ver = torch.cat([_pad_right(b.gen_ver, g), torch.zeros(j, g, dtype=torch.long, device=dev)])
+        b.n_gen = torch.cat([b.n_gen, torch.zeros(j, dtype=torch.long, device=dev)])
+        b.seqs.extend(seqs)
+        b.refresh_sampling()
+
+    @staticmethod
+    def _concat_caches(a: Any, rows_a: int, c: Any, rows_c: int, width: int) -> Any:
+        """Batch-concatenate cache ``a`` (``rows_a`` rows, ``t`` columns) and ``c`` (``p`` columns),
+        both left-padded to ``width`` columns; either may be None (no columns yet)."""
+        base = a if a is not None else c
+        for li, layer in enumerate(base.layers):
+            parts_k, parts_v = [], []
+            for cache, rows in ((a, rows_a), (c, rows_c)):
+                if cache is not None:
+                    k, v = cache.layers[li].keys, cache.layers[li].values  # [r, H, P, D]
+                else:  # rows without context columns yet
+                    ref = base.layers[li].keys
+                    k = ref.new_zeros(rows, ref.shape[1], 0, ref.shape[3])
+                    v = base.layers[li].values.new_zeros(
+                        rows, ref.shape[1], 0, base.layers[li].values.shape[3]
+                    )
+                parts_k.append(_pad_left(k, width, 2))
+                parts_v.append(_pad_left(v, width, 2))
+            layer.keys = torch.cat(parts_k)  # [B + j, H, T', D]
+            layer.values = torch.cat(parts_v)
+        return base
+
+    def _keep_rows(self, keep: list[int]) -> None:
+        """Drop every row not in ``keep`` and cut leading all-padding columns."""
+        b = self._batch
+        if not keep:
+            self._batch = _Batch(self.device)
+            return
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        b.seqs = [b.seqs[i] for i in keep]
+        for name in ("ctx_ids", "ctx_mask", "last_tok", "pos", "gen_tok", "gen_lp", "gen_ver", "n_gen"):
+            setattr(b, name, getattr(b, name).index_select(0, idx))
+        # first column that holds a real token in some row; earlier columns are padding everywhere
+        used = b.ctx_mask.any(dim=0)  # [T]
+        first = int(used.int().argmax()) if bool(used.any()) else b.ctx_mask.shape[1]
+        b.ctx_ids, b.ctx_mask = b.ctx_ids[:, first:], b.ctx_mask[:, first:]
+        if b.cache is not None:
+            if b.ctx_mask.shape[1] == 0:
+                b.cache = None
+            else:
+                for layer in b.cache.layers:
+                    layer.keys = layer.keys.index_select(0, idx)[:, :, first:]
+                    layer.values = layer.values.index_select(0, idx)[:, :, first:]
+        b.refresh_sampling()
+
+    def _finish_rows(self, rows: list[int], reasons: list[str]) -> None:
+        """Emit the samples of ``rows`` and remove them from the batch."""
+        b = self._batch
+        idx = torch.tensor(rows, dtype=torch.long, device=self.device)
+        n_gen = b.n_gen.index_select(0, idx).tolist()
+        toks = b.gen_tok.index_select(0, idx).tolist()
+        lps = b.gen_lp.index_select(0, idx).tolist()
+        vers = b.gen_ver.index_select(0, idx).tolist()
+        for k, r in enumerate(rows):
+            n = n_gen[k]
+            self._out.put(self._to_sample(b.seqs[r], toks[k][:n], lps[k][:n], vers[k][:n], reasons[k]))
+        gone = set(rows)
+        self._keep_rows([i for i in range(len(b)) if i not in gone])
+
+    def _reprefill(self) -> None:
+        """Recompute the running batch's KV with the current weights (same layout)."""
+        b = self._batch
+        self._kv_stale = False
+        if not self._use_cache or len(b) == 0:
+            return
+        self.stats["recomputes"] += 1
+        b.cache = self._prefill(b.ctx_ids, b.ctx_mask)
+
+    # ------------------------------------------------------------------------------------------
+    # decode
+    # ------------------------------------------------------------------------------------------
+    def _decode(self) -> int:
+        """Feed ``last_tok``, sample one token per row, retire the rows that finished."""
+        b = self._batch
+        n = len(b)
+        ones = torch.ones(n, 1, dtype=torch.long, device=self.device)
+        mask = torch.cat([b.ctx_mask, ones], dim=1)  # [B, T + 1]
+        ids = torch.cat([b.ctx_ids, b.last_tok[:, None]], dim=1)  # [B, T + 1]
+        self.stats["decode_forwards"] += 1
+        if self._use_cache:
+            logits, cache = self._forward(b.last_tok[:, None], mask, b.pos[:, None], b.cache, want_cache=True)
+            if not self._use_cache:  # the model's cache turned out unusable: redo this step without it
+                logits, cache = self._recompute_logits(ids, mask)
+        else:
+            logits, cache = self._recompute_logits(ids, mask)
+        b.cache, b.ctx_ids, b.ctx_mask = cache, ids, mask
+
+        tok, lp = self._sample(logits)  # [B], [B]
+        rows = torch.arange(n, device=self.device)
+        b.gen_tok[rows, b.n_gen] = tok
+        b.gen_lp[rows, b.n_gen] = lp
+        b.gen_ver[rows, b.n_gen] = self.version
+        b.n_gen += 1
+        b.last_tok = tok
+        b.pos = b.pos + 1
+        self.stats["tokens"] += n
+
+        stopped = (tok[:, None] == b.stop_ids).any(dim=-1)  # [B]
+        done = stopped | (b.n_gen >= b.max_new)  # [B]
+        if not bool(done.any()):
+            return 0
+        done_rows = done.nonzero().flatten().tolist()
+        stop_rows = stopped.tolist()
+        self._finish_rows(done_rows, ["stop" if stop_rows[r] else "length" for r in done_rows])
+        return len(done_rows)
+
+    def _recompute_logits(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, None]:
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, T + 1]
+        logits, _ = self._forward(ids, mask, pos, None, want_cache=False)
+        return logits, None
+
+    def _sample(self, logits: Tensor) -> tuple[Tensor, Tensor]:
+        """Sampled token [B] and its log-prob [B] (full distribution at the row's temperature)."""
+        b = self._batch
+        scaled = logits / b.temperature[:, None]  # [B, V]
+        logp = scaled.log_softmax(dim=-1)  # [B, V]
+        greedy_tok = logits.argmax(dim=-1)  # [B]
+        if b.all_greedy:
+            tok = greedy_tok
+        else:
+            filtered = _filter_top_k_top_p(scaled, b.top_k, b.top_p) if b.any_filter else scaled  # [B, V]
+            noise = torch.ones_like(filtered)  # [B, V], Exp(1) draws; 1 (no noise) for greedy rows
+            for row, gen in b.sampled_rows:
+                noise[row].exponential_(generator=gen)
+            tok = (filtered - noise.log()).argmax(dim=-1)  # [B], Gumbel-max = a draw from softmax(filtered)
+            tok = torch.where(b.greedy, greedy_tok, tok)
+        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)

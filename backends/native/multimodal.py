@@ -1,0 +1,172 @@
+"""Vision-language (Qwen2-VL / Qwen2.5-VL style) inputs for the native rollout engine and trainer.
+
+A VL prompt differs from a text prompt in three ways, and this module holds one function for each:
+
+1. **Image tokens.** The chat template renders each image as ``<|vision_start|><|image_pad|>
+   <|vision_end|>``; the processor expands the single ``<|image_pad|>`` into one per merged patch
+   (``grid_t * grid_h * grid_w / merge_size**2``) and returns ``pixel_values`` ``[patches, C*P*P*Tp]``
+   and ``image_grid_thw`` ``[images, 3]``. :func:`expand_prompt` does this for one request.
+2. **Multimodal rotary positions (M-RoPE).** Position ids are ``[3, B, L]`` (temporal, height,
+   width); text tokens share one position on all three axes, image tokens get their patch's
+   (t, h, w). They come from the model's own ``get_rope_index`` (:func:`rope_position_ids`), which
+   also returns ``rope_deltas`` ``[B, 1]``: after the prompt, token ``k`` (0-based position in the
+   unpadded sequence) has position ``k + rope_deltas`` on all three axes
+   (:func:`decode_position_ids`), so decoding never needs the images again.
+3. **Pixel inputs in the forward.** The prefill (rollout) and every training forward pass
+   ``pixel_values`` and ``image_grid_thw`` of the rows' images, concatenated in row order
+   (:func:`collate_images`); decode steps pass none (the KV cache holds them).
+
+:func:`vl_token_log_probs` is the trainer's forward for a VL micro-batch in rlzoo's batch layout
+(left-padded prompt + right-padded response), giving the same log-probs as the rollout.
+
+Works with transformers 4.5x (``get_rope_index(input_ids, image_grid_thw, video_grid_thw,
+attention_mask)``) and 5.x (which also takes ``mm_token_type_ids``). Nothing here is imported
+unless a VL model is used.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "collate_images",
+    "decode_position_ids",
+    "expand_prompt",
+    "is_multimodal_model",
+    "mm_token_type_ids",
+    "rope_position_ids",
+    "vl_token_log_probs",
+]
+
+
+def is_multimodal_model(model: nn.Module) -> bool:
+    """Whether ``model`` takes images through M-RoPE (has a ``get_rope_index``)."""
+    return _rope_index_fn(model) is not None
+
+
+def _rope_index_fn(model: nn.Module) -> Any:
+    for owner in (model, getattr(model, "model", None)):
+        fn = getattr(owner, "get_rope_index", None)
+        if callable(fn):
+            return fn
+    return None
+
+
+def _config(model: nn.Module) -> Any:
+    return model.config
+
+
+def expand_prompt(
+    processor: Any, prompt_text: str, images: Sequence[Any]
+) -> tuple[list[int], dict[str, Tensor]]:
+    """Token ids of a rendered VL prompt with its image tokens expanded, and its pixel inputs.
+
+    ``prompt_text`` is the chat-template rendering (what :class:`rlzoo.data.dataset.PromptDataset`
+    stores as ``prompt_text`` when built with a ``processor``); ``images`` are PIL images in
+    placeholder order. Returns ``(prompt_ids, {"pixel_values": [N, D], "image_grid_thw": [I, 3]})``.
+    """
+    out = processor(text=[prompt_text], images=list(images) or None, return_tensors="pt")
+    ids = out["input_ids"][0].tolist()
+    mm: dict[str, Tensor] = {}
+    if images:
+        mm["pixel_values"] = out["pixel_values"]
+        mm["image_grid_thw"] = out["image_grid_thw"]
+    return ids, mm
+
+
+def mm_token_type_ids(input_ids: Tensor, config: Any) -> Tensor:
+    """``[B, L]`` int: 1 on image tokens, 2 on video tokens, 0 elsewhere (transformers 5's convention)."""
+    image_id = getattr(config, "image_token_id", None)
+    video_id = getattr(config, "video_token_id", None)
+    out = torch.zeros_like(input_ids, dtype=torch.int)  # [B, L]
+    if image_id is not None:
+        out = out.masked_fill(input_ids == image_id, 1)
+    if video_id is not None:
+        out = out.masked_fill(input_ids == video_id, 2)
+    return out
+
+
+def rope_position_ids(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, image_grid_thw: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """M-RoPE position ids ``[3, B, L]`` and ``rope_deltas`` ``[B, 1]`` of left- or right-padded rows.
+
+    ``image_grid_thw`` ``[I, 3]`` lists the images of all rows in row order (None: text only).
+    Padding columns get position 1 (the model's convention); they are masked out anyway.
+    """
+    fn = _rope_index_fn(model)
+    if fn is None:
+        raise TypeError(f"{type(model).__name__} has no get_rope_index: not a Qwen2-VL-style model")
+    params = inspect.signature(fn).parameters
+    kw: dict[str, Any] = {
+        "image_grid_thw": image_grid_thw,
+        "video_grid_thw": None,
+        "attention_mask": attention_mask,
+    }
+    if "mm_token_type_ids" in params:
+        kw["mm_token_type_ids"] = mm_token_type_ids(input_ids, _config(model))
+    pos, deltas = fn(input_ids, **kw)  # [3, B, L], [B, 1]
+    return pos, deltas
+
+
+def decode_position_ids(rope_deltas: Tensor, positions: Tensor) -> Tensor:
+    """Position ids ``[3, B, K]`` of generated tokens.
+
+    ``positions`` ``[B, K]`` is each token's index in its row's unpadded sequence (what the native
+    engine keeps as ``pos``, 0-based); the M-RoPE position is ``positions + rope_deltas`` on all three
+    axes.
+    """
+    text = positions + rope_deltas.to(positions.device)  # [B, K]
+    return text.unsqueeze(0).expand(3, -1, -1)  # [3, B, K]
+
+
+def collate_images(items: Sequence[Mapping[str, Any] | None]) -> dict[str, Tensor]:
+    """Concatenate the ``pixel_values`` / ``image_grid_thw`` of rows (None or {} for text rows).
+
+    The model assigns image features to image tokens in order, so the rows' images must be
+    concatenated in the same row order as the batch. Returns {} when no row has an image.
+    """
+    pixels = [m["pixel_values"] for m in items if m and "pixel_values" in m]
+    grids = [m["image_grid_thw"] for m in items if m and "image_grid_thw" in m]
+    if not pixels:
+        return {}
+    return {"pixel_values": torch.cat(pixels, 0), "image_grid_thw": torch.cat(grids, 0)}
+
+
+def vl_token_log_probs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    responses: Tensor,
+    images: Mapping[str, Tensor],
+    *,
+    temperature: float = 1.0,
+) -> Tensor:
+    """Log-probs ``[B, T]`` of ``responses`` under a VL model, in rlzoo's batch layout.
+
+    ``input_ids`` / ``attention_mask`` ``[B, P+T]`` (prompt left-padded to P, response right-padded
+    to T, :mod:`rlzoo.batch`), ``responses`` ``[B, T]``, ``images`` from :func:`collate_images`.
+    Position ``P - 1 + t`` predicts response token ``t``; zero where the response is padding.
+    Gradients flow (call under ``torch.no_grad()`` for old / ref log-probs).
+    """
+    T = responses.shape[1]
+    grid = images.get("image_grid_thw")
+    pos, _ = rope_position_ids(model, input_ids, attention_mask, grid)  # [3, B, P+T]
+    kw: dict[str, Any] = {}
+    if "pixel_values" in images:
+        kw["pixel_values"] = images["pixel_values"]
+        kw["image_grid_thw"] = grid
+    if "mm_token_type_ids" in inspect.signature(model.forward).parameters:
+        kw["mm_token_type_ids"] = mm_token_type_ids(input_ids, _config(model))
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False, **kw)
+    logits = out.logits[:, -(T + 1) : -1].float()  # [B, T, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    lp = logits.log_softmax(-1).gather(-1, responses.long().unsqueeze(-1)).squeeze(-1)  # [B, T]
+    valid = attention_mask[:, -T:].bool()  # [B, T]
+    return torch.where(valid, lp, torch.zeros_like(lp))  # [B, T]
