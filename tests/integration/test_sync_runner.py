@@ -229,3 +229,12 @@ def test_quickstart_runs_with_any_part(tmp_path: Path, data_dir: Path, switch: l
     assert [r["step"] for r in recs] == [1, 2]
     for r in recs:
         assert r["actor/grad_norm"] is not None  # finite (None would mean NaN / inf)
+
+
+def test_same_seed_same_curve(tmp_path: Path, data_dir: Path) -> None:
+    curves = []
+    for name in ("a", "b"):
+        run = rlzoo.build_run("quickstart", overrides(tmp_path / name, data_dir, **{"trainer.total_steps": 3}))
+        run.train()
+        curves.append([(r.get("critic/score/mean"), r.get("actor/grad_norm"), r.get("val/mean")) for r in read_metrics(run.run_dir)])
+    assert curves[0] == curves[1]
