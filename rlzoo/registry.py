@@ -50,6 +50,7 @@ WELL_KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
         "refills": "a sample filter whose dropped groups the runner regenerates",
         "batched": "a scorer / reward manager that works on a whole batch at once",
         "placements": "placements a runner supports ('local', 'ray')",
+        "requires": "the optional package a backend needs (installed with its extra)",
     }
 )
 

@@ -1,1 +1,119 @@
-"""The megatron backend plugin (being written)."""
+"""The megatron train backend plugin: params + registration. Import-light (no torch, no megatron).
+
+The implementation lives in :mod:`rlzoo.backends.megatron.train` (megatron-core imported there,
+on first use); the HF ↔ megatron conversion in :mod:`rlzoo.backends.megatron.convert` and the
+vocab-parallel log-probs in :mod:`rlzoo.backends.megatron.vocab_parallel` are pure tensor code,
+tested on CPU. See ``docs/backends/megatron.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlzoo import hookimpl
+from rlzoo.registry import param
+
+__all__ = ["MegatronParams"]
+
+
+@dataclass(frozen=True)
+class MegatronParams:
+    """megatron-core trainer: GPTModel built from an HF Qwen2 / Qwen2.5 config, TP / PP / DP, CPU offload.
+
+    Needs the ``[megatron]`` extra and CUDA GPUs (NCCL). Runs SPMD in every rank of a
+    torch.distributed world of ``tp × pp × dp`` ranks (it starts a one-process group when none is
+    initialised). The HF checkpoint is converted on load (fused QKV with GQA interleaving, gate/up
+    fused into ``linear_fc1``, TP slices, padded vocab-parallel embeddings) and back on
+    ``export_weights``, which yields full HF-named tensors for the rollout backend. Log-probs are
+    computed from vocab-sharded logits without gathering them. Gradients are **summed** over
+    micro-batches and data-parallel ranks (the objective divides by the mini-batch's global
+    counts). Optional distributed optimizer (ZeRO-1), CPU offload of params / grads / optimizer
+    between phases (the seed's geo3k run offloads all three), a critic (value head on the same
+    decoder) and a frozen, CPU-offloaded reference.
+    """
+
+    tensor_model_parallel_size: int = param(1, help="TP: ranks each layer's matrices are split over")
+    pipeline_model_parallel_size: int = param(1, help="PP: stages the layers are split over (equal split)")
+    sequence_parallel: bool = param(
+        False, help="shard activations of norms / dropout over the TP ranks (TP > 1)"
+    )
+    layer_spec: str = param(
+        "local", help="'local' (megatron-core modules, no extra dependency) or 'te' (Transformer Engine)"
+    )
+    dtype: str = param("bfloat16", help="'bfloat16' (fp32 master weights in the optimizer) or 'float32'")
+    make_vocab_size_divisible_by: int = param(
+        128, help="the embedding / output layer are padded to a multiple of this × TP (megatron's rule)"
+    )
+    recompute_activations: bool = param(
+        False, help="full activation recomputation of every layer in backward"
+    )
+    # -- micro-batching --------------------------------------------------------------------------
+    micro_batch_size: int = param(4, help="samples per forward/backward in updates (per data-parallel rank)")
+    log_prob_micro_batch_size: int = param(
+        8, help="samples per forward in compute_log_probs / compute_values"
+    )
+    temperature: float | None = param(
+        None,
+        help="logits are divided by this before log-softmax (None: the rollout temperature, from the spec)",
+    )
+    # -- optimizer (megatron.core.optimizer.OptimizerConfig) -------------------------------------
+    lr: float = param(1e-6, help="Adam peak learning rate of the actor")
+    weight_decay: float = param(0.01, help="decoupled weight decay")
+    betas: tuple[float, float] = param((0.9, 0.999), help="Adam betas")
+    eps: float = param(1e-8, help="Adam epsilon")
+    grad_clip: float = param(1.0, help="max global grad norm; <= 0 disables clipping")
+    lr_scheduler: str = param("constant", help="'constant', 'linear' or 'cosine' (as the native backend)")
+    warmup_steps: int = param(0, help="linear warmup steps")
+    min_lr_ratio: float = param(0.0, help="final LR of linear / cosine decay, as a fraction of the peak LR")
+    use_distributed_optimizer: bool = param(
+        True, help="shard optimizer state over data-parallel ranks (ZeRO-1)"
+    )
+    # -- offload (the seed's geo3k run sets all three) ------------------------------------------
+    param_offload: bool = param(False, help="move the actor's / critic's weights to CPU between phases")
+    grad_offload: bool = param(False, help="move the gradient buffers to CPU between updates")
+    optimizer_offload: bool = param(
+        False, help="run the optimizer step on CPU (megatron's optimizer_cpu_offload, fraction 1.0)"
+    )
+    ref_offload: bool = param(True, help="keep the frozen reference's weights on the CPU between forwards")
+    # -- critic ----------------------------------------------------------------------------------
+    critic_lr: float = param(1e-5, help="Adam peak learning rate of the critic")
+    critic_weight_decay: float = param(0.01, help="weight decay of the critic")
+    critic_grad_clip: float = param(1.0, help="max grad norm of the critic; <= 0 disables clipping")
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.tensor_model_parallel_size < 1 or self.pipeline_model_parallel_size < 1:
+            problems.append("tensor_model_parallel_size and pipeline_model_parallel_size must be >= 1")
+        if self.layer_spec not in ("local", "te"):
+            problems.append(f"layer_spec must be 'local' or 'te', got {self.layer_spec!r}")
+        if self.dtype not in ("bfloat16", "float32"):
+            problems.append(f"dtype must be 'bfloat16' or 'float32', got {self.dtype!r}")
+        if self.lr_scheduler not in ("constant", "linear", "cosine"):
+            problems.append(
+                f"lr_scheduler must be 'constant', 'linear' or 'cosine', got {self.lr_scheduler!r}"
+            )
+        if self.micro_batch_size < 1 or self.log_prob_micro_batch_size < 1:
+            problems.append("micro_batch_size and log_prob_micro_batch_size must be >= 1")
+        if self.sequence_parallel and self.tensor_model_parallel_size == 1:
+            problems.append("sequence_parallel needs tensor_model_parallel_size > 1")
+        if self.temperature is not None and self.temperature <= 0:
+            problems.append(f"temperature must be > 0, got {self.temperature}")
+        if self.make_vocab_size_divisible_by < 1 or self.warmup_steps < 0:
+            problems.append("make_vocab_size_divisible_by must be >= 1 and warmup_steps >= 0")
+        if problems:
+            raise ValueError("invalid megatron train params: " + "; ".join(problems))
+
+
+@hookimpl
+def rlzoo_register_train_backends(registry):  # type: ignore[no-untyped-def]
+    registry.register(
+        "megatron",
+        "rlzoo.backends.megatron.train:MegatronTrainBackend",
+        params=MegatronParams,
+        capabilities={
+            "distributed": True,
+            "devices": ["cuda"],
+            "supports_critic": True,
+            "requires": "megatron-core",
+        },
+    )

@@ -1,1 +1,113 @@
-"""The vllm backend plugin (being written)."""
+"""The vllm rollout backend plugin: params + registration. Import-light (no torch, no vllm here).
+
+The implementation lives in :mod:`rlzoo.backends.vllm.rollout` (vLLM imported inside it, on first
+use); the pure logic it relies on (sampling-param mapping, partial-rollout bookkeeping, weight
+names, buckets) in :mod:`rlzoo.backends.vllm.logic`. See ``docs/backends/vllm.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlzoo import hookimpl
+from rlzoo.registry import param
+
+__all__ = ["LOGPROBS_MODES", "VLLMRolloutParams"]
+
+#: vLLM ``logprobs_mode`` values (``vllm.config.model.LogprobsMode``)
+LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
+
+
+@dataclass(frozen=True)
+class VLLMRolloutParams:
+    """vLLM rollout: the AsyncLLM engine in-process, one engine request per sample, partial rollout.
+
+    Needs the ``[vllm]`` extra and a CUDA GPU. Each request's ``n`` samples are separate engine
+    requests (prefix caching shares the prompt's KV), so every sample streams, pauses and resumes
+    on its own. ``pause()`` aborts the engine requests and keeps each sample's tokens; ``resume()``
+    resubmits them as continuations (prompt + tokens so far, the remaining budget).
+    ``update_weights`` always lands with no request inside the engine (it pauses around the load),
+    so every token's version in ``Sample.versions`` is exact, and the prefix cache is reset (no KV
+    computed by old weights is reused).
+
+    Rollout log-probs: with ``logprobs_mode='processed_logprobs'`` (default) they are
+    ``log_softmax`` of the logits after temperature **and** top-k / top-p: equal to what a trainer
+    recomputes (``log_softmax(logits / T)``) when top-k / top-p are off, the usual RL setting.
+    ``'raw_logprobs'`` gives the model's untempered distribution (temperature 1). Greedy requests
+    get the untempered distribution in both modes.
+    """
+
+    tensor_parallel_size: int = param(1, help="GPUs one engine shards the model over (vLLM tensor parallel)")
+    gpu_memory_utilization: float = param(
+        0.8, help="fraction of each GPU's memory vLLM may use (weights + KV cache)"
+    )
+    max_model_len: int | None = param(
+        None, help="longest prompt + response the engine accepts; None: max_prompt + max_response of the run"
+    )
+    enforce_eager: bool = param(False, help="no CUDA graphs (slower decode, faster start, less memory)")
+    dtype: str = param(
+        "auto",
+        help="weights / activations dtype ('auto': the run's model dtype; 'bfloat16', 'float16', 'float32')",
+    )
+    max_num_seqs: int = param(256, help="sequences decoded together (vLLM's scheduler limit)")
+    max_num_batched_tokens: int | None = param(
+        None, help="tokens per engine step (chunked prefill budget); None: vLLM's default"
+    )
+    enable_prefix_caching: bool = param(
+        True, help="share the KV of common prefixes (a request's n samples, resumed continuations)"
+    )
+    logprobs_mode: str = param(
+        "processed_logprobs",
+        help="'processed_logprobs' (after temperature / top-k / top-p) or 'raw_logprobs'",
+    )
+    enable_sleep_mode: bool = param(
+        False, help="colocated mode: allow sleep() (weights offloaded, KV freed) while the trainer runs"
+    )
+    sleep_level: int = param(1, help="sleep(): 1 offloads weights to CPU and frees the KV; 2 discards both")
+    load_format: str = param(
+        "auto",
+        help="'auto' loads the checkpoint; 'dummy' random weights (colocated: the trainer sends them first)",
+    )
+    weight_bucket_mb: int = param(
+        512, help="update_weights sends tensors to the engine's workers in buckets of this size"
+    )
+    distributed_executor_backend: str | None = param(
+        None, help="how vLLM runs its TP workers: 'mp', 'ray', 'uni'; None: vLLM's default"
+    )
+    engine_kwargs: dict[str, str] = param(
+        {}, help="extra vllm.AsyncEngineArgs fields (string values are parsed as YAML scalars)"
+    )
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.tensor_parallel_size < 1:
+            problems.append(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            problems.append(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            problems.append(f"max_model_len must be >= 2 or None, got {self.max_model_len}")
+        if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
+            problems.append(f"dtype must be 'auto', 'bfloat16', 'float16' or 'float32', got {self.dtype!r}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            problems.append(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
+        if self.sleep_level not in (1, 2):
+            problems.append(f"sleep_level must be 1 or 2, got {self.sleep_level}")
+        if self.weight_bucket_mb < 1 or self.max_num_seqs < 1:
+            problems.append("weight_bucket_mb and max_num_seqs must be >= 1")
+        if problems:
+            raise ValueError("invalid vllm rollout params: " + "; ".join(problems))
+
+
+@hookimpl
+def rlzoo_register_rollout_backends(registry):  # type: ignore[no-untyped-def]
+    registry.register(
+        "vllm",
+        "rlzoo.backends.vllm.rollout:VLLMRolloutBackend",
+        params=VLLMRolloutParams,
+        capabilities={
+            "supports_partial_rollout": True,
+            "supports_streaming": True,
+            "devices": ["cuda"],
+            "requires": "vllm",
+        },
+    )

@@ -1,0 +1,332 @@
+"""``VLLMRolloutBackend``: the :class:`~rlzoo.protocols.RolloutBackend` on vLLM's AsyncLLM engine.
+
+Written against vLLM 0.32.0 (``vllm.v1.engine.async_llm.AsyncLLM``). **Not yet run on a GPU**:
+the bookkeeping it relies on (:mod:`rlzoo.backends.vllm.logic`) is tested on CPU; this module is
+exercised by the ``vllm`` parameterisation of the rollout contract suite, which needs vLLM and a
+CUDA GPU.
+
+Threads: the engine lives on an asyncio event loop in a daemon thread owned by the backend. The
+protocol's methods are synchronous and thread-safe: each one runs a coroutine on that loop and
+waits for it. Finished samples go to a ``queue.Queue`` that ``stream`` / ``generate`` read. All
+bookkeeping (:class:`~rlzoo.backends.vllm.logic.RequestBook`) happens on the loop thread.
+
+One engine request per sample (``n=1``, request id ``"{request_id}/{index}#{segment}"``), output
+kind ``DELTA``: each delta's tokens and log-probs are appended to the sample as they arrive, so an
+abort keeps everything delivered so far.
+
+Weights: ``update_weights`` maps the trainer's HF names (:func:`~rlzoo.backends.vllm.logic.map_names`),
+buckets them, copies each bucket to CPU and hands it to every TP worker with
+``collective_rpc("rlzoo_load_weights", ...)`` (:class:`~rlzoo.backends.vllm.worker_ext.RlzooWorkerExtension`,
+installed through ``worker_extension_cls``), where ``model_runner.model.load_weights`` fuses
+q/k/v and gate/up and slices for its TP rank. It accepts any iterable of ``(name, tensor)``,
+including the receive stream of :mod:`rlzoo.distributed.weight_sync` (what
+``BackendWorker.sync_weights`` passes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Coroutine, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from rlzoo.backends.vllm import VLLMRolloutParams
+from rlzoo.backends.vllm.logic import (
+    RequestBook,
+    SeqState,
+    iter_bucketed,
+    map_names,
+    sampled_log_probs,
+    vllm_sampling_kwargs,
+)
+from rlzoo.protocols import GenerationRequest, RolloutSpec, Sample
+
+__all__ = ["WORKER_EXTENSION", "VLLMRolloutBackend", "engine_args"]
+
+logger = logging.getLogger(__name__)
+
+WORKER_EXTENSION = "rlzoo.backends.vllm.worker_ext.RlzooWorkerExtension"
+_R = TypeVar("_R")
+
+
+def engine_args(params: VLLMRolloutParams, spec: RolloutSpec) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.AsyncEngineArgs`` for ``params`` and ``spec`` (pure)."""
+    import yaml
+
+    kw: dict[str, Any] = {
+        "model": spec.model_path,
+        "tokenizer": spec.tokenizer_path,
+        "trust_remote_code": spec.trust_remote_code,
+        "seed": spec.seed,
+        "dtype": spec.dtype if params.dtype == "auto" else params.dtype,
+        "tensor_parallel_size": params.tensor_parallel_size,
+        "gpu_memory_utilization": params.gpu_memory_utilization,
+        "max_model_len": params.max_model_len or spec.max_prompt_length + spec.max_response_length,
+        "enforce_eager": params.enforce_eager,
+        "max_num_seqs": params.max_num_seqs,
+        "enable_prefix_caching": params.enable_prefix_caching,
+        "logprobs_mode": params.logprobs_mode,
+        "enable_sleep_mode": params.enable_sleep_mode,
+        "load_format": params.load_format,
+        "worker_extension_cls": WORKER_EXTENSION,
+        "skip_tokenizer_init": True,  # token ids in, token ids out
+        "disable_log_stats": True,
+    }
+    if params.max_num_batched_tokens is not None:
+        kw["max_num_batched_tokens"] = params.max_num_batched_tokens
+    if params.distributed_executor_backend is not None:
+        kw["distributed_executor_backend"] = params.distributed_executor_backend
+    for k, v in params.engine_kwargs.items():
+        kw[k] = yaml.safe_load(v) if isinstance(v, str) else v
+    return kw
+
+
+class VLLMRolloutBackend:
+    """Rollout backend on vLLM (see :class:`~rlzoo.backends.vllm.VLLMRolloutParams`).
+
+    Same semantics as the native backend: ``submit`` returns at once; ``stream`` yields each
+    finished sample once; ``generate`` blocks; ``pause`` returns once no engine request is running
+    (their samples parked with their tokens); ``resume`` continues them; ``update_weights`` lands
+    between two engine requests of every sample; ``abort`` finishes samples with ``"abort"``.
+    Extra: ``sleep()`` / ``wake_up()`` for colocated mode.
+    """
+
+    def __init__(self, params: VLLMRolloutParams, spec: RolloutSpec) -> None:
+        try:
+            import vllm  # noqa: F401
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise ImportError(
+                "the 'vllm' rollout backend needs vLLM: pip install 'rlzoo[vllm]' (on a machine with CUDA)"
+            ) from e
+        self.params = params
+        self.spec = spec
+        self.version = 0
+        self.book = RequestBook(spec.seed, spec.max_response_length)
+        self._out: queue.Queue[Sample] = queue.Queue()
+        self._submitted = 0  # samples
+        self._delivered = 0
+        self._count_lock = threading.Lock()
+        self._paused = False
+        self._sleeping = False
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._tie_word_embeddings = _tied_embeddings(spec)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rlzoo-vllm-loop", daemon=True)
+        self._thread.start()
+        self.engine: Any = self._call(self._make_engine())
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def _call(self, coro: Coroutine[Any, Any, _R], timeout: float | None = None) -> _R:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    async def _make_engine(self) -> Any:
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args(self.params, self.spec)))
+
+    # -- protocol -------------------------------------------------------------------------------
+    def submit(self, requests: Sequence[GenerationRequest]) -> None:
+        self._call(self._submit(list(requests)))
+
+    async def _submit(self, requests: list[GenerationRequest]) -> None:
+        new = self.book.add(requests)
+        with self._count_lock:
+            self._submitted += len(new)
+        if not self._paused:
+            self._start_waiting()
+
+    def _start_waiting(self) -> None:
+        subs, done = self.book.start_waiting(self.version)
+        for s in done:
+            self._out.put(s)
+        for state, eid, prompt, max_tokens, seed in subs:
+            self._tasks[eid] = self._loop.create_task(self._run(state, eid, prompt, max_tokens, seed))
+
+    async def _run(
+        self, state: SeqState, eid: str, prompt: list[int], max_tokens: int, seed: int | None
+    ) -> None:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        kw = vllm_sampling_kwargs(
+            state.request.sampling, max_tokens=max_tokens, seed=seed, eos_token_ids=self.spec.eos_token_ids
+        )
+        sp = VSamplingParams(**kw, output_kind=RequestOutputKind.DELTA)
+        inp: dict[str, Any] = {"prompt_token_ids": prompt}
+        mm = state.request.multi_modal
+        if mm and mm.get("images"):
+            inp["multi_modal_data"] = {"image": mm["images"]}
+        try:
+            async for out in self.engine.generate(TokensPrompt(**inp), sp, eid):  # type: ignore[typeddict-item]
+                comp = out.outputs[0]
+                toks = list(comp.token_ids)
+                lps = sampled_log_probs(toks, comp.logprobs)
+                done = self.book.on_output(eid, toks, lps, comp.finish_reason if out.finished else None)
+                if done is not None:
+                    self._out.put(done)
+            if eid in self.book.running:  # the stream ended without a final output
+                done = self.book.on_output(eid, [], [], "abort")
+                if done is not None:
+                    self._out.put(done)
+        except Exception:
+            logger.exception("vllm request %s failed; its sample finishes as 'abort'", eid)
+            done = self.book.on_error(eid)
+            if done is not None:
+                self._out.put(done)
+        finally:
+            self._tasks.pop(eid, None)
+
+    def stream(self, timeout: float | None = None) -> Iterator[Sample]:
+        last = time.monotonic()
+        while True:
+            remaining = None if timeout is None else timeout - (time.monotonic() - last)
+            if remaining is not None and remaining < 0:
+                return
+            try:
+                s = self._out.get(timeout=0.05 if remaining is None else max(0.0, min(0.05, remaining)))
+            except queue.Empty:
+                if self.num_pending() == 0:
+                    return
+                continue
+            with self._count_lock:
+                self._delivered += 1
+            last = time.monotonic()
+            yield s
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Sample]:
+        ids = [r.request_id for r in requests]
+        if len(set(ids)) != len(ids):
+            raise ValueError("generate(): request ids must be unique")
+        if self._paused:
+            raise RuntimeError("generate() while paused would never finish: call resume() first")
+        wanted = {(r.request_id, i) for r in requests for i in range(r.sampling.n)}
+        self.submit(requests)
+        got: dict[tuple[str, int], Sample] = {}
+        others: list[Sample] = []
+        try:
+            while len(got) < len(wanted):
+                try:
+                    s = self._out.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                if (s.request_id, s.index) in wanted:
+                    got[(s.request_id, s.index)] = s
+                    with self._count_lock:
+                        self._delivered += 1
+                else:
+                    others.append(s)
+        finally:
+            for s in others:
+                self._out.put(s)
+        order = {rid: k for k, rid in enumerate(ids)}
+        return sorted(got.values(), key=lambda s: (order[s.request_id], s.index))
+
+    def pause(self) -> None:
+        """Abort the engine requests; their samples keep their tokens until :meth:`resume`."""
+        self._call(self._pause())
+
+    async def _pause(self) -> None:
+        self._paused = True
+        ids = self.book.park_running()
+        await self._abort_and_wait(ids)
+
+    async def _abort_and_wait(self, ids: list[str]) -> None:
+        if not ids:
+            return
+        await self.engine.abort(ids)
+        tasks = [self._tasks[i] for i in ids if i in self._tasks]
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def resume(self) -> None:
+        self._call(self._resume())
+
+    async def _resume(self) -> None:
+        self._paused = False
+        self._start_waiting()
+
+    def abort(self, request_ids: Iterable[str] | None = None) -> int:
+        """Finish queued and running samples now (all, or those of ``request_ids``) as ``"abort"``."""
+        return self._call(self._abort(None if request_ids is None else list(request_ids)))
+
+    async def _abort(self, request_ids: list[str] | None) -> int:
+        ids, done = self.book.abort(request_ids)
+        for s in done:
+            self._out.put(s)
+        await self._abort_and_wait(ids)
+        return len(ids) + len(done)
+
+    def num_pending(self) -> int:
+        with self._count_lock:
+            return self._submitted - self._delivered
+
+    # -- weights --------------------------------------------------------------------------------
+    def update_weights(self, named_tensors: Iterable[Any], version: int) -> None:
+        """Load new weights into every TP worker and set ``version`` (see the module doc).
+
+        Pauses around the load when not paused (in-flight samples continue afterwards, as
+        continuations under the new weights), wakes the weights up first when sleeping, and
+        resets the prefix cache afterwards.
+        """
+        was_paused = self._paused
+        if not was_paused:
+            self.pause()
+        try:
+            if self._sleeping:
+                self._call(self.engine.wake_up(tags=["weights"]))
+            bucket_bytes = self.params.weight_bucket_mb << 20
+            named = map_names(named_tensors, tie_word_embeddings=self._tie_word_embeddings)
+            for bucket in iter_bucketed(named, lambda t: t.numel() * t.element_size(), bucket_bytes):
+                cpu = [(n, t.detach().to("cpu").contiguous()) for n, t in bucket]
+                self._call(self.engine.collective_rpc("rlzoo_load_weights", args=(cpu,)))
+            if self._sleeping:
+                self._call(self.engine.wake_up(tags=["kv_cache"]))
+                self._sleeping = False
+            self._call(self.engine.reset_prefix_cache())
+            self.version = int(version)
+        finally:
+            if not was_paused:
+                self.resume()
+
+    # -- colocated mode -------------------------------------------------------------------------
+    def sleep(self) -> None:
+        """Pause, then offload the weights and free the KV cache (needs ``enable_sleep_mode``)."""
+        if not self.params.enable_sleep_mode:
+            raise RuntimeError("sleep(): build the backend with enable_sleep_mode=True")
+        if self._sleeping:
+            return
+        self.pause()
+        self._call(self.engine.sleep(level=self.params.sleep_level))
+        self._sleeping = True
+
+    def wake_up(self) -> None:
+        """Bring weights and KV cache back, then resume parked samples."""
+        if self._sleeping:
+            self._call(self.engine.wake_up())
+            self._sleeping = False
+        self.resume()
+
+    def shutdown(self) -> None:
+        try:
+            if not self._loop.is_closed():
+                self._call(self._abort(None), timeout=60)
+                self.engine.shutdown()
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+
+
+def _tied_embeddings(spec: RolloutSpec) -> bool:
+    try:
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.from_pretrained(spec.model_path, trust_remote_code=spec.trust_remote_code)
+        text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        return bool(getattr(text, "tie_word_embeddings", False))
+    except Exception:  # no config to read: send lm_head too (vLLM skips an aliased name)
+        return False
