@@ -333,6 +333,7 @@ def samples_to_batch(
     if results is not None:
         batch["failed"] = [bool(r.failed) for r in results]
         batch["score"] = [float(r.score) for r in results]
+        batch["acc"] = [float(r.info.get("acc", r.score)) for r in results]
     return batch
 
 
@@ -351,8 +352,8 @@ def rollout_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
         "prompt_length/mean": prompt_len.mean().item(),
         "reward/failed": float(sum(batch.get("failed", []) or [0])),
     }
-    if "score" in batch:
-        out["critic/acc/mean"] = sum(batch["score"]) / max(len(batch), 1)
+    if "acc" in batch:
+        out["critic/acc/mean"] = sum(batch["acc"]) / max(len(batch), 1)
     versions = batch.get("versions")
     if versions:
         spans = [max(v) - min(v) if v else 0 for v in versions]

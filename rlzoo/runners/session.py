@@ -40,6 +40,15 @@ from rlzoo.runners.common import (
 logger = logging.getLogger("rlzoo")
 
 
+def filter_value(result: RewardResult, metric: str) -> float:
+    """What a sample filter judges a sample by: ``reward``, ``score`` or a scorer's info key (``acc``)."""
+    if metric == "reward":
+        return float(result.reward)
+    if metric == "score":
+        return float(result.score)
+    return float(result.info.get(metric, result.score))
+
+
 class Session:
     """Built by a runner from a :class:`rlzoo.compose.Run`."""
 
@@ -110,8 +119,11 @@ class Session:
     def score(self, samples: list[Sample]) -> list[RewardResult]:
         return score_samples(self.reward_manager, self.tokenizer, samples)
 
-    def generate_groups(self, step: int, timer: PhaseTimer) -> tuple[Batch, dict[str, float]]:
-        """One training batch of groups: generate, score, filter (refilling), greedy baselines."""
+    def generate_groups(self, step: int, timer: PhaseTimer) -> tuple[Batch | None, dict[str, float]]:
+        """One training batch of groups: generate, score, filter (refilling), greedy baselines.
+
+        Returns no batch when a sample filter dropped every group (the step is skipped).
+        """
         cfg = self.cfg
         want = cfg.data.train_batch_size
         kept_s: list[Sample] = []
@@ -139,7 +151,8 @@ class Session:
                     s.data["baseline_reward"] = base.get(s.request_id, 0.0)
                 samples, results = [p[0] for p in pairs], [p[1] for p in pairs]
             if self.filter is not None:
-                rewards = torch.tensor([r.reward for r in results], dtype=torch.float32)
+                metric = getattr(self.filter.params, "metric", "reward")
+                rewards = torch.tensor([filter_value(r, metric) for r in results], dtype=torch.float32)
                 ids: dict[str, int] = {}
                 gids = torch.tensor([ids.setdefault(s.request_id, len(ids)) for s in samples])
                 keep = self.filter(rewards, gids).tolist()
@@ -152,8 +165,16 @@ class Session:
             refills = self.filter is not None and self.filter.capability("refills")
             if not refills or groups >= want or (max_rounds and rounds >= max_rounds):
                 break
+        extra["rollout/gen_rounds"] = float(rounds)
+        extra["rollout/dropped_groups"] = float(dropped)
         if not kept_s:
-            raise RuntimeError("the sample filter dropped every group and no refill is possible")
+            # every group had zero reward variance (zero advantage: nothing to learn from)
+            logger.warning(
+                "step %d: the sample filter dropped all %d groups after %d generation round(s); skipping "
+                "the update (raise max_num_gen_batches, or the data may be too hard / too easy)",
+                step, dropped, rounds,
+            )
+            return None, extra
         order: dict[str, int] = {}
         for s in kept_s:
             order.setdefault(s.request_id, len(order))
@@ -163,8 +184,6 @@ class Session:
         batch = samples_to_batch(samples, results, int(self.tokenizer.pad_token_id), max_response_length=cfg.data.max_response_length)
         if self.greedy_baseline:
             batch["baseline_rewards"] = torch.tensor([s.data.get("baseline_reward", 0.0) for s in samples])
-        extra["rollout/gen_rounds"] = float(rounds)
-        extra["rollout/dropped_groups"] = float(dropped)
         extra.update(rollout_metrics(batch, cfg.data.max_response_length))
         return batch, extra
 
@@ -174,7 +193,11 @@ class Session:
         cfg = self.cfg
         items = [self.val_data[i] for i in range(len(self.val_data))]
         sampling = sampling_params(cfg, val=True, seed=cfg.run.seed + 17)
-        samples = self.rollout.generate(make_requests(items, sampling, prefix="val"))
+        size = cfg.data.val_batch_size or len(items)
+        samples: list[Sample] = []
+        for start in range(0, len(items), size):
+            chunk = items[start : start + size]
+            samples += self.rollout.generate(make_requests(chunk, sampling, prefix=f"val{start}"))
         results = self.score(samples)
         return validation_metrics(samples, results, sampling.n)
 

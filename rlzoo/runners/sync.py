@@ -38,10 +38,13 @@ class SyncRunner:
                 timer = PhaseTimer()
                 with timer("step"):
                     batch, m = s.generate_groups(step, timer)
-                    m.update(s.trainer.step(batch, timer))
-                    with timer("sync_weights"):
-                        m.update(s.sync_weights())
-                m.update(step_perf(batch, timer))
+                    if batch is not None:
+                        m.update(s.trainer.step(batch, timer))
+                        with timer("sync_weights"):
+                            m.update(s.sync_weights())
+                m["rollout/skipped_step"] = float(batch is None)
+                if batch is not None:
+                    m.update(step_perf(batch, timer))
                 if s.val_data is not None and is_due(step, cfg.trainer.test_freq, s.total_steps):
                     with timer("testing"):
                         m.update(s.validate())

@@ -1,0 +1,201 @@
+"""``rlzoo plot RUN_DIR``: PNG learning curves and summary.md from a run directory's files."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlzoo.errors import RlzooError
+from rlzoo.report import metric_table, plot_run, series, summarize_run, timing_table
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def write_run(run_dir: Path, records: list[dict[str, Any]]) -> Path:
+    """A run directory as a runner leaves it: metrics.jsonl, config.yaml, plugins.json."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with (run_dir / "metrics.jsonl").open("w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    (run_dir / "config.yaml").write_text(
+        "recipe: dapo_math\n"
+        "run: {name: dapo_math, seed: 0}\n"
+        "model: {path: Qwen/Qwen2.5-Math-7B}\n"
+        "algorithm:\n"
+        "  advantage: {name: grpo, plugin: rlzoo.algorithms.advantage, norm_by_std: true}\n"
+        "  policy_loss: {name: ppo_clip, plugin: rlzoo.algorithms.policy_loss, clip_ratio_low: 0.2, clip_ratio_high: 0.28}\n"
+        "  loss_agg: {name: token-mean, plugin: rlzoo.algorithms.loss_agg}\n"
+        "  use_kl_loss: false\n"
+        "reward:\n"
+        "  manager: {name: dapo, plugin: rlzoo.algorithms.reward, overlong_buffer_len: 4096, penalty_factor: 1.0}\n"
+        "  scorer: {name: dapo_math, plugin: rlzoo.algorithms.scorers}\n"
+        "rollout: {n: 16, val: {n: 32, temperature: 1.0}}\n"
+        "trainer: {val_before_train: true, test_freq: 2}\n"
+        "runner: {name: fully_async, plugin: my_async_plugin}\n"
+        "placement: {name: ray, colocate: false, trainer: {nnodes: 1, n_gpus_per_node: 4},"
+        " rollout: {nnodes: 1, n_gpus_per_node: 4}}\n"
+    )
+    (run_dir / "plugins.json").write_text(
+        json.dumps(
+            {
+                "plugins": [
+                    {
+                        "name": "rlzoo.algorithms.advantage",
+                        "version": "0.1.0",
+                        "builtin": True,
+                        "status": "loaded",
+                    },
+                    {"name": "rlzoo.backends.vllm", "version": "0.1.0", "builtin": True, "status": "loaded"},
+                    {
+                        "name": "my_async_plugin",
+                        "version": "1.2.3",
+                        "builtin": False,
+                        "distribution": "my-async",
+                        "status": "loaded",
+                    },
+                ]
+            }
+        )
+    )
+    return run_dir
+
+
+def records() -> list[dict[str, Any]]:
+    """Step 0: validation only; steps 1-4: training (async keys too); validation at 2 and 4."""
+    out: list[dict[str, Any]] = [
+        {
+            "step": 0,
+            "time": 1000.0,
+            "val/math_dapo/mean@32": 0.0,
+            "val/math_dapo/maj@32": 0.0,
+            "val/math_dapo/best@32": 0.1,
+            "val/mean": 0.0,
+        }
+    ]
+    scores = [0.1, 0.3, 0.2, 0.5]
+    for i, s in enumerate(scores, start=1):
+        r: dict[str, Any] = {
+            "step": i,
+            "time": 1000.0 + 60.0 * i,
+            "critic/score/mean": s,
+            "critic/score/min": s - 1,
+            "critic/score/max": s + 1,
+            "response_length/mean": 800.0 + 10 * i,
+            "response_length/clip_ratio": 0.01 * i,
+            "actor/pg_clipfrac": 0.002,
+            "actor/entropy": 0.5,
+            "trainer/idle_ratio": 0.09 - 0.01 * i,
+            "queue/size": 100.0 + i,
+            "perf/throughput": 2000.0 + 100 * i,
+            "timing_s/gen": 30.0,
+            "timing_s/update_actor": 20.0,
+            "timing_s/step": 50.0 + i,
+            "note": "strings are kept but not plotted",
+        }
+        if i in (2, 4):
+            r.update(
+                {
+                    "val/math_dapo/mean@32": 0.1 * i,
+                    "val/math_dapo/maj@32": 0.12 * i,
+                    "val/math_dapo/best@32": 0.3,
+                    "val/mean": 0.1 * i,
+                }
+            )
+        out.append(r)
+    out[2]["actor/entropy"] = None  # a non-finite value logged as null is skipped
+    return out
+
+
+def test_series_skips_missing_and_null_and_keeps_the_last_of_a_repeated_step() -> None:
+    recs = [
+        {"step": 1, "a": 1.0},
+        {"step": 2, "a": None},
+        {"step": 3},
+        {"step": 3, "a": 5.0},
+        {"step": 3, "a": 6.0},
+    ]
+    assert series(recs, "a") == ([1, 3], [1.0, 6.0])
+
+
+def test_plot_run_writes_a_png_per_panel_an_overview_and_a_summary(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", records())
+    files = plot_run(run)
+    names = [p.name for p in files]
+    assert names[0] == "overview.png" and names[-1] == "summary.md"
+    assert set(names) == {
+        "overview.png",
+        "reward.png",
+        "validation.png",
+        "response_length.png",
+        "policy.png",
+        "idle.png",
+        "throughput.png",
+        "timing.png",
+        "summary.md",
+    }
+    for p in files:
+        assert p.parent == run / "plots"
+        if p.suffix == ".png":
+            assert p.read_bytes()[:8] == PNG_MAGIC and p.stat().st_size > 5_000
+
+
+def test_panels_without_data_are_skipped(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", [{"step": 1, "time": 1.0, "critic/score/mean": 0.5}])
+    names = {p.name for p in plot_run(run, tmp_path / "out")}
+    assert names == {"overview.png", "reward.png", "summary.md"}
+
+
+def test_summary_numbers(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", records())
+    rows = {r[0]: r[1:] for r in metric_table(records())}
+    # val/mean: first 0 (step 0), final 0.4 (step 4), best 0.4 at step 4
+    assert rows["val/mean"] == ("0", "0.4", "0.4", "4")
+    # critic/score/mean 0.1, 0.3, 0.2, 0.5: first 0.1, final 0.5, best 0.5 at step 4
+    assert rows["critic/score/mean"] == ("0.1", "0.5", "0.5", "4")
+    # idle ratio 0.08, 0.07, 0.06, 0.05: lower is better, best 0.05 at step 4
+    assert rows["trainer/idle_ratio"] == ("0.08", "0.05", "0.05", "4")
+    assert rows["response_length/mean"][2:] == ("-", "-")  # no "best" length
+    timing, mean_step = timing_table(records())
+    # steps take 51, 52, 53, 54 s: mean 52.5; gen 30 s x 4 = 120 s of 210 s = 57.1%
+    assert mean_step == pytest.approx(52.5)
+    assert timing[0] == ("gen", "30", "120", "57.1%")
+    text = summarize_run(run, images=[Path("overview.png")])
+    assert "# Run summary: dapo_math" in text
+    assert "| policy loss | ppo_clip (clip_ratio_low=0.2, clip_ratio_high=0.28) |" in text
+    assert "| reward | dapo (overlong_buffer_len=4096, penalty_factor=1) + dapo_math |" in text
+    assert "| placement | ray, trainer 1x4 GPU + rollout 1x4 GPU |" in text
+    assert "| runner | fully_async |" in text
+    assert "| validation | n=32, temperature=1.0, every 2 steps, before training |" in text
+    # plugins: third-party ones always; built-ins only when a part of the run came from them
+    assert "| my_async_plugin | 1.2.3 | my-async | loaded |" in text
+    assert "rlzoo.algorithms.advantage" in text and "rlzoo.backends.vllm" not in text
+    assert "wall-clock (first to last record): 4 min 00 s" in text
+    assert "![overview](overview.png)" in text
+
+
+def test_cli_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rlzoo.cli import main
+
+    run = write_run(tmp_path / "run", records())
+    assert main(["plot", str(run)]) == 0
+    out = capsys.readouterr().out.split()
+    assert str(run / "plots" / "overview.png") in out and str(run / "plots" / "summary.md") in out
+
+
+def test_not_a_run_dir(tmp_path: Path) -> None:
+    with pytest.raises(RlzooError, match=r"metrics.jsonl not found \(is it a run directory"):
+        plot_run(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text("")
+    with pytest.raises(RlzooError, match="no records yet"):
+        plot_run(tmp_path)
+
+
+def test_missing_matplotlib_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = write_run(tmp_path / "run", records())
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    with pytest.raises(RlzooError, match=r"pip install rlzoo\[plot\]"):
+        plot_run(run)
