@@ -41,11 +41,11 @@ def rlzoo_register_async_runners(registry):  # type: ignore[no-untyped-def]
         "fully_async",
         "rlzoo.runners.fully_async:FullyAsyncRunner",
         params=FullyAsyncParams,
-        capabilities={"placements": ["local"]},
+        capabilities={"placements": ["local", "ray"]},
     )
     registry.register(
         "one_step_off",
         "rlzoo.runners.one_step_off:OneStepOffRunner",
         params=OneStepOffParams,
-        capabilities={"placements": ["local"]},
+        capabilities={"placements": ["local", "ray"]},
     )

@@ -37,12 +37,12 @@ def window_budget(staleness_threshold: float, trigger_parameter_sync_step: int, 
     Counts the groups started since the last weight push plus the groups carried over from older
     weights (queued or in flight at the push).
     """
-    return int(math.floor((1.0 + staleness_threshold) * trigger_parameter_sync_step * step_groups + 1e-9))
+    return math.floor((1.0 + staleness_threshold) * trigger_parameter_sync_step * step_groups + 1e-9)
 
 
 def max_staleness_versions(staleness_threshold: float) -> int:
     """The bound in policy versions: ``ceil(staleness_threshold)`` (0 for on-policy)."""
-    return int(math.ceil(staleness_threshold - 1e-9))
+    return max(0, math.ceil(staleness_threshold - 1e-9))
 
 
 def _dataset_rows(files: list[str]) -> int | None:
@@ -69,10 +69,10 @@ def _common_checks(cfg: Any, runner: str) -> list[str]:
             f"algorithm.advantage: {adv.name!r} needs a greedy baseline response per prompt, which the "
             f"{runner} runner does not generate; use runner=sync"
         )
-    if cfg.placement.name != "local":
+    if cfg.placement.name == "ray" and cfg.placement.colocate:
         problems.append(
-            f"placement.name: the {runner} runner runs on placement 'local' only for now "
-            f"(got {cfg.placement.name!r}); ray wiring is tracked in docs/runners.md"
+            f"placement.colocate: the {runner} runner generates while it trains, so rollout and training need "
+            "their own pools: set placement.colocate=false with placement.trainer / placement.rollout pools"
         )
     return problems
 
@@ -96,8 +96,12 @@ class FullyAsyncParams:
         help="extra groups per sync window beyond what the trainer consumes, as a fraction of a window "
         "(K*R*M groups); 0 = on-policy pipelining",
     )
-    trigger_parameter_sync_step: int = param(4, help="K: trainer steps between two weight pushes to the rollout backend")
-    require_batches: int = param(1, help="R: PPO mini-batches (of trainer.ppo_mini_batch_size prompts) per trainer step")
+    trigger_parameter_sync_step: int = param(
+        4, help="K: trainer steps between two weight pushes to the rollout backend"
+    )
+    require_batches: int = param(
+        1, help="R: PPO mini-batches (of trainer.ppo_mini_batch_size prompts) per trainer step"
+    )
     partial_rollout: bool = param(
         True,
         help="at a weight push, pause in-flight requests, keep their tokens and resume them under the new weights; "
@@ -112,7 +116,8 @@ class FullyAsyncParams:
         None, help="groups queued or in flight at most (None: the window budget); must hold one trainer step"
     )
     wait_timeout_s: float = param(
-        1800.0, help="seconds either side waits for the other without progress before failing with a TimeoutError"
+        1800.0,
+        help="seconds either side waits for the other without progress before failing with a TimeoutError",
     )
 
     @staticmethod
@@ -122,7 +127,9 @@ class FullyAsyncParams:
         if p.staleness_threshold < 0:
             problems.append(f"{key}.staleness_threshold: must be >= 0, got {p.staleness_threshold}")
         if p.trigger_parameter_sync_step < 1:
-            problems.append(f"{key}.trigger_parameter_sync_step: must be >= 1, got {p.trigger_parameter_sync_step}")
+            problems.append(
+                f"{key}.trigger_parameter_sync_step: must be >= 1, got {p.trigger_parameter_sync_step}"
+            )
         if p.require_batches < 1:
             problems.append(f"{key}.require_batches: must be >= 1, got {p.require_batches}")
         if p.wait_timeout_s <= 0:
@@ -134,7 +141,9 @@ class FullyAsyncParams:
                 f"trainer.ppo_mini_batch_size: {key}.require_batches={p.require_batches} needs the mini-batch size "
                 "set (each trainer step is require_batches mini-batches of ppo_mini_batch_size prompts)"
             )
-        budget = window_budget(max(0.0, p.staleness_threshold), max(1, p.trigger_parameter_sync_step), step_groups)
+        budget = window_budget(
+            max(0.0, p.staleness_threshold), max(1, p.trigger_parameter_sync_step), step_groups
+        )
         if p.max_queue_size is not None and p.max_queue_size < step_groups:
             problems.append(
                 f"{key}.max_queue_size: {p.max_queue_size} groups is smaller than one trainer step "
@@ -142,14 +151,19 @@ class FullyAsyncParams:
                 "prompts): the trainer would wait forever"
             )
         if budget < step_groups:  # cannot happen for threshold >= 0, kept as a guard
-            problems.append(f"{key}.staleness_threshold: the window budget {budget} is below one step ({step_groups})")
+            problems.append(
+                f"{key}.staleness_threshold: the window budget {budget} is below one step ({step_groups})"
+            )
         if p.total_rollout_steps is not None:
             if p.total_rollout_steps < step_groups:
                 problems.append(
                     f"{key}.total_rollout_steps: {p.total_rollout_steps} prompts is less than one trainer step "
                     f"({key}.require_batches x trainer.ppo_mini_batch_size = {step_groups} prompts)"
                 )
-            elif cfg.trainer.total_steps is not None and cfg.trainer.total_steps != p.total_rollout_steps // step_groups:
+            elif (
+                cfg.trainer.total_steps is not None
+                and cfg.trainer.total_steps != p.total_rollout_steps // step_groups
+            ):
                 problems.append(
                     f"trainer.total_steps: {cfg.trainer.total_steps} disagrees with {key}.total_rollout_steps="
                     f"{p.total_rollout_steps} // ({key}.require_batches x trainer.ppo_mini_batch_size = {step_groups}) "
@@ -186,7 +200,8 @@ class OneStepOffParams:
     """
 
     wait_timeout_s: float = param(
-        1800.0, help="seconds the trainer waits for the background generation before failing with a TimeoutError"
+        1800.0,
+        help="seconds the trainer waits for the background generation before failing with a TimeoutError",
     )
 
     @staticmethod

@@ -31,7 +31,12 @@ from typing import Any
 from rlzoo.errors import ConfigError
 from rlzoo.metrics import PhaseTimer
 from rlzoo.protocols import GenerationRequest, RewardResult, Sample
-from rlzoo.runners.async_params import FullyAsyncParams, max_staleness_versions, mini_batch_groups, window_budget
+from rlzoo.runners.async_params import (
+    FullyAsyncParams,
+    max_staleness_versions,
+    mini_batch_groups,
+    window_budget,
+)
 from rlzoo.runners.queue import Group, QueueExhausted, StalenessQueue, TrainerFailed
 
 logger = logging.getLogger("rlzoo")
@@ -63,7 +68,13 @@ class PromptSource:
     first, so across a checkpoint no prompt is lost or trained twice. Thread-safe.
     """
 
-    def __init__(self, dataset: Any, loader: Any, make_request: Callable[[Prompt], GenerationRequest], limit: int | None) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        loader: Any,
+        make_request: Callable[[Prompt], GenerationRequest],
+        limit: int | None,
+    ) -> None:
         self.dataset = dataset
         self.loader = loader
         self.make_request = make_request
@@ -224,8 +235,8 @@ class Rollouter:
         q, reqs = self.queue, []
         while True:
             regen = q.acquire_regen()
-            if regen is not None:
-                p: Prompt = regen
+            if regen is not None:  # the payload of a group dropped as too stale: generate it again
+                p: Prompt = regen[0]
                 p.attempt += 1
             elif q.try_acquire():
                 drawn = self.prompts.draw()
@@ -259,7 +270,9 @@ class Rollouter:
         for s, r in zip(chunk, results):
             g = self.open.get(s.request_id)
             if g is None:
-                raise RuntimeError(f"the rollout backend returned a sample of an unknown request {s.request_id!r}")
+                raise RuntimeError(
+                    f"the rollout backend returned a sample of an unknown request {s.request_id!r}"
+                )
             g.samples.append(s)
             g.results.append(r)
             if len(g.samples) == g.n:
@@ -340,7 +353,13 @@ class FullyAsyncRunner:
         import torch
 
         from rlzoo.data.dataset import PromptLoader
-        from rlzoo.runners.common import make_requests, rollout_metrics, samples_to_batch, sampling_params, write_summary
+        from rlzoo.runners.common import (
+            make_requests,
+            rollout_metrics,
+            samples_to_batch,
+            sampling_params,
+            write_summary,
+        )
         from rlzoo.runners.sync import is_due
 
         cfg, p = s.cfg, self.params
@@ -361,11 +380,15 @@ class FullyAsyncRunner:
         # resume state beyond what the Session restores
         state: dict[str, Any] = {}
         if cfg.resume:
-            state = dict(getattr(s, "resume_state", None) or s.train_backend.load_checkpoint(s.ckpt.latest()) or {})
+            state = dict(
+                getattr(s, "resume_state", None) or s.train_backend.load_checkpoint(s.ckpt.latest()) or {}
+            )
         fa_state = state.get("fully_async", {})
         param_version = int(fa_state.get("param_version", 0))
 
-        loader = PromptLoader(s.train_data, batch_size=step_groups, shuffle=cfg.data.shuffle, seed=cfg.run.seed)
+        loader = PromptLoader(
+            s.train_data, batch_size=step_groups, shuffle=cfg.data.shuffle, seed=cfg.run.seed
+        )
         loader.load_state_dict(s.loader.state_dict())
 
         def make_request(pr: Prompt) -> GenerationRequest:
@@ -431,7 +454,10 @@ class FullyAsyncRunner:
                     results = [x for g in groups for x in g.payload[2]]
                     with timer("collate"):
                         batch = samples_to_batch(
-                            samples, results, int(s.tokenizer.pad_token_id), max_response_length=cfg.data.max_response_length
+                            samples,
+                            results,
+                            int(s.tokenizer.pad_token_id),
+                            max_response_length=cfg.data.max_response_length,
                         )
                     m.update(rollout_metrics(batch, cfg.data.max_response_length))
                     m.update(self._version_metrics(q, groups, samples, stale, staleness_hist))
@@ -449,7 +475,9 @@ class FullyAsyncRunner:
                 tokens = float(batch["attention_mask"].sum().item())
                 m["perf/total_num_tokens"] = tokens
                 m["perf/throughput"] = tokens / wall if wall > 0 else 0.0
-                m["perf/trainer_tokens_per_s"] = tokens / timer.seconds["step"] if timer.seconds["step"] > 0 else 0.0
+                m["perf/trainer_tokens_per_s"] = (
+                    tokens / timer.seconds["step"] if timer.seconds["step"] > 0 else 0.0
+                )
                 m["trainer/samples_consumed"] = float(consumed_samples)
                 m["trainer/prompts_consumed"] = float(len(prompts.trained_keys))
                 m.update(self._rollouter_metrics(q))

@@ -34,7 +34,9 @@ class _Generation:
         self.version = int(getattr(session.rollout, "version", 0))
         self._out: tuple[Any, dict[str, float]] | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(session,), name=f"rlzoo-gen-{step}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(session,), name=f"rlzoo-gen-{step}", daemon=True
+        )
         self.t0 = time.perf_counter()
         self._thread.start()
 
@@ -51,7 +53,9 @@ class _Generation:
     def result(self, timeout: float) -> tuple[Any, dict[str, float]]:
         self._thread.join(timeout)
         if self._thread.is_alive():
-            raise TimeoutError(f"the generation of step {self.step} did not finish within {timeout:.0f}s (runner.wait_timeout_s)")
+            raise TimeoutError(
+                f"the generation of step {self.step} did not finish within {timeout:.0f}s (runner.wait_timeout_s)"
+            )
         if self._error is not None:
             raise RuntimeError(f"the generation of step {self.step} failed: {self._error!r}") from self._error
         assert self._out is not None

@@ -206,7 +206,12 @@ class StalenessQueue:
     def wait_for_change(self, timeout: float) -> None:
         """Sleep until something the Rollouter may react to happens (or ``timeout``)."""
         with self._cv:
-            if self._stop or self._park_requested or self._regen or (self._admits() and not self._drawing_done):
+            if (
+                self._stop
+                or self._park_requested
+                or self._regen
+                or (self._admits() and not self._drawing_done)
+            ):
                 return
             self._cv.wait(timeout)
 
@@ -274,7 +279,9 @@ class StalenessQueue:
                 self._items.remove(g)
                 self._drop(g, "sync")
             self.window_started = self.in_flight + len(self._items)
-            self.counters["max_window_started"] = max(self.counters["max_window_started"], self.window_started)
+            self.counters["max_window_started"] = max(
+                self.counters["max_window_started"], self.window_started
+            )
             self._cv.notify_all()
             return len(stale)
 
@@ -295,7 +302,9 @@ class StalenessQueue:
             while self.in_flight > 0:
                 self._raise_if_failed_for_trainer()
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"in-flight requests did not finish within {timeout:.0f}s; queue {self.describe()}")
+                    raise TimeoutError(
+                        f"in-flight requests did not finish within {timeout:.0f}s; queue {self.describe()}"
+                    )
                 self._cv.wait(poll)
 
     def park(self, *, timeout: float, poll: float = 0.05) -> None:

@@ -80,8 +80,10 @@ class Session:
         self.trainer = PolicyTrainer(cfg, self.train_backend)
         self.ckpt = CheckpointManager(self.run_dir, cfg.trainer.max_checkpoints)
         self.start_step = 0
+        self.resume_state: dict[str, Any] | None = None
         if cfg.resume:
             state = self.ckpt.load(self.train_backend)
+            self.resume_state = state
             if state is None:
                 raise ConfigError([f"resume: no complete checkpoint under {self.ckpt.root}"])
             self.start_step = int(state["step"])

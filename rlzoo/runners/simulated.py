@@ -40,7 +40,9 @@ __all__ = ["SimulatedRolloutBackend", "SimulatedTrainBackend"]
 
 
 def _mix(*parts: object) -> int:
-    return int.from_bytes(hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest(), "little")
+    return int.from_bytes(
+        hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest(), "little"
+    )
 
 
 @dataclass(eq=False)
@@ -199,7 +201,7 @@ class SimulatedRolloutBackend:
         rng = random.Random(seed)
         sigma = max(p.sigma, 1e-6)
         mu = math.log(max(p.mean_response_length, 1.0)) - sigma * sigma / 2  # mean of the log-normal
-        n = max(1, int(round(rng.lognormvariate(mu, sigma))))
+        n = max(1, round(rng.lognormvariate(mu, sigma)))
         return (max_new, True) if n >= max_new else (n, False)
 
     def _has_work(self) -> bool:
@@ -247,7 +249,8 @@ class SimulatedRolloutBackend:
         tokens = [rng.randrange(p.token_low, p.token_high) for _ in range(n_tokens)]
         log_probs = [-0.5 - rng.random() for _ in range(n_tokens)]
         versions = [
-            self._changes_ver[bisect.bisect_right(self._changes_step, s.start + i) - 1] for i in range(n_tokens)
+            self._changes_ver[bisect.bisect_right(self._changes_step, s.start + i) - 1]
+            for i in range(n_tokens)
         ]
         req = s.request
         return Sample(
@@ -287,7 +290,9 @@ class SimulatedTrainBackend:
             time.sleep(t)
             self.busy_s += time.perf_counter() - t0
 
-    def compute_log_probs(self, batch: Any, *, model: str = "actor", with_entropy: bool = False) -> tuple[Any, Any]:
+    def compute_log_probs(
+        self, batch: Any, *, model: str = "actor", with_entropy: bool = False
+    ) -> tuple[Any, Any]:
         self._burn(float(batch["attention_mask"].sum()), self.params.forward_s_per_token)
         lp = batch["rollout_log_probs"].clone()  # [B, T]
         return lp, (torch.zeros_like(lp) if with_entropy else None)
@@ -317,7 +322,9 @@ class SimulatedTrainBackend:
     def save_checkpoint(self, path: Path, extra_state: Mapping[str, Any]) -> None:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        (path / "simulated.json").write_text(json.dumps({"version": self.version, "extra_state": dict(extra_state)}))
+        (path / "simulated.json").write_text(
+            json.dumps({"version": self.version, "extra_state": dict(extra_state)})
+        )
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         state = json.loads((Path(path) / "simulated.json").read_text())
