@@ -108,7 +108,7 @@ class AutoParams:
     routed scorer runs with its default params.
     """
 
-    routes: dict[str, str] = param({}, help="extra data_source -> scorer-name entries (checked first)")  # noqa: RUF009
+    routes: dict[str, str] = param({}, help="extra data_source -> scorer-name entries (checked first)")
     fallback: str = param("math", help="scorer for unknown data sources; '' raises instead")
 
 

@@ -68,7 +68,9 @@ class Batch:
             self.meta[key] = value
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self[key] if key in self else default
+        if key in self.tensors:
+            return self.tensors[key]
+        return self.meta.get(key, default)
 
     # -- slicing --------------------------------------------------------------------------------
     def select(self, index: slice | Sequence[int] | torch.Tensor) -> Batch:

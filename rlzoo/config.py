@@ -261,7 +261,7 @@ def bind_part(
     """Resolve one part selection (a name, or a mapping with ``name`` and params)."""
     if isinstance(value, Selection):
         return value
-    if value is None or value == "none" and optional and "none" not in pm.registry(kind):
+    if value is None or (value == "none" and optional and "none" not in pm.registry(kind)):
         if not optional:
             problems.append(f"{key}: a {kind} is required (set {key}.name)")
         return None
@@ -269,10 +269,11 @@ def bind_part(
         name, raw_params = value, {}
     elif isinstance(value, Mapping):
         raw_params = {k: v for k, v in value.items() if k != "name"}
-        name = value.get("name")
-        if not isinstance(name, str):
+        got = value.get("name")
+        if not isinstance(got, str):
             problems.append(f"{key}.name: missing; name one of: {', '.join(pm.registry(kind).names())}")
             return None
+        name = got
     else:
         problems.append(f"{key}: expected a {kind} name or a mapping with 'name', got {value!r}")
         return None
@@ -504,7 +505,7 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
             parent, _, leaf = o[1:].rpartition(".")
             node = OmegaConf.select(merged, parent) if parent else merged
             if node is not None and leaf in node:
-                del node[leaf]
+                del node[leaf]  # type: ignore[arg-type]
     out = OmegaConf.to_container(merged, resolve=True)
     assert isinstance(out, dict)
     return out  # type: ignore[return-value]

@@ -173,7 +173,7 @@ class Component(Generic[T]):
             "summary": self.summary,
             "doc": inspect.cleandoc(self.doc) if self.doc else "",
             "aliases": list(self.aliases),
-            "capabilities": {k: v for k, v in self.capabilities.items()},
+            "capabilities": dict(self.capabilities),
             "params": [
                 {**p, "default": p["default"] if _jsonable(p["default"]) else repr(p["default"])}
                 for p in self.param_fields()

@@ -124,7 +124,7 @@ def test_rollout_log_probs_match_trainer(data_dir: Path) -> None:
 def test_bad_inputs_fail_before_models_load(tmp_path: Path, data_dir: Path) -> None:
     # a missing model path
     run = rlzoo.build_run("quickstart", overrides(tmp_path, data_dir, **{"model.path": str(tmp_path / "nope")}))
-    with pytest.raises(ConfigError, match="model.path"):
+    with pytest.raises(ConfigError, match=r"model\.path"):
         run.train()
     # a dataset without the answer column
     import pyarrow as pa
@@ -133,7 +133,7 @@ def test_bad_inputs_fail_before_models_load(tmp_path: Path, data_dir: Path) -> N
     bad = tmp_path / "bad.parquet"
     pq.write_table(pa.table({"data_source": ["x"], "prompt": [[{"role": "user", "content": "first 1 2"}]]}), bad)
     run = rlzoo.build_run("quickstart", overrides(tmp_path, data_dir, **{"data.train_files": f"[{bad}]"}))
-    with pytest.raises(RlzooError, match="bad.parquet"):
+    with pytest.raises(RlzooError, match=r"bad\.parquet"):
         run.train()
     # a tokenizer without a chat template
     tok_dir = tmp_path / "tok"
