@@ -33,10 +33,7 @@ def test_quickstart_on_ray(ray_cluster: Any, tmp_path: Path, placement: list[str
         "trainer.save_freq=0",
         *placement,
     ]
-    try:
-        run = rlzoo.build_run("quickstart", overrides)
-    except Exception as e:  # pragma: no cover - the recipe / registry is still being written
-        pytest.xfail(f"the quickstart recipe does not compose yet: {e}")
+    run = rlzoo.build_run("quickstart", overrides)
     summary = run.train()
     final = summary["final"]
     assert summary["steps"] == 2 and final["step"] == 2
@@ -46,3 +43,29 @@ def test_quickstart_on_ray(ray_cluster: Any, tmp_path: Path, placement: list[str
     while ray_cluster.available_resources().get("CPU", 0.0) < 4.0 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert ray_cluster.available_resources().get("CPU", 0.0) == 4.0
+
+
+def test_fully_async_on_ray_split(ray_cluster: Any, tmp_path: Path) -> None:
+    """The fully-async runner drives a trainer pool and a rollout pool of Ray actors."""
+    import rlzoo
+    from rlzoo.metrics import read_metrics
+
+    run = rlzoo.build_run(
+        "quickstart_async",
+        [
+            "placement.name=ray",
+            "placement.colocate=false",
+            "runner.total_rollout_steps=null",
+            "trainer.total_steps=3",
+            f"run.dir={tmp_path}",
+            "run.progress=false",
+            "run.loggers=[jsonl]",
+            "trainer.val_before_train=false",
+        ],
+    )
+    summary = run.train()
+    assert summary["final"]["step"] == 3
+    recs = [r for r in read_metrics(run.run_dir) if r["step"] > 0]
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    assert all(r["staleness/max"] <= 1 for r in recs)
+    assert all("trainer/idle_ratio" in r for r in recs)
