@@ -48,9 +48,14 @@ def main() -> None:
         )
         run.train()
         recs = [r for r in read_metrics(run.run_dir) if r["step"] > 1]  # skip the warm-up step
-    phases = sorted({k.split("/", 1)[1] for r in recs for k in r if k.startswith("timing_s/")} - {"step", "save_checkpoint", "testing"})
+    phases = sorted(
+        {k.split("/", 1)[1] for r in recs for k in r if k.startswith("timing_s/")}
+        - {"step", "save_checkpoint", "testing"}
+    )
     step = sum(r["timing_s/step"] for r in recs) / len(recs)
-    print(f"model hidden={args.hidden} layers={args.layers}, {len(recs)} steps, mean step {step * 1000:.1f} ms")
+    print(
+        f"model hidden={args.hidden} layers={args.layers}, {len(recs)} steps, mean step {step * 1000:.1f} ms"
+    )
     print(f"{'phase':<16}{'ms/step':>10}{'share':>9}  kind")
     accounted = 0.0
     for p in phases:
@@ -58,7 +63,9 @@ def main() -> None:
         accounted += v
         kind = "compute" if p in COMPUTE_PHASES else ("scoring" if p == "reward" else "overhead")
         print(f"{p:<16}{v * 1000:>10.1f}{v / step:>9.1%}  {kind}")
-    print(f"{'(unaccounted)':<16}{(step - accounted) * 1000:>10.1f}{(step - accounted) / step:>9.1%}  overhead")
+    print(
+        f"{'(unaccounted)':<16}{(step - accounted) * 1000:>10.1f}{(step - accounted) / step:>9.1%}  overhead"
+    )
     over = sum(r["perf/overhead_frac"] for r in recs) / len(recs)
     print(f"framework overhead (everything but compute and scoring): {over:.1%} of step time (target < 5%)")
 

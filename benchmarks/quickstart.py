@@ -40,9 +40,13 @@ def main() -> None:
         if r["step"] % 10 == 0 or "val/mean" in r:
             val = f"{r['val/mean']:.3f}" if "val/mean" in r else ""
             print(f"{r['step']:>5} {roll:>14.3f} {val:>6} {r['time'] - start:>10.1f}")
-    print(f"first-step reward {first:.3f}; best rolling mean {max(sum(rewards[i:i + 5]) / 5 for i in range(len(rewards) - 4)):.3f}")
+    print(
+        f"first-step reward {first:.3f}; best rolling mean {max(sum(rewards[i : i + 5]) / 5 for i in range(len(rewards) - 4)):.3f}"
+    )
     if hit:
-        print(f"+0.5 over the first step reached at step {hit[0]} after {hit[1]:.0f} s of training (target: within 300 s)")
+        print(
+            f"+0.5 over the first step reached at step {hit[0]} after {hit[1]:.0f} s of training (target: within 300 s)"
+        )
     else:
         print("+0.5 over the first step NOT reached")
     print(f"total wall clock incl. data preparation and model loading: {wall:.0f} s")

@@ -54,7 +54,9 @@ class Batch:
             return self.tensors[key]
         if key in self.meta:
             return self.meta[key]
-        raise KeyError(f"batch has no field {key!r}; fields: {', '.join(sorted([*self.tensors, *self.meta]))}")
+        raise KeyError(
+            f"batch has no field {key!r}; fields: {', '.join(sorted([*self.tensors, *self.meta]))}"
+        )
 
     def __setitem__(self, key: str, value: Any) -> None:
         if isinstance(value, torch.Tensor):
@@ -110,7 +112,9 @@ class Batch:
         keys = set(batches[0].tensors)
         for b in batches[1:]:
             if set(b.tensors) != keys:
-                raise ValueError(f"cannot concat batches with different fields: {sorted(keys)} vs {sorted(b.tensors)}")
+                raise ValueError(
+                    f"cannot concat batches with different fields: {sorted(keys)} vs {sorted(b.tensors)}"
+                )
         tensors = {k: _cat_padded([b.tensors[k] for b in batches]) for k in keys}
         meta = {k: [x for b in batches for x in b.meta.get(k, [None] * len(b))] for k in batches[0].meta}
         return Batch(tensors, meta)

@@ -1,12 +1,12 @@
 """The ``rlzoo`` command line.
 
-    rlzoo train [RECIPE | recipe=NAME] [key=value ...]   run a recipe (default: quickstart)
-    rlzoo validate RECIPE [key=value ...]                resolve every name and param; load nothing
-    rlzoo components [KIND] [--json]                     list registered parts
-    rlzoo plugins [--all] [--json]                       list plugins, versions, hooks, parts
-    rlzoo recipes [--json]                               list recipes on the search path
-    rlzoo prepare NAME [--out DIR] [key=value ...]       prepare a dataset into rlzoo's parquet schema
-    rlzoo plot RUN_DIR                                   learning curves (PNG) and a Markdown summary
+rlzoo train [RECIPE | recipe=NAME] [key=value ...]   run a recipe (default: quickstart)
+rlzoo validate RECIPE [key=value ...]                resolve every name and param; load nothing
+rlzoo components [KIND] [--json]                     list registered parts
+rlzoo plugins [--all] [--json]                       list plugins, versions, hooks, parts
+rlzoo recipes [--json]                               list recipes on the search path
+rlzoo prepare NAME [--out DIR] [key=value ...]       prepare a dataset into rlzoo's parquet schema
+rlzoo plot RUN_DIR                                   learning curves (PNG) and a Markdown summary
 """
 
 from __future__ import annotations
@@ -76,7 +76,13 @@ def cmd_plugins(ns: argparse.Namespace) -> int:
         print("no third-party plugins loaded (rlzoo plugins --all lists the built-ins too)")
         return 0
     rows = [
-        [i.name, i.version, i.status, ", ".join(h.removeprefix("rlzoo_") for h in i.hooks), ", ".join(i.parts)]
+        [
+            i.name,
+            i.version,
+            i.status,
+            ", ".join(h.removeprefix("rlzoo_") for h in i.hooks),
+            ", ".join(i.parts),
+        ]
         for i in infos
     ]
     print(_table(rows, ["name", "version", "status", "hooks", "parts"]))
@@ -156,7 +162,9 @@ def cmd_plot(ns: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rlzoo", description="A pluggable zoo of RL algorithms for LLM post-training.")
+    p = argparse.ArgumentParser(
+        prog="rlzoo", description="A pluggable zoo of RL algorithms for LLM post-training."
+    )
     p.add_argument("--version", action="store_true", help="print the version and exit")
     sub = p.add_subparsers(dest="command")
 

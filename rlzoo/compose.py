@@ -61,7 +61,9 @@ class UserPart:
     name: str | None = None
 
 
-def part(target: Any, *, params: Any = None, capabilities: Mapping[str, Any] | None = None, name: str | None = None) -> UserPart:
+def part(
+    target: Any, *, params: Any = None, capabilities: Mapping[str, Any] | None = None, name: str | None = None
+) -> UserPart:
     """Wrap your own function / factory so it can be passed to :func:`build_run` with capabilities."""
     return UserPart(target, params, dict(capabilities or {}), name)
 
@@ -69,8 +71,12 @@ def part(target: Any, *, params: Any = None, capabilities: Mapping[str, Any] | N
 def _selection_for(kind: str, key: str, obj: Any) -> Selection:
     if isinstance(obj, Selection):
         return obj
-    up = obj if isinstance(obj, UserPart) else UserPart(obj, None, getattr(obj, "rlzoo_capabilities", {}) or {})
-    name = up.name or getattr(up.target, "__name__", type(up.target).__name__)
+    up = (
+        obj
+        if isinstance(obj, UserPart)
+        else UserPart(obj, None, getattr(obj, "rlzoo_capabilities", {}) or {})
+    )
+    name = str(up.name or getattr(up.target, "__name__", None) or type(up.target).__name__)
     doc = getattr(up.target, "__doc__", None) or ""
     comp = Component(
         kind=kind,
@@ -126,7 +132,10 @@ class Run:
         """Write the resolved config and the loaded plugins (with versions) into the run directory."""
         assert self.run_dir is not None
         plugins = [p.to_json() for p in self.pm.plugins(include_all=True)]
-        used = {s.key: {"kind": s.kind, "name": s.name, "plugin": s.component.plugin} for s in self.config.selections()}
+        used = {
+            s.key: {"kind": s.kind, "name": s.name, "plugin": s.component.plugin}
+            for s in self.config.selections()
+        }
         meta = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "python": platform.python_version(),
@@ -138,9 +147,13 @@ class Run:
         try:
             from omegaconf import OmegaConf
 
-            (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(self.config.to_dict())))
+            (self.run_dir / "config.yaml").write_text(
+                OmegaConf.to_yaml(OmegaConf.create(self.config.to_dict()))
+            )
         except Exception:  # objects passed directly may not be YAML-able
-            (self.run_dir / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2, default=str))
+            (self.run_dir / "config.json").write_text(
+                json.dumps(self.config.to_dict(), indent=2, default=str)
+            )
 
     # -- running ----------------------------------------------------------------------------------
     def build_runner(self) -> Any:

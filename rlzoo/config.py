@@ -85,7 +85,9 @@ class RunSection:
 class ModelSection:
     path: str = param(help="HF model name or local path of the actor (and rollout) model")
     tokenizer_path: str | None = param(None, help="tokenizer path (defaults to model.path)")
-    critic_path: str | None = param(None, help="model the critic is initialised from (defaults to model.path)")
+    critic_path: str | None = param(
+        None, help="model the critic is initialised from (defaults to model.path)"
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = param("float32", help="parameter dtype")
     device: str = param("auto", help="'cpu', 'cuda' or 'auto' (cuda when available)")
     trust_remote_code: bool = param(False, help="passed to from_pretrained")
@@ -93,7 +95,9 @@ class ModelSection:
 
 @dataclass
 class DataSection:
-    prepare: Any = part("dataset", None, help="dataset preparer run when train_files are missing", optional=True)
+    prepare: Any = part(
+        "dataset", None, help="dataset preparer run when train_files are missing", optional=True
+    )
     dir: str | None = param(None, help="folder the preparer writes into (used by interpolation)")
     train_files: list[str] = param([], help="parquet files of training prompts")
     val_files: list[str] = param([], help="parquet files of validation prompts")
@@ -133,7 +137,9 @@ class AlgorithmSection:
     rollout_correction: Any = part(
         "rollout_correction", None, help="off-policy correction of rollout/trainer mismatch", optional=True
     )
-    sample_filter: Any = part("sample_filter", None, help="group filter (DAPO dynamic sampling)", optional=True)
+    sample_filter: Any = part(
+        "sample_filter", None, help="group filter (DAPO dynamic sampling)", optional=True
+    )
 
 
 @dataclass
@@ -352,7 +358,11 @@ def _resolve_defaults(obj: Any, path: str, problems: list[str], pm: PluginManage
         kind = f.metadata.get("kind")
         if kind is not None and not f.metadata.get("mapping"):
             if isinstance(value, (str, Mapping)):  # a default never bound (None: failed or off)
-                setattr(obj, f.name, bind_part(kind, value, sub, problems, pm, optional=f.metadata.get("optional", False)))
+                setattr(
+                    obj,
+                    f.name,
+                    bind_part(kind, value, sub, problems, pm, optional=f.metadata.get("optional", False)),
+                )
         elif dataclasses.is_dataclass(value) and not isinstance(value, type):
             _resolve_defaults(value, sub, problems, pm)
 
@@ -432,7 +442,9 @@ def list_recipes(pm: PluginManager | None = None) -> dict[str, Path]:
     return out
 
 
-def compose_recipe(name: str, overrides: Sequence[str] = (), pm: PluginManager | None = None) -> dict[str, Any]:
+def compose_recipe(
+    name: str, overrides: Sequence[str] = (), pm: PluginManager | None = None
+) -> dict[str, Any]:
     """Compose a recipe with Hydra and return it as a resolved plain mapping."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra

@@ -180,7 +180,7 @@ def rlzoo_register_runners(registry: Registrar) -> None:
 # Configuration
 # ---------------------------------------------------------------------------------------------
 @hookspec
-def rlzoo_recipe_search_paths() -> list[str]:
+def rlzoo_recipe_search_paths() -> list[str]:  # type: ignore[empty-body]
     """Return directories that hold recipes (Hydra YAML) and config groups a plugin ships.
 
     Paths are searched after the user's working directory and before rlzoo's own ``recipes``,

@@ -118,7 +118,9 @@ class MetricsLogger:
         if progress and "console" in self.loggers:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=total_steps, initial=initial_step, desc=desc, dynamic_ncols=True, unit="step")
+            self._bar = tqdm(
+                total=total_steps, initial=initial_step, desc=desc, dynamic_ncols=True, unit="step"
+            )
         self.history: list[dict[str, Any]] = []
 
     def log(self, step: int, metrics: Mapping[str, Any], *, advance: bool = True) -> dict[str, Any]:

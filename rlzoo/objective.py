@@ -74,7 +74,9 @@ class PolicyObjective:
         self.acc = _Accumulator()
         self.needs_entropy = True  # entropy is always reported as a metric; cheap next to the forward
 
-    def __call__(self, mb: Batch, log_probs: torch.Tensor, entropy: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, Any]]:
+    def __call__(
+        self, mb: Batch, log_probs: torch.Tensor, entropy: torch.Tensor | None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
         mask = mb["response_mask"]  # [b, T]
         inputs = PolicyLossInputs(
             log_probs=log_probs,  # [b, T]
@@ -120,7 +122,9 @@ class ValueObjective:
         self.acc = _Accumulator()
         self.needs_entropy = False
 
-    def __call__(self, mb: Batch, values: torch.Tensor, _unused: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+    def __call__(
+        self, mb: Batch, values: torch.Tensor, _unused: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
         from rlzoo.algorithms.functional.value_loss import value_loss
 
         loss, metrics = value_loss(

@@ -184,7 +184,8 @@ class PluginManager:
         except ValueError as exc:
             raise PluginError(f"plugin {name!r} could not be registered: {exc}") from exc
         info.hooks = sorted(
-            impl.name for impl in self._pm.get_hookcallers(plugin) or []  # type: ignore[union-attr]
+            impl.name
+            for impl in self._pm.get_hookcallers(plugin) or []  # type: ignore[union-attr]
         )
         self._info[name] = info
         self._registries = None
@@ -270,9 +271,7 @@ class PluginManager:
     def plugins(self, *, include_all: bool = False) -> list[PluginInfo]:
         """Loaded third-party plugins; with ``include_all`` also built-ins, blocked and failed."""
         self.registries()
-        out = [
-            i for i in self._info.values() if include_all or (not i.builtin and i.status == "loaded")
-        ]
+        out = [i for i in self._info.values() if include_all or (not i.builtin and i.status == "loaded")]
         return sorted(out, key=lambda i: (not i.builtin, i.name))
 
     @property

@@ -158,8 +158,7 @@ class Component(Generic[T]):
                     "name": f.name,
                     "type": f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type)),
                     "default": default,
-                    "required": f.default is dataclasses.MISSING
-                    and f.default_factory is dataclasses.MISSING,
+                    "required": f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
                     "help": f.metadata.get("help", ""),
                 }
             )
@@ -215,8 +214,7 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.kind}: a part's name must be a non-empty string, got {name!r}")
         if params is not None and not (isinstance(params, type) and dataclasses.is_dataclass(params)):
             raise TypeError(
-                f"{self.kind} {name!r} (plugin {plugin!r}): params must be a dataclass type, "
-                f"got {params!r}"
+                f"{self.kind} {name!r} (plugin {plugin!r}): params must be a dataclass type, got {params!r}"
             )
         if doc is None:
             doc = _own_doc(params)

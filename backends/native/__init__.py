@@ -27,5 +27,9 @@ def rlzoo_register_rollout_backends(registry):  # type: ignore[no-untyped-def]
         "native",
         "rlzoo.backends.native.rollout:NativeRolloutBackend",
         params=NativeRolloutParams,
-        capabilities={"supports_partial_rollout": True, "supports_streaming": True, "devices": ["cpu", "cuda"]},
+        capabilities={
+            "supports_partial_rollout": True,
+            "supports_streaming": True,
+            "devices": ["cpu", "cuda"],
+        },
     )

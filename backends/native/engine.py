@@ -32,6 +32,20 @@ Without a cache (``use_kv_cache=False`` or a model that returns none, or a cache
 not plain full-attention ``DynamicLayer``s, e.g. sliding-window or linear-attention layers) the
 same layout is kept for the token ids only and every step recomputes the whole context.
 
+Vision-language models
+----------------------
+With a Qwen2-VL-style model (:func:`rlzoo.backends.native.multimodal.is_multimodal_model`), a
+request's ``multi_modal`` holds its images' ``pixel_values`` / ``image_grid_thw`` and its
+``prompt_ids`` already have one image token per merged patch
+(:func:`~rlzoo.backends.native.multimodal.expand_prompt`). Every full forward (a joiners' prefill,
+a re-prefill after a weight update, each step without a cache) passes the rows' pixels
+concatenated in row order and M-RoPE position ids ``[3, B, L]`` from the model's rope index; each
+row keeps its ``rope_delta``, and a decode step feeds ``pos + rope_delta`` on all three axes (the
+KV cache holds the images). Samples of a prompt share its prefill only when they share its images.
+The image / video placeholder tokens are never sampled (a response holding one could not go
+through a forward with pixels again: the model matches image features to those tokens); the
+log-prob of a sampled token is still of the full distribution, as with top-k / top-p.
+
 Sampling
 --------
 Per row: temperature, top-k, top-p (top-k first, then top-p on the renormalised top-k
@@ -126,6 +140,7 @@ class _Batch:
         self.ctx_mask = torch.zeros(0, 0, dtype=torch.long, device=device)  # [B, T]
         self.last_tok = torch.zeros(0, dtype=torch.long, device=device)  # [B], fed next step
         self.pos = torch.zeros(0, dtype=torch.long, device=device)  # [B], position of last_tok
+        self.rope_delta = torch.zeros(0, dtype=torch.long, device=device)  # [B], M-RoPE offset (VL; else 0)
         self.gen_tok = torch.zeros(0, 0, dtype=torch.long, device=device)  # [B, G]
         self.gen_lp = torch.zeros(0, 0, dtype=torch.float32, device=device)  # [B, G]
         self.gen_ver = torch.zeros(0, 0, dtype=torch.long, device=device)  # [B, G]
@@ -234,6 +249,16 @@ class NativeEngine:
         self._takes_mask = "attention_mask" in sig or var_kw
         self._takes_pos = "position_ids" in sig or var_kw
         self._use_cache = bool(use_kv_cache) and self._cache_kw is not None
+        from rlzoo.backends.native.multimodal import is_multimodal_model
+
+        self._vl = is_multimodal_model(model)  # images + M-RoPE positions (module docstring)
+        self._banned: Tensor | None = None  # tokens never sampled (a VL model's placeholders)
+        if self._vl:
+            cfg = model.config
+            banned = [getattr(cfg, k, None) for k in ("image_token_id", "video_token_id")]
+            banned = [int(t) for t in banned if t is not None]
+            if banned:
+                self._banned = torch.tensor(banned, dtype=torch.long, device=self.device)
 
         self._batch = _Batch(self.device)
         self._waiting: deque[_Seq] = deque()
@@ -529,6 +554,19 @@ class NativeEngine:
             )
         if sp.n < 1:
             raise ValueError(f"request {req.request_id!r}: sampling.n must be >= 1, got {sp.n}")
+        if self._vl:
+            image_id = getattr(self.model.config, "image_token_id", None)
+            if req.prompt_ids[-1] == image_id:
+                raise ValueError(
+                    f"request {req.request_id!r}: the prompt ends with an image token; a VL prompt must "
+                    "end with text (e.g. the chat template's assistant header)"
+                )
+            if image_id in req.prompt_ids and not (req.multi_modal and "pixel_values" in req.multi_modal):
+                raise ValueError(
+                    f"request {req.request_id!r}: the prompt has image tokens but multi_modal has no "
+                    "pixel_values; expand it with the model's processor (make_requests(..., "
+                    "processor=...), rlzoo.backends.native.multimodal.expand_prompt)"
+                )
         if not 0.0 < sp.top_p <= 1.0:
             raise ValueError(f"request {req.request_id!r}: top_p must be in (0, 1], got {sp.top_p}")
         if sp.temperature < 0.0:
@@ -581,10 +619,19 @@ class NativeEngine:
     # model calls
     # ------------------------------------------------------------------------------------------
     def _forward(
-        self, ids: Tensor, mask: Tensor, pos: Tensor, cache: Any, want_cache: bool
+        self,
+        ids: Tensor,
+        mask: Tensor,
+        pos: Tensor,
+        cache: Any,
+        want_cache: bool,
+        extra: dict[str, Any] | None = None,
     ) -> tuple[Tensor, Any]:
-        """Last-position logits [B, V] (float32) and the cache (None when unusable)."""
-        kw: dict[str, Any] = {"input_ids": ids}
+        """Last-position logits [B, V] (float32) and the cache (None when unusable).
+
+        ``extra``: more keyword arguments of the model (a VL model's pixel inputs).
+        """
+        kw: dict[str, Any] = {"input_ids": ids, **(extra or {})}
         if self._takes_mask:
             kw["attention_mask"] = mask
         if self._takes_pos:
@@ -620,14 +667,38 @@ class NativeEngine:
             return False
         return all(type(layer) is DynamicLayer for layer in cache.layers)
 
-    def _prefill(self, ctx_ids: Tensor, ctx_mask: Tensor) -> Any:
-        """The KV cache of left-padded contexts [b, P] (None if P == 0 or no cache is used)."""
+    def _prefill(
+        self, ctx_ids: Tensor, ctx_mask: Tensor, images: list[dict[str, Any] | None] | None = None
+    ) -> tuple[Any, Tensor | None]:
+        """The KV cache of left-padded contexts [b, P] (None if P == 0 or no cache is used) and,
+        for a VL model, the rows' M-RoPE ``rope_delta`` [b] (``images``: each row's pixel inputs)."""
+        deltas, pos, extra = None, None, None
+        if self._vl and ctx_ids.shape[1] > 0:
+            pos, deltas, extra = self._vl_inputs(ctx_ids, ctx_mask, images or [None] * len(ctx_ids))
         if ctx_ids.shape[1] == 0 or not self._use_cache:
-            return None
-        pos = (ctx_mask.cumsum(-1) - 1).clamp(min=0)  # [b, P]
+            return None, deltas
+        if pos is None:
+            pos = (ctx_mask.cumsum(-1) - 1).clamp(min=0)  # [b, P]
         self.stats["prefill_forwards"] += 1
-        _, cache = self._forward(ctx_ids, ctx_mask, pos, None, want_cache=True)
-        return cache
+        _, cache = self._forward(ctx_ids, ctx_mask, pos, None, want_cache=True, extra=extra)
+        return cache, deltas
+
+    def _vl_inputs(
+        self, ids: Tensor, mask: Tensor, images: list[dict[str, Any] | None]
+    ) -> tuple[Tensor, Tensor, dict[str, Any]]:
+        """M-RoPE positions [3, b, L], ``rope_delta`` [b] and the pixel keyword arguments of a full
+        forward over the rows ``ids`` / ``mask`` [b, L], whose images are ``images`` (row order)."""
+        from rlzoo.backends.native.multimodal import collate_images, vl_forward_inputs
+
+        pixels = collate_images(images, device=self.device)
+        pos, deltas, extra = vl_forward_inputs(self.model, ids, mask, pixels)  # [3, b, L], [b, 1]
+        return pos, deltas.reshape(-1).to(device=self.device, dtype=torch.long), extra
+
+    @staticmethod
+    def _images(s: _Seq) -> dict[str, Any] | None:
+        """The pixel inputs of a sequence's prompt (None: text only)."""
+        mm = s.request.multi_modal
+        return mm if mm and "pixel_values" in mm else None
 
     # ------------------------------------------------------------------------------------------
     # batch surgery
@@ -635,10 +706,19 @@ class NativeEngine:
     def _admit(self, joiners: list[_Seq]) -> None:
         """Prefill ``joiners`` (identical contexts once) and append them to the running batch."""
         dev = self.device
-        # one prefill row per distinct context: the n samples of a prompt share it
-        rows: dict[tuple[int, ...], int] = {}
-        which = [rows.setdefault(tuple(s.tokens[:-1]), len(rows)) for s in joiners]
-        contexts = list(rows)
+        # one prefill row per distinct context: the n samples of a prompt share it (with a VL
+        # model, only when they share its images too: same token ids, other pixels)
+        rows: dict[tuple[tuple[int, ...], int | None], int] = {}
+        first: list[_Seq] = []  # a member of each distinct context
+        which = []
+        for s in joiners:
+            mm = self._images(s) if self._vl else None
+            key = (tuple(s.tokens[:-1]), None if mm is None else id(mm))
+            if key not in rows:
+                rows[key] = len(rows)
+                first.append(s)
+            which.append(rows[key])
+        contexts = [key[0] for key in rows]
         # chunk the distinct contexts so that each padded prefill stays under max_prefill_tokens
         chunks: list[list[int]] = [[]]
         width = 0
@@ -663,7 +743,9 @@ class NativeEngine:
                 dtype=torch.long,
                 device=dev,
             ).reshape(len(chunk), p)  # [c, P]
-            cache = self._prefill(ids, mask)
+            cache, deltas = self._prefill(
+                ids, mask, [self._images(first[k]) for k in chunk] if self._vl else None
+            )
             expand = torch.tensor(
                 [chunk_rows[which[i]] for i in members], dtype=torch.long, device=dev
             )  # [j]
@@ -673,10 +755,15 @@ class NativeEngine:
                         layer.keys = layer.keys.index_select(0, expand)
                         layer.values = layer.values.index_select(0, expand)
                 ids, mask = ids.index_select(0, expand), mask.index_select(0, expand)
-            self._append_rows([joiners[i] for i in members], ids, mask, cache)
+                if deltas is not None:
+                    deltas = deltas.index_select(0, expand)
+            self._append_rows([joiners[i] for i in members], ids, mask, cache, deltas)
 
-    def _append_rows(self, seqs: list[_Seq], ids: Tensor, mask: Tensor, cache: Any) -> None:
-        """Concatenate new rows (contexts ``ids``/``mask`` [j, P], their ``cache``) to the batch."""
+    def _append_rows(
+        self, seqs: list[_Seq], ids: Tensor, mask: Tensor, cache: Any, rope_delta: Tensor | None = None
+    ) -> None:
+        """Concatenate new rows (contexts ``ids``/``mask`` [j, P], their ``cache``, VL ``rope_delta``
+        [j]: None is 0) to the batch."""
         b, dev = self._batch, self.device
         t, p = b.ctx_ids.shape[1], ids.shape[1]
         width = max(t, p)
@@ -694,6 +781,9 @@ class NativeEngine:
         new_pos = torch.tensor([len(s.tokens) - 1 for s in seqs], dtype=torch.long, device=dev)  # [j]
         b.last_tok = torch.cat([b.last_tok, new_last])
         b.pos = torch.cat([b.pos, new_pos])
+        if rope_delta is None:
+            rope_delta = torch.zeros(len(seqs), dtype=torch.long, device=dev)  # [j]
+        b.rope_delta = torch.cat([b.rope_delta, rope_delta])
         g = max(b.gen_tok.shape[1], max(s.max_new for s in seqs))
         j = len(seqs)
         b.gen_tok = torch.cat([_pad_right(b.gen_tok, g), torch.zeros(j, g, dtype=torch.long, device=dev)])
@@ -733,7 +823,17 @@ class NativeEngine:
             return
         idx = torch.tensor(keep, dtype=torch.long, device=self.device)
         b.seqs = [b.seqs[i] for i in keep]
-        for name in ("ctx_ids", "ctx_mask", "last_tok", "pos", "gen_tok", "gen_lp", "gen_ver", "n_gen"):
+        for name in (
+            "ctx_ids",
+            "ctx_mask",
+            "last_tok",
+            "pos",
+            "rope_delta",
+            "gen_tok",
+            "gen_lp",
+            "gen_ver",
+            "n_gen",
+        ):
             setattr(b, name, getattr(b, name).index_select(0, idx))
         # first column that holds a real token in some row; earlier columns are padding everywhere
         used = b.ctx_mask.any(dim=0)  # [T]
@@ -769,7 +869,9 @@ class NativeEngine:
         if not self._use_cache or len(b) == 0:
             return
         self.stats["recomputes"] += 1
-        b.cache = self._prefill(b.ctx_ids, b.ctx_mask)
+        b.cache, _ = self._prefill(
+            b.ctx_ids, b.ctx_mask, [self._images(s) for s in b.seqs] if self._vl else None
+        )
 
     # ------------------------------------------------------------------------------------------
     # decode
@@ -783,7 +885,12 @@ class NativeEngine:
         ids = torch.cat([b.ctx_ids, b.last_tok[:, None]], dim=1)  # [B, T + 1]
         self.stats["decode_forwards"] += 1
         if self._use_cache:
-            logits, cache = self._forward(b.last_tok[:, None], mask, b.pos[:, None], b.cache, want_cache=True)
+            pos = b.pos[:, None]  # [B, 1]
+            if self._vl:
+                from rlzoo.backends.native.multimodal import decode_position_ids
+
+                pos = decode_position_ids(b.rope_delta[:, None], pos)  # [3, B, 1]
+            logits, cache = self._forward(b.last_tok[:, None], mask, pos, b.cache, want_cache=True)
             if not self._use_cache:  # the model's cache turned out unusable: redo this step without it
                 logits, cache = self._recompute_logits(ids, mask)
         else:
@@ -810,6 +917,10 @@ class NativeEngine:
         return len(done_rows)
 
     def _recompute_logits(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, None]:
+        if self._vl:  # the whole context again: the rows' pixels and M-RoPE positions
+            pos, _, extra = self._vl_inputs(ids, mask, [self._images(s) for s in self._batch.seqs])
+            logits, _ = self._forward(ids, mask, pos, None, want_cache=False, extra=extra)
+            return logits, None
         pos = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, T + 1]
         logits, _ = self._forward(ids, mask, pos, None, want_cache=False)
         return logits, None
@@ -819,6 +930,9 @@ class NativeEngine:
         b = self._batch
         scaled = logits / b.temperature[:, None]  # [B, V]
         logp = scaled.log_softmax(dim=-1)  # [B, V]
+        if self._banned is not None:  # VL: never sample an image / video placeholder
+            logits = logits.index_fill(-1, self._banned, _NEG_INF)  # [B, V]
+            scaled = scaled.index_fill(-1, self._banned, _NEG_INF)  # [B, V]
         greedy_tok = logits.argmax(dim=-1)  # [B]
         if b.all_greedy:
             tok = greedy_tok

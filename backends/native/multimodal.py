@@ -17,7 +17,11 @@ A VL prompt differs from a text prompt in three ways, and this module holds one 
    (:func:`collate_images`); decode steps pass none (the KV cache holds them).
 
 :func:`vl_token_log_probs` is the trainer's forward for a VL micro-batch in rlzoo's batch layout
-(left-padded prompt + right-padded response), giving the same log-probs as the rollout.
+(left-padded prompt + right-padded response), giving the same log-probs as the rollout (and the
+entropy when asked).
+
+Loading: :func:`has_vision_config` tells a VL model folder (load it with
+``AutoModelForImageTextToText``), :func:`load_processor` its processor.
 
 Works with transformers 4.5x (``get_rope_index(input_ids, image_grid_thw, video_grid_thw,
 attention_mask)``) and 5.x (which also takes ``mm_token_type_ids``). Nothing here is imported
@@ -37,9 +41,13 @@ __all__ = [
     "collate_images",
     "decode_position_ids",
     "expand_prompt",
+    "has_vision_config",
+    "image_only_processor_class",
     "is_multimodal_model",
+    "load_processor",
     "mm_token_type_ids",
     "rope_position_ids",
+    "vl_forward_inputs",
     "vl_token_log_probs",
 ]
 
@@ -59,6 +67,77 @@ def _rope_index_fn(model: nn.Module) -> Any:
 
 def _config(model: nn.Module) -> Any:
     return model.config
+
+
+def has_vision_config(path: str, trust_remote_code: bool = False) -> bool:
+    """Whether the model folder / hub name ``path`` is a vision-language model (its config has a
+    ``vision_config``): load it with ``AutoModelForImageTextToText`` and ``AutoProcessor``."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    return getattr(cfg, "vision_config", None) is not None
+
+
+def load_processor(path: str, trust_remote_code: bool = False) -> Any:
+    """``AutoProcessor.from_pretrained(path)``; without torchvision, an image-only processor.
+
+    transformers builds Qwen2-VL-style processors with a video processor that needs torchvision.
+    When that import fails, the processor is built from the folder's image processor and tokenizer
+    through :func:`image_only_processor_class` (identical for image prompts; videos unsupported).
+    """
+    from transformers import AutoConfig, AutoImageProcessor, AutoProcessor, AutoTokenizer
+
+    try:
+        return AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except ImportError as exc:  # e.g. "Qwen2VLVideoProcessor requires the Torchvision library"
+        from transformers.models.auto.processing_auto import (
+            PROCESSOR_MAPPING_NAMES,
+            processor_class_from_name,
+        )
+
+        model_type = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code).model_type
+        name = PROCESSOR_MAPPING_NAMES.get(model_type)
+        base = processor_class_from_name(name) if name else None
+        if base is None:
+            raise
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "AutoProcessor(%s) failed (%s); using an image-only %s (no video inputs)",
+            path,
+            str(exc).strip().splitlines()[0],
+            name,
+        )
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        image_processor = AutoImageProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
+        return image_only_processor_class(base)(
+            image_processor, tok, chat_template=getattr(tok, "chat_template", None)
+        )
+
+
+def image_only_processor_class(base: type) -> type:
+    """``base`` (a Qwen2-VL-style processor class) without its video processor.
+
+    transformers 5 builds a processor's sub-processors from its ``__init__`` arguments and checks
+    each one's class; the video processor class needs torchvision, which a CPU environment may lack.
+    Images are all the recipes use, so this subclass takes only an image processor and a
+    tokenizer; everything else (placeholder expansion, chat template) is ``base``'s.
+    """
+    from transformers.processing_utils import ProcessorMixin
+
+    class ImageOnlyProcessor(base):  # type: ignore[misc, valid-type]
+        def __init__(
+            self, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None, **kw: Any
+        ):
+            self.image_token = getattr(tokenizer, "image_token", None) or "<|image_pad|>"
+            self.video_token = getattr(tokenizer, "video_token", None) or "<|video_pad|>"
+            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+            self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+            self.video_processor = None
+            ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
+
+    ImageOnlyProcessor.__name__ = ImageOnlyProcessor.__qualname__ = f"ImageOnly{base.__name__}"
+    return ImageOnlyProcessor
 
 
 def expand_prompt(
@@ -125,17 +204,44 @@ def decode_position_ids(rope_deltas: Tensor, positions: Tensor) -> Tensor:
     return text.unsqueeze(0).expand(3, -1, -1)  # [3, B, K]
 
 
-def collate_images(items: Sequence[Mapping[str, Any] | None]) -> dict[str, Tensor]:
+def collate_images(
+    items: Sequence[Mapping[str, Any] | None], device: torch.device | str | None = None
+) -> dict[str, Tensor]:
     """Concatenate the ``pixel_values`` / ``image_grid_thw`` of rows (None or {} for text rows).
 
     The model assigns image features to image tokens in order, so the rows' images must be
-    concatenated in the same row order as the batch. Returns {} when no row has an image.
+    concatenated in the same row order as the batch. Returns {} when no row has an image. Other
+    keys of the rows (e.g. the PIL ``images`` a request also carries) are ignored. ``device``:
+    where the outputs go (default: where the rows' tensors are).
     """
     pixels = [m["pixel_values"] for m in items if m and "pixel_values" in m]
     grids = [m["image_grid_thw"] for m in items if m and "image_grid_thw" in m]
     if not pixels:
         return {}
-    return {"pixel_values": torch.cat(pixels, 0), "image_grid_thw": torch.cat(grids, 0)}
+    out = {"pixel_values": torch.cat(pixels, 0), "image_grid_thw": torch.cat(grids, 0)}
+    if device is not None:
+        out = {k: v.to(device) for k, v in out.items()}
+    return out
+
+
+def vl_forward_inputs(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, images: Mapping[str, Tensor]
+) -> tuple[Tensor, Tensor, dict[str, Any]]:
+    """What a full (prefill / training) forward of a VL model takes beyond ids and mask.
+
+    Returns M-RoPE ``position_ids`` ``[3, B, L]``, ``rope_deltas`` ``[B, 1]`` and the keyword
+    arguments ``pixel_values`` / ``image_grid_thw`` (when ``images`` has any) and
+    ``mm_token_type_ids`` (when the model's forward takes it).
+    """
+    grid = images.get("image_grid_thw")
+    pos, deltas = rope_position_ids(model, input_ids, attention_mask, grid)  # [3, B, L], [B, 1]
+    kw: dict[str, Any] = {}
+    if "pixel_values" in images:
+        kw["pixel_values"] = images["pixel_values"]
+        kw["image_grid_thw"] = grid
+    if "mm_token_type_ids" in inspect.signature(model.forward).parameters:
+        kw["mm_token_type_ids"] = mm_token_type_ids(input_ids, _config(model))
+    return pos, deltas, kw
 
 
 def vl_token_log_probs(
@@ -146,27 +252,38 @@ def vl_token_log_probs(
     images: Mapping[str, Tensor],
     *,
     temperature: float = 1.0,
-) -> Tensor:
-    """Log-probs ``[B, T]`` of ``responses`` under a VL model, in rlzoo's batch layout.
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs ``[B, T]`` of ``responses`` under a VL model, in rlzoo's batch layout, and the
+    entropy ``[B, T]`` of the same distribution when ``with_entropy`` (else None).
 
     ``input_ids`` / ``attention_mask`` ``[B, P+T]`` (prompt left-padded to P, response right-padded
     to T, :mod:`rlzoo.batch`), ``responses`` ``[B, T]``, ``images`` from :func:`collate_images`.
-    Position ``P - 1 + t`` predicts response token ``t``; zero where the response is padding.
-    Gradients flow (call under ``torch.no_grad()`` for old / ref log-probs).
+    Position ``P - 1 + t`` predicts response token ``t``; ``log softmax(logits / temperature)`` in
+    fp32 through ``logsumexp`` (as the text path's ``token_log_probs``); zero where the response is
+    padding. Gradients flow (call under ``torch.no_grad()`` for old / ref log-probs).
     """
     T = responses.shape[1]
-    grid = images.get("image_grid_thw")
-    pos, _ = rope_position_ids(model, input_ids, attention_mask, grid)  # [3, B, P+T]
-    kw: dict[str, Any] = {}
-    if "pixel_values" in images:
-        kw["pixel_values"] = images["pixel_values"]
-        kw["image_grid_thw"] = grid
-    if "mm_token_type_ids" in inspect.signature(model.forward).parameters:
-        kw["mm_token_type_ids"] = mm_token_type_ids(input_ids, _config(model))
+    valid = attention_mask[:, -T:].bool()  # [B, T]
+    cfg = _config(model)
+    for name in ("image_token_id", "video_token_id"):
+        tid = getattr(cfg, name, None)
+        if tid is not None and bool(((responses == tid) & valid).any()):
+            raise ValueError(
+                f"a response holds the {name.split('_')[0]} placeholder token {tid}: the model would take "
+                "it for an image slot (the native engine never samples it; filter such samples)"
+            )
+    pos, _, kw = vl_forward_inputs(model, input_ids, attention_mask, images)  # [3, B, P+T]
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        kw["logits_to_keep"] = T + 1  # only the response's logits go through the LM head
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False, **kw)
     logits = out.logits[:, -(T + 1) : -1].float()  # [B, T, V]
     if temperature != 1.0:
         logits = logits / temperature
-    lp = logits.log_softmax(-1).gather(-1, responses.long().unsqueeze(-1)).squeeze(-1)  # [B, T]
-    valid = attention_mask[:, -T:].bool()  # [B, T]
-    return torch.where(valid, lp, torch.zeros_like(lp))  # [B, T]
+    lse = torch.logsumexp(logits, dim=-1)  # [B, T]
+    lp = logits.gather(-1, responses.long().unsqueeze(-1)).squeeze(-1) - lse  # [B, T]
+    lp = torch.where(valid, lp, torch.zeros_like(lp))  # [B, T]
+    if not with_entropy:
+        return lp, None
+    ent = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)  # [B, T]
+    return lp, torch.where(valid, ent, torch.zeros_like(ent))  # [B, T], [B, T]

@@ -32,9 +32,16 @@ _DTYPES = {
 
 
 def load_causal_lm(spec: RolloutSpec, attn_implementation: str | None = None) -> nn.Module:
-    """``AutoModelForCausalLM.from_pretrained(spec.model_path)`` in ``spec.dtype`` on ``spec.device``."""
+    """``AutoModelForCausalLM.from_pretrained(spec.model_path)`` in ``spec.dtype`` on ``spec.device``.
+
+    A vision-language model (its config has a ``vision_config``, e.g. Qwen2.5-VL) is loaded with
+    ``AutoModelForImageTextToText``; the engine then takes images through
+    :mod:`rlzoo.backends.native.multimodal`.
+    """
     import transformers
     from transformers import AutoModelForCausalLM
+
+    from rlzoo.backends.native.multimodal import has_vision_config
 
     if spec.dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {spec.dtype!r}; choose one of {sorted(_DTYPES)}")
@@ -43,7 +50,12 @@ def load_causal_lm(spec: RolloutSpec, attn_implementation: str | None = None) ->
     kw: dict[str, Any] = {dtype_kw: _DTYPES[spec.dtype], "trust_remote_code": spec.trust_remote_code}
     if attn_implementation is not None:
         kw["attn_implementation"] = attn_implementation
-    model: nn.Module = AutoModelForCausalLM.from_pretrained(spec.model_path, **kw)
+    auto: Any = AutoModelForCausalLM
+    if has_vision_config(spec.model_path, spec.trust_remote_code):
+        from transformers import AutoModelForImageTextToText
+
+        auto = AutoModelForImageTextToText
+    model: nn.Module = auto.from_pretrained(spec.model_path, **kw)
     return model.to(spec.device).eval()
 
 

@@ -178,6 +178,16 @@ class NativeTrainBackend:
         if model is None:
             model = self._load_causal_lm(spec.model_path)
         self.actor: Any = model.to(device=self.device, dtype=self.dtype)  # an HF PreTrainedModel
+        from rlzoo.backends.native.multimodal import is_multimodal_model
+
+        # a vision-language model (Qwen2.5-VL style): images and M-RoPE positions in every forward
+        self._vl = is_multimodal_model(self.actor)
+        if self._vl and spec.need_critic:
+            raise NotImplementedError(
+                f"native train backend: a critic (value model) for the vision-language model "
+                f"{type(self.actor).__name__} is not supported yet (the critic's backbone would need "
+                "the images and M-RoPE positions too); use a critic-free advantage (e.g. grpo) with VL models"
+            )
         # the initial weights, before any update
         self.ref: nn.Module | None = None
         if spec.need_reference:
@@ -242,9 +252,17 @@ class NativeTrainBackend:
         return kw
 
     def _load_causal_lm(self, path: str) -> nn.Module:
+        """``AutoModelForCausalLM``, or ``AutoModelForImageTextToText`` for a vision-language model."""
         from transformers import AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_pretrained(path, **self._hf_kwargs())  # type: ignore[no-any-return]
+        from rlzoo.backends.native.multimodal import has_vision_config
+
+        auto: Any = AutoModelForCausalLM
+        if has_vision_config(path, self.spec.trust_remote_code):
+            from transformers import AutoModelForImageTextToText
+
+            auto = AutoModelForImageTextToText
+        return auto.from_pretrained(path, **self._hf_kwargs())  # type: ignore[no-any-return]
 
     def _load_backbone(self, path: str) -> nn.Module:
         from transformers import AutoModel
@@ -269,12 +287,44 @@ class NativeTrainBackend:
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (+ entropy) ``[b, T]`` of one micro-batch already on the device."""
         T = mb["responses"].shape[1]
+        if self._vl:
+            return self._vl_actor_forward(module, mb, with_entropy=with_entropy, temperature=temperature)
         ids, attn, pos, t_eff, _ = _trim(mb)
         kw: dict[str, Any] = {"logits_to_keep": t_eff + 1} if self._keep_arg else {}
         logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, **kw).logits
         logits = logits[:, -(t_eff + 1) : -1]  # [b, T_eff, V]: position P-1+t predicts token t
         targets = mb["responses"][:, :t_eff]  # [b, T_eff]
         lp, ent = token_log_probs(logits, targets, temperature=temperature, with_entropy=with_entropy)
+        valid = mb["attention_mask"][:, -T:].bool()  # [b, T]
+        lp = torch.where(valid, F.pad(lp, (0, T - t_eff)), 0.0)  # [b, T]
+        if ent is not None:
+            ent = torch.where(valid, F.pad(ent, (0, T - t_eff)), 0.0)  # [b, T]
+        return lp, ent
+
+    def _vl_actor_forward(
+        self, module: nn.Module, mb: Batch, *, with_entropy: bool, temperature: float
+    ) -> tuple[Tensor, Tensor | None]:
+        """:meth:`_actor_forward` of a vision-language model: the rows' images (``meta["multi_modal"]``,
+        concatenated in row order) go into the forward, positions are M-RoPE ones computed from the
+        ids (``mb["position_ids"]`` is ignored)."""
+        from rlzoo.backends.native.multimodal import collate_images, vl_token_log_probs
+
+        T = mb["responses"].shape[1]
+        images = collate_images(mb.get("multi_modal") or [None] * len(mb), device=self.device)
+        if "pixel_values" in images:
+            images["pixel_values"] = images["pixel_values"].to(self.dtype)
+        # columns no row attends to are cut as in the text path: M-RoPE positions only count
+        # attended tokens, so the result is the same as over the untrimmed micro-batch
+        ids, attn, _, t_eff, _ = _trim(mb)
+        lp, ent = vl_token_log_probs(
+            module,
+            ids,
+            attn,
+            mb["responses"][:, :t_eff],
+            images,
+            temperature=temperature,
+            with_entropy=with_entropy,
+        )  # [b, T_eff]
         valid = mb["attention_mask"][:, -T:].bool()  # [b, T]
         lp = torch.where(valid, F.pad(lp, (0, T - t_eff)), 0.0)  # [b, T]
         if ent is not None:

@@ -40,7 +40,8 @@ class NativeTrainParams:
     )
     gradient_checkpointing: bool = param(False, help="recompute activations in backward (actor and critic)")
     temperature: float | None = param(
-        None, help="logits are divided by this before log-softmax (None: the rollout temperature, from the spec)"
+        None,
+        help="logits are divided by this before log-softmax (None: the rollout temperature, from the spec)",
     )
     # -- micro-batching --------------------------------------------------------------------------
     micro_batch_size: int = param(4, help="samples per forward/backward in updates")

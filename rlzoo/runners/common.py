@@ -73,11 +73,15 @@ def check_inputs(cfg: RecipeConfig) -> None:
     problems: list[str] = []
     for key, path in (("model.path", cfg.model.path), ("model.tokenizer_path", cfg.model.tokenizer_path)):
         if path and _is_local_path(path) and not Path(expand(path)).exists():
-            problems.append(f"{key}: {path!r} does not exist (give a local folder with config.json, or a hub name)")
+            problems.append(
+                f"{key}: {path!r} does not exist (give a local folder with config.json, or a hub name)"
+            )
     for key, files in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
         for f in files:
             if not Path(expand(f)).exists():
-                problems.append(f"{key}: {f!r} does not exist (prepare it with `rlzoo prepare NAME` or set data.prepare)")
+                problems.append(
+                    f"{key}: {f!r} does not exist (prepare it with `rlzoo prepare NAME` or set data.prepare)"
+                )
     if problems:
         raise ConfigError(problems, header="inputs missing")
     from rlzoo.data.schema import validate_files
@@ -103,6 +107,29 @@ def load_tokenizer(cfg: RecipeConfig) -> Any:
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def load_processor(cfg: RecipeConfig) -> Any:
+    """The multimodal processor of a vision-language model (its config has a ``vision_config``,
+    e.g. Qwen2.5-VL), loaded from the tokenizer's folder; None for a text model."""
+    from rlzoo.backends.native.multimodal import has_vision_config
+    from rlzoo.backends.native.multimodal import load_processor as _load
+
+    model_path = expand(cfg.model.path)
+    try:
+        is_vl = has_vision_config(model_path, cfg.model.trust_remote_code)
+    except Exception as exc:  # no readable config: a text model as far as inputs go
+        logger.debug("no model config at %r (%s): no processor", model_path, exc)
+        return None
+    if not is_vl:
+        return None
+    path = expand(cfg.model.tokenizer_path or cfg.model.path)
+    try:
+        return _load(path, cfg.model.trust_remote_code)
+    except Exception as exc:
+        raise RlzooError(
+            f"cannot load the processor of the vision-language model from {path!r}: {exc}"
+        ) from exc
 
 
 def eos_ids(tokenizer: Any, model_path: str) -> tuple[int, ...]:
@@ -156,7 +183,9 @@ def rollout_spec(cfg: RecipeConfig, tokenizer: Any) -> RolloutSpec:
     )
 
 
-def build_datasets(cfg: RecipeConfig, tokenizer: Any) -> tuple[Any, Any | None]:
+def build_datasets(cfg: RecipeConfig, tokenizer: Any, processor: Any = None) -> tuple[Any, Any | None]:
+    """Train and validation :class:`~rlzoo.data.dataset.PromptDataset` (``processor``: a VL model's,
+    see :func:`load_processor`; it renders image placeholders and counts expanded image tokens)."""
     from rlzoo.data.dataset import PromptDataset
 
     def make(files: Sequence[str]) -> Any:
@@ -168,13 +197,16 @@ def build_datasets(cfg: RecipeConfig, tokenizer: Any) -> tuple[Any, Any | None]:
             truncation=cfg.data.truncation,
             strict=cfg.data.strict,
             apply_chat_template=cfg.data.apply_chat_template,
+            processor=processor,
         )
 
     train = make(cfg.data.train_files)
     if len(train) < cfg.data.train_batch_size:
         raise ConfigError(
-            [f"data.train_batch_size: {cfg.data.train_batch_size} prompts per step, but the training data has "
-             f"only {len(train)} usable prompts"]
+            [
+                f"data.train_batch_size: {cfg.data.train_batch_size} prompts per step, but the training data has "
+                f"only {len(train)} usable prompts"
+            ]
         )
     val = make(cfg.data.val_files) if cfg.data.val_files else None
     return train, val
@@ -204,7 +236,9 @@ class ScorerDispatch:
             self._cache[target] = _resolve(target)
         return self._cache[target]
 
-    def __call__(self, response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any]) -> Any:
+    def __call__(
+        self, response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any]
+    ) -> Any:
         target, params = self._by_source.get(data_source, self._default)
         return self._fn(target)(response, ground_truth, data_source, extra_info, params)
 
@@ -246,7 +280,9 @@ def score_samples(reward_manager: Any, tokenizer: Any, samples: Sequence[Sample]
 # ---------------------------------------------------------------------------------------------
 # Requests and batches
 # ---------------------------------------------------------------------------------------------
-def sampling_params(cfg: RecipeConfig, *, val: bool = False, n: int | None = None, seed: int | None = None) -> SamplingParams:
+def sampling_params(
+    cfg: RecipeConfig, *, val: bool = False, n: int | None = None, seed: int | None = None
+) -> SamplingParams:
     s = cfg.rollout.val if val else cfg.rollout
     greedy = s.temperature <= 0
     return SamplingParams(
@@ -260,20 +296,36 @@ def sampling_params(cfg: RecipeConfig, *, val: bool = False, n: int | None = Non
     )
 
 
-def make_requests(items: Sequence[Mapping[str, Any]], sampling: SamplingParams, prefix: str) -> list[GenerationRequest]:
+def make_requests(
+    items: Sequence[Mapping[str, Any]], sampling: SamplingParams, prefix: str, processor: Any = None
+) -> list[GenerationRequest]:
+    """One request per dataset item.
+
+    An item with images gets ``multi_modal={"images": [...]}``; with a VL ``processor`` (see
+    :func:`load_processor`) its ``prompt_ids`` are the processor's (one image token per merged
+    patch) and ``multi_modal`` also holds ``pixel_values`` / ``image_grid_thw``
+    (:func:`rlzoo.backends.native.multimodal.expand_prompt`).
+    """
     reqs = []
     for j, it in enumerate(items):
         data = {k: it.get(k) for k in ("ground_truth", "data_source", "extra_info", "prompt_text", "index")}
         seed = None if sampling.seed is None else sampling.seed * 1_000_003 + j
         sp = sampling if seed is None else SamplingParams(**{**sampling.__dict__, "seed": seed})
         images = it.get("images")
+        prompt_ids = list(it["prompt_ids"])
+        multi_modal: dict[str, Any] | None = {"images": images} if images else None
+        if images and processor is not None:
+            from rlzoo.backends.native.multimodal import expand_prompt
+
+            prompt_ids, pixels = expand_prompt(processor, it["prompt_text"], images)
+            multi_modal = {"images": images, **pixels}
         reqs.append(
             GenerationRequest(
                 request_id=f"{prefix}-{j}",
-                prompt_ids=list(it["prompt_ids"]),
+                prompt_ids=prompt_ids,
                 sampling=sp,
                 data=data,
-                multi_modal={"images": images} if images else None,
+                multi_modal=multi_modal,
             )
         )
     return reqs
@@ -330,6 +382,8 @@ def samples_to_batch(
             "finish_reason": [s.finish_reason for s in samples],
         },
     )
+    if any(s.multi_modal for s in samples):  # a VL trainer's pixel inputs, row by row (None: text)
+        batch["multi_modal"] = [s.multi_modal for s in samples]
     if results is not None:
         batch["failed"] = [bool(r.failed) for r in results]
         batch["score"] = [float(r.score) for r in results]
@@ -381,14 +435,16 @@ class PolicyTrainer:
 
             kc = alg.kl_ctrl
             self.kl_ctrl = (
-                AdaptiveKLController(kc.kl_coef, kc.target_kl, kc.horizon) if kc.type == "adaptive" else FixedKLController(kc.kl_coef)
+                AdaptiveKLController(kc.kl_coef, kc.target_kl, kc.horizon)
+                if kc.type == "adaptive"
+                else FixedKLController(kc.kl_coef)
             )
         self.step_count = 0
 
     # -- phases ---------------------------------------------------------------------------------
     def prepare(self, batch: Batch, timer: Callable[[str], Any]) -> dict[str, float]:
         """Fill old / ref log-probs, values, token rewards, correction weights and advantages."""
-        cfg, alg, m = self.cfg, self.cfg.algorithm, {}
+        alg, m = self.cfg.algorithm, {}
         corr: Selection | None = alg.rollout_correction
         bypass = corr is not None and getattr(corr.params, "mode", "decoupled") == "bypass"
         with timer("old_log_prob"):
@@ -415,7 +471,11 @@ class PolicyTrainer:
             else:
                 batch["token_level_rewards"] = batch["token_level_scores"]
             if corr is not None:
-                out = corr(CorrectionInputs(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"]))
+                out = corr(
+                    CorrectionInputs(
+                        batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"]
+                    )
+                )
                 if out.weights is not None:
                     batch["rollout_is_weights"] = out.weights.detach()
                 batch["response_mask"] = out.mask.to(batch["response_mask"].dtype)
@@ -423,8 +483,14 @@ class PolicyTrainer:
             else:
                 from rlzoo.algorithms.functional.correction import offpolicy_metrics
 
-                m.update({f"rollout_corr/{k}": v for k, v in offpolicy_metrics(
-                    batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"]).items()})
+                m.update(
+                    {
+                        f"rollout_corr/{k}": v
+                        for k, v in offpolicy_metrics(
+                            batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"]
+                        ).items()
+                    }
+                )
             inputs = AdvantageInputs(
                 token_level_rewards=batch["token_level_rewards"],
                 response_mask=batch["response_mask"],
@@ -460,7 +526,9 @@ class PolicyTrainer:
                 ctx = agg_context(mb, cfg.data.max_response_length)
                 if self.needs_critic:
                     with timer("update_critic"):
-                        vobj = ValueObjective(alg.loss_agg, ctx, getattr(self.adv.params, "cliprange_value", 0.5))
+                        vobj = ValueObjective(
+                            alg.loss_agg, ctx, getattr(self.adv.params, "cliprange_value", 0.5)
+                        )
                         cm = self.backend.update_critic(mb, vobj)
                         metrics.append({**cm, **vobj.summary()})
                 if self.step_count >= cfg.trainer.critic_warmup:
@@ -484,7 +552,10 @@ class PolicyTrainer:
         return m
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step_count": self.step_count, "kl_coef": None if self.kl_ctrl is None else self.kl_ctrl.value}
+        return {
+            "step_count": self.step_count,
+            "kl_coef": None if self.kl_ctrl is None else self.kl_ctrl.value,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.step_count = int(state.get("step_count", 0))
@@ -495,7 +566,9 @@ class PolicyTrainer:
 # ---------------------------------------------------------------------------------------------
 # Validation
 # ---------------------------------------------------------------------------------------------
-def validation_metrics(samples: Sequence[Sample], results: Sequence[RewardResult], n: int) -> dict[str, float]:
+def validation_metrics(
+    samples: Sequence[Sample], results: Sequence[RewardResult], n: int
+) -> dict[str, float]:
     """mean@n, best@n and maj@n (when scorers report ``pred``) per data source and overall."""
     groups: dict[str, list[tuple[Sample, RewardResult]]] = defaultdict(list)
     for s, r in zip(samples, results):

@@ -394,7 +394,9 @@ class FullyAsyncRunner:
         def make_request(pr: Prompt) -> GenerationRequest:
             base = cfg.run.seed * 100_003 + pr.batch_no * 101 + pr.attempt  # as sync's step / round
             sp = sampling_params(cfg, seed=base)
-            req = make_requests([pr.item], sp, prefix=f"s{pr.batch_no}r{pr.attempt}")[0]
+            req = make_requests([pr.item], sp, prefix=f"s{pr.batch_no}r{pr.attempt}", processor=s.processor)[
+                0
+            ]
             req.request_id = f"s{pr.batch_no}r{pr.attempt}-{pr.j}"
             req.sampling = dataclasses.replace(sp, seed=base * 1_000_003 + pr.j)
             return req

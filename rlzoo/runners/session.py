@@ -26,6 +26,7 @@ from rlzoo.runners.common import (
     build_reward_manager,
     check_inputs,
     ensure_data,
+    load_processor,
     load_tokenizer,
     make_requests,
     rollout_metrics,
@@ -62,7 +63,8 @@ class Session:
         ensure_data(cfg)
         check_inputs(cfg)
         self.tokenizer = load_tokenizer(cfg)
-        self.train_data, self.val_data = build_datasets(cfg, self.tokenizer)
+        self.processor = load_processor(cfg)  # None for a text model
+        self.train_data, self.val_data = build_datasets(cfg, self.tokenizer, self.processor)
         from rlzoo.data.dataset import PromptLoader
 
         self.loader = PromptLoader(
@@ -75,7 +77,9 @@ class Session:
         self.rollout_spec = rollout_spec(cfg, self.tokenizer)
         tb: Selection = cfg.trainer.backend
         rb: Selection = cfg.rollout.backend
-        self.train_backend = self.placement.train_backend(tb, train_spec(cfg, self.total_steps, self.tokenizer))
+        self.train_backend = self.placement.train_backend(
+            tb, train_spec(cfg, self.total_steps, self.tokenizer)
+        )
         self.rollout = self.placement.rollout_backend(rb, self.rollout_spec)
         self.trainer = PolicyTrainer(cfg, self.train_backend)
         self.ckpt = CheckpointManager(self.run_dir, cfg.trainer.max_checkpoints)
@@ -137,17 +141,21 @@ class Session:
             rounds += 1
             items = self.next_prompts()
             sampling = sampling_params(cfg, seed=cfg.run.seed * 100_003 + step * 101 + rounds)
-            reqs = make_requests(items, sampling, prefix=f"s{step}r{rounds}")
+            reqs = make_requests(items, sampling, prefix=f"s{step}r{rounds}", processor=self.processor)
             if self.greedy_baseline:
                 greedy = sampling_params(cfg, n=1, seed=0)
                 greedy = type(greedy)(**{**greedy.__dict__, "greedy": True, "temperature": 1.0})
-                reqs += make_requests(items, greedy, prefix=f"s{step}r{rounds}g")
+                reqs += make_requests(items, greedy, prefix=f"s{step}r{rounds}g", processor=self.processor)
             with timer("gen"):
                 samples = self.rollout.generate(reqs)
             with timer("reward"):
                 results = self.score(samples)
             if self.greedy_baseline:
-                base = {s.request_id.replace("g-", "-"): r.reward for s, r in zip(samples, results) if "g-" in s.request_id}
+                base = {
+                    s.request_id.replace("g-", "-"): r.reward
+                    for s, r in zip(samples, results)
+                    if "g-" in s.request_id
+                }
                 pairs = [(s, r) for s, r in zip(samples, results) if "g-" not in s.request_id]
                 for s, _ in pairs:
                     s.data["baseline_reward"] = base.get(s.request_id, 0.0)
@@ -158,7 +166,7 @@ class Session:
                 ids: dict[str, int] = {}
                 gids = torch.tensor([ids.setdefault(s.request_id, len(ids)) for s in samples])
                 keep = self.filter(rewards, gids).tolist()
-                dropped += len(set(s.request_id for s, k in zip(samples, keep) if not k))
+                dropped += len({s.request_id for s, k in zip(samples, keep) if not k})
                 samples = [s for s, k in zip(samples, keep) if k]
                 results = [r for r, k in zip(results, keep) if k]
             kept_s += samples
@@ -174,7 +182,9 @@ class Session:
             logger.warning(
                 "step %d: the sample filter dropped all %d groups after %d generation round(s); skipping "
                 "the update (raise max_num_gen_batches, or the data may be too hard / too easy)",
-                step, dropped, rounds,
+                step,
+                dropped,
+                rounds,
             )
             return None, extra
         order: dict[str, int] = {}
@@ -183,7 +193,12 @@ class Session:
         chosen = {rid for rid, i in order.items() if i < want}
         pairs = [(s, r) for s, r in zip(kept_s, kept_r) if s.request_id in chosen]
         samples, results = [p[0] for p in pairs], [p[1] for p in pairs]
-        batch = samples_to_batch(samples, results, int(self.tokenizer.pad_token_id), max_response_length=cfg.data.max_response_length)
+        batch = samples_to_batch(
+            samples,
+            results,
+            int(self.tokenizer.pad_token_id),
+            max_response_length=cfg.data.max_response_length,
+        )
         if self.greedy_baseline:
             batch["baseline_rewards"] = torch.tensor([s.data.get("baseline_reward", 0.0) for s in samples])
         extra.update(rollout_metrics(batch, cfg.data.max_response_length))
@@ -199,7 +214,9 @@ class Session:
         samples: list[Sample] = []
         for start in range(0, len(items), size):
             chunk = items[start : start + size]
-            samples += self.rollout.generate(make_requests(chunk, sampling, prefix=f"val{start}"))
+            samples += self.rollout.generate(
+                make_requests(chunk, sampling, prefix=f"val{start}", processor=self.processor)
+            )
         results = self.score(samples)
         return validation_metrics(samples, results, sampling.n)
 

@@ -1,9 +1,9 @@
 """The synchronous runner: generate a whole batch, score it, train on it, push weights, repeat.
 
-    prompts -> rollout (n per prompt) -> rewards -> [filter / refill] -> old / ref log-probs, values
-      -> advantages -> PPO epochs over mini-batches -> weight sync
-    validation before training and every ``trainer.test_freq`` steps; checkpoints every
-    ``trainer.save_freq`` steps; ``resume=true run.output_dir=...`` continues from the latest one.
+prompts -> rollout (n per prompt) -> rewards -> [filter / refill] -> old / ref log-probs, values
+  -> advantages -> PPO epochs over mini-batches -> weight sync
+validation before training and every ``trainer.test_freq`` steps; checkpoints every
+``trainer.save_freq`` steps; ``resume=true run.output_dir=...`` continues from the latest one.
 """
 
 from __future__ import annotations

@@ -99,7 +99,9 @@ def prepare(out_dir: Path, params: Any) -> dict[str, Path]:
     return files
 
 
-def score(response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any], params: Any) -> dict[str, Any]:
+def score(
+    response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any], params: Any
+) -> dict[str, Any]:
     words = response.split()
     pred = words[0] if words else ""
     acc = float(pred == str(ground_truth))

@@ -11,7 +11,9 @@ the native ones, so the whole recipe runs on a laptop CPU in seconds::
 :func:`build_tiny` writes, under ``<root>/<recipe>/``:
 
 - ``model/``: a tiny Qwen2 causal LM (random weights, seed fixed) with a word-level tokenizer that
-  has a chat template, and a ``generation_config.json`` naming its EOS;
+  has a chat template, and a ``generation_config.json`` naming its EOS; for the vision-language
+  recipe (``grpo_geo3k_vl``) a tiny Qwen2.5-VL (:func:`build_tiny_qwen2_5_vl`) with the same
+  tokenizer plus Qwen's vision tokens, and its image processor;
 - ``upstream/``: the recipe's datasets in the layout the hub publishes them in (GSM8K's
   ``main/{train,test}-*.parquet`` + README configs, DAPO-Math-17k's verl layout with repeated
   prompts, AIME-2024's single ``train`` split, Geometry3K's ``data/{split}-*.parquet`` with PNG
@@ -44,6 +46,7 @@ from typing import Any
 __all__ = [
     "CHAT_TEMPLATE",
     "TINY_RECIPES",
+    "TINY_VL_RECIPES",
     "build_tiny",
     "build_tiny_qwen2",
     "build_tiny_qwen2_5_vl",
@@ -81,6 +84,8 @@ TINY_RECIPES: dict[str, tuple[str, ...]] = {
     "dapo_math": ("dapo_math", "aime2024"),
     "grpo_geo3k_vl": ("geometry3k",),
 }
+#: recipes whose tiny model is the tiny Qwen2.5-VL (:func:`build_tiny_qwen2_5_vl`), not the tiny Qwen2
+TINY_VL_RECIPES: frozenset[str] = frozenset({"grpo_geo3k_vl"})
 ENV_TINY_DIR = "RLZOO_TINY_DIR"
 
 
@@ -239,28 +244,10 @@ def build_tiny_qwen2_5_vl(out_dir: Path | None = None, *, seed: int = 0) -> tupl
 
 
 def _image_only_processor(base: type) -> type:
-    """``base`` (a Qwen2-VL-style processor) without its video processor.
+    """``base`` without its video processor (see :func:`rlzoo.backends.native.multimodal.image_only_processor_class`)."""
+    from rlzoo.backends.native.multimodal import image_only_processor_class
 
-    transformers 5 builds a processor's sub-processors from its ``__init__`` arguments and checks
-    each one's class; the video processor class needs torchvision, which a CPU test environment
-    may lack. Images are all the recipes use, so this subclass takes only an image processor and a
-    tokenizer; everything else (placeholder expansion, chat template) is ``base``'s.
-    """
-    from transformers.processing_utils import ProcessorMixin
-
-    class ImageOnlyProcessor(base):  # type: ignore[misc, valid-type]
-        def __init__(
-            self, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None, **kw: Any
-        ):
-            self.image_token = getattr(tokenizer, "image_token", None) or "<|image_pad|>"
-            self.video_token = getattr(tokenizer, "video_token", None) or "<|video_pad|>"
-            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
-            self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
-            self.video_processor = None
-            ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
-
-    ImageOnlyProcessor.__name__ = ImageOnlyProcessor.__qualname__ = f"ImageOnly{base.__name__}"
-    return ImageOnlyProcessor
+    return image_only_processor_class(base)
 
 
 #: :data:`CHAT_TEMPLATE` that also renders ``{"type": "image"}`` / ``{"type": "text"}`` content parts
@@ -414,8 +401,14 @@ def build_tiny(recipe: str, root: Path | str | None = None, *, overwrite: bool =
     base = (Path(root).expanduser() if root is not None else default_root()) / recipe
     upstream = base / "upstream"
     done = base / ".tiny-complete"
+    model_kind = "qwen2_5_vl" if recipe in TINY_VL_RECIPES else "qwen2"
     if done.exists() and not overwrite:
-        return base
+        try:
+            built = json.loads(done.read_text()).get("model", "qwen2")
+        except ValueError:
+            built = None
+        if built == model_kind:
+            return base  # else: built by an older rlzoo with another tiny model; rebuild
     base.mkdir(parents=True, exist_ok=True)
     for dataset in TINY_RECIPES[recipe]:
         if dataset == "gsm8k":
@@ -430,8 +423,13 @@ def build_tiny(recipe: str, root: Path | str | None = None, *, overwrite: bool =
             prepare(base, {"source": str(src), "dedup": True})
         elif dataset == "geometry3k":
             write_geometry3k_source(upstream / "geometry3k")
-    build_tiny_qwen2(base / "model")
-    done.write_text(json.dumps({"recipe": recipe, "datasets": list(TINY_RECIPES[recipe])}))
+    if model_kind == "qwen2_5_vl":
+        build_tiny_qwen2_5_vl(base / "model")
+    else:
+        build_tiny_qwen2(base / "model")
+    done.write_text(
+        json.dumps({"recipe": recipe, "datasets": list(TINY_RECIPES[recipe]), "model": model_kind})
+    )
     return base
 
 

@@ -81,7 +81,11 @@ def test_resume_gives_the_same_next_step(tmp_path: Path, data_dir: Path) -> None
     keys = ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean")
     a = rlzoo.build_run(
         "quickstart",
-        overrides(tmp_path / "a", data_dir, **{"trainer.total_steps": 4, "trainer.save_freq": 2, "trainer.val_before_train": "false"}),
+        overrides(
+            tmp_path / "a",
+            data_dir,
+            **{"trainer.total_steps": 4, "trainer.save_freq": 2, "trainer.val_before_train": "false"},
+        ),
     )
     a.train()
     full = {r["step"]: r for r in read_metrics(a.run_dir)}
@@ -91,7 +95,11 @@ def test_resume_gives_the_same_next_step(tmp_path: Path, data_dir: Path) -> None
     (b_dir / "checkpoints" / "latest").write_text("step_2")
     b = rlzoo.build_run(
         "quickstart",
-        overrides(tmp_path / "b", data_dir, **{"trainer.total_steps": 4, "resume": "true", "trainer.val_before_train": "false"}),
+        overrides(
+            tmp_path / "b",
+            data_dir,
+            **{"trainer.total_steps": 4, "resume": "true", "trainer.val_before_train": "false"},
+        ),
     )
     b.train()
     resumed = {r["step"]: r for r in read_metrics(b.run_dir)}
@@ -112,7 +120,15 @@ def test_rollout_log_probs_match_trainer(data_dir: Path) -> None:
     tok = load_tokenizer(cfg)
     rollout = cfg.rollout.backend.fn(cfg.rollout.backend.params, rollout_spec(cfg, tok))
     trainer = cfg.trainer.backend.fn(cfg.trainer.backend.params, train_spec(cfg, 1, tok))
-    items = [{"prompt_ids": tok.apply_chat_template([{"role": "user", "content": f"first {a} {b}"}], add_generation_prompt=True, tokenize=True)["input_ids"], "ground_truth": str(a)} for a, b in [(1, 2), (3, 4), (5, 6)]]
+    items = [
+        {
+            "prompt_ids": tok.apply_chat_template(
+                [{"role": "user", "content": f"first {a} {b}"}], add_generation_prompt=True, tokenize=True
+            )["input_ids"],
+            "ground_truth": str(a),
+        }
+        for a, b in [(1, 2), (3, 4), (5, 6)]
+    ]
     samples = rollout.generate(make_requests(items, sampling_params(cfg, seed=3), prefix="t"))
     batch = samples_to_batch(samples, None, int(tok.pad_token_id))
     lp, _ = trainer.compute_log_probs(batch)
@@ -123,7 +139,9 @@ def test_rollout_log_probs_match_trainer(data_dir: Path) -> None:
 
 def test_bad_inputs_fail_before_models_load(tmp_path: Path, data_dir: Path) -> None:
     # a missing model path
-    run = rlzoo.build_run("quickstart", overrides(tmp_path, data_dir, **{"model.path": str(tmp_path / "nope")}))
+    run = rlzoo.build_run(
+        "quickstart", overrides(tmp_path, data_dir, **{"model.path": str(tmp_path / "nope")})
+    )
     with pytest.raises(ConfigError, match=r"model\.path"):
         run.train()
     # a dataset without the answer column
@@ -131,7 +149,9 @@ def test_bad_inputs_fail_before_models_load(tmp_path: Path, data_dir: Path) -> N
     import pyarrow.parquet as pq
 
     bad = tmp_path / "bad.parquet"
-    pq.write_table(pa.table({"data_source": ["x"], "prompt": [[{"role": "user", "content": "first 1 2"}]]}), bad)
+    pq.write_table(
+        pa.table({"data_source": ["x"], "prompt": [[{"role": "user", "content": "first 1 2"}]]}), bad
+    )
     run = rlzoo.build_run("quickstart", overrides(tmp_path, data_dir, **{"data.train_files": f"[{bad}]"}))
     with pytest.raises(RlzooError, match=r"bad\.parquet"):
         run.train()
@@ -144,7 +164,9 @@ def test_bad_inputs_fail_before_models_load(tmp_path: Path, data_dir: Path) -> N
     cfg_path.write_text(json.dumps(cfg))
     for f in tok_dir.glob("chat_template.*"):
         f.unlink()
-    run = rlzoo.build_run("quickstart", overrides(tmp_path, data_dir, **{"model.tokenizer_path": str(tok_dir)}))
+    run = rlzoo.build_run(
+        "quickstart", overrides(tmp_path, data_dir, **{"model.tokenizer_path": str(tok_dir)})
+    )
     with pytest.raises(RlzooError, match="chat template"):
         run.train()
 
@@ -160,7 +182,11 @@ def test_failing_scorer_counts_failures_and_the_run_continues(tmp_path: Path, da
             return float("nan")
         return 1.0
 
-    run = rlzoo.build_run("quickstart", overrides(tmp_path, data_dir, **{"trainer.val_before_train": "false", "trainer.total_steps": 2}), scorer=flaky)
+    run = rlzoo.build_run(
+        "quickstart",
+        overrides(tmp_path, data_dir, **{"trainer.val_before_train": "false", "trainer.total_steps": 2}),
+        scorer=flaky,
+    )
     run.train()
     recs = [r for r in read_metrics(run.run_dir) if r["step"] > 0]
     assert all(r["reward/failed"] > 0 for r in recs)
@@ -222,7 +248,10 @@ SWITCHES = [
 @pytest.mark.parametrize("switch", SWITCHES, ids=lambda s: " ".join(s))
 def test_quickstart_runs_with_any_part(tmp_path: Path, data_dir: Path, switch: list[str]) -> None:
     """Every estimator / loss / aggregation / KL / correction / filter can be switched in by override."""
-    ovr = overrides(tmp_path, data_dir, **{"trainer.total_steps": 2, "trainer.val_before_train": "false"}) + switch
+    ovr = (
+        overrides(tmp_path, data_dir, **{"trainer.total_steps": 2, "trainer.val_before_train": "false"})
+        + switch
+    )
     run = rlzoo.build_run("quickstart", ovr)
     run.train()
     recs = [r for r in read_metrics(run.run_dir) if r["step"] > 0]
@@ -234,7 +263,14 @@ def test_quickstart_runs_with_any_part(tmp_path: Path, data_dir: Path, switch: l
 def test_same_seed_same_curve(tmp_path: Path, data_dir: Path) -> None:
     curves = []
     for name in ("a", "b"):
-        run = rlzoo.build_run("quickstart", overrides(tmp_path / name, data_dir, **{"trainer.total_steps": 3}))
+        run = rlzoo.build_run(
+            "quickstart", overrides(tmp_path / name, data_dir, **{"trainer.total_steps": 3})
+        )
         run.train()
-        curves.append([(r.get("critic/score/mean"), r.get("actor/grad_norm"), r.get("val/mean")) for r in read_metrics(run.run_dir)])
+        curves.append(
+            [
+                (r.get("critic/score/mean"), r.get("actor/grad_norm"), r.get("val/mean"))
+                for r in read_metrics(run.run_dir)
+            ]
+        )
     assert curves[0] == curves[1]
