@@ -69,3 +69,7 @@ def test_fully_async_on_ray_split(ray_cluster: Any, tmp_path: Path) -> None:
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(r["staleness/max"] <= 1 for r in recs)
     assert all("trainer/idle_ratio" in r for r in recs)
+    deadline = time.monotonic() + 20  # leave the cluster as found for the tests after this one
+    while ray_cluster.available_resources().get("CPU", 0.0) < 4.0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray_cluster.available_resources().get("CPU", 0.0) == 4.0

@@ -55,6 +55,11 @@ def test_ray_placement_refuses_before_any_actor_starts(ray_cluster) -> None:
     ray = ray_cluster
     from rlzoo.distributed.ray_placement import RayPlacement
 
+    import time
+
+    deadline = time.monotonic() + 20  # actors of earlier tests are released asynchronously
+    while ray.available_resources().get("CPU", 0.0) < 4.0 and time.monotonic() < deadline:
+        time.sleep(0.2)
     before = ray.available_resources().get("CPU", 0.0)
     too_many = SimpleNamespace(placement=_placement(True, trainer=(1, 0, 6)))
     with pytest.raises(ConfigError, match=r"asks for CPU=6 but the cluster has CPU=4"):
