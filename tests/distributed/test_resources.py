@@ -53,9 +53,9 @@ def test_per_node_gpu_check() -> None:
 @pytest.mark.ray
 def test_ray_placement_refuses_before_any_actor_starts(ray_cluster) -> None:
     ray = ray_cluster
-    from rlzoo.distributed.ray_placement import RayPlacement
-
     import time
+
+    from rlzoo.distributed.ray_placement import RayPlacement
 
     deadline = time.monotonic() + 20  # actors of earlier tests are released asynchronously
     while ray.available_resources().get("CPU", 0.0) < 4.0 and time.monotonic() < deadline:
