@@ -23,7 +23,6 @@ import copy
 import inspect
 import json
 import logging
-import math
 import os
 import socket
 from collections.abc import Callable, Iterator, Mapping
@@ -34,7 +33,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -55,7 +53,8 @@ from torch.distributed.tensor import DTensor
 from rlzoo.backends.fsdp2 import FSDP2Params
 from rlzoo.backends.fsdp2.sharding import Packed, ShardPlan, pack, plan_shards, unpack
 from rlzoo.backends.native import checkpoint as ckpt
-from rlzoo.backends.native.train import CriticModel, _trim, lr_multiplier, token_log_probs
+from rlzoo.backends.native import common
+from rlzoo.backends.native.train import CriticModel, actor_log_probs, critic_values, token_log_probs
 from rlzoo.batch import Batch
 from rlzoo.protocols import Objective, TrainSpec
 
@@ -103,30 +102,6 @@ def _decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
-class _Critic(CriticModel):
-    """The native critic, with a padding-free forward that goes through the root module.
-
-    FSDP2 unshards the root's own parameters (embeddings, final norm, value head) in the root's
-    forward hook, so every forward must enter through ``__call__`` of the root.
-    """
-
-    def forward(  # type: ignore[override]
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor | None,
-        position_ids: Tensor,
-        keep_last: int | None = None,
-        keep_index: Tensor | None = None,
-    ) -> Tensor:
-        out = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        )
-        hidden = out.last_hidden_state  # [b, L, H]
-        hidden = hidden[:, keep_index] if keep_index is not None else hidden[:, -int(keep_last or 1) :]
-        # a fresh tensor, not a view: FSDP2 hooks the root's output for its pre-backward all-gather
-        return self.value_head(hidden).float().squeeze(-1).clone()  # [b, keep]
-
-
 # ---------------------------------------------------------------------------------------------
 # the backend
 # ---------------------------------------------------------------------------------------------
@@ -149,10 +124,7 @@ class FSDP2TrainBackend:
         every rank). ``critic_backbone`` / ``tokenizer`` as in the native backend."""
         self.params = params
         self.spec = spec
-        temperature = params.temperature  # None: the rollout's temperature, from the spec (as native)
-        self.temperature = float(
-            temperature if temperature is not None else getattr(spec, "temperature", 1.0)
-        )
+        self.temperature = common.resolve_temperature(params, spec)  # None: the rollout's, as native
         self.version = 0
         self.critic_steps = 0
         self._tokenizer = tokenizer
@@ -175,7 +147,7 @@ class FSDP2TrainBackend:
 
         given_model = model is not None
         if model is None:
-            model = self._load_causal_lm(spec.model_path)
+            model = common.load_causal_lm(spec.model_path, self._hf_kwargs(), vision=False)
         model = model.to(dtype=self.dtype)
         self._actor_cls: Any = type(model)
         self._actor_config = copy.deepcopy(model.config)
@@ -183,15 +155,12 @@ class FSDP2TrainBackend:
         if params.use_remove_padding and not self._keep_arg:
             raise ValueError("fsdp2: use_remove_padding needs a model whose forward takes logits_to_keep")
         ref = copy.deepcopy(model).eval().requires_grad_(False) if spec.need_reference else None
-        critic: _Critic | None = None
+        critic: CriticModel | None = None
         if spec.need_critic:
-            backbone: Any = critic_backbone
-            if backbone is None:
-                if spec.critic_model_path is not None or not given_model:
-                    backbone = self._load_backbone(spec.critic_model_path or spec.model_path)
-                else:
-                    backbone = copy.deepcopy(model.base_model)
-            critic = _Critic(backbone.to(self.dtype), int(backbone.config.hidden_size))
+            backbone: Any = common.critic_backbone(
+                spec, critic_backbone, model, given_model=given_model, kwargs=self._hf_kwargs()
+            )
+            critic = CriticModel(backbone.to(self.dtype), int(backbone.config.hidden_size))
         if params.gradient_checkpointing:
             m: Any
             for m in (model, critic.backbone if critic is not None else None):
@@ -208,7 +177,7 @@ class FSDP2TrainBackend:
             if self.critic is None
             else self._adamw(self.critic, params.critic_lr, params.critic_weight_decay)
         )
-        self.warmup_steps = params.warmup_steps or int(params.warmup_ratio * max(1, spec.total_steps))
+        self.warmup_steps = common.warmup_steps(params, spec)
         if self.rank == 0:
             logger.info(
                 "fsdp2: world=%d mesh=%s device=%s dtype=%s mixed_precision=%s offload=%s remove_padding=%s",
@@ -281,31 +250,11 @@ class FSDP2TrainBackend:
         )
 
     def _hf_kwargs(self) -> dict[str, Any]:
-        kw: dict[str, Any] = {"dtype": self.dtype, "trust_remote_code": self.spec.trust_remote_code}
-        if self.params.attn_implementation is not None:
-            kw["attn_implementation"] = self.params.attn_implementation
-        return kw
-
-    def _load_causal_lm(self, path: str) -> Any:
-        from transformers import AutoModelForCausalLM
-
-        return AutoModelForCausalLM.from_pretrained(path, **self._hf_kwargs())  # type: ignore[no-any-return]
-
-    def _load_backbone(self, path: str) -> Any:
-        from transformers import AutoModel
-
-        return AutoModel.from_pretrained(path, **self._hf_kwargs())  # type: ignore[no-any-return]
+        return common.hf_kwargs(self.params, self.spec, self.dtype)
 
     def lr_at(self, step: int, *, critic: bool = False) -> float:
         """The LR of optimizer step ``step`` (0-based) of the actor or the critic."""
-        peak = self.params.critic_lr if critic else self.params.lr
-        return peak * lr_multiplier(
-            step,
-            schedule=self.params.lr_scheduler,
-            warmup_steps=self.warmup_steps,
-            total_steps=max(1, self.spec.total_steps),
-            min_lr_ratio=self.params.min_lr_ratio,
-        )
+        return common.scheduled_lr(self.params, self.spec, self.warmup_steps, step, critic=critic)
 
     # -- planning -------------------------------------------------------------------------------
     def plan(self, batch: Batch, *, update: bool) -> ShardPlan:
@@ -351,19 +300,9 @@ class FSDP2TrainBackend:
             return unpack(lp[0], pk.response_valid), None if ent is None else unpack(
                 ent[0], pk.response_valid
             )
-        T = mb["responses"].shape[1]
-        ids, attn, pos, t_eff, _ = _trim(mb)
-        kw: dict[str, Any] = {"logits_to_keep": t_eff + 1} if self._keep_arg else {}
-        logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, **kw).logits
-        logits = logits[:, -(t_eff + 1) : -1]  # [b, T_eff, V]: position P-1+t predicts token t
-        lp, ent = token_log_probs(
-            logits, mb["responses"][:, :t_eff], temperature=temperature, with_entropy=with_entropy
-        )  # [b, T_eff]
-        valid = mb["attention_mask"][:, -T:].bool()  # [b, T]
-        lp = torch.where(valid, F.pad(lp, (0, T - t_eff)), 0.0)  # [b, T]
-        if ent is not None:
-            ent = torch.where(valid, F.pad(ent, (0, T - t_eff)), 0.0)  # [b, T]
-        return lp, ent
+        return actor_log_probs(
+            module, mb, keep_arg=self._keep_arg, temperature=temperature, with_entropy=with_entropy
+        )
 
     def _critic_forward(self, mb: Batch) -> Tensor:
         """Values ``[b, T]`` of one micro-batch (value at ``P - 1 + t``); zero on padding."""
@@ -372,11 +311,7 @@ class FSDP2TrainBackend:
             pk = pack(mb)
             values = self.critic(pk.input_ids, None, pk.position_ids, keep_index=pk.predict_at)[0]  # [n]
             return unpack(values, pk.response_valid)
-        T = mb["responses"].shape[1]
-        ids, attn, pos, t_eff, _ = _trim(mb)
-        values = self.critic(ids, attn, pos, keep_last=t_eff + 1)[:, :-1]  # [b, T_eff]
-        valid = mb["attention_mask"][:, -T:].bool()  # [b, T]
-        return torch.where(valid, F.pad(values, (0, T - t_eff)), 0.0)  # [b, T]
+        return critic_values(self.critic, mb)
 
     def _gather_rows(self, local: Tensor, plan: ShardPlan, width: int) -> Tensor:
         """All-gather every rank's ``[n_r, width]`` rows; return ``[B, width]`` in the original order."""
@@ -422,16 +357,7 @@ class FSDP2TrainBackend:
 
         fp32, on this rank's device, zero on response padding; ``model``: "actor" or "ref".
         """
-        if model == "actor":
-            module = self.actor
-        elif model == "ref":
-            if self.ref is None:
-                raise ValueError(
-                    "compute_log_probs(model='ref'): no reference model (spec.need_reference=False)"
-                )
-            module = self.ref
-        else:
-            raise ValueError(f"compute_log_probs: model must be 'actor' or 'ref', got {model!r}")
+        module = common.select_model(model, self.actor, self.ref)
         temp = self.temperature if temperature is None else temperature
         was_training = module.training
         module.eval()
@@ -462,43 +388,11 @@ class FSDP2TrainBackend:
         """One actor optimizer step over ``mini_batch`` (collective). Metrics as the native backend:
         the objective's + ``actor/loss`` (sum over micro-batches and ranks), ``actor/grad_norm``,
         ``actor/lr``, ``actor/skipped_steps``, ``actor/num_micro_batches`` (per rank)."""
-        needs_entropy = bool(getattr(objective, "needs_entropy", False))
-        temp = self.temperature
-
-        def forward(mb: Batch) -> tuple[Tensor, Tensor | None]:
-            return self._actor_forward(self.actor, mb, with_entropy=needs_entropy, temperature=temp)
-
-        metrics = self._update(
-            mini_batch,
-            objective,
-            forward,
-            module=self.actor,
-            optimizer=self.optimizer,
-            lr=self.lr_at(self.version),
-            grad_clip=self.params.grad_clip,
-            prefix="actor",
-        )
-        if not metrics["actor/skipped_steps"]:
-            self.version += 1
-        return metrics
+        return common.policy_update(self, mini_batch, objective)
 
     def update_critic(self, mini_batch: Batch, objective: Objective) -> dict[str, float]:
         """One critic optimizer step (collective): ``loss, metrics = objective(mb, values, None)``."""
-        if self.critic is None or self.critic_optimizer is None:
-            raise ValueError("update_critic: no critic (spec.need_critic=False)")
-        metrics = self._update(
-            mini_batch,
-            objective,
-            lambda mb: (self._critic_forward(mb), None),
-            module=self.critic,
-            optimizer=self.critic_optimizer,
-            lr=self.lr_at(self.critic_steps, critic=True),
-            grad_clip=self.params.critic_grad_clip,
-            prefix="critic",
-        )
-        if not metrics["critic/skipped_steps"]:
-            self.critic_steps += 1
-        return metrics
+        return common.critic_update(self, mini_batch, objective)
 
     def _update(
         self,
@@ -534,40 +428,34 @@ class FSDP2TrainBackend:
                 )
 
         dist.all_reduce(total_loss)  # sum over ranks
-        max_norm = grad_clip if grad_clip > 0 else math.inf
-        params = [p for p in module.parameters() if p.requires_grad]
-        grad_norm = _clip_grad_norm(params, max_norm, self.device)
-        loss_value, norm_value = float(total_loss), float(grad_norm)
-        bad = torch.tensor(
-            [0.0 if math.isfinite(loss_value) and math.isfinite(norm_value) else 1.0], device=self.device
-        )
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)  # every rank skips together
-        skipped = bool(bad.item())
-        if skipped:
-            if self.rank == 0:
-                logger.warning(
-                    "%s update skipped on all %d ranks: non-finite loss or grad norm (loss=%s, grad_norm=%s); "
-                    "gradients dropped",
-                    prefix,
-                    self.world,
-                    loss_value,
-                    norm_value,
-                )
-        else:
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
 
+        def agree(bad: bool) -> bool:  # every rank skips together
+            flag = torch.tensor([1.0 if bad else 0.0], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            return bool(flag.item())
+
+        loss_value, norm_value, skipped = common.optimizer_step(
+            module, optimizer, loss=total_loss, grad_clip=grad_clip, lr=lr, device=self.device, agree=agree
+        )
+        if skipped and self.rank == 0:
+            logger.warning(
+                "%s update skipped on all %d ranks: non-finite loss or grad norm (loss=%s, grad_norm=%s); "
+                "gradients dropped",
+                prefix,
+                self.world,
+                loss_value,
+                norm_value,
+            )
         metrics = _merge_across_ranks(collected, objective, snapshot)
         metrics.update(
-            {
-                f"{prefix}/loss": loss_value,
-                f"{prefix}/grad_norm": norm_value,
-                f"{prefix}/lr": lr,
-                f"{prefix}/skipped_steps": float(skipped),
-                f"{prefix}/num_micro_batches": float(plan.num_micro_batches),
-            }
+            common.step_metrics(
+                prefix,
+                loss=loss_value,
+                grad_norm=norm_value,
+                lr=lr,
+                skipped=skipped,
+                num_micro_batches=plan.num_micro_batches,
+            )
         )
         return metrics
 
@@ -612,18 +500,7 @@ class FSDP2TrainBackend:
                 if missing:
                     raise RuntimeError(f"export_hf: parameters missing from the gathered state: {missing}")
                 model.save_pretrained(str(tmp))
-                tok = self._tokenizer
-                if tok is None and self.spec.model_path:
-                    try:
-                        from transformers import AutoTokenizer
-
-                        tok = AutoTokenizer.from_pretrained(
-                            self.spec.model_path, trust_remote_code=self.spec.trust_remote_code
-                        )
-                    except Exception as e:  # a model directory without tokenizer files
-                        logger.info("export_hf: no tokenizer saved (%s)", e)
-                if tok is not None:
-                    tok.save_pretrained(str(tmp))
+                common.save_tokenizer(self._tokenizer, self.spec, tmp)
         dist.barrier()
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -641,24 +518,7 @@ class FSDP2TrainBackend:
         (version, schedule, world size, extra_state), ``COMPLETE`` last; written in ``PATH.tmp`` by
         all ranks and renamed by rank 0 only after every rank finished.
         """
-        try:
-            extra = json.loads(json.dumps(dict(extra_state)))
-        except (TypeError, ValueError) as e:
-            raise TypeError(f"save_checkpoint: extra_state must be JSON-serialisable: {e}") from e
-        meta = {
-            "format": CHECKPOINT_FORMAT,
-            "version": self.version,
-            "scheduler": {
-                "actor": {"steps": self.version, "next_lr": self.lr_at(self.version)},
-                "critic": {"steps": self.critic_steps, "next_lr": self.lr_at(self.critic_steps, critic=True)},
-                "schedule": self.params.lr_scheduler,
-                "warmup_steps": self.warmup_steps,
-                "total_steps": self.spec.total_steps,
-            },
-            "has_critic": self.critic is not None,
-            "world_size": self.world,
-            "extra_state": extra,
-        }
+        meta = common.checkpoint_meta(self, CHECKPOINT_FORMAT, extra_state, world_size=self.world)
         # extra_state must be the same on every rank; rank 0's is the one written.
         box: list[Any] = [None]
 
@@ -687,17 +547,9 @@ class FSDP2TrainBackend:
         states then come from rank ``r % saved_world``. Returns ``extra_state``.
         """
         path = Path(path)
-        marker = ckpt.require_complete(path)
-        if marker.get("format") != CHECKPOINT_FORMAT:
-            raise ckpt.IncompleteCheckpointError(
-                f"{str(path)!r} is not an fsdp2 train checkpoint (format {marker.get('format')!r})"
-            )
-        meta = json.loads((path / "meta.json").read_text())
-        if meta["has_critic"] != (self.critic is not None):
-            raise ValueError(
-                f"checkpoint {str(path)!r} has_critic={meta['has_critic']} but this backend "
-                f"has_critic={self.critic is not None}"
-            )
+        meta = common.read_checkpoint_meta(
+            path, CHECKPOINT_FORMAT, "an fsdp2 train", has_critic=self.critic is not None
+        )
         for name, module, opt in self._parts():
             model_sd, optim_sd = get_state_dict(module, opt)
             state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
@@ -723,17 +575,6 @@ class FSDP2TrainBackend:
 # ---------------------------------------------------------------------------------------------
 # collective helpers
 # ---------------------------------------------------------------------------------------------
-def _clip_grad_norm(params: list[nn.Parameter], max_norm: float, device: torch.device) -> Tensor:
-    """Global grad norm over all shards (and clip to ``max_norm``), as a plain tensor."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros((), device=device)
-    norm = torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm)
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
-    return norm
-
-
 def _acc_snapshot(objective: Any) -> tuple[dict[str, float], dict[str, int]] | None:
     """What the objective's accumulator held before this update (None: it has none)."""
     acc = getattr(objective, "acc", None)

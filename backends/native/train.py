@@ -29,11 +29,21 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rlzoo.backends.native import checkpoint as ckpt
+from rlzoo.backends.native import common
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.batch import Batch
 from rlzoo.protocols import Objective, TrainSpec
 
-__all__ = ["CriticModel", "NativeTrainBackend", "lr_multiplier", "token_log_probs"]
+__all__ = [
+    "CriticModel",
+    "NativeTrainBackend",
+    "actor_log_probs",
+    "critic_values",
+    "lr_multiplier",
+    "pad_response",
+    "token_log_probs",
+    "trim",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +103,7 @@ def token_log_probs(
     return log_probs, entropy
 
 
-def _trim(mb: Batch) -> tuple[Tensor, Tensor, Tensor, int, int]:
+def trim(mb: Batch) -> tuple[Tensor, Tensor, Tensor, int, int]:
     """Columns of a micro-batch that any row attends to.
 
     Returns ``(input_ids, attention_mask, position_ids, T_eff, resp_start)`` where the trimmed
@@ -116,6 +126,68 @@ def _trim(mb: Batch) -> tuple[Tensor, Tensor, Tensor, int, int]:
     return ids[:, start:end], attn[:, start:end], pos[:, start:end], t_eff, P - start
 
 
+_trim = trim  # the former private name
+
+
+def pad_response(x: Tensor, mb: Batch) -> Tensor:
+    """``[b, T_eff]`` per-token outputs of :func:`trim`'s columns back to ``[b, T]``, zero on padding."""
+    T = mb["responses"].shape[1]
+    valid = mb["attention_mask"][:, -T:].bool()  # [b, T]
+    return torch.where(valid, F.pad(x, (0, T - x.shape[1])), 0.0)  # [b, T]
+
+
+def actor_log_probs(
+    module: nn.Module,
+    mb: Batch,
+    *,
+    keep_arg: bool,
+    temperature: float,
+    with_entropy: bool,
+    vision_dtype: torch.dtype | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (+ entropy) ``[b, T]`` of one micro-batch already on the device; zero on padding.
+
+    Padded forward over the :func:`trim` columns; ``keep_arg``: the module's forward takes
+    ``logits_to_keep``. ``vision_dtype`` set: ``module`` is a vision-language model, the rows'
+    images (``mb["multi_modal"]``, concatenated in row order, pixels cast to ``vision_dtype``) go
+    into the forward and positions are M-RoPE ones computed from the ids (``mb["position_ids"]``
+    is ignored).
+    """
+    if vision_dtype is not None:
+        from rlzoo.backends.native.multimodal import collate_images, vl_token_log_probs
+
+        images = collate_images(mb.get("multi_modal") or [None] * len(mb), device=mb["input_ids"].device)
+        if "pixel_values" in images:
+            images["pixel_values"] = images["pixel_values"].to(vision_dtype)
+        # columns no row attends to are cut as in the text path: M-RoPE positions only count
+        # attended tokens, so the result is the same as over the untrimmed micro-batch
+        ids, attn, _, t_eff, _ = trim(mb)
+        lp, ent = vl_token_log_probs(
+            module,
+            ids,
+            attn,
+            mb["responses"][:, :t_eff],
+            images,
+            temperature=temperature,
+            with_entropy=with_entropy,
+        )  # [b, T_eff]
+    else:
+        ids, attn, pos, t_eff, _ = trim(mb)
+        kw: dict[str, Any] = {"logits_to_keep": t_eff + 1} if keep_arg else {}
+        logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, **kw).logits
+        logits = logits[:, -(t_eff + 1) : -1]  # [b, T_eff, V]: position P-1+t predicts token t
+        targets = mb["responses"][:, :t_eff]  # [b, T_eff]
+        lp, ent = token_log_probs(logits, targets, temperature=temperature, with_entropy=with_entropy)
+    return pad_response(lp, mb), None if ent is None else pad_response(ent, mb)  # [b, T]
+
+
+def critic_values(critic: nn.Module, mb: Batch) -> Tensor:
+    """Values ``[b, T]`` of one micro-batch on the device (value at ``P - 1 + t``); zero on padding."""
+    ids, attn, pos, t_eff, _ = trim(mb)
+    values = critic(ids, attn, pos, keep_last=t_eff + 1)[:, :-1]  # [b, T_eff]
+    return pad_response(values, mb)  # [b, T]
+
+
 class CriticModel(nn.Module):
     """A transformer backbone (HF base model) + ``Linear(hidden, 1)`` value head."""
 
@@ -128,14 +200,25 @@ class CriticModel(nn.Module):
         nn.init.zeros_(self.value_head.bias)
 
     def forward(
-        self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, keep_last: int
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None,
+        position_ids: Tensor,
+        keep_last: int | None = None,
+        keep_index: Tensor | None = None,
     ) -> Tensor:
-        """Values ``[b, keep_last]`` at the last ``keep_last`` positions (fp32)."""
+        """Values (fp32) at the last ``keep_last`` positions ``[b, keep_last]``, or at the
+        positions ``keep_index`` ``[b, len(keep_index)]`` (a packed row: ``attention_mask`` None).
+
+        The result is a fresh tensor, not a view: FSDP2 hooks the root module's output for its
+        pre-backward all-gather (so every forward must also enter through ``__call__``).
+        """
         out = self.backbone(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         )
-        hidden = out.last_hidden_state[:, -keep_last:]  # [b, keep_last, H]
-        return self.value_head(hidden).squeeze(-1).float()  # [b, keep_last]
+        hidden = out.last_hidden_state  # [b, L, H]
+        hidden = hidden[:, keep_index] if keep_index is not None else hidden[:, -int(keep_last or 1) :]
+        return self.value_head(hidden).float().squeeze(-1).clone()  # [b, keep]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,7 +248,7 @@ class NativeTrainBackend:
         """
         self.params = params
         self.spec = spec
-        self.temperature = params.temperature if params.temperature is not None else spec.temperature
+        self.temperature = common.resolve_temperature(params, spec)
         self.version = 0
         self.critic_steps = 0
         self.device = torch.device(
@@ -176,7 +259,7 @@ class NativeTrainBackend:
 
         given_model = model is not None
         if model is None:
-            model = self._load_causal_lm(spec.model_path)
+            model = common.load_causal_lm(spec.model_path, self._hf_kwargs())
         self.actor: Any = model.to(device=self.device, dtype=self.dtype)  # an HF PreTrainedModel
         from rlzoo.backends.native.multimodal import is_multimodal_model
 
@@ -194,12 +277,9 @@ class NativeTrainBackend:
             self.ref = copy.deepcopy(self.actor).eval().requires_grad_(False)
         self.critic: CriticModel | None = None
         if spec.need_critic:
-            backbone: Any = critic_backbone
-            if backbone is None:
-                if spec.critic_model_path is not None or not given_model:
-                    backbone = self._load_backbone(spec.critic_model_path or spec.model_path)
-                else:
-                    backbone = copy.deepcopy(self.actor.base_model)
+            backbone: Any = common.critic_backbone(
+                spec, critic_backbone, self.actor, given_model=given_model, kwargs=self._hf_kwargs()
+            )
             hidden = int(backbone.config.hidden_size)
             self.critic = CriticModel(backbone.to(self.dtype), hidden).to(self.device)
 
@@ -230,8 +310,7 @@ class NativeTrainBackend:
                 eps=params.eps,
                 weight_decay=params.critic_weight_decay,
             )
-        total = max(1, spec.total_steps)
-        self.warmup_steps = params.warmup_steps or int(params.warmup_ratio * total)
+        self.warmup_steps = common.warmup_steps(params, spec)
 
     @classmethod
     def from_module(
@@ -246,98 +325,30 @@ class NativeTrainBackend:
 
     # -- loading --------------------------------------------------------------------------------
     def _hf_kwargs(self) -> dict[str, Any]:
-        kw: dict[str, Any] = {"dtype": self.dtype, "trust_remote_code": self.spec.trust_remote_code}
-        if self.params.attn_implementation is not None:
-            kw["attn_implementation"] = self.params.attn_implementation
-        return kw
-
-    def _load_causal_lm(self, path: str) -> nn.Module:
-        """``AutoModelForCausalLM``, or ``AutoModelForImageTextToText`` for a vision-language model."""
-        from transformers import AutoModelForCausalLM
-
-        from rlzoo.backends.native.multimodal import has_vision_config
-
-        auto: Any = AutoModelForCausalLM
-        if has_vision_config(path, self.spec.trust_remote_code):
-            from transformers import AutoModelForImageTextToText
-
-            auto = AutoModelForImageTextToText
-        return auto.from_pretrained(path, **self._hf_kwargs())  # type: ignore[no-any-return]
-
-    def _load_backbone(self, path: str) -> nn.Module:
-        from transformers import AutoModel
-
-        return AutoModel.from_pretrained(path, **self._hf_kwargs())  # type: ignore[no-any-return]
+        return common.hf_kwargs(self.params, self.spec, self.dtype)
 
     # -- learning rates -------------------------------------------------------------------------
     def lr_at(self, step: int, *, critic: bool = False) -> float:
         """The LR of optimizer step ``step`` (0-based) of the actor or the critic."""
-        peak = self.params.critic_lr if critic else self.params.lr
-        return peak * lr_multiplier(
-            step,
-            schedule=self.params.lr_scheduler,
-            warmup_steps=self.warmup_steps,
-            total_steps=max(1, self.spec.total_steps),
-            min_lr_ratio=self.params.min_lr_ratio,
-        )
+        return common.scheduled_lr(self.params, self.spec, self.warmup_steps, step, critic=critic)
 
     # -- forward passes -------------------------------------------------------------------------
     def _actor_forward(
         self, module: nn.Module, mb: Batch, *, with_entropy: bool, temperature: float
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (+ entropy) ``[b, T]`` of one micro-batch already on the device."""
-        T = mb["responses"].shape[1]
-        if self._vl:
-            return self._vl_actor_forward(module, mb, with_entropy=with_entropy, temperature=temperature)
-        ids, attn, pos, t_eff, _ = _trim(mb)
-        kw: dict[str, Any] = {"logits_to_keep": t_eff + 1} if self._keep_arg else {}
-        logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, **kw).logits
-        logits = logits[:, -(t_eff + 1) : -1]  # [b, T_eff, V]: position P-1+t predicts token t
-        targets = mb["responses"][:, :t_eff]  # [b, T_eff]
-        lp, ent = token_log_probs(logits, targets, temperature=temperature, with_entropy=with_entropy)
-        valid = mb["attention_mask"][:, -T:].bool()  # [b, T]
-        lp = torch.where(valid, F.pad(lp, (0, T - t_eff)), 0.0)  # [b, T]
-        if ent is not None:
-            ent = torch.where(valid, F.pad(ent, (0, T - t_eff)), 0.0)  # [b, T]
-        return lp, ent
-
-    def _vl_actor_forward(
-        self, module: nn.Module, mb: Batch, *, with_entropy: bool, temperature: float
-    ) -> tuple[Tensor, Tensor | None]:
-        """:meth:`_actor_forward` of a vision-language model: the rows' images (``meta["multi_modal"]``,
-        concatenated in row order) go into the forward, positions are M-RoPE ones computed from the
-        ids (``mb["position_ids"]`` is ignored)."""
-        from rlzoo.backends.native.multimodal import collate_images, vl_token_log_probs
-
-        T = mb["responses"].shape[1]
-        images = collate_images(mb.get("multi_modal") or [None] * len(mb), device=self.device)
-        if "pixel_values" in images:
-            images["pixel_values"] = images["pixel_values"].to(self.dtype)
-        # columns no row attends to are cut as in the text path: M-RoPE positions only count
-        # attended tokens, so the result is the same as over the untrimmed micro-batch
-        ids, attn, _, t_eff, _ = _trim(mb)
-        lp, ent = vl_token_log_probs(
+        return actor_log_probs(
             module,
-            ids,
-            attn,
-            mb["responses"][:, :t_eff],
-            images,
+            mb,
+            keep_arg=self._keep_arg,
             temperature=temperature,
             with_entropy=with_entropy,
-        )  # [b, T_eff]
-        valid = mb["attention_mask"][:, -T:].bool()  # [b, T]
-        lp = torch.where(valid, F.pad(lp, (0, T - t_eff)), 0.0)  # [b, T]
-        if ent is not None:
-            ent = torch.where(valid, F.pad(ent, (0, T - t_eff)), 0.0)  # [b, T]
-        return lp, ent
+            vision_dtype=self.dtype if self._vl else None,
+        )
 
     def _critic_forward(self, mb: Batch) -> Tensor:
         assert self.critic is not None
-        T = mb["responses"].shape[1]
-        ids, attn, pos, t_eff, _ = _trim(mb)
-        values = self.critic(ids, attn, pos, keep_last=t_eff + 1)[:, :-1]  # [b, T_eff]
-        valid = mb["attention_mask"][:, -T:].bool()  # [b, T]
-        return torch.where(valid, F.pad(values, (0, T - t_eff)), 0.0)  # [b, T]
+        return critic_values(self.critic, mb)
 
     @torch.no_grad()
     def compute_log_probs(
@@ -353,16 +364,7 @@ class NativeTrainBackend:
         fp32, on the input batch's device, zero where the response is padding. ``model``: "actor" or
         "ref"; ``temperature`` defaults to ``params.temperature``.
         """
-        if model == "actor":
-            module = self.actor
-        elif model == "ref":
-            if self.ref is None:
-                raise ValueError(
-                    "compute_log_probs(model='ref'): no reference model (spec.need_reference=False)"
-                )
-            module = self.ref
-        else:
-            raise ValueError(f"compute_log_probs: model must be 'actor' or 'ref', got {model!r}")
+        module = common.select_model(model, self.actor, self.ref)
         temp = self.temperature if temperature is None else temperature
         was_training = module.training
         module.eval()
@@ -415,47 +417,11 @@ class NativeTrainBackend:
         """One actor optimizer step over ``mini_batch``. Metrics: the objective's (mean over
         micro-batches) + ``actor/loss`` (sum), ``actor/grad_norm``, ``actor/lr``,
         ``actor/skipped_steps``, ``actor/num_micro_batches``."""
-        needs_entropy = bool(getattr(objective, "needs_entropy", False))
-        temp = self.temperature
-
-        def forward(mb: Batch) -> tuple[Tensor, Tensor | None]:
-            return self._actor_forward(self.actor, mb, with_entropy=needs_entropy, temperature=temp)
-
-        metrics = self._update(
-            mini_batch,
-            objective,
-            forward,
-            module=self.actor,
-            optimizer=self.optimizer,
-            lr=self.lr_at(self.version),
-            grad_clip=self.params.grad_clip,
-            prefix="actor",
-        )
-        if not metrics["actor/skipped_steps"]:
-            self.version += 1
-        return metrics
+        return common.policy_update(self, mini_batch, objective)
 
     def update_critic(self, mini_batch: Batch, objective: Objective) -> dict[str, float]:
         """One critic optimizer step: ``loss, metrics = objective(micro_batch, values, None)``."""
-        if self.critic is None or self.critic_optimizer is None:
-            raise ValueError("update_critic: no critic (spec.need_critic=False)")
-
-        def forward(mb: Batch) -> tuple[Tensor, Tensor | None]:
-            return self._critic_forward(mb), None
-
-        metrics = self._update(
-            mini_batch,
-            objective,
-            forward,
-            module=self.critic,
-            optimizer=self.critic_optimizer,
-            lr=self.lr_at(self.critic_steps, critic=True),
-            grad_clip=self.params.critic_grad_clip,
-            prefix="critic",
-        )
-        if not metrics["critic/skipped_steps"]:
-            self.critic_steps += 1
-        return metrics
+        return common.critic_update(self, mini_batch, objective)
 
     def _update(
         self,
@@ -483,14 +449,9 @@ class NativeTrainBackend:
             for k, v in mb_metrics.items():
                 collected.setdefault(k, []).append(v.detach().float() if isinstance(v, Tensor) else v)
 
-        params = [p for p in module.parameters() if p.grad is not None]
-        max_norm = grad_clip if grad_clip > 0 else math.inf
-        if params:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        else:
-            grad_norm = torch.zeros(())
-        loss_value, norm_value = float(total_loss), float(grad_norm)
-        skipped = not (math.isfinite(loss_value) and math.isfinite(norm_value))
+        loss_value, norm_value, skipped = common.optimizer_step(
+            module, optimizer, loss=total_loss, grad_clip=grad_clip, lr=lr, device=self.device
+        )
         if skipped:
             logger.warning(
                 "%s update skipped: non-finite %s (loss=%s, grad_norm=%s); gradients dropped",
@@ -499,21 +460,16 @@ class NativeTrainBackend:
                 loss_value,
                 norm_value,
             )
-        else:
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
         metrics = {k: _mean(v) for k, v in collected.items()}
         metrics.update(
-            {
-                f"{prefix}/loss": loss_value,
-                f"{prefix}/grad_norm": norm_value,
-                f"{prefix}/lr": lr,
-                f"{prefix}/skipped_steps": float(skipped),
-                f"{prefix}/num_micro_batches": float(len(mbs)),
-            }
+            common.step_metrics(
+                prefix,
+                loss=loss_value,
+                grad_norm=norm_value,
+                lr=lr,
+                skipped=skipped,
+                num_micro_batches=len(mbs),
+            )
         )
         return metrics
 
@@ -532,39 +488,12 @@ class NativeTrainBackend:
         path = Path(path)
         with ckpt.atomic_dir(path, {"format": "hf"}) as tmp:
             self.actor.save_pretrained(str(tmp))
-            tok = self._tokenizer
-            if tok is None and self.spec.model_path:
-                try:
-                    from transformers import AutoTokenizer
-
-                    tok = AutoTokenizer.from_pretrained(
-                        self.spec.model_path, trust_remote_code=self.spec.trust_remote_code
-                    )
-                except Exception as e:  # a model directory without tokenizer files
-                    logger.info("export_hf: no tokenizer saved (%s)", e)
-            if tok is not None:
-                tok.save_pretrained(str(tmp))
+            common.save_tokenizer(self._tokenizer, self.spec, tmp)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self, path: Path, extra_state: Mapping[str, Any]) -> None:
         """Write a complete checkpoint to ``path`` atomically (see :meth:`load_checkpoint`)."""
-        try:
-            extra = json.loads(json.dumps(dict(extra_state)))
-        except (TypeError, ValueError) as e:
-            raise TypeError(f"save_checkpoint: extra_state must be JSON-serialisable: {e}") from e
-        meta = {
-            "format": CHECKPOINT_FORMAT,
-            "version": self.version,
-            "scheduler": {
-                "actor": {"steps": self.version, "next_lr": self.lr_at(self.version)},
-                "critic": {"steps": self.critic_steps, "next_lr": self.lr_at(self.critic_steps, critic=True)},
-                "schedule": self.params.lr_scheduler,
-                "warmup_steps": self.warmup_steps,
-                "total_steps": self.spec.total_steps,
-            },
-            "has_critic": self.critic is not None,
-            "extra_state": extra,
-        }
+        meta = common.checkpoint_meta(self, CHECKPOINT_FORMAT, extra_state)
         with ckpt.atomic_dir(Path(path), {"format": CHECKPOINT_FORMAT}) as tmp:
             parts: list[tuple[str, nn.Module, torch.optim.Optimizer]] = [
                 ("actor", self.actor, self.optimizer)
@@ -587,17 +516,9 @@ class NativeTrainBackend:
         weights this backend was built from.
         """
         path = Path(path)
-        marker = ckpt.require_complete(path)
-        if marker.get("format") != CHECKPOINT_FORMAT:
-            raise ckpt.IncompleteCheckpointError(
-                f"{str(path)!r} is not a native train checkpoint (format {marker.get('format')!r})"
-            )
-        meta = json.loads((path / "meta.json").read_text())
-        if meta["has_critic"] != (self.critic is not None):
-            raise ValueError(
-                f"checkpoint {str(path)!r} has_critic={meta['has_critic']} but this backend "
-                f"has_critic={self.critic is not None}"
-            )
+        meta = common.read_checkpoint_meta(
+            path, CHECKPOINT_FORMAT, "a native train", has_critic=self.critic is not None
+        )
         parts: list[tuple[str, nn.Module, torch.optim.Optimizer]] = [("actor", self.actor, self.optimizer)]
         if self.critic is not None and self.critic_optimizer is not None:
             parts.append(("critic", self.critic, self.critic_optimizer))
