@@ -84,6 +84,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rlzoo.protocols import GenerationRequest, Sample
+from rlzoo.streams import collect_requested, requested_keys
 
 __all__ = ["NativeEngine"]
 
@@ -330,34 +331,23 @@ class NativeEngine:
         Returns them in request order, then sample index. Samples of other requests that finish
         meanwhile stay in the stream queue. Do not run it concurrently with a ``stream`` consumer.
         """
-        ids = [r.request_id for r in requests]
-        if len(set(ids)) != len(ids):
-            raise ValueError("generate(): request ids must be unique")
-        wanted = {(r.request_id, i) for r in requests for i in range(r.sampling.n)}
+        requested_keys(requests)  # unique ids, before anything is submitted
         with self._cv:
             if self._paused:
                 raise RuntimeError("generate() while paused would never finish: call resume() first")
         self.submit(requests)
-        got: dict[tuple[str, int], Sample] = {}
-        others: list[Sample] = []
-        try:
-            while len(got) < len(wanted):
-                s = self._next_sample(timeout=None, poll=0.05)
-                if s is None:
-                    if self._closed:
-                        raise RuntimeError("the engine was shut down during generate()")
-                    continue
-                if (s.request_id, s.index) in wanted:
-                    got[(s.request_id, s.index)] = s
-                    with self._cv:
-                        self._delivered += 1
-                else:
-                    others.append(s)
-        finally:
-            for s in others:
-                self._out.put(s)
-        order = {rid: k for k, rid in enumerate(ids)}
-        return sorted(got.values(), key=lambda s: (order[s.request_id], s.index))
+
+        def next_sample() -> Sample | None:
+            s = self._next_sample(timeout=None, poll=0.05)
+            if s is None and self._closed:
+                raise RuntimeError("the engine was shut down during generate()")
+            return s
+
+        def delivered() -> None:
+            with self._cv:
+                self._delivered += 1
+
+        return collect_requested(requests, next_sample, self._out.put, delivered)
 
     def stream(self, timeout: float | None = None) -> Iterator[Sample]:
         """Yield finished samples as they complete, each exactly once.

@@ -43,6 +43,7 @@ from rlzoo.backends.vllm.logic import (
     vllm_sampling_kwargs,
 )
 from rlzoo.protocols import GenerationRequest, RolloutSpec, Sample
+from rlzoo.streams import collect_requested, requested_keys
 
 __all__ = ["WORKER_EXTENSION", "VLLMRolloutBackend", "engine_args"]
 
@@ -199,32 +200,22 @@ class VLLMRolloutBackend:
             yield s
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Sample]:
-        ids = [r.request_id for r in requests]
-        if len(set(ids)) != len(ids):
-            raise ValueError("generate(): request ids must be unique")
+        requested_keys(requests)
         if self._paused:
             raise RuntimeError("generate() while paused would never finish: call resume() first")
-        wanted = {(r.request_id, i) for r in requests for i in range(r.sampling.n)}
         self.submit(requests)
-        got: dict[tuple[str, int], Sample] = {}
-        others: list[Sample] = []
-        try:
-            while len(got) < len(wanted):
-                try:
-                    s = self._out.get(timeout=0.05)
-                except queue.Empty:
-                    continue
-                if (s.request_id, s.index) in wanted:
-                    got[(s.request_id, s.index)] = s
-                    with self._count_lock:
-                        self._delivered += 1
-                else:
-                    others.append(s)
-        finally:
-            for s in others:
-                self._out.put(s)
-        order = {rid: k for k, rid in enumerate(ids)}
-        return sorted(got.values(), key=lambda s: (order[s.request_id], s.index))
+
+        def next_sample() -> Sample | None:
+            try:
+                return self._out.get(timeout=0.05)
+            except queue.Empty:
+                return None
+
+        def delivered() -> None:
+            with self._count_lock:
+                self._delivered += 1
+
+        return collect_requested(requests, next_sample, self._out.put, delivered)
 
     def pause(self) -> None:
         """Abort the engine requests; their samples keep their tokens until :meth:`resume`."""

@@ -35,6 +35,7 @@ import torch
 
 from rlzoo.protocols import GenerationRequest, RolloutSpec, Sample, TrainSpec
 from rlzoo.runners.simulated_plugin import SimulatedRolloutParams, SimulatedTrainParams
+from rlzoo.streams import collect_requested, requested_keys
 
 __all__ = ["SimulatedRolloutBackend", "SimulatedTrainBackend"]
 
@@ -119,29 +120,16 @@ class SimulatedRolloutBackend:
             yield s
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Sample]:
-        ids = [r.request_id for r in requests]
-        wanted = {(r.request_id, i) for r in requests for i in range(r.sampling.n)}
+        requested_keys(requests)
         if self._paused:
             raise RuntimeError("generate() while paused would never finish: call resume() first")
         self.submit(requests)
-        got: dict[tuple[str, int], Sample] = {}
-        others: list[Sample] = []
-        try:
-            while len(got) < len(wanted):
-                s = self._next(0.05)
-                if s is None:
-                    continue
-                if (s.request_id, s.index) in wanted:
-                    got[(s.request_id, s.index)] = s
-                    with self._cv:
-                        self._delivered += 1
-                else:
-                    others.append(s)
-        finally:
-            for s in others:
-                self._out.put(s)
-        order = {rid: k for k, rid in enumerate(ids)}
-        return sorted(got.values(), key=lambda s: (order[s.request_id], s.index))
+
+        def delivered() -> None:
+            with self._cv:
+                self._delivered += 1
+
+        return collect_requested(requests, lambda: self._next(0.05), self._out.put, delivered)
 
     def pause(self) -> None:
         with self._cv:
