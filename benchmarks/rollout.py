@@ -19,17 +19,17 @@ import time
 
 import torch
 
+from rlzoo.testing.tiny import tiny_qwen2_config
+
 
 def build_model(device: str, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=8192,
+    cfg = tiny_qwen2_config(
+        8192,
         hidden_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_layers=4,
         intermediate_size=768,
         max_position_embeddings=1024,
         eos_token_id=None,

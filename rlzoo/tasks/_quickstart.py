@@ -41,24 +41,16 @@ def build_tokenizer() -> Any:
 
 
 def build_model(tokenizer: Any, hidden_size: int, num_layers: int, seed: int) -> Any:
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from rlzoo.testing.tiny import build_tiny_qwen2
 
-    cfg = Qwen2Config(
-        vocab_size=len(tokenizer),
+    model, _ = build_tiny_qwen2(
+        tokenizer=tokenizer,
         hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_layers=num_layers,
         max_position_embeddings=64,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
+        seed=seed,
     )
-    torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(cfg)
+    return model
 
 
 def rows(prompts: list[tuple[str, int, int]], split: str) -> list[dict[str, Any]]:

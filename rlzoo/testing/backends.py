@@ -42,6 +42,7 @@ import pytest
 
 from rlzoo.protocols import GenerationRequest, RolloutSpec, SamplingParams, TrainSpec
 from rlzoo.testing.conformance import ComponentConformance
+from rlzoo.testing.tiny import tiny_qwen2_config
 
 __all__ = [
     "BackendContract",
@@ -68,17 +69,12 @@ def save_tiny_qwen2(path: str | Path, *, seed: int = 0, tie: bool = False) -> Pa
     """
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     path = Path(path)
     torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
+    cfg = tiny_qwen2_config(
+        VOCAB,
         max_position_embeddings=512,
         tie_word_embeddings=tie,
         bos_token_id=1,

@@ -126,6 +126,24 @@ def build_tokenizer(
     return fast
 
 
+def tiny_qwen2_config(
+    vocab_size: int, *, hidden_size: int = 32, num_layers: int = 2, **overrides: Any
+) -> Any:
+    """A tiny ``Qwen2Config``: 4 heads, 2 KV heads (GQA), FFN 2x hidden; ``overrides`` go to the config."""
+    from transformers import Qwen2Config
+
+    kwargs: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
+        "intermediate_size": hidden_size * 2,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    }
+    kwargs.update(overrides)
+    return Qwen2Config(**kwargs)
+
+
 def build_tiny_qwen2(
     out_dir: Path | None = None,
     *,
@@ -141,16 +159,13 @@ def build_tiny_qwen2(
     template, ``generation_config.json``) that ``from_pretrained`` and the native backends load.
     """
     import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import AutoModelForCausalLM
 
     tok = tokenizer if tokenizer is not None else build_tokenizer()
-    cfg = Qwen2Config(
-        vocab_size=len(tok),
+    cfg = tiny_qwen2_config(
+        len(tok),
         hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_layers=num_layers,
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=True,
         pad_token_id=tok.pad_token_id,

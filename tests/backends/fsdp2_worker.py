@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config
+from transformers import AutoModelForCausalLM
 
 from rlzoo.batch import Batch
 from rlzoo.protocols import AggContext
+from rlzoo.testing.tiny import tiny_qwen2_config
 
 V = 64
 PAD = 0
@@ -29,16 +30,7 @@ PAD = 0
 def tiny_model(seed: int = 0, tie: bool = True) -> torch.nn.Module:
     """Qwen2, hidden 32, 2 layers (~20k params + embeddings), fp32, sdpa attention."""
     torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=V,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        tie_word_embeddings=tie,
-        attn_implementation="sdpa",
-    )
+    cfg = tiny_qwen2_config(V, tie_word_embeddings=tie, attn_implementation="sdpa")
     return AutoModelForCausalLM.from_config(cfg).float()
 
 

@@ -16,6 +16,7 @@ from rlzoo.backends.native.engine import NativeEngine
 from rlzoo.backends.native.rollout import NativeRolloutBackend
 from rlzoo.backends.native.rollout_params import NativeRolloutParams
 from rlzoo.protocols import GenerationRequest, RolloutBackend, RolloutSpec, SamplingParams
+from rlzoo.testing.tiny import tiny_qwen2_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -24,15 +25,7 @@ VOCAB = 96
 
 def _tiny(seed: int) -> nn.Module:
     torch.manual_seed(seed)
-    cfg = transformers.Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=256,
-    )
+    cfg = tiny_qwen2_config(VOCAB, hidden_size=64, max_position_embeddings=256)
     return transformers.AutoModelForCausalLM.from_config(cfg).eval()
 
 

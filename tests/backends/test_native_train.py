@@ -10,13 +10,14 @@ import random
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config
+from transformers import AutoModelForCausalLM
 
 from rlzoo.backends.native import checkpoint as ckpt
 from rlzoo.backends.native.train import NativeTrainBackend, lr_multiplier
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.batch import Batch
 from rlzoo.protocols import TrainBackend, TrainSpec
+from rlzoo.testing.tiny import tiny_qwen2_config
 
 V = 64
 PAD = 0
@@ -33,15 +34,7 @@ def _one_thread():
 
 def tiny_model(seed: int = 0, tie: bool = True) -> torch.nn.Module:
     torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=V,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        tie_word_embeddings=tie,
-    )
+    cfg = tiny_qwen2_config(V, tie_word_embeddings=tie)
     return AutoModelForCausalLM.from_config(cfg).float()
 
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from rlzoo.testing.tiny import tiny_qwen2_config
+
 TESTS_DIR = Path(__file__).resolve().parents[1]
 REPO = TESTS_DIR.parent
 VOCAB = 96
@@ -41,16 +43,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
 
     torch.manual_seed(0)
-    cfg = transformers.Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
+    cfg = tiny_qwen2_config(VOCAB, hidden_size=64, max_position_embeddings=256, tie_word_embeddings=False)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     path = tmp_path_factory.mktemp("tiny-qwen2")
     model.save_pretrained(str(path))
