@@ -277,9 +277,9 @@ def save_tokenizer(tokenizer: Any, spec: Any, directory: Path) -> None:
     tok = tokenizer
     if tok is None and spec.model_path:
         try:
-            from transformers import AutoTokenizer
+            from rlzoo.data.tokenizer import load_tokenizer
 
-            tok = AutoTokenizer.from_pretrained(spec.model_path, trust_remote_code=spec.trust_remote_code)
+            tok = load_tokenizer(spec.model_path, trust_remote_code=spec.trust_remote_code)
         except Exception as e:  # a model directory without tokenizer files
             logger.info("export_hf: no tokenizer saved (%s)", e)
     if tok is not None:

@@ -85,7 +85,7 @@ def load_processor(path: str, trust_remote_code: bool = False) -> Any:
     When that import fails, the processor is built from the folder's image processor and tokenizer
     through :func:`image_only_processor_class` (identical for image prompts; videos unsupported).
     """
-    from transformers import AutoConfig, AutoImageProcessor, AutoProcessor, AutoTokenizer
+    from transformers import AutoConfig, AutoImageProcessor, AutoProcessor
 
     try:
         return AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
@@ -108,7 +108,9 @@ def load_processor(path: str, trust_remote_code: bool = False) -> Any:
             str(exc).strip().splitlines()[0],
             name,
         )
-        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        from rlzoo.data.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(path, trust_remote_code=trust_remote_code)
         image_processor = AutoImageProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
         return image_only_processor_class(base)(
             image_processor, tok, chat_template=getattr(tok, "chat_template", None)

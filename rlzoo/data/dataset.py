@@ -205,9 +205,9 @@ class PromptDataset:
         if tokenizer is None:
             raise ValueError("PromptDataset needs a tokenizer (or a processor that has one)")
         if isinstance(tokenizer, (str, Path)):
-            from transformers import AutoTokenizer
+            from rlzoo.data.tokenizer import load_tokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
+            tokenizer = load_tokenizer(tokenizer)
         self.tokenizer = tokenizer
         self.processor = processor
         self.prompt_key = prompt_key

@@ -92,11 +92,11 @@ def check_inputs(cfg: RecipeConfig) -> None:
 
 
 def load_tokenizer(cfg: RecipeConfig) -> Any:
-    from transformers import AutoTokenizer
+    from rlzoo.data.tokenizer import load_tokenizer as _load
 
     path = expand(cfg.model.tokenizer_path or cfg.model.path)
     try:
-        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
+        tok = _load(path, trust_remote_code=cfg.model.trust_remote_code)
     except Exception as exc:
         raise RlzooError(f"cannot load the tokenizer from {path!r}: {exc}") from exc
     if cfg.data.apply_chat_template and not getattr(tok, "chat_template", None):

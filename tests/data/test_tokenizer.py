@@ -1,0 +1,26 @@
+"""A word-level tokenizer saved next to a Qwen2 model keeps its own pre-tokenizer when loaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlzoo.data.tokenizer import declared_class, load_tokenizer
+from rlzoo.tasks._quickstart import build_model, build_tokenizer
+
+
+def test_generic_tokenizer_next_to_a_qwen2_config(tmp_path: Path) -> None:
+    tok = build_tokenizer()
+    model = build_model(tok, hidden_size=32, num_layers=1, seed=0)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    # "first" is word 15 of the vocabulary: the prompt keeps it (AutoTokenizer would load this folder
+    # as Qwen2Tokenizer, whose byte-level pre-tokenizer drops the word and gives [8, 12])
+    assert declared_class(tmp_path) in {"PreTrainedTokenizerFast", "TokenizersBackend"}
+    loaded = load_tokenizer(tmp_path)
+    assert loaded.encode("first 3 7") == tok.encode("first 3 7") == [15, 8, 12]
+    assert loaded.chat_template == tok.chat_template
+
+
+def test_hub_names_and_missing_configs_go_through_auto(tmp_path: Path) -> None:
+    assert declared_class(tmp_path) is None
+    assert declared_class("Qwen/Qwen2.5-0.5B-Instruct") is None
