@@ -42,6 +42,27 @@ class PrepareError(RlzooError, ValueError):
     """A dataset could not be prepared (a missing split, an unexpected column layout)."""
 
 
+def qa_features(*, images: bool = False) -> Any:
+    """``datasets`` features of rlzoo's schema for question / answer datasets (extra_info keeps both)."""
+    from datasets import Features, Image, List, Value
+
+    columns: dict[str, Any] = {
+        "data_source": Value("string"),
+        "prompt": List({"role": Value("string"), "content": Value("string")}),
+    }
+    if images:
+        columns["images"] = List(Image())
+    columns["ability"] = Value("string")
+    columns["reward_model"] = {"style": Value("string"), "ground_truth": Value("string")}
+    columns["extra_info"] = {
+        "split": Value("string"),
+        "index": Value("int64"),
+        "answer": Value("string"),
+        "question": Value("string"),
+    }
+    return Features(columns)
+
+
 def bind_params(params: Any, cls: type[P], name: str) -> P:
     """``params`` as an instance of ``cls``: an instance, None (defaults) or a mapping."""
     if isinstance(params, cls):

@@ -17,6 +17,7 @@ from rlzoo.data.prepare._common import (
     head,
     load_source,
     pick_split,
+    qa_features,
     require_columns,
     split_specs,
     write_split,
@@ -59,23 +60,7 @@ def _image_cell(img: Any) -> dict[str, Any]:
 
 
 def features() -> Any:
-    from datasets import Features, Image, List, Value
-
-    return Features(
-        {
-            "data_source": Value("string"),
-            "prompt": List({"role": Value("string"), "content": Value("string")}),
-            "images": List(Image()),
-            "ability": Value("string"),
-            "reward_model": {"style": Value("string"), "ground_truth": Value("string")},
-            "extra_info": {
-                "split": Value("string"),
-                "index": Value("int64"),
-                "answer": Value("string"),
-                "question": Value("string"),
-            },
-        }
-    )
+    return qa_features(images=True)
 
 
 def prepare(out_dir: Path, params: Any = None) -> dict[str, Path]:

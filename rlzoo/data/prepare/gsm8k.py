@@ -16,6 +16,7 @@ from rlzoo.data.prepare._common import (
     head,
     load_source,
     pick_split,
+    qa_features,
     require_columns,
     split_specs,
     write_split,
@@ -44,22 +45,7 @@ def final_answer(solution: str) -> str | None:
 
 
 def features() -> Any:
-    from datasets import Features, List, Value
-
-    return Features(
-        {
-            "data_source": Value("string"),
-            "prompt": List({"role": Value("string"), "content": Value("string")}),
-            "ability": Value("string"),
-            "reward_model": {"style": Value("string"), "ground_truth": Value("string")},
-            "extra_info": {
-                "split": Value("string"),
-                "index": Value("int64"),
-                "answer": Value("string"),
-                "question": Value("string"),
-            },
-        }
-    )
+    return qa_features(images=False)
 
 
 def prepare(out_dir: Path, params: Any = None) -> dict[str, Path]:
