@@ -198,6 +198,29 @@ class Sample:
     data: dict[str, Any] = field(default_factory=dict)
     multi_modal: dict[str, Any] | None = None
 
+    @classmethod
+    def of_request(
+        cls,
+        request: GenerationRequest,
+        index: int,
+        response_ids: list[int],
+        rollout_log_probs: list[float],
+        versions: list[int],
+        finish_reason: str,
+    ) -> Sample:
+        """The ``index``-th response to ``request``, carrying its prompt, row data and images."""
+        return cls(
+            request_id=request.request_id,
+            index=index,
+            prompt_ids=list(request.prompt_ids),
+            response_ids=response_ids,
+            rollout_log_probs=rollout_log_probs,
+            versions=versions,
+            finish_reason=finish_reason,
+            data=dict(request.data),
+            multi_modal=request.multi_modal,
+        )
+
     @property
     def uid(self) -> str:
         return f"{self.request_id}/{self.index}"

@@ -592,18 +592,7 @@ class NativeEngine:
     def _to_sample(
         self, s: _Seq, response: list[int], log_probs: list[float], versions: list[int], reason: str
     ) -> Sample:
-        req = s.request
-        return Sample(
-            request_id=req.request_id,
-            index=s.index,
-            prompt_ids=list(req.prompt_ids),
-            response_ids=response,
-            rollout_log_probs=log_probs,
-            versions=versions,
-            finish_reason=reason,
-            data=dict(req.data),
-            multi_modal=req.multi_modal,
-        )
+        return Sample.of_request(s.request, s.index, response, log_probs, versions, reason)
 
     # ------------------------------------------------------------------------------------------
     # model calls

@@ -183,16 +183,13 @@ class SeqState:
         self.versions.extend([self.segment_version] * take)
 
     def to_sample(self, reason: str) -> Sample:
-        return Sample(
-            request_id=self.request.request_id,
-            index=self.index,
-            prompt_ids=list(self.request.prompt_ids),
-            response_ids=list(self.response_ids),
-            rollout_log_probs=list(self.log_probs),
-            versions=list(self.versions),
-            finish_reason=reason,
-            data=dict(self.request.data),
-            multi_modal=self.request.multi_modal,
+        return Sample.of_request(
+            self.request,
+            self.index,
+            list(self.response_ids),
+            list(self.log_probs),
+            list(self.versions),
+            reason,
         )
 
 

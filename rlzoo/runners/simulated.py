@@ -240,18 +240,7 @@ class SimulatedRolloutBackend:
             self._changes_ver[bisect.bisect_right(self._changes_step, s.start + i) - 1]
             for i in range(n_tokens)
         ]
-        req = s.request
-        return Sample(
-            request_id=req.request_id,
-            index=s.index,
-            prompt_ids=list(req.prompt_ids),
-            response_ids=tokens,
-            rollout_log_probs=log_probs,
-            versions=versions,
-            finish_reason=reason,
-            data=dict(req.data),
-            multi_modal=req.multi_modal,
-        )
+        return Sample.of_request(s.request, s.index, tokens, log_probs, versions, reason)
 
     def _next(self, wait: float) -> Sample | None:
         try:
