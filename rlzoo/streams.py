@@ -1,15 +1,51 @@
-"""Collecting the samples of some requests out of a rollout backend's shared finished-sample stream.
+"""A rollout backend's finished-sample stream, read the same way by every backend.
 
-Every rollout backend implements ``generate`` the same way on top of its stream: submit, then take
-finished samples until all of the requested ones arrived, handing the others back to the stream
-for whoever consumes it, and return them in request order, then sample index.
+``stream`` yields finished samples until nothing is pending or ``timeout`` seconds pass without
+one. ``generate`` submits, then takes finished samples until all of the requested ones arrived,
+handing the others back to the stream for whoever consumes it, and returns them in request order,
+then sample index.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 
 from rlzoo.protocols import GenerationRequest, Sample
+
+#: how long one poll of a backend's finished-sample queue waits (seconds)
+POLL_S = 0.05
+
+
+def stream_samples(
+    next_sample: Callable[[float | None], Sample | None],
+    finished: Callable[[], bool],
+    delivered: Callable[[], None],
+    timeout: float | None = None,
+) -> Iterator[Sample]:
+    """Yield ``next_sample(wait)`` results until ``finished()`` or ``timeout`` s pass without one.
+
+    ``next_sample`` gets the seconds left before the timeout (None: no timeout) and returns None
+    when no sample came within its own poll; ``delivered`` is called once per yielded sample.
+    """
+    last = time.monotonic()
+    while True:
+        remaining = None if timeout is None else timeout - (time.monotonic() - last)
+        if remaining is not None and remaining < 0:
+            return
+        s = next_sample(remaining)
+        if s is None:
+            if finished():
+                return
+            continue
+        delivered()
+        last = time.monotonic()
+        yield s
+
+
+def poll_wait(remaining: float | None) -> float:
+    """One poll's wait, never past the caller's timeout."""
+    return POLL_S if remaining is None else max(0.0, min(POLL_S, remaining))
 
 
 def requested_keys(requests: Sequence[GenerationRequest]) -> tuple[list[str], set[tuple[str, int]]]:

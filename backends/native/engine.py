@@ -73,7 +73,6 @@ import hashlib
 import inspect
 import queue
 import threading
-import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -84,7 +83,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rlzoo.protocols import GenerationRequest, Sample
-from rlzoo.streams import collect_requested, requested_keys
+from rlzoo.streams import POLL_S, collect_requested, requested_keys, stream_samples
 
 __all__ = ["NativeEngine"]
 
@@ -338,16 +337,12 @@ class NativeEngine:
         self.submit(requests)
 
         def next_sample() -> Sample | None:
-            s = self._next_sample(timeout=None, poll=0.05)
+            s = self._next_sample(timeout=None, poll=POLL_S)
             if s is None and self._closed:
                 raise RuntimeError("the engine was shut down during generate()")
             return s
 
-        def delivered() -> None:
-            with self._cv:
-                self._delivered += 1
-
-        return collect_requested(requests, next_sample, self._out.put, delivered)
+        return collect_requested(requests, next_sample, self._out.put, self._count_delivered)
 
     def stream(self, timeout: float | None = None) -> Iterator[Sample]:
         """Yield finished samples as they complete, each exactly once.
@@ -357,22 +352,23 @@ class NativeEngine:
         thread the caller drives the engine through this iterator; while paused it then waits up
         to ``timeout`` for another thread to resume (``None``: ends at once, nothing would drive it).
         """
-        last = time.monotonic()
-        while True:
-            remaining = None if timeout is None else timeout - (time.monotonic() - last)
-            if remaining is not None and remaining < 0:
-                return
-            s = self._next_sample(timeout=remaining, poll=0.05)
-            if s is None:
-                if self.num_pending() == 0 or self._closed:
-                    return
-                if timeout is None and self._paused and not self._thread_alive():
-                    return  # nobody drives the engine: waiting would never end
-                continue
-            with self._cv:
-                self._delivered += 1
-            last = time.monotonic()
-            yield s
+
+        def finished() -> bool:
+            if self.num_pending() == 0 or self._closed:
+                return True
+            # paused with nobody to drive the engine: waiting would never end
+            return timeout is None and self._paused and not self._thread_alive()
+
+        yield from stream_samples(
+            lambda remaining: self._next_sample(timeout=remaining, poll=POLL_S),
+            finished,
+            self._count_delivered,
+            timeout,
+        )
+
+    def _count_delivered(self) -> None:
+        with self._cv:
+            self._delivered += 1
 
     def start(self) -> None:
         """Run the engine loop in a background thread (idempotent)."""

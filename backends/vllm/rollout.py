@@ -29,7 +29,6 @@ import asyncio
 import logging
 import queue
 import threading
-import time
 from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -43,7 +42,7 @@ from rlzoo.backends.vllm.logic import (
     vllm_sampling_kwargs,
 )
 from rlzoo.protocols import GenerationRequest, RolloutSpec, Sample
-from rlzoo.streams import collect_requested, requested_keys
+from rlzoo.streams import POLL_S, collect_requested, poll_wait, requested_keys, stream_samples
 
 __all__ = ["WORKER_EXTENSION", "VLLMRolloutBackend", "engine_args"]
 
@@ -183,21 +182,22 @@ class VLLMRolloutBackend:
             self._tasks.pop(eid, None)
 
     def stream(self, timeout: float | None = None) -> Iterator[Sample]:
-        last = time.monotonic()
-        while True:
-            remaining = None if timeout is None else timeout - (time.monotonic() - last)
-            if remaining is not None and remaining < 0:
-                return
-            try:
-                s = self._out.get(timeout=0.05 if remaining is None else max(0.0, min(0.05, remaining)))
-            except queue.Empty:
-                if self.num_pending() == 0:
-                    return
-                continue
-            with self._count_lock:
-                self._delivered += 1
-            last = time.monotonic()
-            yield s
+        yield from stream_samples(
+            lambda remaining: self._poll(poll_wait(remaining)),
+            lambda: self.num_pending() == 0,
+            self._count_delivered,
+            timeout,
+        )
+
+    def _poll(self, wait: float) -> Sample | None:
+        try:
+            return self._out.get(timeout=wait)
+        except queue.Empty:
+            return None
+
+    def _count_delivered(self) -> None:
+        with self._count_lock:
+            self._delivered += 1
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Sample]:
         requested_keys(requests)
@@ -205,17 +205,7 @@ class VLLMRolloutBackend:
             raise RuntimeError("generate() while paused would never finish: call resume() first")
         self.submit(requests)
 
-        def next_sample() -> Sample | None:
-            try:
-                return self._out.get(timeout=0.05)
-            except queue.Empty:
-                return None
-
-        def delivered() -> None:
-            with self._count_lock:
-                self._delivered += 1
-
-        return collect_requested(requests, next_sample, self._out.put, delivered)
+        return collect_requested(requests, lambda: self._poll(POLL_S), self._out.put, self._count_delivered)
 
     def pause(self) -> None:
         """Abort the engine requests; their samples keep their tokens until :meth:`resume`."""

@@ -7,6 +7,7 @@ checkpoint to resume from.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,10 @@ from rlzoo.runners.common import (
 )
 
 logger = logging.getLogger("rlzoo")
+
+
+#: data key of a greedy-baseline sample: the request id whose samples it is the baseline for
+BASELINE_OF = "greedy_baseline_of"
 
 
 def filter_value(result: RewardResult, metric: str) -> float:
@@ -142,21 +147,23 @@ class Session:
             items = self.next_prompts()
             sampling = sampling_params(cfg, seed=cfg.run.seed * 100_003 + step * 101 + rounds)
             reqs = make_requests(items, sampling, prefix=f"s{step}r{rounds}", processor=self.processor)
-            if self.greedy_baseline:
-                greedy = sampling_params(cfg, n=1, seed=0)
-                greedy = type(greedy)(**{**greedy.__dict__, "greedy": True, "temperature": 1.0})
-                reqs += make_requests(items, greedy, prefix=f"s{step}r{rounds}g", processor=self.processor)
+            if self.greedy_baseline:  # one greedy response per prompt, tagged with the request it serves
+                greedy = dataclasses.replace(sampling_params(cfg, n=1, seed=0), greedy=True, temperature=1.0)
+                greedy_reqs = make_requests(
+                    items, greedy, prefix=f"s{step}r{rounds}g", processor=self.processor
+                )
+                for g, r in zip(greedy_reqs, reqs):
+                    g.data[BASELINE_OF] = r.request_id
+                reqs += greedy_reqs
             with timer("gen"):
                 samples = self.rollout.generate(reqs)
             with timer("reward"):
                 results = self.score(samples)
             if self.greedy_baseline:
                 base = {
-                    s.request_id.replace("g-", "-"): r.reward
-                    for s, r in zip(samples, results)
-                    if "g-" in s.request_id
+                    s.data[BASELINE_OF]: r.reward for s, r in zip(samples, results) if BASELINE_OF in s.data
                 }
-                pairs = [(s, r) for s, r in zip(samples, results) if "g-" not in s.request_id]
+                pairs = [(s, r) for s, r in zip(samples, results) if BASELINE_OF not in s.data]
                 for s, _ in pairs:
                     s.data["baseline_reward"] = base.get(s.request_id, 0.0)
                 samples, results = [p[0] for p in pairs], [p[1] for p in pairs]

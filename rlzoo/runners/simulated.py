@@ -35,7 +35,7 @@ import torch
 
 from rlzoo.protocols import GenerationRequest, RolloutSpec, Sample, TrainSpec
 from rlzoo.runners.simulated_plugin import SimulatedRolloutParams, SimulatedTrainParams
-from rlzoo.streams import collect_requested, requested_keys
+from rlzoo.streams import POLL_S, collect_requested, poll_wait, requested_keys, stream_samples
 
 __all__ = ["SimulatedRolloutBackend", "SimulatedTrainBackend"]
 
@@ -104,20 +104,16 @@ class SimulatedRolloutBackend:
             self._cv.notify_all()
 
     def stream(self, timeout: float | None = None) -> Iterator[Sample]:
-        last = time.monotonic()
-        while True:
-            remaining = None if timeout is None else timeout - (time.monotonic() - last)
-            if remaining is not None and remaining < 0:
-                return
-            s = self._next(0.05 if remaining is None else max(0.0, min(0.05, remaining)))
-            if s is None:
-                if self.num_pending() == 0:
-                    return
-                continue
-            with self._cv:
-                self._delivered += 1
-            last = time.monotonic()
-            yield s
+        yield from stream_samples(
+            lambda remaining: self._next(poll_wait(remaining)),
+            lambda: self.num_pending() == 0,
+            self._count_delivered,
+            timeout,
+        )
+
+    def _count_delivered(self) -> None:
+        with self._cv:
+            self._delivered += 1
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Sample]:
         requested_keys(requests)
@@ -125,11 +121,7 @@ class SimulatedRolloutBackend:
             raise RuntimeError("generate() while paused would never finish: call resume() first")
         self.submit(requests)
 
-        def delivered() -> None:
-            with self._cv:
-                self._delivered += 1
-
-        return collect_requested(requests, lambda: self._next(0.05), self._out.put, delivered)
+        return collect_requested(requests, lambda: self._next(POLL_S), self._out.put, self._count_delivered)
 
     def pause(self) -> None:
         with self._cv:
