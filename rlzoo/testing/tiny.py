@@ -330,7 +330,7 @@ def write_gsm8k_source(root: Path, *, n_train: int = 16, n_test: int = 4, seed: 
     return root
 
 
-def _verl_math_row(problem: str, answer: str, uid: str) -> dict[str, Any]:
+def dapo_math_row(problem: str, answer: str, uid: str) -> dict[str, Any]:
     """One row of BytedTsinghua-SIA/DAPO-Math-17k (and AIME-2024) as published."""
     content = (
         "Solve the following math problem step by step. The last line of your response should be "
@@ -352,9 +352,7 @@ def write_dapo_math_source(path: Path, *, n: int = 16, repeats: int = 2, seed: i
 
     problems = [(f"What is {a} + {b}?", str(a + b)) for a, b in _problems(n, seed)]
     problems = list(dict(problems).items())  # distinct prompts
-    rows = [
-        _verl_math_row(p, a, f"uuid-{i}-{r}") for r in range(repeats) for i, (p, a) in enumerate(problems)
-    ]
+    rows = [dapo_math_row(p, a, f"uuid-{i}-{r}") for r in range(repeats) for i, (p, a) in enumerate(problems)]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     Dataset.from_list(rows).to_parquet(str(path))
@@ -366,7 +364,7 @@ def write_aime2024_source(path: Path, *, n: int = 4, seed: int = 7) -> Path:
     from datasets import Dataset
 
     rows = [
-        _verl_math_row(f"Find {a} + {b}.", str(a + b), f"aime-{i}")
+        dapo_math_row(f"Find {a} + {b}.", str(a + b), f"aime-{i}")
         for i, (a, b) in enumerate(_problems(n, seed))
     ]
     path = Path(path)

@@ -11,6 +11,7 @@ import pytest
 
 from rlzoo.data.prepare._common import PrepareError, split_of_file, split_specs
 from rlzoo.data.schema import validate_files
+from rlzoo.testing.tiny import dapo_math_row
 
 from .conftest import png_bytes
 
@@ -91,20 +92,7 @@ def make_gsm8k(root: Path) -> Path:
     return root
 
 
-def dapo_row(problem: str, answer: str, uid: str) -> dict[str, Any]:
-    """One row of BytedTsinghua-SIA/DAPO-Math-17k (and AIME-2024) as published."""
-    content = (
-        "Solve the following math problem step by step. The last line of your response should be "
-        "of the form Answer: $Answer (without quotes) where $Answer is the answer to the problem."
-        f'\n\n{problem}\n\nRemember to put your answer on its own line after "Answer:".'
-    )
-    return {
-        "data_source": "math_dapo",
-        "prompt": [{"content": content, "role": "user"}],
-        "ability": "MATH",
-        "reward_model": {"ground_truth": answer, "style": "rule-lighteval/MATH_v2"},
-        "extra_info": {"index": uid},
-    }
+dapo_row = dapo_math_row  # one row of DAPO-Math-17k / AIME-2024 as published
 
 
 def make_dapo(path: Path, repeats: int = 3) -> Path:
