@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from rlzoo.testing.tiny import tiny_qwen2_config
+from rlzoo.models.tiny import tiny_qwen2_config
 
 
 def build_model(device: str, dtype: torch.dtype):

@@ -9,12 +9,7 @@ from typing import Any
 
 DATA_SOURCE = "rlzoo/quickstart"
 OPS = ("first", "last")
-SPECIALS = ["<pad>", "<eos>", "<unk>", "<|user|>", "<|assistant|>"]
 WORDS = [str(d) for d in range(10)] + list(OPS)
-CHAT_TEMPLATE = (
-    "{% for m in messages %}{% if m['role'] == 'user' %}<|user|> {{ m['content'] }} {% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
 
 
 def answer(op: str, a: int, b: int) -> str:
@@ -22,26 +17,14 @@ def answer(op: str, a: int, b: int) -> str:
 
 
 def build_tokenizer() -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    """The quickstart's word-level tokenizer: digits and the two operations (plus the specials)."""
+    from rlzoo.models.tiny import build_tokenizer as build_word_tokenizer
 
-    vocab = {t: i for i, t in enumerate(SPECIALS + WORDS)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<pad>",
-        eos_token="<eos>",
-        unk_token="<unk>",
-        additional_special_tokens=["<|user|>", "<|assistant|>"],
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
+    return build_word_tokenizer(WORDS)
 
 
 def build_model(tokenizer: Any, hidden_size: int, num_layers: int, seed: int) -> Any:
-    from rlzoo.testing.tiny import build_tiny_qwen2
+    from rlzoo.models.tiny import build_tiny_qwen2
 
     model, _ = build_tiny_qwen2(
         tokenizer=tokenizer,

@@ -42,7 +42,7 @@ import pytest
 
 from rlzoo.protocols import GenerationRequest, RolloutSpec, SamplingParams, TrainSpec
 from rlzoo.testing.conformance import ComponentConformance
-from rlzoo.testing.tiny import tiny_qwen2_config
+from rlzoo.models.tiny import tiny_qwen2_config
 
 __all__ = [
     "BackendContract",

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 
 from rlzoo.batch import Batch
 from rlzoo.protocols import AggContext
-from rlzoo.testing.tiny import tiny_qwen2_config
+from rlzoo.models.tiny import tiny_qwen2_config
 
 V = 64
 PAD = 0

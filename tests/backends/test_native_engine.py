@@ -16,7 +16,7 @@ from rlzoo.backends.native.engine import NativeEngine
 from rlzoo.backends.native.rollout import NativeRolloutBackend
 from rlzoo.backends.native.rollout_params import NativeRolloutParams
 from rlzoo.protocols import GenerationRequest, RolloutBackend, RolloutSpec, SamplingParams
-from rlzoo.testing.tiny import tiny_qwen2_config
+from rlzoo.models.tiny import tiny_qwen2_config
 
 transformers = pytest.importorskip("transformers")
 

@@ -1,7 +1,7 @@
 """Vision-language prompts through the native rollout engine and train backend, on a CPU.
 
 A tiny Qwen2.5-VL (built from its config, ~100k parameters) and a Qwen2.5-VL processor built
-offline (:func:`rlzoo.testing.tiny.build_tiny_qwen2_5_vl`): image tokens are expanded, M-RoPE
+offline (:func:`rlzoo.models.tiny.build_tiny_qwen2_5_vl`): image tokens are expanded, M-RoPE
 positions come from the model's rope index, the engine prefills with pixels and decodes at
 ``pos + rope_delta``, and the trainer's forward gives the rollout's log-probs.
 """
@@ -26,7 +26,7 @@ from rlzoo.backends.native.train import NativeTrainBackend  # noqa: E402
 from rlzoo.backends.native.train_params import NativeTrainParams  # noqa: E402
 from rlzoo.protocols import SamplingParams, TrainSpec  # noqa: E402
 from rlzoo.runners.common import make_requests, samples_to_batch  # noqa: E402
-from rlzoo.testing.tiny import build_tiny_qwen2_5_vl, png_bytes  # noqa: E402
+from rlzoo.models.tiny import build_tiny_qwen2_5_vl, png_bytes  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -251,7 +251,7 @@ def test_backends_and_processor_load_a_vl_folder(tmp_path: Path) -> None:
     from rlzoo.backends.native.rollout_params import NativeRolloutParams
     from rlzoo.protocols import RolloutSpec
     from rlzoo.runners.common import load_processor
-    from rlzoo.testing.tiny import build_tiny_qwen2
+    from rlzoo.models.tiny import build_tiny_qwen2
 
     build_tiny_qwen2_5_vl(tmp_path / "vl")
     build_tiny_qwen2(tmp_path / "text")
@@ -281,7 +281,7 @@ def test_tiny_grpo_geo3k_vl_trains_two_steps(tmp_path: Path, monkeypatch: pytest
     import datasets
 
     from rlzoo.compose import build_run
-    from rlzoo.testing.tiny import build_tiny
+    from rlzoo.models.tiny import build_tiny
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_cache")
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)

@@ -17,7 +17,7 @@ from rlzoo.backends.native.train import NativeTrainBackend, lr_multiplier
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.batch import Batch
 from rlzoo.protocols import TrainBackend, TrainSpec
-from rlzoo.testing.tiny import tiny_qwen2_config
+from rlzoo.models.tiny import tiny_qwen2_config
 
 V = 64
 PAD = 0

@@ -11,7 +11,7 @@ import pytest
 
 from rlzoo.data.prepare._common import PrepareError, split_of_file, split_specs
 from rlzoo.data.schema import validate_files
-from rlzoo.testing.tiny import dapo_math_row
+from rlzoo.models.tiny import dapo_math_row
 
 from .conftest import png_bytes
 

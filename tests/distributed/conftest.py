@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rlzoo.testing.tiny import tiny_qwen2_config
+from rlzoo.models.tiny import tiny_qwen2_config
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
 REPO = TESTS_DIR.parent

@@ -19,7 +19,7 @@ def _offline_hf_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyt
 
 @pytest.fixture(scope="session")
 def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An empty root for rlzoo.testing.tiny (each test builds the recipes it needs)."""
+    """An empty root for rlzoo.models.tiny (each test builds the recipes it needs)."""
     return tmp_path_factory.mktemp("tiny")
 
 

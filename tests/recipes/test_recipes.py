@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from rlzoo.config import RecipeConfig, list_recipes, load_config
-from rlzoo.testing.tiny import TINY_RECIPES, build_tiny
+from rlzoo.models.tiny import TINY_RECIPES, build_tiny
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 ALL_RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))

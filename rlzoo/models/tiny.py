@@ -5,7 +5,7 @@ that swaps the 7B model for a ~50k-parameter Qwen2 built from a config, the hub 
 rows written in the *upstream* layout (run through the real preparer), and the GPU backends for
 the native ones, so the whole recipe runs on a laptop CPU in seconds::
 
-    python -m rlzoo.testing.tiny dapo_math          # writes $RLZOO_TINY_DIR/dapo_math/{model,upstream}
+    python -m rlzoo.models.tiny dapo_math          # writes $RLZOO_TINY_DIR/dapo_math/{model,upstream}
     rlzoo train dapo_math +tiny=dapo_math
 
 :func:`build_tiny` writes, under ``<root>/<recipe>/``:
@@ -448,7 +448,7 @@ def build_tiny(recipe: str, root: Path | str | None = None, *, overwrite: bool =
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m rlzoo.testing.tiny",
+        prog="python -m rlzoo.models.tiny",
         description="Write the tiny model and upstream-layout data of a recipe's tiny variant "
         "(then: rlzoo train RECIPE +tiny=RECIPE).",
     )
