@@ -40,9 +40,9 @@ from typing import Any, ClassVar
 
 import pytest
 
+from rlzoo.models.tiny import tiny_qwen2_config
 from rlzoo.protocols import GenerationRequest, RolloutSpec, SamplingParams, TrainSpec
 from rlzoo.testing.conformance import ComponentConformance
-from rlzoo.models.tiny import tiny_qwen2_config
 
 __all__ = [
     "BackendContract",

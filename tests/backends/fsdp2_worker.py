@@ -20,8 +20,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlzoo.batch import Batch
-from rlzoo.protocols import AggContext
 from rlzoo.models.tiny import tiny_qwen2_config
+from rlzoo.protocols import AggContext
 
 V = 64
 PAD = 0

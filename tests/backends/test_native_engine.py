@@ -15,8 +15,8 @@ from torch import nn
 from rlzoo.backends.native.engine import NativeEngine
 from rlzoo.backends.native.rollout import NativeRolloutBackend
 from rlzoo.backends.native.rollout_params import NativeRolloutParams
-from rlzoo.protocols import GenerationRequest, RolloutBackend, RolloutSpec, SamplingParams
 from rlzoo.models.tiny import tiny_qwen2_config
+from rlzoo.protocols import GenerationRequest, RolloutBackend, RolloutSpec, SamplingParams
 
 transformers = pytest.importorskip("transformers")
 

@@ -16,8 +16,8 @@ from rlzoo.backends.native import checkpoint as ckpt
 from rlzoo.backends.native.train import NativeTrainBackend, lr_multiplier
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.batch import Batch
-from rlzoo.protocols import TrainBackend, TrainSpec
 from rlzoo.models.tiny import tiny_qwen2_config
+from rlzoo.protocols import TrainBackend, TrainSpec
 
 V = 64
 PAD = 0
