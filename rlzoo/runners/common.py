@@ -391,6 +391,17 @@ def samples_to_batch(
     return batch
 
 
+def clip_ratio(resp_len: torch.Tensor, finish_reasons: Sequence[str] | None, max_response_length: int) -> float:
+    """Share of responses cut off by the length limit: they reached ``max_response_length`` tokens
+    without ending in EOS (finish reason other than ``"stop"``). A response whose EOS is exactly
+    the last allowed token is complete, not clipped. Without finish reasons, length alone decides."""
+    hit = resp_len >= max_response_length  # [B]
+    if finish_reasons is not None:
+        no_eos = torch.tensor([r != "stop" for r in finish_reasons], dtype=torch.bool)  # [B]
+        hit = hit & no_eos
+    return hit.float().mean().item()
+
+
 def rollout_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     resp_len = batch["response_mask"].sum(-1).float()  # [B]
     prompt_len = (batch["attention_mask"].sum(-1) - batch["response_mask"].sum(-1)).float()  # [B]
@@ -402,7 +413,7 @@ def rollout_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
         "response_length/mean": resp_len.mean().item(),
         "response_length/max": resp_len.max().item(),
         "response_length/min": resp_len.min().item(),
-        "response_length/clip_ratio": (resp_len >= max_response_length).float().mean().item(),
+        "response_length/clip_ratio": clip_ratio(resp_len, batch.get("finish_reason"), max_response_length),
         "prompt_length/mean": prompt_len.mean().item(),
         "reward/failed": float(sum(batch.get("failed", []) or [0])),
     }
