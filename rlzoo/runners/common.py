@@ -391,7 +391,9 @@ def samples_to_batch(
     return batch
 
 
-def clip_ratio(resp_len: torch.Tensor, finish_reasons: Sequence[str] | None, max_response_length: int) -> float:
+def clip_ratio(
+    resp_len: torch.Tensor, finish_reasons: Sequence[str] | None, max_response_length: int
+) -> float:
     """Share of responses cut off by the length limit: they reached ``max_response_length`` tokens
     without ending in EOS (finish reason other than ``"stop"``). A response whose EOS is exactly
     the last allowed token is complete, not clipped. Without finish reasons, length alone decides."""
