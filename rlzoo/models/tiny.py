@@ -259,8 +259,8 @@ def build_tiny_qwen2_5_vl(out_dir: Path | None = None, *, seed: int = 0) -> tupl
 
 
 def _image_only_processor(base: type) -> type:
-    """``base`` without its video processor (see :func:`rlzoo.backends.native.multimodal.image_only_processor_class`)."""
-    from rlzoo.backends.native.multimodal import image_only_processor_class
+    """``base`` without its video processor (see :func:`rlzoo.models.processor.image_only_processor_class`)."""
+    from rlzoo.models.processor import image_only_processor_class
 
     return image_only_processor_class(base)
 
