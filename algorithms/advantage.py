@@ -58,7 +58,8 @@ class RLOOParams:
 class ReinforcePlusPlusParams:
     """REINFORCE++: discounted return-to-go, whitened over all unmasked tokens of the batch.
 
-    G_t = r_t + gamma * G_{t+1} (reset after the last token); A = whiten(G). No critic, no groups.
+    G_t = r_t + gamma * G_{t+1} over the unmasked tokens; a masked token (padding, a tool
+    observation) carries G through unchanged, as verl does. A = whiten(G). No critic, no groups.
     Hu 2025, https://arxiv.org/abs/2501.03262.
     """
 

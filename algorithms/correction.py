@@ -10,16 +10,86 @@ verl's ``rollout_corr_helper.py``; see ``docs/components/rollout_correction.md``
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from rlzoo import hookimpl, param
 
 _IMPL = "rlzoo.algorithms.functional.correction"
 
+_VETO_HELP = (
+    "reject a whole response when any token has pi_old / pi_rollout below this (verl's "
+    "rollout_token_veto_threshold, e.g. 1e-4); None: off"
+)
+
 _MODE_HELP = (
     "'decoupled': PPO ratio vs the trainer's old log-probs, weights multiply the loss (three "
     "policies); 'bypass': old log-probs := rollout log-probs (two policies, no weights)"
 )
+
+
+#: verl's ``rollout_rs`` criteria: ``<level>_<estimator>``
+RS_CRITERIA = (
+    "token_k1",
+    "token_k2",
+    "token_k3",
+    "seq_sum_k1",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k1",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
+)
+
+
+def parse_criteria(criteria: str, thresholds: str | float) -> list[tuple[str, float, float]]:
+    """``[(criterion, lower, upper)]`` from verl's ``rollout_rs`` / ``rollout_rs_threshold`` strings.
+
+    ``criteria`` is comma-separated (duplicates dropped, order kept); ``thresholds`` is one value
+    shared by all criteria or one per criterion. A k1 criterion takes ``"lower_upper"`` bounds on
+    the ratio pi_rollout / pi_old (a single ``u`` means ``[1/u, u]``); k2 / k3 take one upper bound
+    (their lower bound is -inf).
+    """
+    names: list[str] = []
+    for raw in str(criteria).split(","):
+        name = raw.strip()
+        if not name:
+            continue
+        if name not in RS_CRITERIA:
+            raise ValueError(f"unknown rejection criterion {name!r}; choose from {', '.join(RS_CRITERIA)}")
+        if name not in names:
+            names.append(name)
+    if not names:
+        raise ValueError(f"rejection criteria must name at least one of {', '.join(RS_CRITERIA)}")
+    specs = [t.strip() for t in str(thresholds).split(",") if t.strip()]
+    if len(specs) == 1:
+        specs = specs * len(names)
+    if len(specs) != len(names):
+        raise ValueError(
+            f"rejection thresholds: give one value for all criteria or one per criterion "
+            f"({len(names)}: {', '.join(names)}), got {thresholds!r}"
+        )
+    out = []
+    for name, spec in zip(names, specs, strict=True):
+        try:
+            if name.endswith("k1"):
+                lo_s, _, hi_s = spec.partition("_")
+                hi = float(hi_s) if hi_s else float(lo_s)
+                lo = float(lo_s) if hi_s else 1.0 / hi
+            else:
+                if "_" in spec:
+                    raise ValueError("'_' bounds are for k1 criteria only")
+                lo, hi = -math.inf, float(spec)
+        except ValueError as e:
+            raise ValueError(f"rejection threshold {spec!r} for {name!r}: {e}") from None
+        if hi <= 0 or (name.endswith("k1") and not 0 < lo <= hi):
+            raise ValueError(
+                f"rejection threshold {spec!r} for {name!r} must be positive (and lower <= upper)"
+            )
+        out.append((name, lo, hi))
+    return out
 
 
 @dataclass(frozen=True)
@@ -45,6 +115,7 @@ class TokenISParams:
     threshold: float | None = param(2.0, help="upper truncation of the weights (None: no truncation)")
     batch_normalize: bool = param(False, help="rescale the weights to mean 1 over the batch's tokens")
     mode: str = param("decoupled", help=_MODE_HELP)
+    token_veto_threshold: float | None = param(None, help=_VETO_HELP)
 
 
 @dataclass(frozen=True)
@@ -58,40 +129,54 @@ class SeqISParams:
     threshold: float | None = param(2.0, help="upper truncation of the weights (None: no truncation)")
     batch_normalize: bool = param(False, help="rescale the weights to mean 1 over the batch's sequences")
     mode: str = param("decoupled", help=_MODE_HELP)
+    token_veto_threshold: float | None = param(None, help=_VETO_HELP)
 
 
 @dataclass(frozen=True)
 class IcePopParams:
-    """IcePop: mask tokens whose ratio pi_old / pi_rollout is outside [low, high].
+    """IcePop: tokens whose ratio pi_old / pi_rollout is outside [low, high] get weight 0.
 
-    Kept tokens are weighted by their ratio (apply_weights), masked ones leave the loss. Ling team,
-    Every Step Evolves (Ring-1T), https://arxiv.org/abs/2510.18855.
+    Kept tokens are weighted by their ratio (apply_weights). As verl (rollout_is_threshold
+    "low_high"), the gated tokens stay in the response mask, so they still count in a token-mean's
+    denominator. Ling team, Every Step Evolves (Ring-1T), https://arxiv.org/abs/2510.18855.
     """
 
     low: float = param(0.5, help="smallest token ratio kept")
     high: float = param(5.0, help="largest token ratio kept")
-    apply_weights: bool = param(True, help="weight kept tokens by their ratio (False: masking only)")
+    apply_weights: bool = param(True, help="weight kept tokens by their ratio (False: weight 1, a 0/1 gate)")
     mode: str = param("decoupled", help=_MODE_HELP)
+    token_veto_threshold: float | None = param(None, help=_VETO_HELP)
 
 
 @dataclass(frozen=True)
 class RejectionParams:
     """Rejection sampling: drop tokens or whole responses whose k1 / k2 / k3 mismatch is too large.
 
-    With rho_t = log pi_old - log pi_rollout: k1 = -rho (kept when the ratio lies in
-    [ratio_low, ratio_high]), k2 = rho^2 / 2, k3 = exp(rho) - 1 - rho (kept when <= threshold).
-    agg picks the level: token, or per sequence seq_sum / seq_mean (geometric) / seq_max; verl's
-    rollout_rs option seq_mean_k3 is metric=k3, agg=seq_mean. is_level adds truncated IS weights.
+    verl's rollout_rs: criteria "<level>_<k>" with level token, seq_sum, seq_mean or seq_max (not
+    for k1), chained with commas ("token_k1,seq_mean_k3": every criterion must keep a token). With
+    rho_t = log pi_old - log pi_rollout: k1 = -rho (kept when pi_rollout / pi_old lies in
+    [lower, upper]), k2 = rho^2 / 2, k3 = exp(rho) - 1 - rho (kept when <= the threshold).
+    is_level adds truncated IS weights (verl's rollout_is with rollout_rs).
     """
 
-    metric: str = param("k3", help="'k1' (ratio bounds), 'k2' or 'k3' (upper threshold)")
-    agg: str = param("seq_mean", help="'token', 'seq_sum', 'seq_mean' or 'seq_max' (not for k1)")
-    threshold: float = param(0.01, help="largest k2 / k3 statistic kept")
-    ratio_low: float = param(0.5, help="k1: smallest (token / sequence / geometric-mean) ratio kept")
-    ratio_high: float = param(2.0, help="k1: largest ratio kept")
+    criteria: str = param(
+        "seq_mean_k3",
+        help="verl's rollout_rs: comma-separated criteria from token_k1..seq_max_k3 (all must pass)",
+    )
+    thresholds: str = param(
+        "0.01",
+        help="verl's rollout_rs_threshold: one value, or one per criterion (comma-separated); a k1 "
+        "criterion takes 'lower_upper' ratio bounds (a single u means [1/u, u])",
+    )
     is_level: str = param("none", help="also return truncated IS weights: 'none', 'token' or 'sequence'")
     is_threshold: float = param(2.0, help="upper truncation of those IS weights")
     mode: str = param("decoupled", help=_MODE_HELP)
+    token_veto_threshold: float | None = param(None, help=_VETO_HELP)
+
+    def __post_init__(self) -> None:
+        parse_criteria(self.criteria, self.thresholds)  # fails early, with the allowed values
+        if self.is_level not in ("none", "token", "sequence"):
+            raise ValueError(f"is_level must be 'none', 'token' or 'sequence', got {self.is_level!r}")
 
 
 @hookimpl

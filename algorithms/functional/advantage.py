@@ -224,9 +224,12 @@ def reinforce_plus_plus(inputs: AdvantageInputs, params: Any) -> AdvantageOutput
     ret_t = torch.empty_like(r_t)  # [T, B]
     running = torch.zeros_like(r_t[0])  # [B]
     for t in range(r_t.shape[0] - 1, -1, -1):
-        running = r_t[t] + gamma * running  # [B]
-        ret_t[t] = running
-        running = running * m_t[t]  # reset after EOS / on masked tokens
+        m = m_t[t]  # [B]
+        new = r_t[t] + gamma * running  # [B]
+        ret_t[t] = new * m
+        # masked tokens (padding, tool observations) carry the running return through unchanged,
+        # so an outcome reward reaches the tokens before an observation span (verl, and our gae)
+        running = new * m + (1.0 - m) * running  # [B]
     returns = ret_t.t()  # [B, T]
     advantages = masked_whiten(returns, mask) * mask  # [B, T]
     return AdvantageOutput(advantages=advantages, returns=returns * mask)

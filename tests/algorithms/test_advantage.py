@@ -137,6 +137,18 @@ def test_reinforce_plus_plus_discounted_and_whitened():
     torch.testing.assert_close(out.advantages, want)
 
 
+def test_reinforce_plus_plus_carries_return_through_masked_tokens():
+    # a tool observation (tokens 1-2 masked) inside the response: verl carries the return through,
+    # so the outcome reward reaches token 0 (the old reset gave [0, 0, 0, 1, 1])
+    tlr = torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 0.0, 0.0, 1.0, 1.0]], dtype=torch.float64)
+    out = call("reinforce_plus_plus", AdvantageInputs(tlr, mask), gamma=1.0)
+    assert out.returns.tolist() == [[1.0, 0.0, 0.0, 1.0, 1.0]]
+    # gamma discounts over the unmasked tokens only: G4 = 1, G3 = .5, G0 = .25
+    out = call("reinforce_plus_plus", AdvantageInputs(tlr, mask), gamma=0.5)
+    torch.testing.assert_close(out.returns, torch.tensor([[0.25, 0.0, 0.0, 0.5, 1.0]], dtype=torch.float64))
+
+
 def test_remax():
     tlr = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])

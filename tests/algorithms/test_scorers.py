@@ -206,7 +206,12 @@ def test_geo3k_format_weight():
         ("answer: x = 5", "5", True, "5"),
         ("Answer: 17\nAnswer: 18", "17", False, "18"),  # the last Answer: line counts
         ("Answer: 0.5", "\\frac{1}{2}", False, "0.5"),  # string comparison, no math equivalence
-        ("\\boxed{18}", "18", False, "[INVALID]"),  # no Answer: line
+        # no Answer: line: verl falls back to the last \boxed{} (raw string comparison)
+        ("so the result is \\boxed{5}", "5", True, "5"),
+        ("\\boxed{18}", "18", True, "18"),
+        ("\\boxed{018}", "18", False, "018"),
+        ("\\fbox{18}", "18", False, "[INVALID]"),  # verl's math_dapo knows only \boxed{
+        ("no answer here", "18", False, "[INVALID]"),
     ],
 )
 def test_dapo_math(response, gt, acc, pred):
@@ -220,6 +225,9 @@ def test_dapo_math_clips_to_the_tail_and_strict_box():
     strict = DAPOMathParams(strict_box_verify=True)
     assert dapo_math.compute_score("so \\boxed{18}", "18", "math_dapo", {}, strict)["acc"] is True
     assert dapo_math.compute_score("so \\boxed{018}", "18", "math_dapo", {}, strict)["acc"] is False
+    # strict_box_verify: only \boxed{} counts (verl), never \fbox{}, and never an Answer: line
+    assert dapo_math.compute_score("so \\fbox{18}", "18", "math_dapo", {}, strict)["acc"] is False
+    assert dapo_math.compute_score("Answer: 18", "18", "math_dapo", {}, strict)["acc"] is False
 
 
 @pytest.mark.parametrize(

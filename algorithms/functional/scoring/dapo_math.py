@@ -104,25 +104,57 @@ def is_correct_minerva(response: str, ground_truth: str, gt_need_extract: bool =
     return pred == normalize_final_answer(ground_truth), pred
 
 
-def is_correct_strict_box(response: str, ground_truth: str) -> tuple[bool, str]:
-    """``(correct, prediction)``: the last ``\\boxed{}`` of the last 100 chars equals the ground truth."""
-    boxed = last_boxed_content(response[-100:])
-    pred = boxed if boxed is not None else INVALID
+def last_braced_box(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (braces balanced), or None.
+
+    Only the braced ``\\boxed{`` form counts, as in verl's math_dapo (no ``\\fbox``, no
+    ``\\boxed x``); an unclosed box is None.
+    """
+    idx = text.rfind("\\boxed{")
+    if idx < 0:
+        return None
+    start = idx + len("\\boxed")
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start + 1 : i]
+    return None
+
+
+def is_correct_strict_box(response: str, ground_truth: str) -> tuple[bool, str | None]:
+    """``(correct, prediction)``: the last ``\\boxed{}`` of the last 100 chars equals the ground truth.
+
+    The comparison is of raw strings (no normalisation); the prediction is None without a box.
+    """
+    pred = last_braced_box(response[-100:])
     return pred == ground_truth, pred
 
 
 def compute_score(
     response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any], params: Any
 ) -> dict[str, Any]:
-    """+1.0 when the normalised ``Answer:`` equals the normalised ground truth, else -1.0.
+    """+1.0 when the answer is right, else -1.0 (verl's ``math_dapo.compute_score``).
 
-    Returns ``{"score", "acc", "pred"}`` as verl's ``math_dapo.compute_score`` does.
+    The normalised last ``Answer:`` line is compared with the normalised ground truth; without an
+    ``Answer:`` line, the last ``\\boxed{}`` of the last 100 characters is compared as a raw
+    string (verl's fallback). With ``strict_box_verify`` only that box counts. Returns
+    ``{"score", "acc", "pred"}``; ``pred`` is ``[INVALID]`` when nothing was found.
     """
-    text = response[-int(getattr(params, "clip_chars", 300)) :]
-    if getattr(params, "strict_box_verify", False):
-        correct, pred = is_correct_strict_box(text, str(ground_truth))
+    text = response[-int(params.clip_chars) :]
+    gt = str(ground_truth)
+    if params.strict_box_verify:
+        correct, box = is_correct_strict_box(text, gt)
+        pred = box if box is not None else INVALID
     else:
-        correct, pred = is_correct_minerva(text, str(ground_truth))
+        correct, pred = is_correct_minerva(text, gt)
+        if pred == INVALID:
+            box_correct, box = is_correct_strict_box(text, gt)
+            if box is not None:
+                correct, pred = box_correct, box
     return {"score": 1.0 if correct else -1.0, "acc": correct, "pred": pred}
 
 
@@ -154,7 +186,7 @@ def compute_score_aime(
 
     Returns ``{"score", "acc", "pred"}``; a missing or out-of-range answer scores -1.0.
     """
-    text = response[-int(getattr(params, "clip_chars", 300)) :]
+    text = response[-int(params.clip_chars) :]
     line = last_answer_line(text)
     pred = parse_aime_integer(line)
     if pred is None:

@@ -75,7 +75,7 @@ def compute_score(
 
     The result dict gains ``scorer``: the name of the scorer that ran.
     """
-    name = dispatch(data_source, getattr(params, "routes", None), getattr(params, "fallback", "math"))
+    name = dispatch(data_source, params.routes, params.fallback)
     fn, sub_params = scorer_by_name(name)
     result = fn(response, ground_truth, data_source, extra_info, sub_params)
     if isinstance(result, dict):

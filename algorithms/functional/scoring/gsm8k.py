@@ -42,9 +42,9 @@ def compute_score(
     A wrong number gets ``params.format_score``; no number gets 0.0. Returns
     ``{"score", "acc", "pred"}``.
     """
-    pred = extract_solution(response, getattr(params, "method", "strict"))
+    pred = extract_solution(response, params.method)
     if pred is None:
         return {"score": 0.0, "acc": False, "pred": ""}
     correct = pred == _clean(str(ground_truth).strip())
-    score = getattr(params, "score", 1.0) if correct else getattr(params, "format_score", 0.0)
+    score = params.score if correct else params.format_score
     return {"score": float(score), "acc": correct, "pred": pred}

@@ -54,24 +54,30 @@ def parse_prediction(response: str, *, require_boxed: bool, fallback_chars: int,
     return parsed, (str(parsed[-1]) if parsed else "")
 
 
-def math_equal(ground_truth: Any, response: str, params: Any) -> tuple[bool, bool, str]:
+def math_equal(
+    ground_truth: Any,
+    response: str,
+    *,
+    timeout: int,
+    require_boxed: bool,
+    fallback_chars: int,
+    float_rounding: int,
+    strict: bool,
+) -> tuple[bool, bool, str]:
     """``(correct, found, pred)`` for one response: found is whether any answer was extracted."""
-    timeout = effective_timeout(getattr(params, "timeout", 5))
-    gold = _parse_gold(gold_latex(ground_truth), timeout)
+    timeout_s = effective_timeout(timeout)
+    gold = _parse_gold(gold_latex(ground_truth), timeout_s)
     pred, pred_text = parse_prediction(
-        response,
-        require_boxed=getattr(params, "require_boxed", False),
-        fallback_chars=getattr(params, "fallback_chars", 300),
-        timeout=timeout,
+        response, require_boxed=require_boxed, fallback_chars=fallback_chars, timeout=timeout_s
     )
     if not pred or not gold:
         return False, bool(pred), pred_text
     ok = verify(
         gold,
         pred,
-        float_rounding=getattr(params, "float_rounding", 6),
-        strict=getattr(params, "strict", True),
-        timeout_seconds=timeout,
+        float_rounding=float_rounding,
+        strict=strict,
+        timeout_seconds=timeout_s,
     )
     return bool(ok), True, pred_text
 
@@ -84,11 +90,19 @@ def compute_score(
     A wrong extracted answer gets ``params.format_score``, no extractable answer gets 0.0.
     Returns ``{"score", "acc", "pred"}``.
     """
-    correct, found, pred = math_equal(ground_truth, response, params)
+    correct, found, pred = math_equal(
+        ground_truth,
+        response,
+        timeout=params.timeout,
+        require_boxed=params.require_boxed,
+        fallback_chars=params.fallback_chars,
+        float_rounding=params.float_rounding,
+        strict=params.strict,
+    )
     if correct:
         score = 1.0
     elif found:
-        score = float(getattr(params, "format_score", 0.0))
+        score = float(params.format_score)
     else:
         score = 0.0
     return {"score": score, "acc": correct, "pred": pred}
