@@ -8,12 +8,21 @@ tested on CPU. See ``docs/backends/megatron.md``.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 from rlzoo import hookimpl
 from rlzoo.registry import param
 
 __all__ = ["MegatronParams"]
+
+
+def _have_transformer_engine() -> bool:
+    """Whether NVIDIA Transformer Engine is importable (without importing it)."""
+    try:
+        return importlib.util.find_spec("transformer_engine") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 @dataclass(frozen=True)
@@ -32,6 +41,10 @@ class MegatronParams:
     decoder) and a frozen, CPU-offloaded reference.
     """
 
+    device: str = param(
+        "cuda",
+        help="'cuda' (NCCL group, one GPU per rank) or 'cpu' (gloo group, fp32 or bf16 on CPU: tests, debugging)",
+    )
     tensor_model_parallel_size: int = param(1, help="TP: ranks each layer's matrices are split over")
     pipeline_model_parallel_size: int = param(1, help="PP: stages the layers are split over (equal split)")
     sequence_parallel: bool = param(
@@ -94,8 +107,40 @@ class MegatronParams:
             )
         if self.micro_batch_size < 1 or self.log_prob_micro_batch_size < 1:
             problems.append("micro_batch_size and log_prob_micro_batch_size must be >= 1")
+        if self.device not in ("cuda", "cpu"):
+            problems.append(f"device must be 'cuda' or 'cpu', got {self.device!r}")
+        if self.device == "cpu" and self.dtype != "float32":
+            problems.append(
+                "device 'cpu' needs dtype 'float32' (megatron-core's bf16 optimizer only takes CUDA tensors)"
+            )
         if self.sequence_parallel and self.tensor_model_parallel_size == 1:
             problems.append("sequence_parallel needs tensor_model_parallel_size > 1")
+        if self.sequence_parallel and self.layer_spec != "te":
+            problems.append(
+                "sequence_parallel needs layer_spec 'te': megatron-core's local norms (layer_spec "
+                "'local') do not support sequence parallelism"
+            )
+        if self.optimizer_offload and not self.use_distributed_optimizer:
+            problems.append(
+                "optimizer_offload needs use_distributed_optimizer=True (megatron-core's CPU-offloaded "
+                "optimizer is the precision-aware distributed optimizer)"
+            )
+        needs_te = [
+            what
+            for what, on in (
+                ("layer_spec 'te'", self.layer_spec == "te"),
+                ("optimizer_offload", self.optimizer_offload),
+                ("sequence_parallel", self.sequence_parallel),
+            )
+            if on
+        ]
+        if needs_te and not _have_transformer_engine():
+            problems.append(
+                f"{' and '.join(needs_te)} need(s) NVIDIA Transformer Engine, which is not installed "
+                "(pip install 'transformer-engine[pytorch]', built against your torch and CUDA; it is not "
+                "in the [megatron] extra); without it use layer_spec 'local', optimizer_offload false, "
+                "sequence_parallel false"
+            )
         if self.temperature is not None and self.temperature <= 0:
             problems.append(f"temperature must be > 0, got {self.temperature}")
         if self.make_vocab_size_divisible_by < 1 or self.warmup_steps < 0:

@@ -138,6 +138,9 @@ def transformer_config_kwargs(dims: ModelDims, **parallel: Any) -> dict[str, Any
         "gradient_accumulation_fusion": False,
         "attention_softmax_in_fp32": True,
         "variable_seq_lengths": True,
+        # megatron-core refuses variable_seq_lengths with its default (allgather) MoE token
+        # dispatcher, even for dense models: the all-to-all dispatcher accepts it (as verl sets).
+        "moe_token_dispatcher_type": "alltoall",
     }
     kw.update(parallel)
     return kw

@@ -24,11 +24,14 @@ mask: use packed sequences (TODO: THD ``packed_seq_params``, as verl does) or th
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import functools
 import json
 import logging
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,20 +74,53 @@ def attention_mask(attn: Tensor) -> Tensor:
     return ~allowed[:, None]  # [b, 1, S, S]
 
 
-def _init_distributed() -> None:
+def _init_distributed(device: str) -> None:
+    """A process group of the device's kind: NCCL on ``cuda`` (one GPU per rank), gloo on ``cpu``.
+
+    Joins ``torchrun``'s world (``RANK`` / ``WORLD_SIZE`` set) or starts a one-process group.
+    """
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        return
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        dist.init_process_group("nccl", init_method="env://")
-    else:
-        from rlzoo.distributed.weight_sync import free_port
+    if not dist.is_initialized():
+        backend = "nccl" if device == "cuda" else "gloo"
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            dist.init_process_group(backend, init_method="env://")
+        else:
+            from rlzoo.distributed.weight_sync import free_port
 
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    torch.cuda.set_device(
-        int(os.environ.get("LOCAL_RANK", dist.get_rank() % max(1, torch.cuda.device_count())))
-    )
+            dist.init_process_group(
+                backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+            )
+    if device == "cuda":
+        torch.cuda.set_device(
+            int(os.environ.get("LOCAL_RANK", dist.get_rank() % max(1, torch.cuda.device_count())))
+        )
+
+
+def _seed(seed: int, device: str) -> None:
+    """Megatron's RNG tracker. On CPU there is no CUDA generator to fork: the no-op tracker is used
+    (its ``fork()`` is a null context), which is exact here because every dropout is 0 and the
+    weights are loaded from the checkpoint, never initialised at random."""
+    from megatron.core import tensor_parallel
+
+    torch.manual_seed(seed)
+    if device == "cuda":
+        tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
+    else:
+        from megatron.core.tensor_parallel.random import initialize_rng_tracker
+
+        initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+
+
+def _require_psutil() -> None:
+    """megatron-core's checkpoint writer imports psutil in a worker; without it a save hangs."""
+    try:
+        import psutil  # noqa: F401
+    except ImportError as e:
+        raise ImportError(
+            "the 'megatron' train backend needs psutil (megatron-core's dist_checkpointing writer hangs "
+            "without it): pip install 'rlzoo[megatron]' or pip install psutil"
+        ) from e
 
 
 def _load_hf_state_dict(path: str) -> dict[str, Tensor]:
@@ -126,37 +162,66 @@ class _ValueHead(nn.Module):
         return self.linear(hidden.float()), None
 
 
+def _on_device(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a method in the backend's device context (:func:`.cpu.cpu_device` for ``device: cpu``)."""
+
+    @functools.wraps(fn)
+    def wrapper(self: MegatronTrainBackend, *args: Any, **kwargs: Any) -> Any:
+        with self._device_context():
+            return fn(self, *args, **kwargs)
+
+    return wrapper
+
+
 class MegatronTrainBackend:
     """Actor (+ frozen reference, + critic) on megatron-core. See the module docstring."""
 
     def __init__(self, params: MegatronParams, spec: TrainSpec) -> None:
+        self.params, self.spec = params, spec
+        with self._device_context():
+            self._setup(params, spec)
+
+    def _device_context(self) -> contextlib.AbstractContextManager[None]:
+        if self.params.device == "cpu":
+            from rlzoo.backends.megatron.cpu import cpu_device
+
+            return cpu_device()
+        return contextlib.nullcontext()
+
+    def _setup(self, params: MegatronParams, spec: TrainSpec) -> None:
         try:
             import megatron.core  # noqa: F401
         except ImportError as e:  # pragma: no cover - depends on the environment
             raise ImportError(
                 "the 'megatron' train backend needs megatron-core: pip install 'rlzoo[megatron]'"
             ) from e
-        if not torch.cuda.is_available():
-            raise RuntimeError("the 'megatron' train backend needs a CUDA GPU")
+        if params.device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(
+                "the 'megatron' train backend with device 'cuda' needs a CUDA GPU (device: cpu runs it on "
+                "a gloo group on the CPU)"
+            )
+        _require_psutil()
         from megatron.core import parallel_state as mpu
-        from megatron.core import tensor_parallel
         from transformers import AutoConfig
 
-        self.params, self.spec = params, spec
         self.temperature = params.temperature if params.temperature is not None else spec.temperature
         self.version = 0
         self.critic_steps = 0
-        _init_distributed()
+        _init_distributed(params.device)
         tp, pp = params.tensor_model_parallel_size, params.pipeline_model_parallel_size
         if not mpu.model_parallel_is_initialized():
             mpu.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
-        tensor_parallel.model_parallel_cuda_manual_seed(spec.seed)
+        _seed(spec.seed, params.device)
         self.mpu = mpu
         self.tp_rank, self.tp = mpu.get_tensor_model_parallel_rank(), tp
         self.pp_rank, self.pp = mpu.get_pipeline_model_parallel_rank(), pp
         self.dp_rank, self.dp = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()
         self.dtype = torch.bfloat16 if params.dtype == "bfloat16" else torch.float32
-        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if params.device == "cuda"
+            else torch.device("cpu")
+        )
 
         hf_cfg = AutoConfig.from_pretrained(spec.model_path, trust_remote_code=spec.trust_remote_code)
         self.dims = ModelDims.from_hf(hf_cfg)
@@ -218,6 +283,8 @@ class MegatronTrainBackend:
             "pipeline_dtype": self.dtype,
             "bf16": self.dtype == torch.bfloat16,
             "calculate_per_token_loss": True,  # no division by micro-batches or DP size (see module doc)
+            "perform_initialization": False,  # every weight is loaded from the HF checkpoint
+            "use_cpu_initialization": self.device.type == "cpu",  # allocate on the CPU, not cuda
         }
         if p.recompute_activations:
             extra.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
@@ -242,7 +309,8 @@ class MegatronTrainBackend:
 
         kw = gpt_model_kwargs(self.dims, self.tp, self.params.make_vocab_size_divisible_by)
         model = GPTModel(
-            config=self.config,
+            # a copy per model: _wrap sets this model's own no_sync / finalize hooks on its config
+            config=copy.copy(self.config),
             transformer_layer_spec=self._layer_spec(),
             pre_process=self.mpu.is_pipeline_first_stage(),
             post_process=self.mpu.is_pipeline_last_stage(),
@@ -267,8 +335,9 @@ class MegatronTrainBackend:
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         p = self.params
+        config = model.config  # this model's own copy (see _build)
         ddp = DistributedDataParallel(
-            self.config,
+            config,
             DistributedDataParallelConfig(
                 grad_reduce_in_fp32=True,
                 overlap_grad_reduce=False,
@@ -298,30 +367,39 @@ class MegatronTrainBackend:
         def finalize(models: Any, num_tokens: Any = None, *args: Any, **kw: Any) -> Any:
             return finalize_model_grads(models, None, *args, **kw)  # sum, never divide by tokens
 
-        self.config.finalize_model_grads_func = finalize
-        self.config.no_sync_func = ddp.no_sync
+        config.finalize_model_grads_func = finalize
+        config.no_sync_func = ddp.no_sync
         return ddp, optimizer
 
     # -- offload (storage resize keeps the DDP buffer views valid, as verl does) -----------------
     def _offload(self, ddp: Any, grads: bool = True) -> None:
+        """Copy the weights (and gradient buffers) to CPU and free their device storage.
+
+        With the distributed optimizer DDP keeps all weights in one contiguous ``param_data``
+        buffer per dtype; without it ``param_data`` is None and each parameter owns its storage,
+        so the parameters are offloaded one by one.
+        """
+        cuda = self.device.type == "cuda"
         saved = []
         for buf in getattr(ddp, "buffers", []):
-            parts = [buf.param_data]
-            if grads and self.params.grad_offload:
+            parts = [buf.param_data] if buf.param_data is not None else [p.data for p in buf.params]
+            if grads and self.params.grad_offload and buf.grad_data is not None:
                 parts.append(buf.grad_data)
             for t in parts:
                 if t.untyped_storage().size() > 0:
-                    cpu = t.detach().to("cpu", non_blocking=True).pin_memory()
-                    saved.append((t, cpu, t.untyped_storage().size()))
+                    cpu = t.detach().to("cpu", copy=True)  # copy: on a CPU run .to() would alias
+                    saved.append((t, cpu.pin_memory() if cuda else cpu, t.untyped_storage().size()))
                     t.untyped_storage().resize_(0)
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         self._offloaded[id(ddp)] = saved
 
     def _onload(self, ddp: Any) -> None:
         for t, cpu, size in self._offloaded.pop(id(ddp), []):
             t.untyped_storage().resize_(size)
             t.copy_(cpu, non_blocking=True)
-        torch.cuda.synchronize()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
 
     # -- forward ----------------------------------------------------------------------------------
     def _dp_slice(self, batch: Batch) -> tuple[Batch, list[int]]:
@@ -420,6 +498,7 @@ class MegatronTrainBackend:
             )
         return full
 
+    @_on_device
     @torch.no_grad()
     def compute_log_probs(
         self, batch: Batch, *, model: str = "actor", with_entropy: bool = False
@@ -464,6 +543,7 @@ class MegatronTrainBackend:
             if ddp is not None and self.params.param_offload:
                 self._offload(ddp)
 
+    @_on_device
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> Tensor:
         if self.critic_ddp is None:
@@ -541,6 +621,7 @@ class MegatronTrainBackend:
             if self.params.param_offload:
                 self._offload(ddp)
 
+    @_on_device
     def update_policy(self, mini_batch: Batch, objective: Objective) -> dict[str, float]:
         m = self._update(
             self.actor_ddp,
@@ -555,6 +636,7 @@ class MegatronTrainBackend:
             self.version += 1
         return m
 
+    @_on_device
     def update_critic(self, mini_batch: Batch, objective: Objective) -> dict[str, float]:
         if self.critic_ddp is None:
             raise ValueError("update_critic: no critic (spec.need_critic=False)")
@@ -587,6 +669,10 @@ class MegatronTrainBackend:
         return merge_tp(shards)
 
     def export_weights(self) -> Iterator[tuple[str, Tensor]]:
+        yield from self._export_hf().items()
+
+    @_on_device
+    def _export_hf(self) -> dict[str, Tensor]:
         """Full HF-named tensors of the actor (vocab unpadded), on every rank. Collective (SPMD).
 
         Gathers TP shards per stage and broadcasts each PP stage's tensors to every stage, then
@@ -624,13 +710,13 @@ class MegatronTrainBackend:
                         name = f"decoder.layers.{int(local_idx) + spans[s].start}.{tail}"
                     full[name] = t  # type: ignore[assignment]
             hf = mcore_to_hf(full, self.dims, layer_spec=self.params.layer_spec)
-            for name, t in hf.items():
-                yield name, t.detach()
+            return {name: t.detach() for name, t in hf.items()}
         finally:
             if self.params.param_offload:
                 self._offload(self.actor_ddp)
 
     # -- checkpoints (megatron dist_checkpointing: every rank writes its shards) ------------------
+    @_on_device
     def save_checkpoint(self, path: Path, extra_state: Mapping[str, Any]) -> None:
         import torch.distributed as dist
         from megatron.core import dist_checkpointing
@@ -668,6 +754,7 @@ class MegatronTrainBackend:
             tmp.rename(path)
         dist.barrier()
 
+    @_on_device
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         from megatron.core import dist_checkpointing
 
@@ -681,8 +768,10 @@ class MegatronTrainBackend:
             if self.params.param_offload:
                 self._onload(ddp)
             sd = ddp.module.sharded_state_dict(prefix="")
+            # is_loading=True: the optimizer's sharded state dict must be built for loading (it
+            # allocates the state to load into); without it Adam's moments are silently not restored.
             loaded = dist_checkpointing.load(
-                {"model": sd, "optimizer": opt.sharded_state_dict(sd)}, str(path / name)
+                {"model": sd, "optimizer": opt.sharded_state_dict(sd, is_loading=True)}, str(path / name)
             )
             ddp.module.load_state_dict(loaded["model"], strict=False)
             opt.load_state_dict(loaded["optimizer"])
@@ -693,7 +782,9 @@ class MegatronTrainBackend:
         ckpt.set_rng_state(ckpt.load_tree(path, "rng"))
         return dict(meta["extra_state"])
 
+    @_on_device
     def shutdown(self) -> None:
         for attr in ("actor", "actor_ddp", "ref", "critic", "critic_ddp", "optimizer", "critic_optimizer"):
             setattr(self, attr, None)
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
