@@ -18,7 +18,7 @@ import time
 import torch
 
 from rlzoo.batch import Batch
-from rlzoo.protocols import AggContext, TrainSpec
+from rlzoo.protocols import AggContext, MicroBatchSettings, OptimSettings, TrainSpec
 
 
 def qwen2_config(tiny: bool):  # type: ignore[no-untyped-def]
@@ -117,15 +117,19 @@ def main() -> None:
     n_params = sum(p.numel() for p in model.parameters())
     params = FSDP2Params(
         device=a.device,
-        lr=1e-6,
-        max_tokens_per_micro_batch=a.max_tokens_per_micro_batch,
         use_remove_padding=not a.no_remove_padding,
         gradient_checkpointing=a.gradient_checkpointing,
         offload=a.offload,
         mixed_precision=True,
         attn_implementation=a.attn,
     )
-    be = FSDP2TrainBackend(params, TrainSpec(model_path="", total_steps=a.steps + a.warmup), model=model)
+    spec = TrainSpec(
+        model_path="",
+        total_steps=a.steps + a.warmup,
+        optim=OptimSettings(lr=1e-6),
+        micro_batch=MicroBatchSettings(max_tokens=a.max_tokens_per_micro_batch),
+    )
+    be = FSDP2TrainBackend(params, spec, model=model)
     world = dist.get_world_size()
     times, tokens = [], []
     for step in range(a.warmup + a.steps):

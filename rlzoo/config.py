@@ -19,6 +19,7 @@ A part selection is written as a name or as a mapping with ``name`` plus the par
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from typing import Any, Literal
 from rlzoo.binding import bind_dataclass, coerce, field_types, to_plain
 from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.plugins import PluginManager, get_plugin_manager
+from rlzoo.protocols import MicroBatchSettings, OptimSettings, StepPlan
 from rlzoo.registry import Component, param
 
 
@@ -78,6 +80,9 @@ class RunSection:
     output_dir: str | None = param(None, help="exact run directory (overrides dir/name; needed to resume)")
     seed: int = param(0, help="seed for data order, sampling and initialisation")
     loggers: list[str] = param(["console", "jsonl", "tensorboard"], help="metric sinks")
+    export_every: int = param(
+        0, help="also write the model as an HF folder RUN_DIR/export/step_K/ every K steps (0: final/ only)"
+    )
     progress: bool = param(True, help="show a progress bar")
 
 
@@ -134,6 +139,11 @@ class AlgorithmSection:
     kl_penalty: Any = part("kl", "k1", help="estimator of the in-reward KL penalty")
     kl_ctrl: KLControlSection = param(KLControlSection(), help="in-reward KL controller")
     entropy_coeff: float = param(0.0, help="entropy bonus coefficient (loss -= coeff * entropy)")
+    value_clip: float = param(
+        0.5,
+        help="critic value-loss clip (verl's cliprange_value): values move at most this far from the "
+        "old values before the clipped loss takes over; used when the advantage needs a critic",
+    )
     rollout_correction: Any = part(
         "rollout_correction", None, help="off-policy correction of rollout/trainer mismatch", optional=True
     )
@@ -177,6 +187,12 @@ class TrainerSection:
     total_epochs: int = param(1, help="epochs over the training prompts")
     ppo_mini_batch_size: int | None = param(None, help="prompts per PPO mini-batch (default: whole batch)")
     ppo_epochs: int = param(1, help="passes over each batch")
+    optim: OptimSettings = param(
+        OptimSettings(), help="optimizer and LR schedule (actor and critic), shared by every train backend"
+    )
+    micro_batch: MicroBatchSettings = param(
+        MicroBatchSettings(), help="micro-batch sizes of forwards / updates, shared by every train backend"
+    )
     shuffle_mini_batches: bool = param(False, help="shuffle samples before splitting into mini-batches")
     critic_warmup: int = param(0, help="steps that train only the critic")
     val_before_train: bool = param(True, help="validate before the first step")
@@ -290,14 +306,55 @@ def bind_part(
     comp = registry.get(name)
     if comp.params is None:
         if raw_params:
-            problems.append(f"{key}: {kind} {name!r} takes no params, got {', '.join(sorted(raw_params))}")
+            hints = "".join(
+                _unknown_param_hint(kind, key, name, str(k), registry) for k in sorted(raw_params)
+            )
+            problems.append(
+                f"{key}: {kind} {name!r} takes no params, got {', '.join(sorted(raw_params))}{hints}"
+            )
         return Selection(kind, key, comp.name, comp, None)
     before = len(problems)
     bound = bind_dataclass(comp.params, raw_params, key, problems, what=f"{kind} {name!r}")
-    for i in range(before, len(problems)):
-        if "unknown key" in problems[i]:  # often params left over from the part an override replaced
-            problems[i] += f" (to switch parts with default params, override the whole entry: {key}={name})"
+    declared = {f.name for f in dataclasses.fields(comp.params)}
+    for k in raw_params:
+        if k in declared:
+            continue
+        hint = _unknown_param_hint(kind, key, name, str(k), registry)
+        for i in range(before, len(problems)):
+            if hint and problems[i].startswith(f"{key}.{k}: unknown key"):
+                problems[i] += hint
     return Selection(kind, key, comp.name, comp, bound)
+
+
+#: Backend params that became trainer settings shared by every train backend (old name -> new key).
+MOVED_TO_TRAINER: Mapping[str, str] = {
+    **{f.name: f"trainer.optim.{f.name}" for f in dataclasses.fields(OptimSettings)},
+    "micro_batch_size": "trainer.micro_batch.size",
+    "max_tokens_per_micro_batch": "trainer.micro_batch.max_tokens",
+    "log_prob_micro_batch_size": "trainer.micro_batch.log_prob_size",
+}
+
+
+def _unknown_param_hint(kind: str, key: str, name: str, param_name: str, registry: Any) -> str:
+    """Where an unknown param of part ``name`` does exist: a trainer setting, or other parts."""
+    if kind == "train_backend" and param_name in MOVED_TO_TRAINER:
+        return (
+            f" ({param_name} is a trainer setting shared by every train backend: "
+            f"set {MOVED_TO_TRAINER[param_name]})"
+        )
+    others = [
+        c.name
+        for c in registry
+        if c.name != name
+        and c.params is not None
+        and param_name in {f.name for f in dataclasses.fields(c.params)}
+    ]
+    if not others:
+        return ""
+    return (
+        f" ({param_name} is a param of {kind} {', '.join(repr(o) for o in others)}; "
+        f"select one with {key}={others[0]} {key}.{param_name}=...)"
+    )
 
 
 def _custom_binder(pm: PluginManager) -> Any:
@@ -393,6 +450,174 @@ def check_consistency(cfg: RecipeConfig) -> list[str]:
     return problems
 
 
+def mini_batches_per_step(cfg: RecipeConfig) -> int:
+    """PPO mini-batches (= optimizer steps per epoch) in one trainer step.
+
+    A trainer step trains on ``data.train_batch_size`` prompts, or on what the runner's params plan
+    (:class:`~rlzoo.protocols.StepPlan`, e.g. fully-async's ``require_batches`` mini-batches),
+    split into mini-batches of ``trainer.ppo_mini_batch_size`` prompts (default: one).
+    """
+    prompts = cfg.data.train_batch_size
+    runner = cfg.runner
+    if isinstance(runner, Selection) and isinstance(runner.params, StepPlan):
+        prompts = runner.params.prompts_per_step(cfg)
+    per_mini_batch = cfg.trainer.ppo_mini_batch_size or prompts
+    return max(1, math.ceil(prompts / max(1, per_mini_batch)))
+
+
+def optimizer_steps(cfg: RecipeConfig, trainer_steps: int) -> int:
+    """Optimizer steps of a run of ``trainer_steps``: the length of its LR schedule.
+
+    ``trainer_steps x mini-batches per step x trainer.ppo_epochs`` (each mini-batch of each epoch
+    is one optimizer step; warmup_ratio is a fraction of this count too).
+    """
+    return max(1, trainer_steps) * mini_batches_per_step(cfg) * max(1, cfg.trainer.ppo_epochs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Switching parts on the command line
+# ---------------------------------------------------------------------------------------------
+def part_paths() -> dict[str, str]:
+    """Config path -> kind of every single-part selection of :class:`RecipeConfig`."""
+    out: dict[str, str] = {}
+
+    def walk(cls: type, prefix: str) -> None:
+        hints = field_types(cls)
+        for f in dataclasses.fields(cls):
+            path = f"{prefix}{f.name}"
+            kind = f.metadata.get("kind")
+            if kind is not None:
+                if not f.metadata.get("mapping"):
+                    out[path] = kind
+                continue
+            tp = hints.get(f.name)
+            if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+                walk(tp, path + ".")
+
+    walk(RecipeConfig, "")
+    return out
+
+
+@dataclass(frozen=True)
+class PartOverride:
+    """A command-line override of a part selection: ``path=value`` or ``path.sub=value``."""
+
+    path: str  # the part's config path (``trainer.backend``)
+    sub: str | None  # the key below it (``lr``, ``name``), None for the whole entry
+    value: Any
+    line: str
+
+
+def split_part_overrides(overrides: Sequence[str]) -> tuple[list[PartOverride], list[str]]:
+    """(overrides of part selections, the rest). Deletions (``~``) and Hydra's own keys stay with
+    the rest; so does any line the override grammar cannot read (Hydra reports it)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+
+    paths = part_paths()
+    parser = OverridesParser.create()
+    parts: list[PartOverride] = []
+    rest: list[str] = []
+    for line in overrides:
+        try:
+            (o,) = parser.parse_overrides([line])
+        except Exception:
+            rest.append(line)
+            continue
+        key = o.key_or_group
+        if o.type == OverrideType.DEL or o.package is not None or o.is_sweep_override():
+            rest.append(line)
+            continue
+        match = next(
+            (p for p in sorted(paths, key=len, reverse=True) if key == p or key.startswith(p + ".")), None
+        )
+        if match is None:
+            rest.append(line)
+            continue
+        sub = key[len(match) + 1 :] or None
+        parts.append(PartOverride(match, sub, o.value(), line))
+    return parts, rest
+
+
+def _plain(node: Any) -> Any:
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(node):
+        return OmegaConf.to_container(node, resolve=False)
+    return node
+
+
+def apply_part_overrides(cfg: Any, overrides: Sequence[PartOverride], pm: PluginManager) -> None:
+    """Apply part overrides to a composed OmegaConf config, in order.
+
+    ``path=NAME`` and ``path.name=NAME`` switch the part: every param of the old selection that
+    the new part also declares is kept, the others are dropped and the switch is printed (stderr).
+    ``path={name: NAME, k: v}`` switches the same way and then sets the given params; a mapping
+    without ``name`` updates the params of the current part. ``path.k=v`` sets one param of the
+    current part (a part written as a bare name in the recipe becomes ``{name: ..., k: v}``).
+    """
+    import sys
+
+    from omegaconf import OmegaConf
+
+    paths = part_paths()
+    OmegaConf.set_struct(cfg, False)
+    for o in overrides:
+        current = _plain(OmegaConf.select(cfg, o.path, default=None))
+        if isinstance(current, str):
+            current = {"name": current}
+        if not isinstance(current, dict):
+            current = {}
+        old_name = current.get("name")
+        value = _plain(o.value)
+        if o.sub is None and (value is None or value == "none" or not isinstance(value, (str, dict))):
+            OmegaConf.update(cfg, o.path, value, merge=False)  # off, or a wrong type binding reports
+            continue
+        new_name: Any
+        given: dict[str, Any] | None
+        if o.sub is None and isinstance(value, str):
+            new_name, given = value, {}
+        elif o.sub is None:
+            new_name = value.get("name", old_name)
+            given = {k: v for k, v in value.items() if k != "name"}
+        elif o.sub == "name":
+            new_name, given = value, {}
+        else:
+            new_name, given = old_name, None
+        params = {k: v for k, v in current.items() if k != "name"}
+        if isinstance(new_name, str) and isinstance(old_name, str) and new_name != old_name:
+            params = _keep_declared(paths[o.path], o.path, old_name, new_name, params, pm, sys.stderr)
+        node: dict[str, Any] = {"name": new_name, **params} if new_name is not None else dict(params)
+        merged = OmegaConf.create(node)
+        if given is None:
+            OmegaConf.update(merged, o.sub, value, merge=False)  # type: ignore[arg-type]
+        else:
+            for k, v in given.items():
+                OmegaConf.update(merged, k, v, merge=False)
+        OmegaConf.update(cfg, o.path, merged, merge=False)
+
+
+def _keep_declared(
+    kind: str, path: str, old: str, new: str, params: Mapping[str, Any], pm: PluginManager, out: Any
+) -> dict[str, Any]:
+    """The params of ``old`` that part ``new`` also declares; prints the switch and what it dropped."""
+    registry = pm.registry(kind)
+    if new not in registry:
+        return dict(params)  # binding reports the unknown name (with the registered choices)
+    comp = registry.get(new)
+    declared = {f.name for f in dataclasses.fields(comp.params)} if comp.params is not None else set()
+    kept = {k: v for k, v in params.items() if k in declared}
+    dropped = sorted(k for k in params if k not in declared)
+    if params:
+        msg = f"rlzoo: {path}: {old} -> {new}"
+        if kept:
+            msg += f"; kept {', '.join(sorted(kept))}"
+        if dropped:
+            msg += f"; dropped {', '.join(dropped)} ({kind} {new!r} does not declare them)"
+        print(msg, file=out, flush=True)
+    return kept
+
+
 # ---------------------------------------------------------------------------------------------
 # Recipe loading (Hydra)
 # ---------------------------------------------------------------------------------------------
@@ -432,6 +657,28 @@ def find_recipe(name: str, pm: PluginManager | None = None) -> Path:
     raise RlzooError(msg)
 
 
+def _notice_shadowing(name: str, path: Path, pm: PluginManager) -> None:
+    """Say so when the recipe found first hides another recipe of the same name further down the
+    search path (e.g. ``./recipes/quickstart.yaml`` hides rlzoo's own quickstart)."""
+    import sys
+
+    if Path(name).suffix in {".yaml", ".yml"}:
+        return
+    hidden = [
+        cand.resolve()
+        for d in recipe_search_paths(pm)
+        for cand in (d / f"{name}.yaml", d / f"{name}.yml")
+        if cand.exists() and cand.resolve() != path
+    ]
+    if hidden:
+        print(
+            f"rlzoo: recipe {name!r} is {path}; it shadows {', '.join(map(str, hidden))} "
+            f"(first match on the recipe search path wins; pass a file path to pick another)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def list_recipes(pm: PluginManager | None = None) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for d in reversed(recipe_search_paths(pm)):
@@ -452,10 +699,14 @@ def compose_recipe(
 
     pm = pm or get_plugin_manager()
     path = find_recipe(name, pm)
+    _notice_shadowing(name, path, pm)
     search = [d for d in recipe_search_paths(pm) if d.is_dir() and d != path.parent]
+    # part selections (`algorithm.advantage=rloo`, `trainer.backend.lr=...`) are applied after
+    # composition, by switch_part(); everything else goes to Hydra.
+    part_ovr, rest = split_part_overrides(overrides)
     # `key=value` may set any key the typed sections know, present in the recipe or not: force-add
     # it (`++`) and let bind_config report keys that do not exist, with a did-you-mean.
-    ovr = [o if o.startswith(("+", "~", "hydra.")) or "=" not in o else "++" + o for o in overrides]
+    ovr = [o if o.startswith(("+", "~", "hydra.")) or "=" not in o else "++" + o for o in rest]
     if search:
         ovr.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in search) + "]")
     if GlobalHydra.instance().is_initialized():
@@ -465,6 +716,7 @@ def compose_recipe(
             cfg = compose(config_name=path.stem, overrides=ovr)
     except Exception as exc:
         raise ConfigError([_chain(exc)], header=f"cannot compose recipe {name!r} ({path})") from exc
+    apply_part_overrides(cfg, part_ovr, pm)
     try:
         plain = OmegaConf.to_container(cfg, resolve=True)
     except Exception as exc:
@@ -506,12 +758,15 @@ def load_config(
 
 
 def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Apply ``key=value`` overrides to a plain mapping (OmegaConf dotlist semantics)."""
+    """Apply ``key=value`` overrides to a plain mapping (OmegaConf dotlist semantics; part
+    selections as :func:`apply_part_overrides` does)."""
     from omegaconf import OmegaConf
 
+    part_ovr, overrides = split_part_overrides(overrides)
     base = OmegaConf.create(to_plain(dict(raw)))
     dot = [o.lstrip("+") for o in overrides if not o.startswith("~")]
     merged = OmegaConf.merge(base, OmegaConf.from_dotlist(dot))
+    apply_part_overrides(merged, part_ovr, get_plugin_manager())
     for o in overrides:
         if o.startswith("~"):
             parent, _, leaf = o[1:].rpartition(".")
@@ -541,5 +796,7 @@ __all__ = [
     "find_recipe",
     "list_recipes",
     "load_config",
+    "mini_batches_per_step",
+    "optimizer_steps",
     "part",
 ]

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from rlzoo.registry import param
+
 if TYPE_CHECKING:
     import torch
     from torch import Tensor
@@ -30,6 +32,10 @@ class AdvantageInputs:
     group_ids: Tensor | None = None  # [B] long, responses to the same prompt share an id
     values: Tensor | None = None  # [B, T] critic values (needs_critic)
     baseline_rewards: Tensor | None = None  # [B] reward of the greedy response (needs_greedy_baseline)
+    old_log_probs: Tensor | None = None  # [B, T] log-probs of the sampled tokens (needs_old_log_probs)
+    sum_pi_squared: Tensor | None = None  # [B, T] sum over the vocabulary of pi^2 (token baselines)
+    rollout_is_weights: Tensor | None = None  # [B, T] IS weights of the rollout correction, if any
+    reward_components: Tensor | None = None  # [B, K] per-component outcome rewards (gdpo)
 
 
 @dataclass
@@ -267,19 +273,100 @@ class RolloutBackend(Protocol):
 # ---------------------------------------------------------------------------------------------
 # training
 # ---------------------------------------------------------------------------------------------
+#: Learning-rate schedules every train backend understands (``trainer.optim.lr_scheduler``).
+LR_SCHEDULES = ("constant", "linear", "cosine")
+
+
+@dataclass(frozen=True)
+class OptimSettings:
+    """Optimizer and LR schedule of the actor and the critic (``trainer.optim``), shared by every
+    train backend: switching ``trainer.backend`` keeps them.
+
+    AdamW with decoupled weight decay; the schedule counts **optimizer steps** (``TrainSpec.total_steps``
+    = trainer steps x mini-batches per step x PPO epochs), as HF's / verl's schedulers do.
+    """
+
+    lr: float = param(1e-6, help="AdamW peak learning rate of the actor (> 0)")
+    betas: tuple[float, float] = param((0.9, 0.999), help="AdamW betas (each in [0, 1))")
+    eps: float = param(1e-8, help="AdamW epsilon (> 0)")
+    weight_decay: float = param(0.01, help="AdamW decoupled weight decay of the actor (>= 0)")
+    grad_clip: float = param(
+        1.0, help="max global grad norm of the actor; <= 0 disables clipping (the norm is still logged)"
+    )
+    lr_scheduler: str = param(
+        "constant", help="'constant', 'linear' (to min_lr_ratio) or 'cosine' (to min_lr_ratio)"
+    )
+    warmup_steps: int = param(0, help="linear warmup, in optimizer steps; 0: use warmup_ratio")
+    warmup_ratio: float = param(
+        0.0, help="warmup as a fraction of the run's optimizer steps (when warmup_steps is 0), in [0, 1)"
+    )
+    min_lr_ratio: float = param(0.0, help="final LR of linear / cosine decay, as a fraction of the peak LR")
+    critic_lr: float = param(1e-5, help="AdamW peak learning rate of the critic (> 0)")
+    critic_weight_decay: float = param(0.01, help="AdamW weight decay of the critic (>= 0)")
+    critic_grad_clip: float = param(1.0, help="max grad norm of the critic; <= 0 disables clipping")
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("lr", "critic_lr", "eps"):
+            if not getattr(self, name) > 0:
+                problems.append(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("weight_decay", "critic_weight_decay"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            problems.append(f"betas must be two numbers in [0, 1), got {list(self.betas)}")
+        if self.lr_scheduler not in LR_SCHEDULES:
+            problems.append(
+                f"lr_scheduler must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_scheduler!r}"
+            )
+        if self.warmup_steps < 0 or not 0.0 <= self.warmup_ratio < 1.0:
+            problems.append("warmup_steps must be >= 0 and warmup_ratio in [0, 1)")
+        if self.warmup_steps > 0 and self.warmup_ratio > 0:
+            problems.append("set warmup_steps or warmup_ratio, not both")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            problems.append(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+@dataclass(frozen=True)
+class MicroBatchSettings:
+    """How a train backend splits work into forwards (``trainer.micro_batch``), per device / rank."""
+
+    size: int = param(4, help="samples per forward/backward in updates (>= 1)")
+    max_tokens: int | None = param(
+        None,
+        help="if set, updates pack consecutive samples into micro-batches of at most this many real "
+        "tokens (prompt + response; a longer sample goes alone) instead of `size`",
+    )
+    log_prob_size: int = param(8, help="samples per forward in log-prob / value computations (>= 1)")
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.size < 1 or self.log_prob_size < 1:
+            problems.append(f"size and log_prob_size must be >= 1, got {self.size} and {self.log_prob_size}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            problems.append(f"max_tokens must be >= 1 or null, got {self.max_tokens}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
 @dataclass(frozen=True)
 class TrainSpec:
-    """What a train backend factory needs besides its own params."""
+    """What a train backend factory needs besides its own params: the run's models and the trainer
+    settings every backend shares (``optim``, ``micro_batch``)."""
 
     model_path: str
     seed: int = 0
     need_reference: bool = False
     need_critic: bool = False
     critic_model_path: str | None = None
-    total_steps: int = 1  # optimizer steps the LR schedule spans
+    total_steps: int = 1  # optimizer steps the LR schedule spans (see rlzoo.config.optimizer_steps)
     trust_remote_code: bool = False
     pad_token_id: int = 0
     temperature: float = 1.0  # rollout sampling temperature: log-probs are of logits / temperature
+    optim: OptimSettings = field(default_factory=OptimSettings)
+    micro_batch: MicroBatchSettings = field(default_factory=MicroBatchSettings)
 
 
 class Objective(Protocol):
@@ -308,3 +395,12 @@ class TrainBackend(Protocol):
 
 class Runner(Protocol):
     def run(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class StepPlan(Protocol):
+    """Optional on a runner's params: how many prompts one trainer step trains on, when that is not
+    ``data.train_batch_size`` (fully-async: ``require_batches`` mini-batches). The LR schedule's
+    length in optimizer steps is derived from it (:func:`rlzoo.config.optimizer_steps`)."""
+
+    def prompts_per_step(self, cfg: Any) -> int: ...

@@ -31,7 +31,8 @@ class FSDP2Params(NativeTrainParams):
     ``torch.distributed.checkpoint`` directories written atomically; ``export_hf`` gathers a full
     HF safetensors model on rank 0.
 
-    Inherits every field of the native backend (optimizer, schedule, micro-batching, critic);
+    Inherits every field of the native backend; the optimizer, LR schedule and micro-batch sizes
+    are the trainer's (``trainer.optim``, ``trainer.micro_batch``; micro-batches are per rank).
     ``dtype`` is the dtype of the stored (master) weights and optimizer state.
     """
 

@@ -171,13 +171,13 @@ class FSDP2TrainBackend:
         self.ref: nn.Module | None = None if ref is None else self._shard(ref, offload=params.ref_offload)
         self.critic: nn.Module | None = None if critic is None else self._shard(critic, offload=self.offload)
 
-        self.optimizer = self._adamw(self.actor, params.lr, params.weight_decay)
+        self.optimizer = self._adamw(self.actor, spec.optim.lr, spec.optim.weight_decay)
         self.critic_optimizer = (
             None
             if self.critic is None
-            else self._adamw(self.critic, params.critic_lr, params.critic_weight_decay)
+            else self._adamw(self.critic, spec.optim.critic_lr, spec.optim.critic_weight_decay)
         )
-        self.warmup_steps = common.warmup_steps(params, spec)
+        self.warmup_steps = common.warmup_steps(spec)
         if self.rank == 0:
             logger.info(
                 "fsdp2: world=%d mesh=%s device=%s dtype=%s mixed_precision=%s offload=%s remove_padding=%s",
@@ -244,8 +244,8 @@ class FSDP2TrainBackend:
         return torch.optim.AdamW(
             [p for p in module.parameters() if p.requires_grad],
             lr=lr,
-            betas=tuple(self.params.betas),  # type: ignore[arg-type]
-            eps=self.params.eps,
+            betas=tuple(self.spec.optim.betas),  # type: ignore[arg-type]
+            eps=self.spec.optim.eps,
             weight_decay=weight_decay,
         )
 
@@ -254,17 +254,15 @@ class FSDP2TrainBackend:
 
     def lr_at(self, step: int, *, critic: bool = False) -> float:
         """The LR of optimizer step ``step`` (0-based) of the actor or the critic."""
-        return common.scheduled_lr(self.params, self.spec, self.warmup_steps, step, critic=critic)
+        return common.scheduled_lr(self.spec, self.warmup_steps, step, critic=critic)
 
     # -- planning -------------------------------------------------------------------------------
     def plan(self, batch: Batch, *, update: bool) -> ShardPlan:
         """This batch's shards and micro-batches (identical on every rank)."""
-        p = self.params
+        mb = self.spec.micro_batch
         if update:
-            return plan_shards(
-                batch, self.world, rows=p.micro_batch_size, max_tokens=p.max_tokens_per_micro_batch
-            )
-        return plan_shards(batch, self.world, rows=p.log_prob_micro_batch_size, max_tokens=None)
+            return plan_shards(batch, self.world, rows=mb.size, max_tokens=mb.max_tokens)
+        return plan_shards(batch, self.world, rows=mb.log_prob_size, max_tokens=None)
 
     def _my_micro_batches(self, batch: Batch, plan: ShardPlan) -> list[Batch | None]:
         """This rank's micro-batches on the device, ``None`` for the dummy passes that pad them."""

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from rlzoo.backends.native import checkpoint as ckpt
+from rlzoo.protocols import TrainSpec
 
 __all__ = [
     "checkpoint_meta",
@@ -48,24 +49,26 @@ def resolve_temperature(params: Any, spec: Any) -> float:
     return float(params.temperature if params.temperature is not None else spec.temperature)
 
 
-def warmup_steps(params: Any, spec: Any) -> int:
-    """``params.warmup_steps``, else ``warmup_ratio`` of ``spec.total_steps`` (at least 1 step total)."""
-    return int(params.warmup_steps or int(params.warmup_ratio * max(1, spec.total_steps)))
+def warmup_steps(spec: TrainSpec) -> int:
+    """``spec.optim.warmup_steps``, else ``warmup_ratio`` of ``spec.total_steps`` (optimizer steps)."""
+    optim = spec.optim
+    return int(optim.warmup_steps or int(optim.warmup_ratio * max(1, spec.total_steps)))
 
 
-def scheduled_lr(params: Any, spec: Any, warmup: int, step: int, *, critic: bool = False) -> float:
+def scheduled_lr(spec: TrainSpec, warmup: int, step: int, *, critic: bool = False) -> float:
     """The LR of optimizer step ``step`` (0-based) of the actor or the critic (see ``lr_multiplier``)."""
     from rlzoo.backends.native.train import lr_multiplier
 
-    peak = params.critic_lr if critic else params.lr
+    optim = spec.optim
+    peak = optim.critic_lr if critic else optim.lr
     return float(
         peak
         * lr_multiplier(
             step,
-            schedule=params.lr_scheduler,
+            schedule=optim.lr_scheduler,
             warmup_steps=warmup,
             total_steps=max(1, spec.total_steps),
-            min_lr_ratio=params.min_lr_ratio,
+            min_lr_ratio=optim.min_lr_ratio,
         )
     )
 
@@ -184,7 +187,7 @@ def policy_update(backend: Any, mini_batch: Any, objective: Any) -> dict[str, fl
         module=backend.actor,
         optimizer=backend.optimizer,
         lr=backend.lr_at(backend.version),
-        grad_clip=backend.params.grad_clip,
+        grad_clip=backend.spec.optim.grad_clip,
         prefix="actor",
     )
     if not metrics["actor/skipped_steps"]:
@@ -208,7 +211,7 @@ def critic_update(backend: Any, mini_batch: Any, objective: Any) -> dict[str, fl
         module=backend.critic,
         optimizer=backend.critic_optimizer,
         lr=backend.lr_at(backend.critic_steps, critic=True),
-        grad_clip=backend.params.critic_grad_clip,
+        grad_clip=backend.spec.optim.critic_grad_clip,
         prefix="critic",
     )
     if not metrics["critic/skipped_steps"]:
@@ -246,7 +249,7 @@ def checkpoint_meta(backend: Any, fmt: str, extra_state: Mapping[str, Any], **mo
                 "steps": backend.critic_steps,
                 "next_lr": backend.lr_at(backend.critic_steps, critic=True),
             },
-            "schedule": backend.params.lr_scheduler,
+            "schedule": backend.spec.optim.lr_scheduler,
             "warmup_steps": backend.warmup_steps,
             "total_steps": backend.spec.total_steps,
         },

@@ -296,21 +296,21 @@ class NativeTrainBackend:
 
         self.optimizer = torch.optim.AdamW(
             [p for p in self.actor.parameters() if p.requires_grad],
-            lr=params.lr,
-            betas=tuple(params.betas),  # type: ignore[arg-type]
-            eps=params.eps,
-            weight_decay=params.weight_decay,
+            lr=spec.optim.lr,
+            betas=tuple(spec.optim.betas),  # type: ignore[arg-type]
+            eps=spec.optim.eps,
+            weight_decay=spec.optim.weight_decay,
         )
         self.critic_optimizer: torch.optim.Optimizer | None = None
         if self.critic is not None:
             self.critic_optimizer = torch.optim.AdamW(
                 self.critic.parameters(),
-                lr=params.critic_lr,
-                betas=tuple(params.betas),  # type: ignore[arg-type]
-                eps=params.eps,
-                weight_decay=params.critic_weight_decay,
+                lr=spec.optim.critic_lr,
+                betas=tuple(spec.optim.betas),  # type: ignore[arg-type]
+                eps=spec.optim.eps,
+                weight_decay=spec.optim.critic_weight_decay,
             )
-        self.warmup_steps = common.warmup_steps(params, spec)
+        self.warmup_steps = common.warmup_steps(spec)
 
     @classmethod
     def from_module(
@@ -330,7 +330,7 @@ class NativeTrainBackend:
     # -- learning rates -------------------------------------------------------------------------
     def lr_at(self, step: int, *, critic: bool = False) -> float:
         """The LR of optimizer step ``step`` (0-based) of the actor or the critic."""
-        return common.scheduled_lr(self.params, self.spec, self.warmup_steps, step, critic=critic)
+        return common.scheduled_lr(self.spec, self.warmup_steps, step, critic=critic)
 
     # -- forward passes -------------------------------------------------------------------------
     def _actor_forward(
@@ -369,7 +369,7 @@ class NativeTrainBackend:
         was_training = module.training
         module.eval()
         lps, ents = [], []
-        for mb in batch.split(self.params.log_prob_micro_batch_size):
+        for mb in batch.split(self.spec.micro_batch.log_prob_size):
             lp, ent = self._actor_forward(
                 module, mb.to(self.device), with_entropy=with_entropy, temperature=temp
             )
@@ -392,7 +392,7 @@ class NativeTrainBackend:
         self.critic.eval()
         out = [
             self._critic_forward(mb.to(self.device))
-            for mb in batch.split(self.params.log_prob_micro_batch_size)
+            for mb in batch.split(self.spec.micro_batch.log_prob_size)
         ]
         self.critic.train(was_training)
         return torch.cat(out).to(batch["input_ids"].device)
@@ -400,9 +400,9 @@ class NativeTrainBackend:
     # -- updates --------------------------------------------------------------------------------
     def micro_batches(self, mini_batch: Batch) -> list[Batch]:
         """The update's micro-batches: ``micro_batch_size`` rows, or packed by real-token count."""
-        limit = self.params.max_tokens_per_micro_batch
+        limit = self.spec.micro_batch.max_tokens
         if limit is None:
-            return mini_batch.split(self.params.micro_batch_size)
+            return mini_batch.split(self.spec.micro_batch.size)
         tokens = mini_batch["attention_mask"].sum(-1).tolist()  # [B]
         out, start, used = [], 0, 0
         for i, n in enumerate(tokens):  # scheduling over B ints, not tensor math

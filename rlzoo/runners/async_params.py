@@ -120,6 +120,10 @@ class FullyAsyncParams:
         help="seconds either side waits for the other without progress before failing with a TimeoutError",
     )
 
+    def prompts_per_step(self, cfg: Any) -> int:
+        """R x M prompts per trainer step (rlzoo.protocols.StepPlan: sizes the LR schedule)."""
+        return self.require_batches * mini_batch_groups(cfg)
+
     @staticmethod
     def check(params: FullyAsyncParams, cfg: Any) -> list[str]:
         p, problems = params, _common_checks(cfg, "fully_async")

@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 import pytest
 
 from rlzoo.models.tiny import tiny_qwen2_config
-from rlzoo.protocols import GenerationRequest, RolloutSpec, SamplingParams, TrainSpec
+from rlzoo.protocols import GenerationRequest, OptimSettings, RolloutSpec, SamplingParams, TrainSpec
 from rlzoo.testing.conformance import ComponentConformance
 
 __all__ = [
@@ -390,10 +390,33 @@ class TrainBackendContract(BackendContract):
         return TrainSpec(**base)
 
     def make(self, **params: Any) -> Any:
+        """The backend with ``contract_params`` and ``params`` bound: a key its params dataclass
+        declares goes there; an optimizer setting (``lr``, ``grad_clip`` ...) or a micro-batch size
+        (``micro_batch_size``, ``log_prob_micro_batch_size``, ``max_tokens_per_micro_batch``) goes into
+        the spec's shared trainer settings (``TrainSpec.optim`` / ``.micro_batch``)."""
         import dataclasses
 
-        p = dataclasses.replace(self.params, **{**self.contract_params, **params})
-        return self.component.load()(p, self.spec())
+        kw = {**self.contract_params, **params}
+        own = {f.name for f in dataclasses.fields(self.params)}
+        p = dataclasses.replace(self.params, **{k: v for k, v in kw.items() if k in own})
+        rest = {k: v for k, v in kw.items() if k not in own}
+        optim_fields = {f.name for f in dataclasses.fields(OptimSettings)}
+        micro_names = {
+            "micro_batch_size": "size",
+            "log_prob_micro_batch_size": "log_prob_size",
+            "max_tokens_per_micro_batch": "max_tokens",
+        }
+        optim = {k: rest.pop(k) for k in list(rest) if k in optim_fields}
+        micro = {micro_names[k]: rest.pop(k) for k in list(rest) if k in micro_names}
+        if rest:
+            raise TypeError(f"{self.component.name}: neither params nor trainer settings: {sorted(rest)}")
+        spec = self.spec()
+        spec = dataclasses.replace(
+            spec,
+            optim=dataclasses.replace(spec.optim, **optim),
+            micro_batch=dataclasses.replace(spec.micro_batch, **micro),
+        )
+        return self.component.load()(p, spec)
 
     def _ref_log_probs(self, model: Any, batch: Any, temperature: float) -> Any:
         import torch

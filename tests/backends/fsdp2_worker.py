@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 
 from rlzoo.batch import Batch
 from rlzoo.models.tiny import tiny_qwen2_config
-from rlzoo.protocols import AggContext
+from rlzoo.protocols import AggContext, MicroBatchSettings, OptimSettings
 
 V = 64
 PAD = 0
@@ -103,13 +103,11 @@ class TokenMeanValue:
         return 0.5 * (((values - mb["returns"]) ** 2) * mask).sum() / self.n, {}
 
 
-PARAMS: dict[str, Any] = {
-    "device": "cpu",
-    "lr": 1e-3,
-    "grad_clip": 1.0,
-    "micro_batch_size": 2,
-    "log_prob_micro_batch_size": 2,
-    "critic_lr": 1e-3,
+PARAMS: dict[str, Any] = {"device": "cpu"}
+#: the trainer settings every test backend shares (rlzoo.protocols.TrainSpec.optim / .micro_batch)
+SETTINGS: dict[str, Any] = {
+    "optim": OptimSettings(lr=1e-3, grad_clip=1.0, critic_lr=1e-3),
+    "micro_batch": MicroBatchSettings(size=2, log_prob_size=2),
 }
 
 
@@ -129,7 +127,7 @@ def _main(out: Path) -> None:
     tensors: dict[str, torch.Tensor] = {}
     numbers: dict[str, Any] = {"world": dist.get_world_size()}
     b1, b2 = sample_batch(1), sample_batch(2)
-    spec = TrainSpec(model_path="", need_reference=True, need_critic=True, total_steps=10)
+    spec = TrainSpec(model_path="", need_reference=True, need_critic=True, total_steps=10, **SETTINGS)
 
     def weights(backend: FSDP2TrainBackend) -> dict[str, torch.Tensor]:
         return {n: t.clone() for n, t in backend.export_weights()}  # every rank iterates; rank 0 gets them

@@ -24,10 +24,10 @@ from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.protocols import TrainBackend, TrainSpec
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fsdp2_worker import PARAMS, TokenMeanPG, TokenMeanValue, make_batch, sample_batch, tiny_model
+from fsdp2_worker import PARAMS, SETTINGS, TokenMeanPG, TokenMeanValue, make_batch, sample_batch, tiny_model
 
 WORKER = Path(__file__).with_name("fsdp2_worker.py")
-SPEC = TrainSpec(model_path="", need_reference=True, need_critic=True, total_steps=10)
+SPEC = TrainSpec(model_path="", need_reference=True, need_critic=True, total_steps=10, **SETTINGS)
 ATOL = 1e-5
 
 
@@ -105,10 +105,12 @@ def test_single_process_group_matches_native() -> None:
         pytest.skip("a process group is already initialised in this process")
     b = sample_batch(3)
     params = FSDP2Params(**PARAMS)
-    be = FSDP2TrainBackend(params, TrainSpec(model_path=""), model=tiny_model(0))
+    be = FSDP2TrainBackend(params, TrainSpec(model_path="", **SETTINGS), model=tiny_model(0))
     try:
         assert isinstance(be, TrainBackend)
-        native = NativeTrainBackend.from_module(tiny_model(0), NativeTrainParams(**PARAMS))
+        native = NativeTrainBackend.from_module(
+            tiny_model(0), NativeTrainParams(**PARAMS), TrainSpec(model_path="", **SETTINGS)
+        )
         torch.testing.assert_close(
             be.compute_log_probs(b)[0], native.compute_log_probs(b)[0], atol=ATOL, rtol=0
         )

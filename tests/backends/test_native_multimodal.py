@@ -25,7 +25,7 @@ from rlzoo.backends.native.engine import NativeEngine  # noqa: E402
 from rlzoo.backends.native.train import NativeTrainBackend  # noqa: E402
 from rlzoo.backends.native.train_params import NativeTrainParams  # noqa: E402
 from rlzoo.models.tiny import build_tiny_qwen2_5_vl, png_bytes  # noqa: E402
-from rlzoo.protocols import SamplingParams, TrainSpec  # noqa: E402
+from rlzoo.protocols import MicroBatchSettings, OptimSettings, SamplingParams, TrainSpec  # noqa: E402
 from rlzoo.runners.common import make_requests, samples_to_batch  # noqa: E402
 
 
@@ -188,8 +188,11 @@ def test_engine_rejects_image_prompts_without_pixels(vl: tuple[Any, Any]) -> Non
 # engine -> train backend
 # ---------------------------------------------------------------------------------------------
 def _trainer(model: Any, **spec: Any) -> NativeTrainBackend:
-    params = NativeTrainParams(device="cpu", lr=1e-2, micro_batch_size=3, log_prob_micro_batch_size=3)
-    return NativeTrainBackend.from_module(copy.deepcopy(model), params, TrainSpec(model_path="", **spec))
+    params = NativeTrainParams(device="cpu")
+    settings = {"optim": OptimSettings(lr=1e-2), "micro_batch": MicroBatchSettings(size=3, log_prob_size=3)}
+    return NativeTrainBackend.from_module(
+        copy.deepcopy(model), params, TrainSpec(model_path="", **settings, **spec)
+    )
 
 
 @pytest.fixture(scope="module")

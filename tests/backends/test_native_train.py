@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import random
@@ -17,7 +18,7 @@ from rlzoo.backends.native.train import NativeTrainBackend, lr_multiplier
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.batch import Batch
 from rlzoo.models.tiny import tiny_qwen2_config
-from rlzoo.protocols import TrainBackend, TrainSpec
+from rlzoo.protocols import OptimSettings, TrainBackend, TrainSpec
 
 V = 64
 PAD = 0
@@ -114,12 +115,30 @@ class ValueMSE:
         return (((values - mb["returns"]) ** 2) * mask).sum() / self.global_tokens, {}
 
 
+_OPTIM = {f.name for f in dataclasses.fields(OptimSettings)}
+_MICRO = {
+    "micro_batch_size": "size",
+    "log_prob_micro_batch_size": "log_prob_size",
+    "max_tokens_per_micro_batch": "max_tokens",
+}
+
+
+def with_settings(spec: TrainSpec, kw: dict) -> TrainSpec:
+    """``spec`` with the optimizer / micro-batch settings of ``kw`` (popped from it)."""
+    optim = {k: kw.pop(k) for k in list(kw) if k in _OPTIM}
+    micro = {_MICRO[k]: kw.pop(k) for k in list(kw) if k in _MICRO}
+    return dataclasses.replace(
+        spec,
+        optim=dataclasses.replace(spec.optim, **optim),
+        micro_batch=dataclasses.replace(spec.micro_batch, **micro),
+    )
+
+
 def backend(model=None, spec=None, **params) -> NativeTrainBackend:
     params.setdefault("device", "cpu")
+    spec = with_settings(spec or TrainSpec(model_path=""), params)
     return NativeTrainBackend.from_module(
-        model if model is not None else tiny_model(),
-        NativeTrainParams(**params),
-        spec or TrainSpec(model_path=""),
+        model if model is not None else tiny_model(), NativeTrainParams(**params), spec
     )
 
 
@@ -282,9 +301,9 @@ def test_lr_schedule_through_updates():
 
 def test_params_validation():
     with pytest.raises(ValueError, match="lr_scheduler"):
-        NativeTrainParams(lr_scheduler="step")
+        OptimSettings(lr_scheduler="step")
     with pytest.raises(ValueError, match="not both"):
-        NativeTrainParams(warmup_steps=2, warmup_ratio=0.1)
+        OptimSettings(warmup_steps=2, warmup_ratio=0.1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,7 +331,9 @@ def test_critic_values_and_update_lowers_mse(tmp_path):
     # load through from_pretrained: the critic is AutoModel (the base model) of the same path
     tiny_model(tie=False).save_pretrained(tmp_path / "m")
     spec = TrainSpec(model_path=str(tmp_path / "m"), need_critic=True)
-    be = NativeTrainBackend(NativeTrainParams(device="cpu", critic_lr=1e-2, micro_batch_size=2), spec)
+    be = NativeTrainBackend(
+        NativeTrainParams(device="cpu"), with_settings(spec, {"critic_lr": 1e-2, "micro_batch_size": 2})
+    )
     batch = sample_batch(seed=4)
     values = be.compute_values(batch)
     assert values.shape == batch["responses"].shape and values.dtype == torch.float32

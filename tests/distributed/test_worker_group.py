@@ -11,19 +11,31 @@ from typing import Any
 import pytest
 import torch
 
-from rlzoo.protocols import GenerationRequest, RolloutSpec, SamplingParams, TrainSpec
+from rlzoo.protocols import (
+    GenerationRequest,
+    MicroBatchSettings,
+    OptimSettings,
+    RolloutSpec,
+    SamplingParams,
+    TrainSpec,
+)
 
 pytestmark = pytest.mark.ray
 
 TRAIN = "rlzoo.backends.native.train:NativeTrainBackend"
 ROLLOUT = "rlzoo.backends.native.rollout:NativeRolloutBackend"
 VOCAB = 96
+#: trainer settings of every train backend built here (TrainSpec.optim / .micro_batch)
+SETTINGS: dict[str, Any] = {
+    "optim": OptimSettings(lr=5e-2),
+    "micro_batch": MicroBatchSettings(size=64, log_prob_size=64),
+}
 
 
 def _train_params() -> Any:
     from rlzoo.backends.native.train_params import NativeTrainParams
 
-    return NativeTrainParams(device="cpu", lr=5e-2, micro_batch_size=64, log_prob_micro_batch_size=64)
+    return NativeTrainParams(device="cpu")
 
 
 def _rollout_params() -> Any:
@@ -99,7 +111,7 @@ def test_native_group_matches_in_process(groups: Any, tiny_model_dir: Path) -> N
     from rlzoo.backends.native.train import NativeTrainBackend
     from rlzoo.distributed.worker_group import TrainGroup
 
-    spec = TrainSpec(model_path=str(tiny_model_dir))
+    spec = TrainSpec(model_path=str(tiny_model_dir), **SETTINGS)
     ws = groups("trainer", 1)
     _build(ws, "train", TRAIN, _train_params(), spec)
     proxy = TrainGroup(ws)
@@ -125,7 +137,7 @@ FSDP2 = "rlzoo.backends.fsdp2.train:FSDP2TrainBackend"
 def _fsdp2_params() -> Any:
     from rlzoo.backends.fsdp2 import FSDP2Params
 
-    return FSDP2Params(device="cpu", lr=5e-2, micro_batch_size=64, log_prob_micro_batch_size=64)
+    return FSDP2Params(device="cpu")
 
 
 @needs_fsdp2
@@ -134,7 +146,7 @@ def test_fsdp2_group_of_two_matches_in_process(groups: Any, tiny_model_dir: Path
     from rlzoo.backends.native.train import NativeTrainBackend
     from rlzoo.distributed.worker_group import TrainGroup
 
-    spec = TrainSpec(model_path=str(tiny_model_dir))
+    spec = TrainSpec(model_path=str(tiny_model_dir), **SETTINGS)
     ws = groups("trainer", 2)  # two SPMD ranks over gloo, each takes its shard of the same batch
     _build(ws, "train", FSDP2, _fsdp2_params(), spec)
     proxy = TrainGroup(ws)
@@ -175,10 +187,10 @@ def test_weight_sync_split(groups: Any, tiny_model_dir: Path, backend: str) -> N
 
     if backend == "native":  # 1 trainer, 2 rollout replicas
         tw, rw = groups("trainer", 1), groups("rollout", 2)
-        _build(tw, "train", TRAIN, _train_params(), TrainSpec(model_path=str(tiny_model_dir)))
+        _build(tw, "train", TRAIN, _train_params(), TrainSpec(model_path=str(tiny_model_dir), **SETTINGS))
     else:  # 2 SPMD trainer ranks (rank 1 takes part in the export), 1 rollout replica
         tw, rw = groups("trainer", 2), groups("rollout", 1)
-        _build(tw, "train", FSDP2, _fsdp2_params(), TrainSpec(model_path=str(tiny_model_dir)))
+        _build(tw, "train", FSDP2, _fsdp2_params(), TrainSpec(model_path=str(tiny_model_dir), **SETTINGS))
     _build(rw, "rollout", ROLLOUT, _rollout_params(), _rollout_spec(tiny_model_dir))
     train = TrainGroup(tw)
     rollout = RolloutGroup(rw, train=train, bucket_size_mb=0.05)  # ~50 kB buckets: several rounds
@@ -190,7 +202,7 @@ def test_weight_sync_colocated_and_stream(groups: Any, tiny_model_dir: Path) -> 
     from rlzoo.distributed.worker_group import RolloutGroup, TrainGroup
 
     ws = groups("trainer", 2)  # each worker: a native trainer (identical, same seed) + a rollout replica
-    _build(ws, "train", TRAIN, _train_params(), TrainSpec(model_path=str(tiny_model_dir)))
+    _build(ws, "train", TRAIN, _train_params(), TrainSpec(model_path=str(tiny_model_dir), **SETTINGS))
     _build(ws, "rollout", ROLLOUT, _rollout_params(), _rollout_spec(tiny_model_dir))
     train = TrainGroup(ws)
     rollout = RolloutGroup(ws, train=train, colocated=True, bucket_size_mb=1)

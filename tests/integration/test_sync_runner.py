@@ -204,7 +204,7 @@ def test_ppo_with_critic_learns(tmp_path: Path, data_dir: Path) -> None:
                 "algorithm.advantage": "gae",
                 "trainer.total_steps": 60,
                 "trainer.val_before_train": "false",
-                "trainer.backend.critic_lr": 1e-3,
+                "trainer.optim.critic_lr": 1e-3,
             },
         ),
     )
