@@ -96,6 +96,7 @@ class MetricsLogger:
         progress: bool = True,
         desc: str = "training",
         initial_step: int = 0,
+        purge_step: int | None = None,
     ) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.loggers = set(loggers)
@@ -111,7 +112,8 @@ class MetricsLogger:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+                # purge_step: a resumed run drops the events it is about to write again
+                self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=purge_step)
             except Exception as exc:  # tensorboard missing: keep going with the other sinks
                 logger.warning("TensorBoard logging disabled: %s", exc)
         self._bar: Any = None

@@ -18,6 +18,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+# the KL-in-reward controllers and penalty are used by the core's policy trainer: they live there
+from rlzoo.objective import AdaptiveKLController, FixedKLController, apply_kl_penalty
+
 __all__ = [
     "AdaptiveKLController",
     "FixedKLController",
@@ -73,52 +76,3 @@ def abs_kl_plus(log_probs: Tensor, ref_log_probs: Tensor, params: Any = None) ->
 def k3_plus(log_probs: Tensor, ref_log_probs: Tensor, params: Any = None) -> Tensor:
     """Value of ``k3`` (``low_var_kl``), gradient of ``k2``."""
     return straight_through(k3(log_probs, ref_log_probs), log_probs, ref_log_probs)
-
-
-# ---------------------------------------------------------------------------------------------
-# controllers and the reward penalty
-# ---------------------------------------------------------------------------------------------
-class FixedKLController:
-    """A constant KL coefficient (``update`` does nothing)."""
-
-    def __init__(self, kl_coef: float) -> None:
-        self.value = float(kl_coef)
-
-    def update(self, current_kl: float, n_steps: int) -> None:
-        """No-op."""
-
-
-class AdaptiveKLController:
-    """Adaptive KL coefficient of Ziegler et al. 2019 (https://arxiv.org/abs/1909.08593).
-
-    ``value *= 1 + clip(current_kl / target - 1, -0.2, 0.2) * n_steps / horizon`` (verl's rule).
-    """
-
-    def __init__(self, init_kl_coef: float, target_kl: float, horizon: int) -> None:
-        if horizon <= 0:
-            raise ValueError(f"horizon must be larger than 0, got {horizon}")
-        self.value = float(init_kl_coef)
-        self.target = float(target_kl)
-        self.horizon = horizon
-
-    def update(self, current_kl: float, n_steps: int) -> None:
-        proportional_error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
-        self.value *= 1.0 + proportional_error * n_steps / self.horizon
-
-
-@torch.no_grad()
-def apply_kl_penalty(
-    token_level_scores: Tensor, kl: Tensor, mask: Tensor, coef: float
-) -> tuple[Tensor, dict[str, float]]:
-    """``rewards = scores - coef * kl * mask`` (verl ``apply_kl_penalty``).
-
-    Returns the token-level rewards and metrics: ``reward_kl_penalty`` (per-sequence masked mean
-    of the KL, averaged over sequences: what a controller's ``update`` takes) and
-    ``reward_kl_penalty_coeff``. A fully masked row counts as KL 0 (verl divides by zero there).
-    """
-    mask = mask.to(kl.dtype)  # [B, T]
-    kld = kl * mask  # [B, T]
-    rewards = token_level_scores - coef * kld  # [B, T]
-    per_seq = kld.sum(-1) / mask.sum(-1).clamp(min=1)  # [B]
-    current_kl = float(per_seq.mean().item()) if per_seq.numel() else 0.0
-    return rewards, {"reward_kl_penalty": current_kl, "reward_kl_penalty_coeff": float(coef)}

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+# the core builds the context for every update: it lives in rlzoo.objective
+from rlzoo.objective import make_agg_context
 from rlzoo.protocols import AggContext, BoundAgg, LossAggFn
 
 __all__ = [
@@ -33,34 +35,6 @@ __all__ = [
     "token_mean",
     "token_sum",
 ]
-
-
-def make_agg_context(
-    mask: Tensor,
-    max_response_length: int | None = None,
-    *,
-    loss_scale_factor: float = 1.0,
-) -> AggContext:
-    """The global normalisers of one mini-batch, from its full response mask ``[B, T]``.
-
-    ``mask`` must be the mask of the **whole** mini-batch (before it is cut into micro-batches).
-    Across data-parallel ranks, sum ``global_tokens`` and ``global_sequences`` over ranks (e.g.
-    an ``all_reduce`` of the two counts) before building the context, so every rank divides by
-    the same totals. ``max_response_length`` (``T`` of seq-mean-token-sum-norm) defaults to the
-    mask's padded width, which is what verl uses; pass the configured maximum to make the
-    normaliser independent of how a batch happens to be padded.
-    """
-    m = mask.detach().bool()  # [B, T]
-    global_tokens = float(m.sum().item())
-    global_sequences = float(m.any(dim=-1).sum().item())
-    if max_response_length is None:
-        max_response_length = int(mask.shape[-1])
-    return AggContext(
-        global_tokens=global_tokens,
-        global_sequences=global_sequences,
-        max_response_length=int(max_response_length),
-        loss_scale_factor=float(loss_scale_factor),
-    )
 
 
 def bind_agg(fn: LossAggFn, ctx: AggContext, params: Any = None) -> BoundAgg:

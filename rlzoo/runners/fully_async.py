@@ -19,15 +19,16 @@ policy versions behind the trainer is ever trained on (dropped, counted, regener
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
+from rlzoo.batch import Batch
 from rlzoo.errors import ConfigError
 from rlzoo.metrics import PhaseTimer
 from rlzoo.protocols import GenerationRequest, RewardResult, Sample
@@ -37,7 +38,10 @@ from rlzoo.runners.async_params import (
     mini_batch_groups,
     window_budget,
 )
+from rlzoo.runners.batching import rollout_metrics, samples_to_batch
+from rlzoo.runners.loop import SourceExhausted, TrainLoop
 from rlzoo.runners.queue import Group, QueueExhausted, StalenessQueue, TrainerFailed
+from rlzoo.runners.session import Session
 
 logger = logging.getLogger("rlzoo")
 
@@ -312,272 +316,138 @@ class Rollouter:
 
 
 # ---------------------------------------------------------------------------------------------
-# The runner (Trainer side)
+# The batch source (Trainer side) and the runner
 # ---------------------------------------------------------------------------------------------
-class FullyAsyncRunner:
-    def __init__(self, params: FullyAsyncParams, run: Any) -> None:
+class StreamFromQueue:
+    """Batch source of ``fully_async``: ``R * M`` groups per step from the staleness-aware queue.
+
+    The Rollouter thread (started by :meth:`start`) fills the queue; a weight push opens a new
+    staleness window (partial rollout: pause, update, resume; else hold admission, drain, update).
+    """
+
+    idle_phases = ("wait_queue", "sync_drain")
+
+    def __init__(self, session: Session, params: FullyAsyncParams, step_groups: int) -> None:
+        self.s = session
         self.params = params
-        self.run_obj = run
-        self.queue: StalenessQueue | None = None
-        self.rollouter: Rollouter | None = None
-        self.prompts: PromptSource | None = None
-
-    # -- helpers --------------------------------------------------------------------------------
-    def _plan(self, cfg: Any) -> tuple[int, int | None]:
-        """(groups per trainer step, trainer steps or None for the Session's own count)."""
-        p = self.params
-        step_groups = p.require_batches * mini_batch_groups(cfg)
-        if p.total_rollout_steps is not None:
-            return step_groups, max(1, p.total_rollout_steps // step_groups)
-        return step_groups, None
-
-    def run(self) -> dict[str, Any]:
-        from rlzoo.runners.session import Session
-
-        cfg = self.run_obj.config
-        problems = FullyAsyncParams.check(self.params, cfg)
-        if problems:
-            raise ConfigError(problems)
-        step_groups, steps = self._plan(cfg)
-        run = self.run_obj
-        if steps is not None:  # the LR schedule and the progress bar count trainer steps of R*M prompts
-            cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, total_steps=steps))
-            run = SimpleNamespace(config=cfg, make_run_dir=self.run_obj.make_run_dir)
-        s = Session(run, desc="fully_async")
-        try:
-            return self._run(s, step_groups)
-        finally:
-            s.close()
-
-    def _run(self, s: Any, step_groups: int) -> dict[str, Any]:
-        import torch
-
-        from rlzoo.data.dataset import PromptLoader
-        from rlzoo.runners.common import (
-            make_requests,
-            rollout_metrics,
-            samples_to_batch,
-            sampling_params,
-            write_summary,
-        )
-        from rlzoo.runners.sync import is_due
-
-        cfg, p = s.cfg, self.params
-        if len(s.train_data) < step_groups:
+        self.step_groups = step_groups
+        self.push_every = params.trigger_parameter_sync_step
+        if len(session.train_data) < step_groups:
             raise ConfigError(
                 [
-                    f"runner.require_batches: {p.require_batches} x trainer.ppo_mini_batch_size={mini_batch_groups(cfg)} = "
-                    f"{step_groups} prompts per trainer step, but the training data has only {len(s.train_data)} usable prompts"
+                    f"runner.require_batches: {params.require_batches} x trainer.ppo_mini_batch_size="
+                    f"{step_groups // params.require_batches} = {step_groups} prompts per trainer step, but the "
+                    f"training data has only {len(session.train_data)} usable prompts"
                 ]
             )
-        total_steps = s.total_steps
-        if cfg.trainer.total_steps is None:  # epochs over the data, in steps of R*M prompts
-            total_steps = max(1, len(s.train_data) // step_groups) * cfg.trainer.total_epochs
-        K = p.trigger_parameter_sync_step
-        max_stale = max_staleness_versions(p.staleness_threshold)
-        budget = window_budget(p.staleness_threshold, K, step_groups)
-
-        # resume state beyond what the Session restores
-        state: dict[str, Any] = {}
-        if cfg.resume:
-            state = dict(
-                getattr(s, "resume_state", None) or s.train_backend.load_checkpoint(s.ckpt.latest()) or {}
-            )
-        fa_state = state.get("fully_async", {})
-        param_version = int(fa_state.get("param_version", 0))
-
-        loader = PromptLoader(
-            s.train_data, batch_size=step_groups, shuffle=cfg.data.shuffle, seed=cfg.run.seed
+        self.max_stale = max_staleness_versions(params.staleness_threshold)
+        self.budget = window_budget(
+            params.staleness_threshold, params.trigger_parameter_sync_step, step_groups
         )
-        loader.load_state_dict(s.loader.state_dict())
+        self.prompts = PromptSource(
+            session.train_data,
+            session.make_loader(step_groups),
+            self._make_request,
+            params.total_rollout_steps,
+        )
+        self.queue: StalenessQueue | None = None
+        self.rollouter: Rollouter | None = None
+        self.consumed_samples = 0
+        self._batch_prompts: list[Prompt] = []
 
-        def make_request(pr: Prompt) -> GenerationRequest:
-            base = cfg.run.seed * 100_003 + pr.batch_no * 101 + pr.attempt  # as sync's step / round
-            sp = sampling_params(cfg, seed=base)
-            req = make_requests([pr.item], sp, prefix=f"s{pr.batch_no}r{pr.attempt}", processor=s.processor)[
-                0
-            ]
-            req.request_id = f"s{pr.batch_no}r{pr.attempt}-{pr.j}"
-            req.sampling = dataclasses.replace(sp, seed=base * 1_000_003 + pr.j)
-            return req
+    def _make_request(self, pr: Prompt) -> GenerationRequest:
+        # seeded by (loader batch, attempt) as sync's (step, round): s=0 generates what sync does
+        req = self.s.train_requests([pr.item], pr.batch_no, pr.attempt)[0]
+        req.request_id = f"s{pr.batch_no}r{pr.attempt}-{pr.j}"
+        assert req.sampling.seed is not None
+        req.sampling = dataclasses.replace(req.sampling, seed=req.sampling.seed + pr.j)
+        return req
 
-        limit = p.total_rollout_steps
-        self.prompts = prompts = PromptSource(s.train_data, loader, make_request, limit)
-        if fa_state:
-            prompts.load_state_dict(fa_state["prompts"])
-        q = StalenessQueue(
-            budget=budget,
-            max_staleness=max_stale,
+    def _keep(self, samples: list[Sample], results: list[RewardResult]) -> list[bool]:
+        return self.s.keep(samples, results)
+
+    # -- BatchSource ------------------------------------------------------------------------------
+    def start(self, step: int) -> None:
+        s, p = self.s, self.params
+        payload = s.resume_payload or {}
+        self.queue = q = StalenessQueue(
+            budget=self.budget,
+            max_staleness=self.max_stale,
             capacity=p.max_queue_size,
-            param_version=param_version,
+            param_version=int(payload.get("policy_version", 0)),
             backend_version=int(getattr(s.rollout, "version", s.train_backend.version)),
         )
-        self.queue = q
-        sample_filter = None
-        if s.filter is not None:
-            flt = s.filter
-
-            def sample_filter(samples: list[Sample], results: list[RewardResult]) -> list[bool]:
-                rewards = torch.tensor([r.reward for r in results], dtype=torch.float32)
-                return [bool(k) for k in flt(rewards, torch.zeros(len(samples), dtype=torch.long)).tolist()]
-
-        self.rollouter = rollouter = Rollouter(s.rollout, q, prompts, s.score, sample_filter)
+        self.rollouter = Rollouter(s.rollout, q, self.prompts, s.score, self._keep if s.filter else None)
         print(
-            f"rlzoo: fully_async: {step_groups} groups/step (require_batches={p.require_batches} x mini-batch "
-            f"{mini_batch_groups(cfg)}), n={cfg.rollout.n}, sync every {K} steps, window budget {budget} groups, "
-            f"max staleness {max_stale} version(s), partial_rollout={p.partial_rollout}, {total_steps} steps",
+            f"rlzoo: fully_async: {self.step_groups} groups/step (require_batches={p.require_batches} x mini-batch "
+            f"{self.step_groups // p.require_batches}), n={s.rollout_n}, sync every {p.trigger_parameter_sync_step} "
+            f"steps, window budget {self.budget} groups, max staleness {self.max_stale} version(s), "
+            f"partial_rollout={p.partial_rollout}, {s.total_steps} steps",
             flush=True,
         )
+        self.rollouter.start()
 
-        last: dict[str, Any] = {}
-        consumed_samples = 0
-        staleness_hist: dict[int, int] = {}
-        if cfg.trainer.val_before_train and s.start_step == 0 and s.val_data is not None:
-            last.update(s.metrics.log(0, s.validate(), advance=False))
-        rollouter.start()
-        val_pending = False
-        t_prev = time.perf_counter()
-        try:
-            for step in range(s.start_step + 1, total_steps + 1):
-                timer = PhaseTimer()
-                m: dict[str, Any] = {}
-                with timer("step"):
-                    with timer("wait_queue"):
-                        try:
-                            groups = q.get(step_groups, timeout=p.wait_timeout_s)
-                        except QueueExhausted as exc:
-                            s.metrics.write(f"rlzoo: training stopped by queue termination: {exc}")
-                            break
-                    stale = q.staleness_of(groups)
-                    assert max(stale) <= max_stale, f"staleness invariant violated: {stale}"
-                    groups.sort(key=lambda g: g.seq)
-                    batch_prompts = [g.payload[0] for g in groups]
-                    samples = [x for g in groups for x in g.payload[1]]
-                    results = [x for g in groups for x in g.payload[2]]
-                    with timer("collate"):
-                        batch = samples_to_batch(
-                            samples,
-                            results,
-                            int(s.tokenizer.pad_token_id),
-                            max_response_length=cfg.data.max_response_length,
-                        )
-                    m.update(rollout_metrics(batch, cfg.data.max_response_length))
-                    m.update(self._version_metrics(q, groups, samples, stale, staleness_hist))
-                    m.update(s.trainer.step(batch, timer))
-                    prompts.trained(batch_prompts)
-                    consumed_samples += len(samples)
-                    if step % K == 0 or step == total_steps:
-                        self._push_weights(s, q, timer)
-                m.update(timer.metrics())
-                now = time.perf_counter()
-                wall = now - t_prev
-                idle = timer.seconds.get("wait_queue", 0.0) + timer.seconds.get("sync_drain", 0.0)
-                m["trainer/idle_ratio"] = idle / wall if wall > 0 else 0.0
-                m["trainer/step_wall_s"] = wall
-                tokens = float(batch["attention_mask"].sum().item())
-                m["perf/total_num_tokens"] = tokens
-                m["perf/throughput"] = tokens / wall if wall > 0 else 0.0
-                m["perf/trainer_tokens_per_s"] = (
-                    tokens / timer.seconds["step"] if timer.seconds["step"] > 0 else 0.0
-                )
-                m["trainer/samples_consumed"] = float(consumed_samples)
-                m["trainer/prompts_consumed"] = float(len(prompts.trained_keys))
-                m.update(self._rollouter_metrics(q))
-                if s.val_data is not None and is_due(step, cfg.trainer.test_freq, total_steps):
-                    val_pending = True
-                synced = step % K == 0 or step == total_steps
-                if val_pending and synced:  # on the weights just pushed
-                    with timer("testing"):
-                        q.park(timeout=p.wait_timeout_s)
-                        try:
-                            m.update(s.validate())
-                        finally:
-                            q.unpark()
-                    m["timing_s/testing"] = timer.seconds["testing"]
-                    val_pending = False
-                if is_due(step, cfg.trainer.save_freq, total_steps):
-                    with timer("save_checkpoint"):
-                        self._save(s, step, q)
-                    m["timing_s/save_checkpoint"] = timer.seconds["save_checkpoint"]
-                last = s.metrics.log(step, m)
-                t_prev = time.perf_counter()
-        except BaseException as exc:
-            q.fail(exc, "trainer")
-            raise
-        finally:
-            q.stop()
-            rollouter.join(timeout=30)
-        summary = {
-            "run_dir": str(s.run_dir),
-            "steps": total_steps,
-            "final": last,
-            "staleness_histogram": {str(k): v for k, v in sorted(staleness_hist.items())},
-        }
-        write_summary(s.run_dir, summary)
-        return summary
+    def next_batch(self, step: int, timer: PhaseTimer) -> tuple[Batch | None, dict[str, Any]]:
+        q = self.queue
+        assert q is not None
+        with timer("wait_queue"):
+            try:
+                groups = q.get(self.step_groups, timeout=self.params.wait_timeout_s)
+            except QueueExhausted as exc:
+                raise SourceExhausted(f"queue termination: {exc}") from exc
+        stale = q.staleness_of(groups)
+        assert max(stale) <= self.max_stale, f"staleness invariant violated: {stale}"
+        groups.sort(key=lambda g: g.seq)
+        self._batch_prompts = [g.payload[0] for g in groups]
+        samples = [x for g in groups for x in g.payload[1]]
+        results = [x for g in groups for x in g.payload[2]]
+        with timer("collate"):
+            batch = samples_to_batch(
+                samples, results, self.s.pad_token_id, max_response_length=self.s.max_response_length
+            )
+        return batch, rollout_metrics(batch, self.s.max_response_length)
 
-    # -- pieces ---------------------------------------------------------------------------------
-    def _push_weights(self, s: Any, q: StalenessQueue, timer: PhaseTimer) -> None:
+    def trained(self, batch: Batch) -> None:
+        self.prompts.trained(self._batch_prompts)
+        self.consumed_samples += len(batch)
+
+    def push_weights(self, timer: PhaseTimer) -> dict[str, float]:
         """Push the trainer's weights to the rollout backend; open a new staleness window."""
+        q, s, partial = self.queue, self.s, self.params.partial_rollout
+        assert q is not None
         new = q.param_version + 1
         backend_version = int(s.train_backend.version)
-        if not self.params.partial_rollout:
+        if not partial:
             with timer("sync_drain"):  # finish in-flight requests under the old weights
                 q.hold()
                 q.wait_drained(timeout=self.params.wait_timeout_s)
         try:
-            with timer("sync_weights"):
-                q.register_version(backend_version, new)
-                if self.params.partial_rollout:
-                    s.rollout.pause()  # in-flight requests keep their tokens
-                try:
-                    s.rollout.update_weights(s.train_backend.export_weights(), backend_version)
-                finally:
-                    if self.params.partial_rollout:
-                        s.rollout.resume()
-                q.on_sync(new)
+            q.register_version(backend_version, new)
+            if partial:
+                s.rollout.pause()  # in-flight requests keep their tokens
+            try:
+                s.rollout.update_weights(s.train_backend.export_weights(), backend_version)
+            finally:
+                if partial:
+                    s.rollout.resume()
+            q.on_sync(new)
         finally:
-            if not self.params.partial_rollout:
+            if not partial:
                 q.release()
+        return {}
 
-    def _save(self, s: Any, step: int, q: StalenessQueue) -> None:
-        assert self.prompts is not None
-        s.ckpt.save(
-            step,
-            s.train_backend,
-            {
-                "step": step,
-                "loader": self.prompts.loader.state_dict(),
-                "trainer": s.trainer.state_dict(),
-                "fully_async": {"prompts": self.prompts.state_dict(), "param_version": q.param_version},
-            },
-        )
+    @contextlib.contextmanager
+    def quiesce(self) -> Iterator[None]:
+        assert self.queue is not None
+        self.queue.park(timeout=self.params.wait_timeout_s)
+        try:
+            yield
+        finally:
+            self.queue.unpark()
 
-    @staticmethod
-    def _version_metrics(
-        q: StalenessQueue, groups: list[Group], samples: list[Sample], stale: list[int], hist: dict[int, int]
-    ) -> dict[str, float]:
-        per_sample: list[int] = []
-        for g, st in zip(groups, stale):
-            per_sample += [st] * g.n_samples
-            hist[st] = hist.get(st, 0) + g.n_samples
-        spans = []
-        for smp in samples:
-            vs = {q.version_of(v) for v in set(smp.versions)}
-            spans.append(max(vs) - min(vs) if vs else 0)
-        n = max(len(per_sample), 1)
-        return {
-            "staleness/mean": sum(per_sample) / n,
-            "staleness/max": float(max(per_sample, default=0)),
-            "staleness/min": float(min(per_sample, default=0)),
-            "staleness/stale_ratio": sum(1 for x in per_sample if x > 0) / n,
-            "rollout/partial_ratio": sum(1 for x in spans if x > 0) / max(len(spans), 1),
-            "rollout/version_span/mean": sum(spans) / max(len(spans), 1),
-            "rollout/version_span/max": float(max(spans, default=0)),
-        }
-
-    @staticmethod
-    def _rollouter_metrics(q: StalenessQueue) -> dict[str, float]:
+    def step_metrics(self) -> dict[str, float]:
+        q = self.queue
+        assert q is not None
         m = q.snapshot()
         st = q.take_stats()
         wall = st.get("wall_s", 0.0)
@@ -585,4 +455,58 @@ class FullyAsyncRunner:
             m["rollouter/idle_ratio"] = min(1.0, st.get("idle_s", 0.0) / wall)
             m["perf/rollouter_tokens_per_s"] = st.get("tokens", 0.0) / wall
         m["rollouter/filtered_groups"] = st.get("filtered_groups", 0.0)
+        m["trainer/samples_consumed"] = float(self.consumed_samples)
+        m["trainer/prompts_consumed"] = float(len(self.prompts.trained_keys))
         return m
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.prompts.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if "loader" in state:
+            self.prompts.load_state_dict(dict(state))
+
+    def fail(self, exc: BaseException) -> None:
+        if self.queue is not None:
+            self.queue.fail(exc, "trainer")
+
+    def close(self) -> None:
+        if self.queue is not None:
+            self.queue.stop()
+        if self.rollouter is not None:
+            self.rollouter.join(timeout=30)
+
+
+class FullyAsyncRunner:
+    def __init__(self, params: FullyAsyncParams, run: Any) -> None:
+        self.params = params
+        self.run_obj = run
+        self.source: StreamFromQueue | None = None
+
+    # what tests and tools inspect after a run
+    @property
+    def queue(self) -> StalenessQueue | None:
+        return self.source.queue if self.source is not None else None
+
+    @property
+    def rollouter(self) -> Rollouter | None:
+        return self.source.rollouter if self.source is not None else None
+
+    @property
+    def prompts(self) -> PromptSource | None:
+        return self.source.prompts if self.source is not None else None
+
+    def run(self) -> dict[str, Any]:
+        cfg, p = self.run_obj.config, self.params
+        problems = FullyAsyncParams.check(p, cfg)
+        if problems:
+            raise ConfigError(problems)
+        step_groups = p.require_batches * mini_batch_groups(cfg)
+        limit = max(1, p.total_rollout_steps // step_groups) if p.total_rollout_steps is not None else None
+        s = Session(self.run_obj, desc="fully_async", prompts_per_step=step_groups, step_limit=limit)
+        try:
+            self.source = StreamFromQueue(s, p, step_groups)
+        except BaseException:
+            s.close()
+            raise
+        return TrainLoop(s, self.source, runner="fully_async").run()

@@ -1,82 +1,119 @@
-"""A training session: everything a runner needs, built once, in the order that fails fast.
+"""A training session: everything the loop needs, built once from the recipe, in the order that fails fast.
 
-Order: inputs are checked (data prepared if asked, model / tokenizer / dataset columns) before any
-model is loaded; then datasets, reward manager, backends (through the placement), metrics, and the
-checkpoint to resume from.
+The session is the edge: it is the only place below :class:`rlzoo.compose.Run` that reads the
+recipe. Order: the run directory is locked (one writer), inputs are checked (data prepared if
+asked, model / tokenizer / dataset columns) before any model is loaded; then datasets, reward
+manager, backends (through the placement), the policy trainer, the checkpoint to resume from, and
+metrics (continuing from the checkpoint step).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rlzoo.batch import Batch
 from rlzoo.config import RecipeConfig, Selection
 from rlzoo.errors import ConfigError
-from rlzoo.metrics import MetricsLogger, PhaseTimer
+from rlzoo.metrics import MetricsLogger
 from rlzoo.placement import make_placement
-from rlzoo.protocols import RewardResult, Sample
-from rlzoo.runners.common import (
-    CheckpointManager,
-    PolicyTrainer,
+from rlzoo.protocols import GenerationRequest, RewardResult, Sample
+from rlzoo.runners.batching import make_requests, sampling_params
+from rlzoo.runners.checkpoint import CheckpointManager, RunLock, rewind_metrics, write_summary
+from rlzoo.runners.inputs import (
     build_datasets,
-    build_reward_manager,
     check_inputs,
     ensure_data,
     load_processor,
     load_tokenizer,
-    make_requests,
-    rollout_metrics,
     rollout_spec,
-    samples_to_batch,
-    sampling_params,
-    score_samples,
     train_spec,
-    validation_metrics,
 )
+from rlzoo.runners.policy import PolicyTrainer
+from rlzoo.runners.rewards import build_reward_manager, keep_mask, score_samples, validation_metrics
 
 logger = logging.getLogger("rlzoo")
 
 
-#: data key of a greedy-baseline sample: the request id whose samples it is the baseline for
-BASELINE_OF = "greedy_baseline_of"
-
-
-def filter_value(result: RewardResult, metric: str) -> float:
-    """What a sample filter judges a sample by: ``reward``, ``score`` or a scorer's info key (``acc``)."""
-    if metric == "reward":
-        return float(result.reward)
-    if metric == "score":
-        return float(result.score)
-    return float(result.info.get(metric, result.score))
+def resume_step(value: Any) -> int | bool | None:
+    """``resume``: False (fresh run), True / ``latest`` (newest good checkpoint) or a step number."""
+    if value is None or value is False or (isinstance(value, str) and value.lower() in ("", "false", "no")):
+        return False
+    if value is True or (isinstance(value, str) and value.lower() in ("true", "latest", "yes")):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            [f"resume: {value!r} is not true/false, 'latest' or a checkpoint step number"]
+        ) from None
 
 
 class Session:
-    """Built by a runner from a :class:`rlzoo.compose.Run`."""
+    """Built by a runner from a :class:`rlzoo.compose.Run`.
 
-    def __init__(self, run: Any, *, desc: str = "training") -> None:
+    Args:
+        run: the composed run.
+        desc: the progress bar's label (the runner's name).
+        prompts_per_step: prompts one trainer step consumes (for counting steps per epoch).
+        step_limit: the run's trainer steps when the runner fixes them (fully-async
+            ``total_rollout_steps``); None: ``trainer.total_steps`` or epochs.
+    """
+
+    def __init__(
+        self,
+        run: Any,
+        *,
+        desc: str = "training",
+        prompts_per_step: int | None = None,
+        step_limit: int | None = None,
+    ) -> None:
         self.run = run
         cfg: RecipeConfig = run.config
         self.cfg = cfg
+        self.runner_name = desc
         self.run_dir: Path = run.make_run_dir()
+        self.lock = getattr(run, "lock", None) or RunLock(self.run_dir).acquire()
+        self._closed = False
+        try:
+            self._build(cfg, desc, prompts_per_step, step_limit)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(
+        self, cfg: RecipeConfig, desc: str, prompts_per_step: int | None, step_limit: int | None
+    ) -> None:
         print(f"rlzoo: run directory {self.run_dir}", flush=True)
         torch.manual_seed(cfg.run.seed)
+        self.resume_at = resume_step(cfg.resume)
         ensure_data(cfg)
         check_inputs(cfg)
         self.tokenizer = load_tokenizer(cfg)
         self.processor = load_processor(cfg)  # None for a text model
         self.train_data, self.val_data = build_datasets(cfg, self.tokenizer, self.processor)
-        from rlzoo.data.dataset import PromptLoader
-
-        self.loader = PromptLoader(
-            self.train_data, batch_size=cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.run.seed
-        )
-        per_epoch = max(1, len(self.train_data) // cfg.data.train_batch_size)
-        self.total_steps = cfg.trainer.total_steps or per_epoch * cfg.trainer.total_epochs
+        self.prompts_per_step = prompts_per_step or cfg.data.train_batch_size
+        per_epoch = max(1, len(self.train_data) // self.prompts_per_step)
+        if step_limit is not None:
+            self.total_steps = step_limit
+        else:
+            self.total_steps = cfg.trainer.total_steps or per_epoch * cfg.trainer.total_epochs
+        # flat settings the loop reads
+        self.validate_before_train = cfg.trainer.val_before_train
+        self.test_freq = cfg.trainer.test_freq
+        self.save_freq = cfg.trainer.save_freq
+        self.seed = cfg.run.seed
+        self.pad_token_id = int(self.tokenizer.pad_token_id)
+        self.max_response_length = cfg.data.max_response_length
+        self.rollout_n = cfg.rollout.n
+        self.filter: Selection | None = cfg.algorithm.sample_filter
+        self.filter_metric = str(getattr(self.filter.params, "metric", "reward")) if self.filter else "reward"
+        self.greedy_baseline = bool(cfg.algorithm.advantage.capability("needs_greedy_baseline"))
         self.reward_manager = build_reward_manager(cfg)
         self.placement = make_placement(cfg)
         self.rollout_spec = rollout_spec(cfg, self.tokenizer)
@@ -86,20 +123,24 @@ class Session:
             tb, train_spec(cfg, self.total_steps, self.tokenizer)
         )
         self.rollout = self.placement.rollout_backend(rb, self.rollout_spec)
-        self.trainer = PolicyTrainer(cfg, self.train_backend)
+        self.trainer = PolicyTrainer.from_config(
+            cfg, self.train_backend, offpolicy_metrics=_offpolicy_metrics()
+        )
         self.ckpt = CheckpointManager(self.run_dir, cfg.trainer.max_checkpoints)
         self.start_step = 0
-        self.resume_state: dict[str, Any] | None = None
-        if cfg.resume:
-            state = self.ckpt.load(self.train_backend)
-            self.resume_state = state
+        self.resume_payload: dict[str, Any] | None = None
+        moved: Path | None = None
+        if self.resume_at is not False:
+            step = None if self.resume_at is None else int(self.resume_at)
+            state = self.ckpt.load(self.train_backend, step)
             if state is None:
                 raise ConfigError([f"resume: no complete checkpoint under {self.ckpt.root}"])
+            self.resume_payload = state
             self.start_step = int(state["step"])
-            self.loader.load_state_dict(state["loader"])
             self.trainer.load_state_dict(state.get("trainer", {}))
             self.sync_weights()
-            print(f"rlzoo: resumed from {self.ckpt.latest()} (step {self.start_step})", flush=True)
+            moved = rewind_metrics(self.run_dir, self.start_step)
+            print(f"rlzoo: resumed from {state['path']} (step {self.start_step})", flush=True)
         self.metrics = MetricsLogger(
             self.run_dir,
             cfg.run.loggers,
@@ -107,15 +148,21 @@ class Session:
             progress=cfg.run.progress,
             desc=desc,
             initial_step=self.start_step,
+            purge_step=self.start_step + 1 if self.resume_payload is not None else None,
         )
-        self.filter: Selection | None = cfg.algorithm.sample_filter
-        self.greedy_baseline = bool(cfg.algorithm.advantage.capability("needs_greedy_baseline"))
+        if moved is not None:
+            self.metrics.write(f"rlzoo: metrics rows after step {self.start_step} moved to {moved.name}")
 
-    # -- pieces runners call --------------------------------------------------------------------
+    # -- pieces the loop and the batch sources call ---------------------------------------------
+    def make_loader(self, batch_size: int) -> Any:
+        from rlzoo.data.dataset import PromptLoader
+
+        return PromptLoader(
+            self.train_data, batch_size=batch_size, shuffle=self.cfg.data.shuffle, seed=self.seed
+        )
+
     def sync_weights(self) -> dict[str, float]:
         """Push the trainer's weights to the rollout backend; returns weight-sync metrics."""
-        import time
-
         t0 = time.perf_counter()
         self.rollout.update_weights(self.train_backend.export_weights(), self.train_backend.version)
         out = {"weight_sync/seconds": time.perf_counter() - t0}
@@ -124,92 +171,27 @@ class Session:
             out.update({f"weight_sync/{k}": v for k, v in stats.as_dict().items()})
         return out
 
-    def next_prompts(self) -> list[dict[str, Any]]:
-        return list(next(self.loader))
+    def train_requests(
+        self, items: Sequence[dict[str, Any]], step: int, attempt: int, *, greedy: bool = False
+    ) -> list[GenerationRequest]:
+        """Requests of a training batch: seeds depend on (seed, step, generation round) only, so every
+        runner generates the same responses for the same prompts."""
+        if greedy:
+            sampling = dataclasses.replace(
+                sampling_params(self.cfg, n=1, seed=0), greedy=True, temperature=1.0
+            )
+            return make_requests(items, sampling, prefix=f"s{step}r{attempt}g", processor=self.processor)
+        sampling = sampling_params(self.cfg, seed=self.seed * 100_003 + step * 101 + attempt)
+        return make_requests(items, sampling, prefix=f"s{step}r{attempt}", processor=self.processor)
 
     def score(self, samples: list[Sample]) -> list[RewardResult]:
         return score_samples(self.reward_manager, self.tokenizer, samples)
 
-    def generate_groups(self, step: int, timer: PhaseTimer) -> tuple[Batch | None, dict[str, float]]:
-        """One training batch of groups: generate, score, filter (refilling), greedy baselines.
-
-        Returns no batch when a sample filter dropped every group (the step is skipped).
-        """
-        cfg = self.cfg
-        want = cfg.data.train_batch_size
-        kept_s: list[Sample] = []
-        kept_r: list[RewardResult] = []
-        rounds, dropped = 0, 0
-        max_rounds = int(getattr(self.filter.params, "max_num_gen_batches", 0) or 0) if self.filter else 0
-        extra: dict[str, float] = {}
-        while True:
-            rounds += 1
-            items = self.next_prompts()
-            sampling = sampling_params(cfg, seed=cfg.run.seed * 100_003 + step * 101 + rounds)
-            reqs = make_requests(items, sampling, prefix=f"s{step}r{rounds}", processor=self.processor)
-            if self.greedy_baseline:  # one greedy response per prompt, tagged with the request it serves
-                greedy = dataclasses.replace(sampling_params(cfg, n=1, seed=0), greedy=True, temperature=1.0)
-                greedy_reqs = make_requests(
-                    items, greedy, prefix=f"s{step}r{rounds}g", processor=self.processor
-                )
-                for g, r in zip(greedy_reqs, reqs):
-                    g.data[BASELINE_OF] = r.request_id
-                reqs += greedy_reqs
-            with timer("gen"):
-                samples = self.rollout.generate(reqs)
-            with timer("reward"):
-                results = self.score(samples)
-            if self.greedy_baseline:
-                base = {
-                    s.data[BASELINE_OF]: r.reward for s, r in zip(samples, results) if BASELINE_OF in s.data
-                }
-                pairs = [(s, r) for s, r in zip(samples, results) if BASELINE_OF not in s.data]
-                for s, _ in pairs:
-                    s.data["baseline_reward"] = base.get(s.request_id, 0.0)
-                samples, results = [p[0] for p in pairs], [p[1] for p in pairs]
-            if self.filter is not None:
-                metric = getattr(self.filter.params, "metric", "reward")
-                rewards = torch.tensor([filter_value(r, metric) for r in results], dtype=torch.float32)
-                ids: dict[str, int] = {}
-                gids = torch.tensor([ids.setdefault(s.request_id, len(ids)) for s in samples])
-                keep = self.filter(rewards, gids).tolist()
-                dropped += len({s.request_id for s, k in zip(samples, keep) if not k})
-                samples = [s for s, k in zip(samples, keep) if k]
-                results = [r for r, k in zip(results, keep) if k]
-            kept_s += samples
-            kept_r += results
-            groups = len({s.request_id for s in kept_s})
-            refills = self.filter is not None and self.filter.capability("refills")
-            if not refills or groups >= want or (max_rounds and rounds >= max_rounds):
-                break
-        extra["rollout/gen_rounds"] = float(rounds)
-        extra["rollout/dropped_groups"] = float(dropped)
-        if not kept_s:
-            # every group had zero reward variance (zero advantage: nothing to learn from)
-            logger.warning(
-                "step %d: the sample filter dropped all %d groups after %d generation round(s); skipping "
-                "the update (raise max_num_gen_batches, or the data may be too hard / too easy)",
-                step,
-                dropped,
-                rounds,
-            )
-            return None, extra
-        order: dict[str, int] = {}
-        for s in kept_s:
-            order.setdefault(s.request_id, len(order))
-        chosen = {rid for rid, i in order.items() if i < want}
-        pairs = [(s, r) for s, r in zip(kept_s, kept_r) if s.request_id in chosen]
-        samples, results = [p[0] for p in pairs], [p[1] for p in pairs]
-        batch = samples_to_batch(
-            samples,
-            results,
-            int(self.tokenizer.pad_token_id),
-            max_response_length=cfg.data.max_response_length,
-        )
-        if self.greedy_baseline:
-            batch["baseline_rewards"] = torch.tensor([s.data.get("baseline_reward", 0.0) for s in samples])
-        extra.update(rollout_metrics(batch, cfg.data.max_response_length))
-        return batch, extra
+    def keep(self, samples: Sequence[Sample], results: Sequence[RewardResult]) -> list[bool]:
+        """The sample filter's keep mask, judged on ``sample_filter.metric`` (all kept without a filter)."""
+        if self.filter is None:
+            return [True] * len(samples)
+        return keep_mask(self.filter, self.filter_metric, samples, results)
 
     def validate(self) -> dict[str, float]:
         if self.val_data is None:
@@ -227,30 +209,93 @@ class Session:
         results = self.score(samples)
         return validation_metrics(samples, results, sampling.n)
 
-    def save(self, step: int) -> Path:
-        return self.ckpt.save(
-            step,
-            self.train_backend,
-            {"step": step, "loader": self.loader.state_dict(), "trainer": self.trainer.state_dict()},
+    def save(self, step: int, payload: dict[str, Any]) -> Path:
+        return self.ckpt.save(step, self.train_backend, payload)
+
+    # -- HF model folders (rlzoo.export; helper H3). Runners call this after each step's checkpoint.
+    def export(self, step: int, total_steps: int) -> dict[str, float]:
+        """Write the HF model folders due at ``step``: ``export/step_K/`` every ``run.export_every``
+        steps, ``final/`` at ``total_steps``. Returns ``timing_s/export`` when something was written."""
+        import shutil
+
+        from rlzoo.export import HFExportable, export_model, final_dir, step_dir
+
+        every = self.cfg.run.export_every
+        targets = [step_dir(self.run_dir, step)] if every > 0 and step % every == 0 else []
+        if step == total_steps:
+            targets.append(final_dir(self.run_dir))
+        if not targets:
+            return {}
+        if not isinstance(self.train_backend, HFExportable):
+            logger.warning("the train backend has no export_hf(): no HF folder written at step %d", step)
+            return {}
+        t0 = time.perf_counter()
+        src = self.rollout_spec.model_path
+        first = export_model(
+            self.train_backend, src, targets[0], tokenizer=self.tokenizer, processor=self.processor
         )
+        for out in targets[1:]:  # the same weights: copy rather than gather again
+            shutil.copytree(first, out, dirs_exist_ok=True)
+        return {"timing_s/export": time.perf_counter() - t0}
+
+    def resume_command(self) -> str:
+        recipe = self.cfg.recipe or "RECIPE"
+        return f"rlzoo train {recipe} resume=latest run.output_dir={self.run_dir}"
 
     def resume_hint(self) -> str:
         latest = self.ckpt.latest()
         if latest is None:
             return "rlzoo: interrupted before the first checkpoint; nothing to resume"
-        recipe = self.cfg.recipe or "RECIPE"
-        return (
-            f"rlzoo: interrupted; the last checkpoint is {latest}. Resume with:\n"
-            f"  rlzoo train {recipe} resume=true run.output_dir={self.run_dir}"
-        )
+        return f"rlzoo: interrupted; the last checkpoint is {latest}. Resume with:\n  {self.resume_command()}"
+
+    def finish(
+        self, rows: list[dict[str, Any]], *, wall_s: float, ended: str, extra: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The end-of-run summary: written to ``summary.json`` and returned."""
+        steps = [r for r in rows if r.get("step", 0) > 0]
+        rewards = [r["critic/score/mean"] for r in steps if isinstance(r.get("critic/score/mean"), float)]
+        vals = [r["val/mean"] for r in rows if isinstance(r.get("val/mean"), float)]
+        summary: dict[str, Any] = {
+            "run_dir": str(self.run_dir),
+            "runner": self.runner_name,
+            "steps": self.total_steps,
+            "start_step": self.start_step,
+            "last_step": steps[-1]["step"] if steps else self.start_step,
+            "first_reward": rewards[0] if rewards else None,
+            "last_reward": rewards[-1] if rewards else None,
+            "best_val": max(vals) if vals else None,
+            "wall_s": wall_s,
+            "ended": ended,
+            "last_checkpoint": str(self.ckpt.latest()) if self.ckpt.latest() else None,
+            "resume_command": self.resume_command(),
+            "final": rows[-1] if rows else {},
+            **extra,
+        }
+        write_summary(self.run_dir, summary)
+        return summary
 
     def close(self) -> None:
-        self.metrics.close()
-        for obj in (self.rollout, self.train_backend):
+        if self._closed:
+            return
+        self._closed = True
+        metrics = getattr(self, "metrics", None)
+        if metrics is not None:
+            metrics.close()
+        for obj in (getattr(self, "rollout", None), getattr(self, "train_backend", None)):
             shut = getattr(obj, "shutdown", None)
             if callable(shut):
                 try:
                     shut()
                 except Exception as exc:  # best effort on the way out
                     logger.warning("shutdown failed: %s", exc)
-        self.placement.shutdown()
+        placement = getattr(self, "placement", None)
+        if placement is not None:
+            placement.shutdown()
+        if self.lock is not getattr(self.run, "lock", None):
+            self.lock.release()
+
+
+def _offpolicy_metrics() -> Any:
+    from rlzoo.algorithms.functional.correction import offpolicy_metrics
+
+    return offpolicy_metrics

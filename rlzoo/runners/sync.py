@@ -1,25 +1,143 @@
-"""The synchronous runner: generate a whole batch, score it, train on it, push weights, repeat.
+"""The synchronous runner: the batch source "generate now" for the one loop (:mod:`rlzoo.runners.loop`).
 
-prompts -> rollout (n per prompt) -> rewards -> [filter / refill] -> old / ref log-probs, values
-  -> advantages -> PPO epochs over mini-batches -> weight sync
-validation before training and every ``trainer.test_freq`` steps; checkpoints every
-``trainer.save_freq`` steps; ``resume=true run.output_dir=...`` continues from the latest one.
+prompts -> rollout (n per prompt) -> rewards -> [filter / refill] -> the loop's update -> weight push
+every step. Validation, checkpoints, metrics and resume are the loop's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+from rlzoo.batch import Batch
 from rlzoo.metrics import PhaseTimer
-from rlzoo.runners.common import write_summary
+from rlzoo.protocols import RewardResult, Sample
+from rlzoo.runners.batching import rollout_metrics, samples_to_batch
+from rlzoo.runners.loop import COMPUTE_PHASES, TrainLoop, is_due
 from rlzoo.runners.session import Session
 
 logger = logging.getLogger("rlzoo")
 
+__all__ = ["COMPUTE_PHASES", "GenerateNow", "SyncRunner", "generate_groups", "is_due"]
 
-def is_due(step: int, freq: int, total: int) -> bool:
-    return step == total or (freq > 0 and step % freq == 0)
+#: data key of a greedy-baseline sample: the request id whose samples it is the baseline for
+BASELINE_OF = "greedy_baseline_of"
+
+
+def generate_groups(
+    s: Session, loader: Any, step: int, timer: PhaseTimer
+) -> tuple[Batch | None, dict[str, float]]:
+    """One training batch of groups: generate, score, filter (refilling), greedy baselines.
+
+    Returns no batch when a sample filter dropped every group (the step is skipped).
+    """
+    want = s.cfg.data.train_batch_size
+    kept_s: list[Sample] = []
+    kept_r: list[RewardResult] = []
+    rounds, dropped = 0, 0
+    flt = s.filter
+    max_rounds = int(getattr(flt.params, "max_num_gen_batches", 0) or 0) if flt else 0
+    refills = flt is not None and flt.capability("refills")
+    while True:
+        rounds += 1
+        items = list(next(loader))
+        reqs = s.train_requests(items, step, rounds)
+        if s.greedy_baseline:  # one greedy response per prompt, tagged with the request it serves
+            greedy_reqs = s.train_requests(items, step, rounds, greedy=True)
+            for g, r in zip(greedy_reqs, reqs):
+                g.data[BASELINE_OF] = r.request_id
+            reqs += greedy_reqs
+        with timer("gen"):
+            samples = s.rollout.generate(reqs)
+        with timer("reward"):
+            results = s.score(samples)
+        if s.greedy_baseline:
+            base = {
+                smp.data[BASELINE_OF]: r.reward for smp, r in zip(samples, results) if BASELINE_OF in smp.data
+            }
+            pairs = [(smp, r) for smp, r in zip(samples, results) if BASELINE_OF not in smp.data]
+            for smp, _ in pairs:
+                smp.data["baseline_reward"] = base.get(smp.request_id, 0.0)
+            samples, results = [p[0] for p in pairs], [p[1] for p in pairs]
+        if flt is not None:
+            keep = s.keep(samples, results)
+            dropped += len({smp.request_id for smp, k in zip(samples, keep) if not k})
+            samples = [smp for smp, k in zip(samples, keep) if k]
+            results = [r for r, k in zip(results, keep) if k]
+        kept_s += samples
+        kept_r += results
+        groups = len({smp.request_id for smp in kept_s})
+        if not refills or groups >= want or (max_rounds and rounds >= max_rounds):
+            break
+    extra = {"rollout/gen_rounds": float(rounds), "rollout/dropped_groups": float(dropped)}
+    if not kept_s:
+        # every group had zero reward variance (zero advantage: nothing to learn from)
+        logger.warning(
+            "step %d: the sample filter dropped all %d groups after %d generation round(s); skipping "
+            "the update (raise max_num_gen_batches, or the data may be too hard / too easy)",
+            step,
+            dropped,
+            rounds,
+        )
+        return None, extra
+    order: dict[str, int] = {}
+    for smp in kept_s:
+        order.setdefault(smp.request_id, len(order))
+    chosen = {rid for rid, i in order.items() if i < want}
+    pairs = [(smp, r) for smp, r in zip(kept_s, kept_r) if smp.request_id in chosen]
+    samples, results = [p[0] for p in pairs], [p[1] for p in pairs]
+    batch = samples_to_batch(samples, results, s.pad_token_id, max_response_length=s.max_response_length)
+    if s.greedy_baseline:
+        import torch
+
+        batch["baseline_rewards"] = torch.tensor([smp.data.get("baseline_reward", 0.0) for smp in samples])
+    extra.update(rollout_metrics(batch, s.max_response_length))
+    return batch, extra
+
+
+class GenerateNow:
+    """Batch source of ``sync``: generate the step's batch when the loop asks for it."""
+
+    push_every = 1
+    idle_phases = ("gen", "reward")  # the trainer waits while the batch is generated and scored
+
+    def __init__(self, session: Session) -> None:
+        self.s = session
+        self.loader = session.make_loader(session.cfg.data.train_batch_size)
+
+    def start(self, step: int) -> None:
+        return None
+
+    def next_batch(self, step: int, timer: PhaseTimer) -> tuple[Batch | None, dict[str, Any]]:
+        return generate_groups(self.s, self.loader, step, timer)
+
+    def trained(self, batch: Batch) -> None:
+        return None
+
+    def push_weights(self, timer: PhaseTimer) -> dict[str, float]:
+        return self.s.sync_weights()
+
+    @contextlib.contextmanager
+    def quiesce(self) -> Iterator[None]:
+        yield
+
+    def step_metrics(self) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"loader": self.loader.state_dict(), "pending": []}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if "loader" in state:
+            self.loader.load_state_dict(state["loader"])
+
+    def fail(self, exc: BaseException) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
 
 
 class SyncRunner:
@@ -29,52 +147,9 @@ class SyncRunner:
 
     def run(self) -> dict[str, Any]:
         s = Session(self.run_obj, desc="sync")
-        cfg = s.cfg
-        last: dict[str, Any] = {}
         try:
-            if cfg.trainer.val_before_train and s.start_step == 0 and s.val_data is not None:
-                last.update(s.metrics.log(0, s.validate(), advance=False))
-            for step in range(s.start_step + 1, s.total_steps + 1):
-                timer = PhaseTimer()
-                with timer("step"):
-                    batch, m = s.generate_groups(step, timer)
-                    if batch is not None:
-                        m.update(s.trainer.step(batch, timer))
-                        with timer("sync_weights"):
-                            m.update(s.sync_weights())
-                m["rollout/skipped_step"] = float(batch is None)
-                if batch is not None:
-                    m.update(step_perf(batch, timer))
-                if s.val_data is not None and is_due(step, cfg.trainer.test_freq, s.total_steps):
-                    with timer("testing"):
-                        m.update(s.validate())
-                    m["timing_s/testing"] = timer.seconds["testing"]
-                if is_due(step, cfg.trainer.save_freq, s.total_steps):
-                    with timer("save_checkpoint"):
-                        s.save(step)
-                    m["timing_s/save_checkpoint"] = timer.seconds["save_checkpoint"]
-                last = s.metrics.log(step, m)
-        except KeyboardInterrupt:
-            s.metrics.write(s.resume_hint())
-            raise
-        finally:
+            source = GenerateNow(s)
+        except BaseException:
             s.close()
-        summary = {"run_dir": str(s.run_dir), "steps": s.total_steps, "final": last}
-        write_summary(s.run_dir, summary)
-        return summary
-
-
-#: phases that are model compute (forward / backward / generation); the rest is framework overhead
-COMPUTE_PHASES = ("gen", "old_log_prob", "ref", "values", "update_actor", "update_critic")
-
-
-def step_perf(batch: Any, timer: PhaseTimer) -> dict[str, float]:
-    out = timer.metrics()
-    step_s = timer.seconds["step"]
-    tokens = float(batch["attention_mask"].sum().item())
-    out["perf/total_num_tokens"] = tokens
-    out["perf/throughput"] = tokens / step_s if step_s > 0 else 0.0
-    compute = sum(timer.seconds.get(p, 0.0) for p in COMPUTE_PHASES)
-    other = step_s - compute - timer.seconds.get("reward", 0.0)
-    out["perf/overhead_frac"] = max(0.0, other) / step_s if step_s > 0 else 0.0
-    return out
+            raise
+        return TrainLoop(s, source, runner="sync").run()

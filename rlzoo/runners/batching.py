@@ -1,0 +1,162 @@
+"""Requests and batches: sampling params, generation requests, collation into the training layout,
+and the per-batch rollout metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from rlzoo.batch import Batch
+from rlzoo.config import RecipeConfig
+from rlzoo.protocols import GenerationRequest, RewardResult, Sample, SamplingParams
+
+
+def sampling_params(
+    cfg: RecipeConfig, *, val: bool = False, n: int | None = None, seed: int | None = None
+) -> SamplingParams:
+    s = cfg.rollout.val if val else cfg.rollout
+    greedy = s.temperature <= 0
+    return SamplingParams(
+        n=n if n is not None else s.n,
+        temperature=1.0 if greedy else s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        max_new_tokens=cfg.data.max_response_length,
+        greedy=greedy,
+        seed=seed,
+    )
+
+
+def make_requests(
+    items: Sequence[Mapping[str, Any]], sampling: SamplingParams, prefix: str, processor: Any = None
+) -> list[GenerationRequest]:
+    """One request per dataset item.
+
+    An item with images gets ``multi_modal={"images": [...]}``; with a VL ``processor`` (see
+    :func:`load_processor`) its ``prompt_ids`` are the processor's (one image token per merged
+    patch) and ``multi_modal`` also holds ``pixel_values`` / ``image_grid_thw``
+    (:func:`rlzoo.models.processor.expand_prompt`).
+    """
+    reqs = []
+    for j, it in enumerate(items):
+        data = {k: it.get(k) for k in ("ground_truth", "data_source", "extra_info", "prompt_text", "index")}
+        seed = None if sampling.seed is None else sampling.seed * 1_000_003 + j
+        sp = sampling if seed is None else SamplingParams(**{**sampling.__dict__, "seed": seed})
+        images = it.get("images")
+        prompt_ids = list(it["prompt_ids"])
+        multi_modal: dict[str, Any] | None = {"images": images} if images else None
+        if images and processor is not None:
+            from rlzoo.models.processor import expand_prompt
+
+            prompt_ids, pixels = expand_prompt(processor, it["prompt_text"], images)
+            multi_modal = {"images": images, **pixels}
+        reqs.append(
+            GenerationRequest(
+                request_id=f"{prefix}-{j}",
+                prompt_ids=prompt_ids,
+                sampling=sp,
+                data=data,
+                multi_modal=multi_modal,
+            )
+        )
+    return reqs
+
+
+def samples_to_batch(
+    samples: Sequence[Sample],
+    results: Sequence[RewardResult] | None,
+    pad_token_id: int,
+    *,
+    max_response_length: int | None = None,
+) -> Batch:
+    """Collate samples into the training layout (see :mod:`rlzoo.batch`)."""
+    B = len(samples)
+    P = max(len(s.prompt_ids) for s in samples)
+    T = max(max((len(s.response_ids) for s in samples), default=1), 1)
+    if max_response_length:
+        T = min(T, max_response_length)
+    input_ids = torch.full((B, P + T), pad_token_id, dtype=torch.long)
+    attn = torch.zeros((B, P + T), dtype=torch.long)
+    rlp = torch.zeros((B, T), dtype=torch.float32)
+    scores = torch.zeros((B, T), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        p = len(s.prompt_ids)
+        r = s.response_ids[:T]
+        input_ids[i, P - p : P] = torch.tensor(s.prompt_ids, dtype=torch.long)
+        attn[i, P - p : P] = 1
+        if r:
+            input_ids[i, P : P + len(r)] = torch.tensor(r, dtype=torch.long)
+            attn[i, P : P + len(r)] = 1
+            rlp[i, : len(r)] = torch.tensor(s.rollout_log_probs[: len(r)], dtype=torch.float32)
+            if results is not None:
+                scores[i, len(r) - 1] = float(results[i].reward)
+    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+    response_mask = attn[:, P:].clone()
+    groups: dict[str, int] = {}
+    gids = torch.tensor([groups.setdefault(s.request_id, len(groups)) for s in samples], dtype=torch.long)
+    batch = Batch(
+        {
+            "input_ids": input_ids,
+            "attention_mask": attn,
+            "position_ids": position_ids,
+            "responses": input_ids[:, P:].clone(),
+            "response_mask": response_mask,
+            "rollout_log_probs": rlp,
+            "token_level_scores": scores,
+            "group_ids": gids,
+        },
+        {
+            "uid": [s.uid for s in samples],
+            "request_id": [s.request_id for s in samples],
+            "data_source": [str(s.data.get("data_source", "default")) for s in samples],
+            "versions": [list(s.versions) for s in samples],
+            "finish_reason": [s.finish_reason for s in samples],
+        },
+    )
+    if any(s.multi_modal for s in samples):  # a VL trainer's pixel inputs, row by row (None: text)
+        batch["multi_modal"] = [s.multi_modal for s in samples]
+    if results is not None:
+        batch["failed"] = [bool(r.failed) for r in results]
+        batch["score"] = [float(r.score) for r in results]
+        batch["acc"] = [float(r.info.get("acc", r.score)) for r in results]
+    return batch
+
+
+def clip_ratio(
+    resp_len: torch.Tensor, finish_reasons: Sequence[str] | None, max_response_length: int
+) -> float:
+    """Share of responses cut off by the length limit: they reached ``max_response_length`` tokens
+    without ending in EOS (finish reason other than ``"stop"``). A response whose EOS is exactly
+    the last allowed token is complete, not clipped. Without finish reasons, length alone decides."""
+    hit = resp_len >= max_response_length  # [B]
+    if finish_reasons is not None:
+        no_eos = torch.tensor([r != "stop" for r in finish_reasons], dtype=torch.bool)  # [B]
+        hit = hit & no_eos
+    return hit.float().mean().item()
+
+
+def rollout_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
+    resp_len = batch["response_mask"].sum(-1).float()  # [B]
+    prompt_len = (batch["attention_mask"].sum(-1) - batch["response_mask"].sum(-1)).float()  # [B]
+    seq_scores = batch["token_level_scores"].sum(-1)  # [B]
+    out = {
+        "critic/score/mean": seq_scores.mean().item(),
+        "critic/score/max": seq_scores.max().item(),
+        "critic/score/min": seq_scores.min().item(),
+        "response_length/mean": resp_len.mean().item(),
+        "response_length/max": resp_len.max().item(),
+        "response_length/min": resp_len.min().item(),
+        "response_length/clip_ratio": clip_ratio(resp_len, batch.get("finish_reason"), max_response_length),
+        "prompt_length/mean": prompt_len.mean().item(),
+        "reward/failed": float(sum(batch.get("failed", []) or [0])),
+    }
+    if "acc" in batch:
+        out["critic/acc/mean"] = sum(batch["acc"]) / max(len(batch), 1)
+    versions = batch.get("versions")
+    if versions:
+        spans = [max(v) - min(v) if v else 0 for v in versions]
+        out["rollout/partial_ratio"] = sum(1 for s in spans if s > 0) / len(spans)
+        out["rollout/version_span/max"] = float(max(spans))
+    return out

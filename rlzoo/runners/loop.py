@@ -1,0 +1,258 @@
+"""The one training loop. Runners differ only in the batch source that feeds it.
+
+    for step in start+1 .. total:
+        batch  <- source.next_batch(step)          sync: generate now; one_step_off: the batch
+                                                   generated beside the last step; fully_async:
+                                                   R*M groups from the staleness-aware queue
+        staleness of the batch (measured from the policy version of every sample's tokens)
+        policy update (PolicyTrainer: old / ref log-probs, advantages, PPO epochs)
+        every `push_every` steps (and the last): source.push_weights()  -> a new policy version
+        validation when due (on the weights just pushed; the source quiesces around it)
+        checkpoint when due: ONE payload for every runner (step, trainer, data, policy version)
+        export when due; one metrics row
+
+The loop owns validation, checkpoints, the weight-push cadence, metrics, the staleness
+measurement, Ctrl-C (with the resume command), the end-of-run summary and resume. A batch source
+(:class:`BatchSource`) owns only where batches come from and how a weight push reaches its
+rollout side.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from rlzoo.batch import Batch
+from rlzoo.metrics import PhaseTimer
+
+logger = logging.getLogger("rlzoo")
+
+#: phases that are model compute (forward / backward / generation); the rest is framework overhead
+COMPUTE_PHASES = ("gen", "old_log_prob", "ref", "values", "update_actor", "update_critic")
+
+
+class SourceExhausted(RuntimeError):
+    """The batch source has nothing more to give (e.g. fully-async drew every prompt it may)."""
+
+
+class BatchSource(Protocol):
+    """Where the loop's batches come from. One per runner; everything else is the loop's."""
+
+    #: trainer steps between two weight pushes (the loop also pushes after the last step)
+    push_every: int
+    #: timer phases during which the trainer waits for data (for ``trainer/idle_ratio``)
+    idle_phases: tuple[str, ...]
+
+    def start(self, step: int) -> None:
+        """Called once before the first step ``step + 1`` (after any resume state is loaded)."""
+
+    def next_batch(self, step: int, timer: PhaseTimer) -> tuple[Batch | None, dict[str, Any]]:
+        """The batch of ``step`` and its rollout metrics; None skips the update (filtered away).
+
+        Raises :class:`SourceExhausted` when no more batches will come."""
+        ...
+
+    def trained(self, batch: Batch) -> None:
+        """The update on ``batch`` is done (its prompts are consumed)."""
+
+    def push_weights(self, timer: PhaseTimer) -> dict[str, float]:
+        """Bring the trainer's weights to the rollout side; returns weight-sync metrics."""
+        ...
+
+    def quiesce(self) -> AbstractContextManager[None]:
+        """Hold generation (for validation on the current weights)."""
+        ...
+
+    def step_metrics(self) -> dict[str, float]:
+        """The source's own metrics of the step just finished (queue, rollouter ...)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint must hold to resume this source without losing or repeating a prompt."""
+        ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+    def fail(self, exc: BaseException) -> None:
+        """The loop is failing (or interrupted): stop the other side."""
+
+    def close(self) -> None:
+        """Stop background work (called on every exit)."""
+
+
+class VersionMap:
+    """Policy versions (weight pushes so far) from the rollout backend's own version numbers.
+
+    Every token a rollout backend produces carries the backend's version at that moment; the
+    loop records which backend version each push installed, so any token's policy version, and
+    a sample's staleness (``current - oldest``), is measured rather than assumed.
+    """
+
+    def __init__(self, backend_version: int, policy_version: int = 0) -> None:
+        self._keys = [int(backend_version)]
+        self._vals = [int(policy_version)]
+
+    @property
+    def current(self) -> int:
+        return self._vals[-1]
+
+    def push(self, backend_version: int) -> int:
+        """A push installed ``backend_version``: a new policy version (returned)."""
+        v = self._vals[-1] + 1
+        if int(backend_version) == self._keys[-1]:
+            self._vals[-1] = v  # the same backend version again (e.g. no update since): relabel
+        else:
+            i = bisect.bisect_left(self._keys, int(backend_version))
+            self._keys.insert(i, int(backend_version))
+            self._vals.insert(i, v)
+        return v
+
+    def of(self, backend_version: int) -> int:
+        i = bisect.bisect_right(self._keys, int(backend_version)) - 1
+        return self._vals[max(i, 0)]
+
+
+def is_due(step: int, freq: int, total: int) -> bool:
+    return step == total or (freq > 0 and step % freq == 0)
+
+
+class TrainLoop:
+    """Drives a :class:`BatchSource` through the steps of a :class:`~rlzoo.runners.session.Session`."""
+
+    def __init__(self, session: Any, source: BatchSource, *, runner: str) -> None:
+        self.s = session
+        self.source = source
+        self.runner = runner
+        self.versions = VersionMap(int(getattr(session.rollout, "version", 0)), 0)
+        self.staleness_hist: dict[int, int] = {}
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        s, src = self.s, self.source
+        t_start = time.perf_counter()
+        rows: list[dict[str, Any]] = []
+        ended = "completed"
+        try:
+            state = s.resume_payload or {}
+            if state:
+                src.load_state_dict(state.get("data", {}))
+                self.versions = VersionMap(
+                    int(getattr(s.rollout, "version", 0)), int(state.get("policy_version", 0))
+                )
+            if s.validate_before_train and s.start_step == 0 and s.val_data is not None:
+                rows.append(s.metrics.log(0, s.validate(), advance=False))
+            src.start(s.start_step)
+            since_push = 0
+            val_pending = False
+            t_prev = time.perf_counter()
+            for step in range(s.start_step + 1, s.total_steps + 1):
+                timer = PhaseTimer()
+                m: dict[str, Any] = {}
+                with timer("step"):
+                    try:
+                        batch, extra = src.next_batch(step, timer)
+                    except SourceExhausted as exc:
+                        s.metrics.write(f"rlzoo: training stopped: {exc}")
+                        ended = f"stopped early: {exc}"
+                        break
+                    m.update(extra)
+                    if batch is not None:
+                        m.update(self._staleness(batch))
+                        m.update(s.trainer.step(batch, timer))
+                        src.trained(batch)
+                        since_push += 1
+                    synced = False
+                    if since_push and (step % src.push_every == 0 or step == s.total_steps):
+                        with timer("sync_weights"):
+                            m.update(src.push_weights(timer))
+                        self.versions.push(int(s.train_backend.version))
+                        since_push, synced = 0, True
+                m["rollout/skipped_step"] = float(batch is None)
+                wall = time.perf_counter() - t_prev
+                m.update(self._perf(batch, timer, wall))
+                m.update(src.step_metrics())
+                if s.val_data is not None and is_due(step, s.test_freq, s.total_steps):
+                    val_pending = True
+                if val_pending and (synced or since_push == 0):  # on the weights just pushed
+                    with timer("testing"), src.quiesce():
+                        m.update(s.validate())
+                    m["timing_s/testing"] = timer.seconds["testing"]
+                    val_pending = False
+                if is_due(step, s.save_freq, s.total_steps):
+                    with timer("save_checkpoint"):
+                        s.save(step, self.payload(step))
+                    m["timing_s/save_checkpoint"] = timer.seconds["save_checkpoint"]
+                m.update(s.export(step, s.total_steps))  # HF folders export/step_K/ + final/ (rlzoo.export)
+                rows.append(s.metrics.log(step, m))
+                t_prev = time.perf_counter()
+        except KeyboardInterrupt as exc:
+            src.fail(exc)
+            s.metrics.write(s.resume_hint())
+            raise
+        except BaseException as exc:
+            src.fail(exc)
+            raise
+        finally:
+            src.close()
+            s.close()
+        return s.finish(rows, wall_s=time.perf_counter() - t_start, ended=ended, extra=self.summary_extra())
+
+    # -- pieces ---------------------------------------------------------------------------------
+    def payload(self, step: int) -> dict[str, Any]:
+        """The one checkpoint payload of every runner."""
+        return {
+            "step": step,
+            "runner": self.runner,
+            "trainer": self.s.trainer.state_dict(),
+            "data": self.source.state_dict(),
+            "policy_version": self.versions.current,
+        }
+
+    def _staleness(self, batch: Batch) -> dict[str, float]:
+        """Per sample: current policy version minus the version of its oldest token (measured)."""
+        versions = batch.get("versions") or []
+        now = self.versions.current
+        per_sample = [now - self.versions.of(min(v)) if v else 0 for v in versions]
+        for st in per_sample:
+            self.staleness_hist[st] = self.staleness_hist.get(st, 0) + 1
+        n = max(len(per_sample), 1)
+        spans = []
+        for v in versions:
+            pv = {self.versions.of(x) for x in set(v)}
+            spans.append(max(pv) - min(pv) if pv else 0)
+        return {
+            "staleness/mean": sum(per_sample) / n,
+            "staleness/max": float(max(per_sample, default=0)),
+            "staleness/min": float(min(per_sample, default=0)),
+            "staleness/stale_ratio": sum(1 for x in per_sample if x > 0) / n,
+            "rollout/partial_ratio": sum(1 for x in spans if x > 0) / max(len(spans), 1),
+            "rollout/version_span/mean": sum(spans) / max(len(spans), 1),
+            "rollout/version_span/max": float(max(spans, default=0)),
+        }
+
+    def _perf(self, batch: Batch | None, timer: PhaseTimer, wall: float) -> dict[str, float]:
+        out = timer.metrics()
+        step_s = timer.seconds["step"]
+        idle = sum(timer.seconds.get(p, 0.0) for p in self.source.idle_phases)
+        out["trainer/idle_ratio"] = min(1.0, idle / wall) if wall > 0 else 0.0
+        out["trainer/step_wall_s"] = wall
+        if batch is None:
+            return out
+        tokens = float(batch["attention_mask"].sum().item())
+        out["perf/total_num_tokens"] = tokens
+        out["perf/throughput"] = tokens / wall if wall > 0 else 0.0
+        out["perf/trainer_tokens_per_s"] = tokens / step_s if step_s > 0 else 0.0
+        compute = sum(timer.seconds.get(p, 0.0) for p in COMPUTE_PHASES)
+        waits = sum(
+            timer.seconds.get(p, 0.0) for p in self.source.idle_phases if p not in (*COMPUTE_PHASES, "reward")
+        )
+        other = step_s - compute - timer.seconds.get("reward", 0.0) - waits
+        out["perf/overhead_frac"] = max(0.0, other) / step_s if step_s > 0 else 0.0
+        return out
+
+    def summary_extra(self) -> dict[str, Any]:
+        return {"staleness_histogram": {str(k): v for k, v in sorted(self.staleness_hist.items())}}

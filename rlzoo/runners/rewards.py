@@ -1,0 +1,129 @@
+"""Rewards: scorer dispatch, scoring samples, the sample filter's view of a sample, validation scores."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rlzoo.config import RecipeConfig, Selection
+from rlzoo.protocols import RewardItem, RewardResult, Sample
+
+logger = logging.getLogger("rlzoo")
+
+
+class ScorerDispatch:
+    """``scorer(response, ground_truth, data_source, extra_info)`` choosing a scorer per data source.
+
+    Picklable (it holds lazy ``module:attr`` targets and params), so process-pool reward managers
+    can ship it to workers.
+    """
+
+    def __init__(self, default: Selection, by_source: Mapping[str, Selection]) -> None:
+        self._default = (default.component.target, default.params)
+        self._by_source = {k: (s.component.target, s.params) for k, s in by_source.items() if s is not None}
+        self._cache: dict[Any, Any] = {}
+
+    def _fn(self, target: Any) -> Any:
+        if not isinstance(target, str):
+            return target
+        if target not in self._cache:
+            from rlzoo.registry import _resolve
+
+            self._cache[target] = _resolve(target)
+        return self._cache[target]
+
+    def __call__(
+        self, response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any]
+    ) -> Any:
+        target, params = self._by_source.get(data_source, self._default)
+        return self._fn(target)(response, ground_truth, data_source, extra_info, params)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_default": self._default, "_by_source": self._by_source, "_cache": {}}
+
+
+def build_reward_manager(cfg: RecipeConfig) -> Any:
+    mgr = cfg.reward.manager
+    scorer = ScorerDispatch(cfg.reward.scorer, cfg.reward.scorers)
+    return mgr.fn(mgr.params, scorer)
+
+
+def score_samples(reward_manager: Any, tokenizer: Any, samples: Sequence[Sample]) -> list[RewardResult]:
+    """Decode and score samples; a manager that raises marks the whole call failed, never the run."""
+    items = [
+        RewardItem(
+            response=tokenizer.decode(s.response_ids, skip_special_tokens=True),
+            ground_truth=s.data.get("ground_truth"),
+            data_source=str(s.data.get("data_source", "default")),
+            prompt=str(s.data.get("prompt_text", "")),
+            response_length=len(s.response_ids),
+            finish_reason=s.finish_reason,
+            extra_info=s.data.get("extra_info") or {},
+        )
+        for s in samples
+    ]
+    try:
+        results = list(reward_manager(items))
+    except Exception as exc:  # a broken manager: count every sample as failed
+        logger.warning("reward manager failed on %d samples: %s", len(items), exc)
+        return [RewardResult(0.0, 0.0, True, {"error": repr(exc)}) for _ in items]
+    for r in results:
+        if not (isinstance(r.reward, (int, float)) and math.isfinite(r.reward)):
+            r.reward, r.failed = 0.0, True
+    return results
+
+
+def validation_metrics(
+    samples: Sequence[Sample], results: Sequence[RewardResult], n: int
+) -> dict[str, float]:
+    """mean@n, best@n and maj@n (when scorers report ``pred``) per data source and overall."""
+    groups: dict[str, list[tuple[Sample, RewardResult]]] = defaultdict(list)
+    for s, r in zip(samples, results):
+        groups[s.request_id].append((s, r))
+    per_source: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for members in groups.values():
+        source = str(members[0][0].data.get("data_source", "default"))
+        accs = [float(r.info.get("acc", r.score)) for _, r in members]
+        per_source[source][f"mean@{n}"].append(sum(accs) / len(accs))
+        per_source[source][f"best@{n}"].append(max(accs))
+        preds = [r.info.get("pred") for _, r in members]
+        if all(p is not None for p in preds):
+            top = Counter(map(str, preds)).most_common(1)[0][0]
+            per_source[source][f"maj@{n}"].append(next(a for p, a in zip(map(str, preds), accs) if p == top))
+    out: dict[str, float] = {}
+    overall: list[float] = []
+    for source, stats in per_source.items():
+        for k, v in stats.items():
+            out[f"val/{source}/{k}"] = sum(v) / len(v)
+        overall += stats[f"mean@{n}"]
+    if overall:
+        out["val/mean"] = sum(overall) / len(overall)
+    out["val/response_length/mean"] = sum(len(s.response_ids) for s in samples) / max(len(samples), 1)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The sample filter's view of samples (one implementation for every runner)
+# ---------------------------------------------------------------------------------------------
+def filter_value(result: RewardResult, metric: str) -> float:
+    """What a sample filter judges a sample by: ``reward``, ``score`` or a scorer's info key (``acc``)."""
+    if metric == "reward":
+        return float(result.reward)
+    if metric == "score":
+        return float(result.score)
+    return float(result.info.get(metric, result.score))
+
+
+def keep_mask(
+    sample_filter: Selection, metric: str, samples: Sequence[Sample], results: Sequence[RewardResult]
+) -> list[bool]:
+    """The filter's keep mask over ``samples`` (groups by request id), judged on ``metric``."""
+    import torch
+
+    values = torch.tensor([filter_value(r, metric) for r in results], dtype=torch.float32)  # [N]
+    ids: dict[str, int] = {}
+    gids = torch.tensor([ids.setdefault(s.request_id, len(ids)) for s in samples], dtype=torch.long)  # [N]
+    return [bool(k) for k in sample_filter(values, gids).tolist()]
