@@ -3,7 +3,7 @@
     python benchmarks/async_sim.py [--steps 12] [--devices 8] [--configs sync,fa_s0.1_k4]
 
 The **real** runners, queue, Session and PolicyTrainer run; only the two backends are simulated
-(:mod:`rlzoo.runners.simulated`), with wall-clock costs:
+(:mod:`rlzoo.backends.simulated.backend`), with wall-clock costs:
 
 - rollout: continuous batching over ``slots_per_device * devices`` slots; each decode step costs
   ``--decode-ms`` for the whole running batch; response lengths are log-normal (mean
@@ -76,12 +76,8 @@ def configs(args: argparse.Namespace) -> dict[str, list[str]]:
 
 def plugin_manager() -> Any:
     from rlzoo.plugins import PluginManager
-    from rlzoo.runners import simulated_plugin
 
-    pm = PluginManager(load_entrypoints=False)
-    if "simulated" not in pm.registry("rollout_backend"):
-        pm.register(simulated_plugin, "rlzoo.runners.simulated_plugin")
-    return pm
+    return PluginManager(load_entrypoints=False)  # the simulated backends are built in
 
 
 def run_one(

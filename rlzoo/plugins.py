@@ -51,7 +51,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlzoo.backends.megatron",
     "rlzoo.runners",
     "rlzoo.tasks.quickstart",
-    "rlzoo.runners.simulated_plugin",
+    "rlzoo.backends.simulated",
     "rlzoo.recipes",
 )
 

@@ -1,5 +1,5 @@
 """Fixtures of the runner tests: the quickstart data (built once, offline) and a plugin manager
-with the simulated backends registered."""
+with the built-in plugins (the simulated backends among them)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from rlzoo.plugins import PluginManager
-from rlzoo.runners import simulated_plugin
 
 #: overrides shared by every runner test: quiet, fast, no validation before training
 QUIET = ["run.progress=false", "run.loggers=[jsonl]", "trainer.val_before_train=false"]
@@ -37,11 +36,8 @@ def quickstart_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def pm() -> PluginManager:
-    """A plugin manager with the ``simulated`` backends (built-in once listed in BUILTIN_PLUGINS)."""
-    manager = PluginManager(load_entrypoints=False)
-    if "simulated" not in manager.registry("rollout_backend"):
-        manager.register(simulated_plugin, "rlzoo.runners.simulated_plugin")
-    return manager
+    """A plugin manager with the built-ins only (the ``simulated`` backends among them)."""
+    return PluginManager(load_entrypoints=False)
 
 
 def overrides(quickstart_dir: Path, run_dir: Path, *extra: str) -> list[str]:

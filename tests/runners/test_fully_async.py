@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 import rlzoo
+from rlzoo.backends.simulated import SimulatedRolloutParams, SimulatedTrainParams
+from rlzoo.backends.simulated.backend import SimulatedRolloutBackend, SimulatedTrainBackend
 from rlzoo.compose import _selection_for
 from rlzoo.config import load_config
 from rlzoo.errors import ConfigError
@@ -19,8 +21,6 @@ from rlzoo.metrics import read_metrics
 from rlzoo.plugins import PluginManager
 from rlzoo.runners.async_params import FullyAsyncParams
 from rlzoo.runners.queue import RolloutFailed
-from rlzoo.runners.simulated import SimulatedRolloutBackend, SimulatedTrainBackend
-from rlzoo.runners.simulated_plugin import SimulatedRolloutParams, SimulatedTrainParams
 
 from .conftest import SIM, build, overrides
 

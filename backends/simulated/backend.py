@@ -1,6 +1,6 @@
 """Simulated rollout and train backends: real threads and real wall-clock time, no model.
 
-The cost model (params in :mod:`rlzoo.runners.simulated_plugin`):
+The cost model (params in :mod:`rlzoo.backends.simulated`):
 
 - **rollout**: continuous batching over ``devices * slots_per_device`` slots; one decode step costs
   ``decode_step_s`` whatever the number of running sequences (memory-bound decode), and produces
@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
+from rlzoo.backends.simulated import SimulatedRolloutParams, SimulatedTrainParams
 from rlzoo.protocols import GenerationRequest, RolloutSpec, Sample, TrainSpec
-from rlzoo.runners.simulated_plugin import SimulatedRolloutParams, SimulatedTrainParams
 from rlzoo.streams import POLL_S, collect_requested, poll_wait, requested_keys, stream_samples
 
 __all__ = ["SimulatedRolloutBackend", "SimulatedTrainBackend"]
@@ -59,7 +59,7 @@ class _Seq:
 
 
 class SimulatedRolloutBackend:
-    """See :class:`rlzoo.runners.simulated_plugin.SimulatedRolloutParams`."""
+    """See :class:`rlzoo.backends.simulated.SimulatedRolloutParams`."""
 
     def __init__(self, params: SimulatedRolloutParams, spec: RolloutSpec) -> None:
         self.params = params
@@ -244,7 +244,7 @@ class SimulatedRolloutBackend:
 
 
 class SimulatedTrainBackend:
-    """See :class:`rlzoo.runners.simulated_plugin.SimulatedTrainParams`."""
+    """See :class:`rlzoo.backends.simulated.SimulatedTrainParams`."""
 
     def __init__(self, params: SimulatedTrainParams, spec: TrainSpec) -> None:
         self.params = params

@@ -1,7 +1,7 @@
 """The ``simulated`` rollout and train backends (import-light: params + registration, no torch).
 
 They burn wall-clock time instead of compute, with the cost model of a real deployment (see
-:mod:`rlzoo.runners.simulated`), so runners can be benchmarked and tested on any laptop:
+:mod:`rlzoo.backends.simulated.backend`), so runners can be benchmarked and tested on any laptop:
 ``rollout.backend=simulated trainer.backend=simulated``.
 """
 
@@ -55,7 +55,7 @@ class SimulatedTrainParams:
 def rlzoo_register_rollout_backends(registry):  # type: ignore[no-untyped-def]
     registry.register(
         "simulated",
-        "rlzoo.runners.simulated:SimulatedRolloutBackend",
+        "rlzoo.backends.simulated.backend:SimulatedRolloutBackend",
         params=SimulatedRolloutParams,
         capabilities={"supports_partial_rollout": True, "supports_streaming": True, "devices": ["cpu"]},
     )
@@ -65,7 +65,7 @@ def rlzoo_register_rollout_backends(registry):  # type: ignore[no-untyped-def]
 def rlzoo_register_train_backends(registry):  # type: ignore[no-untyped-def]
     registry.register(
         "simulated",
-        "rlzoo.runners.simulated:SimulatedTrainBackend",
+        "rlzoo.backends.simulated.backend:SimulatedTrainBackend",
         params=SimulatedTrainParams,
         capabilities={"devices": ["cpu"], "supports_critic": True, "distributed": False},
     )
