@@ -38,8 +38,17 @@ __all__ = [
 
 _SEED_MASK = (1 << 63) - 1
 
-#: vLLM ``CompletionOutput.finish_reason`` → rlzoo ``Sample.finish_reason``
-FINISH_REASONS: Mapping[str, str] = {"stop": "stop", "length": "length", "abort": "abort"}
+#: vLLM ``CompletionOutput.finish_reason`` (``vllm.v1.engine.FINISH_REASON_STRINGS``) → rlzoo
+#: ``Sample.finish_reason``. ``"error"`` (a request-level engine failure) is not a completion:
+#: ``"abort"``. ``"repetition"`` (vLLM cut a repetitive loop short) did not end naturally:
+#: ``"length"``, as a truncated response.
+FINISH_REASONS: Mapping[str, str] = {
+    "stop": "stop",
+    "length": "length",
+    "abort": "abort",
+    "error": "abort",
+    "repetition": "length",
+}
 
 
 def mix_seed(*parts: object) -> int:
@@ -53,10 +62,12 @@ def mix_seed(*parts: object) -> int:
 
 
 def finish_reason(vllm_reason: str | None) -> str:
-    """vLLM's finish reason → rlzoo's (``"stop"`` for anything else that ended the sequence)."""
+    """vLLM's finish reason → rlzoo's (:data:`FINISH_REASONS`); an unknown one is an error."""
     if vllm_reason is None:
         raise ValueError("finish_reason(None): the sequence has not finished")
-    return FINISH_REASONS.get(vllm_reason, "stop")
+    if vllm_reason not in FINISH_REASONS:
+        raise ValueError(f"unknown vLLM finish reason {vllm_reason!r}; known: {sorted(FINISH_REASONS)}")
+    return FINISH_REASONS[vllm_reason]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,11 +285,13 @@ class RequestBook:
         s.extend(token_ids, log_probs)
         if vllm_finish_reason is None:
             return None
+        reason = finish_reason(
+            vllm_finish_reason
+        )  # raises on an unknown one: still running, on_error ends it
         del self.running[engine_id]
         s.engine_id = None
         parked = engine_id in self.parking
         self.parking.discard(engine_id)
-        reason = finish_reason(vllm_finish_reason)
         if reason == "abort" and parked:
             if s.remaining < 1:
                 return self._finish(s, "length")

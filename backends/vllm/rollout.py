@@ -15,10 +15,12 @@ kind ``DELTA``: each delta's tokens and log-probs are appended to the sample as 
 abort keeps everything delivered so far.
 
 Weights: ``update_weights`` maps the trainer's HF names (:func:`~rlzoo.backends.vllm.logic.map_names`),
-buckets them, copies each bucket to CPU and hands it to every TP worker with
-``collective_rpc("rlzoo_load_weights", ...)`` (:class:`~rlzoo.backends.vllm.worker_ext.RlzooWorkerExtension`,
-installed through ``worker_extension_cls``), where ``model_runner.model.load_weights`` fuses
-q/k/v and gate/up and slices for its TP rank. It accepts any iterable of ``(name, tensor)``,
+buckets them, writes each bucket to shared memory (:func:`~rlzoo.backends.vllm.transfer.write_bucket`)
+and asks every TP worker to load it with ``collective_rpc("rlzoo_load_weights", args=(ref,))``
+(:class:`~rlzoo.backends.vllm.worker_ext.RlzooWorkerExtension`, installed through
+``worker_extension_cls``), where ``model_runner.model.load_weights`` fuses q/k/v and gate/up and
+slices for its TP rank. Only the file's reference crosses the RPC: vLLM's msgpack encoder drops
+tensor data from RPC arguments (the engine core runs in another process). It accepts any iterable of ``(name, tensor)``,
 including the receive stream of :mod:`rlzoo.distributed.weight_sync` (what
 ``BackendWorker.sync_weights`` passes).
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 from collections.abc import Coroutine, Iterable, Iterator, Sequence
@@ -41,6 +44,7 @@ from rlzoo.backends.vllm.logic import (
     sampled_log_probs,
     vllm_sampling_kwargs,
 )
+from rlzoo.backends.vllm.transfer import write_bucket
 from rlzoo.protocols import GenerationRequest, RolloutSpec, Sample
 from rlzoo.streams import POLL_S, collect_requested, poll_wait, requested_keys, stream_samples
 
@@ -52,8 +56,13 @@ WORKER_EXTENSION = "rlzoo.backends.vllm.worker_ext.RlzooWorkerExtension"
 _R = TypeVar("_R")
 
 
-def engine_args(params: VLLMRolloutParams, spec: RolloutSpec) -> dict[str, Any]:
-    """Keyword arguments of ``vllm.AsyncEngineArgs`` for ``params`` and ``spec`` (pure)."""
+def engine_args(params: VLLMRolloutParams, spec: RolloutSpec, *, multimodal: bool = False) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.AsyncEngineArgs`` for ``params`` and ``spec`` (pure).
+
+    ``multimodal``: the model takes images (its HF config has a ``vision_config``). vLLM's
+    multi-modal processors need the tokenizer, so it is initialised then; text-only models skip it
+    (token ids in, token ids out).
+    """
     import yaml
 
     kw: dict[str, Any] = {
@@ -72,7 +81,7 @@ def engine_args(params: VLLMRolloutParams, spec: RolloutSpec) -> dict[str, Any]:
         "enable_sleep_mode": params.enable_sleep_mode,
         "load_format": params.load_format,
         "worker_extension_cls": WORKER_EXTENSION,
-        "skip_tokenizer_init": True,  # token ids in, token ids out
+        "skip_tokenizer_init": not multimodal,
         "disable_log_stats": True,
     }
     if params.max_num_batched_tokens is not None:
@@ -112,7 +121,8 @@ class VLLMRolloutBackend:
         self._paused = False
         self._sleeping = False
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._tie_word_embeddings = _tied_embeddings(spec)
+        self._tie_word_embeddings, self._multimodal = _model_facts(spec)
+        self._weights_discarded = False  # a level-2 sleep dropped them: wake_up() needs new ones
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rlzoo-vllm-loop", daemon=True)
         self._thread.start()
@@ -126,7 +136,8 @@ class VLLMRolloutBackend:
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args(self.params, self.spec)))
+        kw = engine_args(self.params, self.spec, multimodal=self._multimodal)
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**kw))
 
     # -- protocol -------------------------------------------------------------------------------
     def submit(self, requests: Sequence[GenerationRequest]) -> None:
@@ -263,8 +274,12 @@ class VLLMRolloutBackend:
             bucket_bytes = self.params.weight_bucket_mb << 20
             named = map_names(named_tensors, tie_word_embeddings=self._tie_word_embeddings)
             for bucket in iter_bucketed(named, lambda t: t.numel() * t.element_size(), bucket_bytes):
-                cpu = [(n, t.detach().to("cpu").contiguous()) for n, t in bucket]
-                self._call(self.engine.collective_rpc("rlzoo_load_weights", args=(cpu,)))
+                ref = write_bucket(bucket)
+                try:
+                    self._call(self.engine.collective_rpc("rlzoo_load_weights", args=(ref.to_rpc(),)))
+                finally:
+                    os.unlink(ref.path)
+            self._weights_discarded = False
             if self._sleeping:
                 self._call(self.engine.wake_up(tags=["kv_cache"]))
                 self._sleeping = False
@@ -284,9 +299,19 @@ class VLLMRolloutBackend:
         self.pause()
         self._call(self.engine.sleep(level=self.params.sleep_level))
         self._sleeping = True
+        self._weights_discarded = self.params.sleep_level == 2
 
     def wake_up(self) -> None:
-        """Bring weights and KV cache back, then resume parked samples."""
+        """Bring weights and KV cache back, then resume parked samples.
+
+        After a level-2 sleep the weights were discarded, not offloaded: waking up would generate
+        from garbage, so this refuses; ``update_weights`` wakes the engine with new weights.
+        """
+        if self._weights_discarded:
+            raise RuntimeError(
+                "wake_up() after sleep level 2: the weights were discarded; call update_weights(...) "
+                "with the trainer's weights (it wakes the engine up), or use sleep_level 1"
+            )
         if self._sleeping:
             self._call(self.engine.wake_up())
             self._sleeping = False
@@ -302,12 +327,10 @@ class VLLMRolloutBackend:
             self._thread.join(timeout=10)
 
 
-def _tied_embeddings(spec: RolloutSpec) -> bool:
-    try:
-        from transformers import AutoConfig
+def _model_facts(spec: RolloutSpec) -> tuple[bool, bool]:
+    """``(tie_word_embeddings, multimodal)`` from the model's HF config."""
+    from transformers import AutoConfig
 
-        cfg = AutoConfig.from_pretrained(spec.model_path, trust_remote_code=spec.trust_remote_code)
-        text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-        return bool(getattr(text, "tie_word_embeddings", False))
-    except Exception:  # no config to read: send lm_head too (vLLM skips an aliased name)
-        return False
+    cfg = AutoConfig.from_pretrained(spec.model_path, trust_remote_code=spec.trust_remote_code)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return bool(getattr(text, "tie_word_embeddings", False)), getattr(cfg, "vision_config", None) is not None

@@ -4,7 +4,8 @@ vLLM mixes this class into its worker class in each worker process, so ``self`` 
 ``self.model_runner.model`` is the model, ``self.vllm_config`` its config. Method names carry an
 ``rlzoo_`` prefix (vLLM refuses an extension whose names collide with the worker's own, e.g. its
 ``update_weights``). Called with ``AsyncLLM.collective_rpc("rlzoo_...", args=...)``, which runs the
-method on every TP worker.
+method on every TP worker. Arguments cross process boundaries through vLLM's msgpack encoder,
+which keeps no tensor data: weights come through shared memory (:mod:`.transfer`) or NCCL.
 
 Written against vLLM 0.32.0; **not yet run on a GPU**.
 """
@@ -27,21 +28,36 @@ class RlzooWorkerExtension:
     def _rlzoo_model(self) -> Any:
         return self.model_runner.model
 
-    def rlzoo_load_weights(self, named: Iterable[tuple[str, Any]]) -> int:
-        """``model.load_weights`` of one bucket of HF-named tensors (any device); returns the count.
+    def _rlzoo_tied(self) -> bool:
+        text_cfg = self.vllm_config.model_config.hf_config.get_text_config()
+        return bool(getattr(text_cfg, "tie_word_embeddings", False))
 
+    def rlzoo_load_weights(self, bucket: dict[str, Any]) -> int:
+        """Load one bucket of HF-named tensors from shared memory; returns the count loaded.
+
+        ``bucket`` is a :class:`~rlzoo.backends.vllm.transfer.BucketRef` as a plain dict (what
+        crosses vLLM's RPC; tensors never do). The tensors are read from the file onto this
+        worker's device; with tied embeddings ``lm_head.weight`` is dropped here, by the model's
+        own config (vLLM's loader refuses a tied alias whose embedding is not in the same call).
         The model's loader fuses q/k/v → ``qkv_proj`` and gate/up → ``gate_up_proj`` and takes this
         TP rank's slice of each full tensor.
         """
         import torch
         from vllm.config import set_current_vllm_config
 
+        from rlzoo.backends.vllm.logic import map_names
+        from rlzoo.backends.vllm.transfer import BucketRef, read_bucket
+
         model = self._rlzoo_model()
         device = next(model.parameters()).device
-        items = [(n, t.to(device, non_blocking=True)) for n, t in named]
-        with set_current_vllm_config(self.vllm_config), torch.no_grad():
-            model.load_weights(weights=items)
-        torch.cuda.synchronize(device)
+        items = list(
+            map_names(read_bucket(BucketRef.from_rpc(bucket), device), tie_word_embeddings=self._rlzoo_tied())
+        )
+        if items:
+            with set_current_vllm_config(self.vllm_config), torch.no_grad():
+                model.load_weights(weights=items)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         return len(items)
 
     # -- NCCL receive hook (rlzoo.distributed.weight_sync protocol) -----------------------------
@@ -77,8 +93,7 @@ class RlzooWorkerExtension:
             raise RuntimeError("rlzoo_receive_weights before rlzoo_init_sync")
         stats = SyncStats()
         model = self._rlzoo_model()
-        text_cfg = self.vllm_config.model_config.hf_config.get_text_config()
-        tied = bool(getattr(text_cfg, "tie_word_embeddings", False))
+        tied = self._rlzoo_tied()
 
         def apply(stream: Iterable[tuple[str, Any]]) -> None:
             with set_current_vllm_config(self.vllm_config), torch.no_grad():

@@ -272,3 +272,131 @@ def test_worker_extension_names_do_not_collide_with_the_worker() -> None:
 
     ours = {n for n in vars(RlzooWorkerExtension) if not n.startswith("__")}
     assert not ours & set(dir(Worker))
+
+
+# -- defects found against the real vLLM 0.32 (issue 17) -------------------------------------------
+def test_finish_reasons_error_and_repetition_are_not_stop() -> None:
+    from rlzoo.backends.vllm.logic import finish_reason
+
+    # vllm/v1/engine/__init__.py FINISH_REASON_STRINGS = ("stop", "length", "abort", "error", "repetition")
+    assert [finish_reason(r) for r in ("stop", "length", "abort", "error", "repetition")] == [
+        "stop",
+        "length",
+        "abort",
+        "abort",
+        "length",
+    ]
+    with pytest.raises(ValueError, match="unknown vLLM finish reason"):
+        finish_reason("exploded")
+
+
+def test_engine_error_finishes_the_sample_as_abort() -> None:
+    book = RequestBook(0, 16)
+    book.add([req("e", n=1, max_new=5)])
+    ((state, eid, *_),), _ = book.start_waiting(0)
+    s = book.on_output(eid, [3], [-0.1], "error")
+    assert s is not None and s.finish_reason == "abort" and s.response_ids == [3]
+
+
+def test_multimodal_models_keep_the_tokenizer() -> None:
+    """vLLM's multi-modal processors need the tokenizer: skip_tokenizer_init only for text models."""
+    from rlzoo.backends.vllm.rollout import engine_args
+    from rlzoo.protocols import RolloutSpec
+
+    spec = RolloutSpec(model_path="/m", tokenizer_path="/t")
+    assert engine_args(VLLMRolloutParams(), spec)["skip_tokenizer_init"] is True
+    assert engine_args(VLLMRolloutParams(), spec, multimodal=True)["skip_tokenizer_init"] is False
+
+
+def test_bucket_round_trips_through_shared_memory(tmp_path) -> None:
+    import torch
+
+    from rlzoo.backends.vllm.transfer import BucketRef, read_bucket, write_bucket
+
+    named = [("a.weight", torch.randn(4, 3).to(torch.bfloat16)), ("b.bias", torch.arange(5.0)[::2])]
+    ref = write_bucket(named, str(tmp_path))
+    assert ref.names == ("a.weight", "b.bias") and ref.nbytes == 4 * 3 * 2 + 3 * 4
+    back = read_bucket(BucketRef.from_rpc(ref.to_rpc()))
+    assert [n for n, _ in back] == ["a.weight", "b.bias"]
+    for (_, want), (_, got) in zip(named, back):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    with pytest.raises(ValueError, match="twice"):
+        write_bucket([("x", torch.zeros(1)), ("x", torch.zeros(1))], str(tmp_path))
+
+
+class _Engine:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    async def sleep(self, level: int) -> None:
+        self.calls.append(("sleep", level))
+
+    async def wake_up(self, tags=None) -> None:  # type: ignore[no-untyped-def]
+        self.calls.append(("wake_up", tags))
+
+    async def collective_rpc(self, method: str, args=()) -> None:  # type: ignore[no-untyped-def]
+        import torch
+
+        from rlzoo.backends.vllm.transfer import BucketRef, read_bucket
+
+        (bucket,) = args
+        assert all(isinstance(v, (str, int, list)) for v in bucket.values())  # no tensors cross the RPC
+        names = [n for n, t in read_bucket(BucketRef.from_rpc(bucket)) if isinstance(t, torch.Tensor)]
+        self.calls.append((method, names))
+
+    async def reset_prefix_cache(self) -> None:
+        self.calls.append(("reset_prefix_cache",))
+
+    async def abort(self, ids) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+
+def _backend(sleep_level: int):  # type: ignore[no-untyped-def]
+    """A VLLMRolloutBackend around a recording engine (its loop thread is real)."""
+    import asyncio
+    import queue
+    import threading
+
+    from rlzoo.backends.vllm.rollout import VLLMRolloutBackend
+
+    b = VLLMRolloutBackend.__new__(VLLMRolloutBackend)
+    b.params = VLLMRolloutParams(enable_sleep_mode=True, sleep_level=sleep_level, weight_bucket_mb=1)
+    b.version, b._paused, b._sleeping, b._weights_discarded = 0, False, False, False
+    b.book, b._out, b._tasks = RequestBook(0, 16), queue.Queue(), {}
+    b._tie_word_embeddings = True
+    b._loop = asyncio.new_event_loop()
+    b._thread = threading.Thread(target=b._loop.run_forever, daemon=True)
+    b._thread.start()
+    b.engine = _Engine()
+    return b
+
+
+def test_wake_up_after_level2_sleep_needs_new_weights() -> None:
+    import torch
+
+    b = _backend(2)
+    try:
+        b.sleep()
+        with pytest.raises(RuntimeError, match="discarded"):
+            b.wake_up()
+        b.update_weights(
+            [("model.embed_tokens.weight", torch.ones(2, 2)), ("lm_head.weight", torch.ones(2, 2))], 4
+        )
+        assert b.version == 4 and not b._sleeping
+        b.wake_up()  # weights are back
+        rpcs = [c for c in b.engine.calls if c[0] == "rlzoo_load_weights"]
+        assert rpcs == [("rlzoo_load_weights", ["model.embed_tokens.weight"])]  # tied lm_head not sent
+    finally:
+        b._loop.call_soon_threadsafe(b._loop.stop)
+        b._thread.join(5)
+
+
+def test_wake_up_after_level1_sleep() -> None:
+    b = _backend(1)
+    try:
+        b.sleep()
+        b.wake_up()
+        assert ("sleep", 1) in b.engine.calls and ("wake_up", None) in b.engine.calls
+    finally:
+        b._loop.call_soon_threadsafe(b._loop.stop)
+        b._thread.join(5)
