@@ -293,7 +293,7 @@ def test_finish_reasons_error_and_repetition_are_not_stop() -> None:
 def test_engine_error_finishes_the_sample_as_abort() -> None:
     book = RequestBook(0, 16)
     book.add([req("e", n=1, max_new=5)])
-    ((state, eid, *_),), _ = book.start_waiting(0)
+    ((_state, eid, *_),), _ = book.start_waiting(0)
     s = book.on_output(eid, [3], [-0.1], "error")
     assert s is not None and s.finish_reason == "abort" and s.response_ids == [3]
 
