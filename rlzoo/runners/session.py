@@ -34,6 +34,7 @@ from rlzoo.runners.inputs import (
     rollout_spec,
     train_spec,
 )
+from rlzoo.runners.mismatch import offpolicy_metrics
 from rlzoo.runners.policy import PolicyTrainer
 from rlzoo.runners.rewards import build_reward_manager, keep_mask, score_samples, validation_metrics
 
@@ -123,9 +124,7 @@ class Session:
             tb, train_spec(cfg, self.total_steps, self.tokenizer)
         )
         self.rollout = self.placement.rollout_backend(rb, self.rollout_spec)
-        self.trainer = PolicyTrainer.from_config(
-            cfg, self.train_backend, offpolicy_metrics=_offpolicy_metrics()
-        )
+        self.trainer = PolicyTrainer.from_config(cfg, self.train_backend, offpolicy_metrics=offpolicy_metrics)
         self.ckpt = CheckpointManager(self.run_dir, cfg.trainer.max_checkpoints)
         self.start_step = 0
         self.resume_payload: dict[str, Any] | None = None
@@ -293,9 +292,3 @@ class Session:
             placement.shutdown()
         if self.lock is not getattr(self.run, "lock", None):
             self.lock.release()
-
-
-def _offpolicy_metrics() -> Any:
-    from rlzoo.algorithms.functional.correction import offpolicy_metrics
-
-    return offpolicy_metrics
