@@ -30,6 +30,11 @@ class NaiveParams:
     """
 
     failure_reward: float = param(0.0, help="reward of a sample whose scorer failed")
+    timeout: float | None = param(
+        60.0,
+        help="seconds one sample's scorer may take (run in a helper thread, abandoned when late); "
+        "null: no limit, called in the caller's thread",
+    )
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,9 @@ class DAPOParams:
     penalty_factor: float = param(1.0, help="p: penalty at max_response_length")
     max_response_length: int = param(0, help="M: the rollout's max response tokens (required when enabled)")
     failure_reward: float = param(0.0, help="reward of a sample whose scorer failed")
+    timeout: float | None = param(
+        60.0, help="seconds one sample's scorer may take (as naive's); null: no limit"
+    )
 
 
 @dataclass(frozen=True)
@@ -63,22 +71,30 @@ class BatchParams:
     """
 
     failure_reward: float = param(0.0, help="reward of a sample whose scorer failed")
+    timeout: float | None = param(
+        60.0,
+        help="seconds per sample: the batched call may take timeout x batch size (a late call fails "
+        "every sample, without per-sample retries); null: no limit",
+    )
 
 
 @dataclass(frozen=True)
 class ProcessPoolParams:
-    """Score in a pool of worker processes with a per-sample timeout.
+    """Score in a pool of worker processes, the whole batch within ``timeout`` seconds.
 
     Samples run in a ``ProcessPoolExecutor`` (spawn context) with at most ``num_workers`` in
-    flight. A sample still running after ``timeout`` seconds is failed and the pool restarted
-    (its worker is killed; the samples in flight beside it are rerun). A worker that dies makes
+    flight. The ``timeout`` is the batch's: every sample's clock starts with the call, so a batch
+    of hanging samples fails after ``timeout`` seconds, not ``timeout`` x samples / workers; the
+    late workers are then killed and a new pool serves the next call. A worker that dies makes
     the samples then in flight suspects: they are rerun one at a time, and one that kills its
     worker again is failed. The scorer must pickle: bind it with ``BoundScorer`` (a lazy
     ``"module:attr"`` target + params) or pass a module-level function.
     """
 
     num_workers: int = param(4, help="worker processes (0: os.cpu_count())")
-    timeout: float = param(10.0, help="seconds one sample may take before it is failed")
+    timeout: float = param(
+        10.0, help="seconds the whole batch may take (all samples in parallel); later ones fail (> 0)"
+    )
     failure_reward: float = param(0.0, help="reward of a sample whose scorer failed or timed out")
 
 

@@ -4,6 +4,9 @@ Each manager class is its own factory, ``Manager(params, scorer)``, and is calle
 sequence of :class:`rlzoo.protocols.RewardItem`, returning one :class:`RewardResult` each. A
 scorer that raises, times out, or returns NaN / inf / a non-number yields a failed result
 (``failed=True``, ``reward=params.failure_reward``, ``info["error"]``); the batch goes on.
+Every manager bounds a scorer's time: ``timeout`` seconds per sample in the caller's process
+(``naive``, ``dapo``, ``batch``: the scorer runs in a helper thread that is abandoned when late),
+and for the whole batch in parallel in ``process_pool`` (late workers are killed).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import math
 import multiprocessing
 import os
 import pickle
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -135,10 +139,46 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def score_item(scorer: BoundScorerFn, item: RewardItem, failure_reward: float) -> RewardResult:
-    """Score one item; a raising scorer gives a failed result."""
+class ScorerTimeout(TimeoutError):
+    """A scorer call ran past its ``timeout``."""
+
+
+def call_with_timeout(fn: Callable[[], Any], timeout: float | None) -> Any:
+    """``fn()``, or :class:`ScorerTimeout` after ``timeout`` seconds (None: no limit, in this thread).
+
+    The call runs in a daemon helper thread; a late one is abandoned, not stopped (Python cannot
+    stop a thread), so a scorer that hangs for ever keeps its thread: ``process_pool`` kills
+    hanging scorers instead. A scorer's own signal-based timeout (math-verify) needs the main
+    thread and is off in the helper thread; this timeout stands in for it.
+    """
+    if timeout is None:
+        return fn()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # handed to the caller below
+            box["error"] = e
+
+    t = threading.Thread(target=run, name="rlzoo-scorer", daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise ScorerTimeout(f"timed out after {timeout:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def score_item(
+    scorer: BoundScorerFn, item: RewardItem, failure_reward: float, timeout: float | None = None
+) -> RewardResult:
+    """Score one item within ``timeout`` seconds; a raising or late scorer gives a failed result."""
     try:
-        raw = scorer(item.response, item.ground_truth, item.data_source, item.extra_info)
+        raw = call_with_timeout(
+            lambda: scorer(item.response, item.ground_truth, item.data_source, item.extra_info), timeout
+        )
     except Exception as e:
         return failed_result(_describe(e), failure_reward)
     return to_result(raw, failure_reward)
@@ -153,10 +193,11 @@ class NaiveRewardManager:
     def __init__(self, params: Any, scorer: BoundScorerFn) -> None:
         self.params = params
         self.scorer = scorer
-        self.failure_reward = float(getattr(params, "failure_reward", 0.0))
+        self.failure_reward = float(params.failure_reward)
+        self.timeout: float | None = params.timeout
 
     def __call__(self, items: Sequence[RewardItem]) -> list[RewardResult]:
-        return [score_item(self.scorer, item, self.failure_reward) for item in items]
+        return [score_item(self.scorer, item, self.failure_reward, self.timeout) for item in items]
 
 
 def overlong_penalty(length: int, max_response_length: int, buffer_len: int, penalty_factor: float) -> float:
@@ -174,10 +215,10 @@ class DAPORewardManager(NaiveRewardManager):
 
     def __init__(self, params: Any, scorer: BoundScorerFn) -> None:
         super().__init__(params, scorer)
-        self.enable = bool(getattr(params, "enable", True))
-        self.buffer_len = int(getattr(params, "overlong_buffer_len", 0))
-        self.penalty_factor = float(getattr(params, "penalty_factor", 1.0))
-        self.max_response_length = int(getattr(params, "max_response_length", 0))
+        self.enable = bool(params.enable)
+        self.buffer_len = int(params.overlong_buffer_len)
+        self.penalty_factor = float(params.penalty_factor)
+        self.max_response_length = int(params.max_response_length)
         if self.enable:
             if self.max_response_length <= 0:
                 raise ValueError(
@@ -216,17 +257,22 @@ class BatchRewardManager(NaiveRewardManager):
             return []
         try:
             raws = self._call(items)
+        except ScorerTimeout as e:  # a hanging batched scorer: retrying each sample would hang again
+            return [failed_result(_describe(e), self.failure_reward) for _ in items]
         except Exception:
             return [self._one(item) for item in items]
         return [to_result(raw, self.failure_reward) for raw in raws]
 
     def _call(self, items: Sequence[RewardItem]) -> list[Any]:
         batched: Any = self.scorer  # takes and returns lists
-        raws = batched(
-            [it.response for it in items],
-            [it.ground_truth for it in items],
-            [it.data_source for it in items],
-            [it.extra_info for it in items],
+        raws = call_with_timeout(
+            lambda: batched(
+                [it.response for it in items],
+                [it.ground_truth for it in items],
+                [it.data_source for it in items],
+                [it.extra_info for it in items],
+            ),
+            None if self.timeout is None else self.timeout * len(items),  # timeout per sample
         )
         raws = list(raws)
         if len(raws) != len(items):
@@ -283,8 +329,12 @@ class ProcessPoolRewardManager(NaiveRewardManager):
                 "with rlzoo.algorithms.functional.reward.BoundScorer('module:function', params) or use "
                 "a module-level function"
             ) from e
-        self.timeout = float(getattr(params, "timeout", 10.0))
-        workers = int(getattr(params, "num_workers", 4))
+        if params.timeout is None or params.timeout <= 0:
+            raise ValueError(
+                f"process_pool reward manager: timeout must be > 0 seconds, got {params.timeout}"
+            )
+        self.timeout = float(params.timeout)
+        workers = int(params.num_workers)
         self.num_workers = workers if workers > 0 else (os.cpu_count() or 1)
         self._pool: cf.ProcessPoolExecutor | None = None
         self.restarts = 0  # pools replaced after a timeout or a dead worker
@@ -329,13 +379,19 @@ class ProcessPoolRewardManager(NaiveRewardManager):
 
     # -- scoring --------------------------------------------------------------------------------
     def __call__(self, items: Sequence[RewardItem]) -> list[RewardResult]:
+        """Score ``items`` within ``timeout`` seconds for the whole batch: every sample's clock runs
+        from the start of the call, in parallel; what is not scored by then (running or still
+        queued) fails, and the late workers are killed once (a new pool serves the next call)."""
         results: list[RewardResult | None] = [None] * len(items)
         queue: deque[tuple[int, int]] = deque((i, 0) for i in range(len(items)))  # (index, crashes)
-        running: dict[cf.Future[Any], tuple[int, int, float]] = {}  # future -> (index, crashes, t0)
+        running: dict[cf.Future[Any], tuple[int, int]] = {}  # future -> (index, crashes)
+        if items:
+            self._ensure_pool()
+        deadline = time.monotonic() + self.timeout
 
-        while queue or running:
+        while (queue or running) and time.monotonic() < deadline:
             pool = self._ensure_pool()
-            isolate = any(c for _, c in queue) or any(c for _, c, _ in running.values())
+            isolate = any(c for _, c in queue) or any(c for _, c in running.values())
             limit = 1 if isolate else self.num_workers
             while queue and len(running) < limit:
                 i, crashes = queue.popleft()
@@ -343,17 +399,16 @@ class ProcessPoolRewardManager(NaiveRewardManager):
                 fut = pool.submit(
                     _score_in_worker, self.scorer, it.response, it.ground_truth, it.data_source, it.extra_info
                 )
-                running[fut] = (i, crashes, time.monotonic())
+                running[fut] = (i, crashes)
 
-            next_deadline = min(t0 for _, _, t0 in running.values()) + self.timeout
             done, _ = cf.wait(
                 list(running),
-                timeout=max(0.0, next_deadline - time.monotonic()),
+                timeout=max(0.0, deadline - time.monotonic()),
                 return_when=cf.FIRST_COMPLETED,
             )
             broken = False
             for fut in done:
-                i, crashes, _ = running.pop(fut)
+                i, crashes = running.pop(fut)
                 try:
                     ok, value = fut.result()
                 except BrokenProcessPool:
@@ -369,18 +424,21 @@ class ProcessPoolRewardManager(NaiveRewardManager):
                 results[i] = (
                     to_result(value, self.failure_reward) if ok else failed_result(value, self.failure_reward)
                 )
-
-            now = time.monotonic()
-            late = [f for f, (_, _, t0) in running.items() if now - t0 >= self.timeout]
-            for fut in late:
-                i, _, _ = running.pop(fut)
-                results[i] = failed_result(f"timed out after {self.timeout:g} s", self.failure_reward)
-            if broken or late:
+            if broken:
                 # the pool is going away: everything still in flight runs again in the new one
-                for i, crashes, _ in running.values():
-                    queue.appendleft((i, crashes + 1 if broken else crashes))
+                for i, crashes in running.values():
+                    queue.appendleft((i, crashes + 1))
                 running.clear()
                 self._kill_pool()
                 self.restarts += 1
 
+        late = [i for i, _ in running.values()] + [i for i, _ in queue]
+        for i in late:
+            results[i] = failed_result(
+                f"timed out after {self.timeout:g} s (process_pool's limit for the whole batch)",
+                self.failure_reward,
+            )
+        if running:
+            self._kill_pool()
+            self.restarts += 1
         return [r if r is not None else failed_result("not scored", self.failure_reward) for r in results]

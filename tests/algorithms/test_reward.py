@@ -245,3 +245,85 @@ def test_reward_managers_are_registered():
         assert comp.summary and all(f["help"] for f in comp.param_fields()), name
         assert isinstance(comp.load(), type)
     assert reg.get("batch").capability("batched") is True
+
+
+# ---------------------------------------------------------------------------------------------
+# timeouts in every manager; defaults read from the params, never written twice
+# ---------------------------------------------------------------------------------------------
+def batched_sleepy(responses, ground_truths, data_sources, extra_infos, params):
+    """Batched: hangs when any response is 'sleep', else 1.0 each."""
+    if "sleep" in responses:
+        time.sleep(120)
+    return [1.0 for _ in responses]
+
+
+def hang(response, ground_truth, data_source, extra_info, params):
+    """Hangs (far past any test timeout) on every sample."""
+    time.sleep(120)
+    return 1.0
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda s: NaiveRewardManager(NaiveParams(timeout=0.3, failure_reward=-1.0), s),
+        lambda s: DAPORewardManager(
+            DAPOParams(timeout=0.3, failure_reward=-1.0, overlong_buffer_len=4, max_response_length=8), s
+        ),
+        lambda s: BatchRewardManager(BatchParams(timeout=0.3, failure_reward=-1.0), s),
+        lambda s: BatchRewardManager(
+            BatchParams(timeout=0.3, failure_reward=-1.0),
+            BoundScorer(batched_sleepy, capabilities={"batched": True}),
+        ),
+    ],
+    ids=["naive", "dapo", "batch", "batch-batched"],
+)
+def test_in_process_managers_time_out_a_hanging_scorer(make):
+    t0 = time.monotonic()
+    out = make(BoundScorer(sleepy))(_items("sleep", "x", "sleep"))
+    assert time.monotonic() - t0 < 10  # 2 x 0.3 s (+ the batched call's 3 x 0.3 s), not for ever
+    assert [r.failed for r in out] in ([True, False, True], [True, True, True])  # batched: all or none
+    assert all("timed out" in r.info["error"] for r in out if r.failed)
+    assert all(r.reward == -1.0 for r in out if r.failed)
+
+
+def test_process_pool_timeout_is_for_the_whole_batch_in_parallel():
+    # 64 samples, a scorer that hangs on each, 2 workers, timeout 1 s: before, the timeout ran one
+    # sample at a time (32 rounds of 1 s plus a pool restart each); now the batch ends after ~1 s
+    with ProcessPoolRewardManager(ProcessPoolParams(num_workers=2, timeout=1.0), BoundScorer(hang)) as mgr:
+        mgr._ensure_pool()  # start the workers outside the timed call
+        t0 = time.monotonic()
+        out = mgr(_items(*[f"r{i}" for i in range(64)]))
+        elapsed = time.monotonic() - t0
+    assert elapsed < 6, elapsed
+    assert all(r.failed and "timed out" in r.info["error"] for r in out)
+    assert mgr.restarts == 1
+
+
+def test_dapo_overlong_buffer_default_lives_in_its_params():
+    # DAPOParams says L = 4096; the manager used to fall back to 0 when the attribute was absent
+    mgr = DAPORewardManager(DAPOParams(max_response_length=8192), BoundScorer(exact))
+    assert mgr.buffer_len == 4096
+    # M - L = 4096 tokens free; 6144 tokens -> -(6144 - 4096) / 4096 * 1.0 = -0.5
+    (res,) = mgr(_items("a", lengths=(6144,)))
+    assert res.info["overlong_penalty"] == pytest.approx(-0.5)
+    assert res.reward == pytest.approx(1.0 - 0.5)
+
+
+def test_reward_managers_read_their_params_directly():
+    """No ``getattr(params, "x", default)``: a default lives once, in the params dataclass."""
+    import ast
+    import inspect
+
+    import rlzoo.algorithms.functional.reward as impl
+    import rlzoo.algorithms.reward as decl
+
+    for module in (impl, decl):
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) == "getattr"
+                and len(node.args) == 3
+            ):
+                target = ast.unparse(node.args[0])
+                assert "params" not in target, f"{module.__name__}: getattr({target}, ...) with a default"
