@@ -6,7 +6,8 @@ rlzoo components [KIND] [--json]                     list registered parts
 rlzoo plugins [--all] [--json]                       list plugins, versions, hooks, parts
 rlzoo recipes [--json]                               list recipes on the search path
 rlzoo prepare NAME [--out DIR] [key=value ...]       prepare a dataset into rlzoo's parquet schema
-rlzoo plot RUN_DIR                                   learning curves (PNG) and a Markdown summary
+rlzoo plot RUN_DIR [RUN_DIR ...]                     learning curves (PNG) and a Markdown summary
+rlzoo export RUN_DIR [--step N] --out DIR           a checkpoint as a standard Hugging Face folder
 """
 
 from __future__ import annotations
@@ -154,11 +155,66 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
 
 
 def cmd_plot(ns: argparse.Namespace) -> int:
-    from rlzoo.report import plot_run
+    from rlzoo.report import plot_runs
 
-    for path in plot_run(Path(ns.run_dir)):
+    for path in plot_runs([Path(d) for d in ns.run_dirs], ns.out, smooth=ns.smooth):
         print(path)
     return 0
+
+
+def cmd_export(ns: argparse.Namespace) -> int:
+    from rlzoo.export import export_checkpoint
+
+    print(export_checkpoint(Path(ns.run_dir), Path(ns.out), step=ns.step))
+    return 0
+
+
+#: ``--help`` examples of each subcommand (argparse epilog; a test checks every subcommand has some)
+EXAMPLES: dict[str, str] = {
+    "train": """\
+  rlzoo train                                       # the quickstart (CPU, a few minutes)
+  rlzoo train quickstart algorithm.advantage.name=rloo trainer.total_steps=30
+  rlzoo train dapo_math run.loggers=[console,jsonl,wandb] run.export_every=50
+  rlzoo train quickstart resume=true run.output_dir=runs/quickstart-20250101-120000""",
+    "validate": """\
+  rlzoo validate quickstart
+  rlzoo validate quickstart algorithm.policy_loss.name=gspo trainer.total_steps=10
+  rlzoo validate recipes/dapo_math.yaml run.loggers=[console,mlflow]""",
+    "components": """\
+  rlzoo components                    # every registered part
+  rlzoo components policy_loss        # one kind
+  rlzoo components advantage --json""",
+    "plugins": """\
+  rlzoo plugins                       # third-party plugins
+  rlzoo plugins --all                 # built-ins, blocked and failed ones too
+  rlzoo plugins --json""",
+    "recipes": """\
+  rlzoo recipes
+  rlzoo recipes --json""",
+    "prepare": """\
+  rlzoo prepare quickstart --out data/quickstart
+  rlzoo prepare geometry3k --out data/geo3k
+  rlzoo components dataset            # what can be prepared""",
+    "plot": """\
+  rlzoo plot runs/quickstart-20250101-120000
+  rlzoo plot runs/sync-run runs/async-run --out plots/compare   # overlay two runs
+  rlzoo plot runs/async-run --smooth 0.9""",
+    "export": """\
+  rlzoo export runs/quickstart-20250101-120000 --out models/quickstart           # latest checkpoint
+  rlzoo export runs/quickstart-20250101-120000 --step 50 --out models/step50
+      # then: AutoModelForCausalLM.from_pretrained("models/step50")""",
+}
+
+
+def _sub(sub: Any, name: str, summary: str) -> argparse.ArgumentParser:
+    """A subcommand parser whose ``--help`` ends with its examples."""
+    return sub.add_parser(  # type: ignore[no-any-return]
+        name,
+        help=summary,
+        description=summary[:1].upper() + summary[1:] + ".",
+        epilog="Examples:\n" + EXAMPLES[name],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,37 +224,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="store_true", help="print the version and exit")
     sub = p.add_subparsers(dest="command")
 
-    s = sub.add_parser("train", help="run a recipe (default: quickstart)")
+    s = _sub(sub, "train", "run a recipe (default: quickstart)")
     s.add_argument("args", nargs="*", help="[RECIPE | recipe=NAME] then key=value overrides")
     s.set_defaults(func=cmd_train)
 
-    s = sub.add_parser("validate", help="resolve every name and param of a recipe; loads no model")
+    s = _sub(sub, "validate", "resolve every name and param of a recipe; loads no model")
     s.add_argument("args", nargs="+", help="RECIPE then key=value overrides")
     s.set_defaults(func=cmd_validate)
 
-    s = sub.add_parser("components", help="list registered parts")
+    s = _sub(sub, "components", "list registered parts")
     s.add_argument("kind", nargs="?", help="only this kind")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_components)
 
-    s = sub.add_parser("plugins", help="list plugins with versions, hooks and parts")
+    s = _sub(sub, "plugins", "list plugins with versions, hooks and parts")
     s.add_argument("--all", action="store_true", help="include built-in, blocked and failed plugins")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_plugins)
 
-    s = sub.add_parser("recipes", help="list recipes on the search path")
+    s = _sub(sub, "recipes", "list recipes on the search path")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_recipes)
 
-    s = sub.add_parser("prepare", help="prepare a dataset into rlzoo's parquet schema")
+    s = _sub(sub, "prepare", "prepare a dataset into rlzoo's parquet schema")
     s.add_argument("name", help="registered dataset name (rlzoo components dataset)")
     s.add_argument("--out", help="output folder (default: data/NAME)")
     s.add_argument("overrides", nargs="*", help="preparer params as key=value")
     s.set_defaults(func=cmd_prepare)
 
-    s = sub.add_parser("plot", help="render learning curves and a summary of a run directory")
-    s.add_argument("run_dir")
+    s = _sub(sub, "plot", "render learning curves and a summary of one or more run directories")
+    s.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories; several are overlaid")
+    s.add_argument("--out", help="output folder (default: RUN_DIR/plots; with several runs, the first's)")
+    s.add_argument(
+        "--smooth", type=float, default=None, help="EMA weight in [0, 1) (default: chosen by run length)"
+    )
     s.set_defaults(func=cmd_plot)
+
+    s = _sub(sub, "export", "write a checkpoint of a run as a standard Hugging Face model folder")
+    s.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (rlzoo train prints it)")
+    s.add_argument("--step", type=int, help="checkpoint step (default: the latest checkpoint)")
+    s.add_argument("--out", required=True, help="output folder (config, tokenizer, safetensors weights)")
+    s.set_defaults(func=cmd_export)
     return p
 
 

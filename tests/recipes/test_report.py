@@ -10,7 +10,19 @@ from typing import Any
 import pytest
 
 from rlzoo.errors import RlzooError
-from rlzoo.report import metric_table, plot_run, series, summarize_run, timing_table
+from rlzoo.report import (
+    PANELS,
+    RunData,
+    _draw,
+    ema,
+    metric_table,
+    plot_run,
+    plot_runs,
+    rolling_mean,
+    series,
+    summarize_run,
+    timing_table,
+)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -131,8 +143,10 @@ def test_plot_run_writes_a_png_per_panel_an_overview_and_a_summary(tmp_path: Pat
         "reward.png",
         "validation.png",
         "response_length.png",
+        "clip_ratio.png",
         "policy.png",
         "idle.png",
+        "queue.png",
         "throughput.png",
         "timing.png",
         "summary.md",
@@ -199,3 +213,123 @@ def test_missing_matplotlib_names_the_extra(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     with pytest.raises(RlzooError, match=r"pip install rlzoo\[plot\]"):
         plot_run(run)
+
+
+# ---------------------------------------------------------------------------------------------
+# plots a person reads: smoothing, no hidden series, legends outside, long async runs, overlays
+# ---------------------------------------------------------------------------------------------
+def long_async_records(steps: int = 1000, seed: int = 0) -> list[dict[str, Any]]:
+    """A noisy 1000-step fully-async run: score == acc at every step, idle ratios with spikes."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for s in range(1, steps + 1):
+        score = 0.2 + 0.5 * (1 - 0.997**s) + rng.gauss(0, 0.08)
+        out.append(
+            {
+                "step": s,
+                "time": 1000.0 + 36 * s,
+                "critic/score/mean": score,
+                "critic/acc/mean": score,
+                "trainer/idle_ratio": min(1.0, max(0.0, 0.07 + rng.gauss(0, 0.04))),
+                "queue/size": 64 + rng.gauss(0, 20),
+                "staleness/max": float(rng.choice([0, 1, 1, 2])),
+            }
+        )
+    return out
+
+
+def panel(name: str) -> Any:
+    return next(p for p in PANELS if p.name == name)
+
+
+def draw(name: str, runs: list[RunData], smooth: float | None = None) -> Any:
+    from rlzoo.report import _pyplot
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.6), layout="constrained")
+    assert _draw(ax, panel(name), runs, smooth)
+    fig.canvas.draw()
+    return ax
+
+
+def test_ema_and_rolling_mean_by_hand() -> None:
+    # debiased EMA with weight 0.5 of 1, 0, 0: 0.5 / 0.5 = 1; 0.25 / 0.75 = 1/3; 0.125 / 0.875 = 1/7
+    assert ema([1.0, 0.0, 0.0], 0.5) == pytest.approx([1.0, 1 / 3, 1 / 7])
+    assert ema([3.0, 5.0], 0.0) == [3.0, 5.0]
+    # trailing mean over 2: 1, (1+2)/2, (2+3)/2, (3+4)/2
+    assert rolling_mean([1.0, 2.0, 3.0, 4.0], 2) == pytest.approx([1.0, 1.5, 2.5, 3.5])
+    with pytest.raises(RlzooError, match=r"\[0, 1\)"):
+        ema([1.0], 1.0)
+
+
+def test_long_series_are_smoothed_over_their_faint_raw_values() -> None:
+    recs = long_async_records()
+    ax = draw("reward", [RunData("a", recs)], smooth=0.9)
+    _, raw = series(recs, "critic/score/mean")
+    lines = ax.get_lines()
+    faint = [ln for ln in lines if (ln.get_alpha() or 1.0) < 0.5]
+    solid = [ln for ln in lines if (ln.get_alpha() or 1.0) == 1.0]
+    assert any(list(ln.get_ydata()) == raw for ln in faint)  # the raw values, faint
+    assert any(list(ln.get_ydata()) == pytest.approx(ema(raw, 0.9)) for ln in solid)  # the EMA on top
+
+
+def test_an_equal_series_is_not_hidden_under_another() -> None:
+    ax = draw("reward", [RunData("a", long_async_records())])
+    legend = ax.get_legend()
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert "critic/acc/mean (= critic/score/mean)" in labels
+    solid = [ln for ln in ax.get_lines() if (ln.get_alpha() or 1.0) == 1.0]
+    score, acc = solid[0], solid[1]
+    assert list(score.get_ydata()) == list(acc.get_ydata())  # equal data...
+    assert score.get_linestyle() != acc.get_linestyle()  # ...drawn differently
+    assert score.get_marker() != acc.get_marker()
+    assert score.get_markevery() != acc.get_markevery()  # markers at different steps
+
+
+def test_legends_sit_outside_the_data() -> None:
+    for name in ("reward", "idle", "queue", "staleness"):
+        ax = draw(name, [RunData("a", long_async_records())])
+        legend = ax.get_legend().get_window_extent()
+        plot_area = ax.get_window_extent()
+        assert legend.y1 <= plot_area.y0, name  # entirely below the plot area
+
+
+def test_idle_ratio_is_a_rolling_mean_and_staleness_a_histogram(tmp_path: Path) -> None:
+    recs = long_async_records()
+    _, idle = series(recs, "trainer/idle_ratio")
+    ax = draw("idle", [RunData("a", recs)])
+    window = max(5, len(idle) // 40)  # 25 steps for 1000
+    assert any(list(ln.get_ydata()) == pytest.approx(rolling_mean(idle, window)) for ln in ax.get_lines())
+    assert ax.get_ylim() == pytest.approx((-0.02, 1.02))
+    # per-sample staleness counts from an async run's summary.json: 80 / 15 / 5 samples
+    run = tmp_path / "async"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"staleness_histogram": {"0": 80, "1": 15, "2": 5}}))
+    ax = draw("staleness", [RunData("a", recs, run)])
+    heights = sorted((round(p.get_x() + p.get_width() / 2), p.get_height()) for p in ax.patches)
+    assert heights == [(0, pytest.approx(0.8)), (1, pytest.approx(0.15)), (2, pytest.approx(0.05))]
+
+
+def test_several_runs_are_overlaid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rlzoo.cli import main
+
+    a = write_run(tmp_path / "sync", long_async_records(200, seed=1))
+    b = write_run(tmp_path / "async", long_async_records(200, seed=2))
+    files = plot_runs([a, b])
+    assert files[0] == a / "plots" / "compare" / "overview.png"
+    assert (a / "plots" / "compare" / "summary.md").read_text().count("## ") >= 3  # both runs + curves
+    ax = draw("reward", [RunData("sync", series_records(a)), RunData("async", series_records(b))])
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "sync: critic/score/mean" in labels and "async: critic/score/mean" in labels
+    colors = {ln.get_color() for ln in ax.get_lines() if (ln.get_alpha() or 1.0) == 1.0}
+    assert len(colors) == 2  # one colour per run
+    assert main(["plot", str(a), str(b), "--out", str(tmp_path / "cmp"), "--smooth", "0.8"]) == 0
+    assert str(tmp_path / "cmp" / "reward.png") in capsys.readouterr().out.split()
+
+
+def series_records(run_dir: Path) -> list[dict[str, Any]]:
+    from rlzoo.metrics import read_metrics
+
+    return read_metrics(run_dir)

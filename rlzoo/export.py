@@ -1,0 +1,259 @@
+"""A run's model as a standard Hugging Face folder: ``final/``, ``export/step_K/``, ``rlzoo export``.
+
+The folder loads with nothing but transformers (``AutoModelForCausalLM.from_pretrained(path)``,
+``AutoTokenizer.from_pretrained(path)``; ``AutoProcessor`` for a vision-language model)::
+
+    config.json  generation_config.json  model.safetensors (or shards + index)
+    tokenizer.json  tokenizer_config.json  chat_template.jinja  special_tokens_map.json ...
+    preprocessor_config.json ...      (vision-language models: the processor)
+
+The train backend writes the weights and the model config through its ``export_hf(path)`` method
+(:class:`HFExportable`; fsdp2 gathers the shards on rank 0, a collective call). :func:`export_model`
+then completes the folder from the run's base model (its ``generation_config.json``), the run's
+tokenizer (with its chat template) and processor, checks that it is loadable, and moves it into
+place atomically: a crash leaves the previous folder untouched.
+
+:func:`export_checkpoint` does the same from a checkpoint of a finished or interrupted run
+(``rlzoo export RUN_DIR [--step N] --out DIR``): it rebuilds the run's train backend from the
+run's ``config.yaml`` (locally, in this process), loads the checkpoint into it and exports.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from rlzoo.errors import RlzooError
+
+__all__ = ["HFExportable", "export_checkpoint", "export_model", "final_dir", "load_run_config", "step_dir"]
+
+logger = logging.getLogger("rlzoo")
+
+#: written by the backends' atomic directories; not part of an HF folder
+_MARKERS = ("COMPLETE",)
+
+
+@runtime_checkable
+class HFExportable(Protocol):
+    """A train backend that can write its actor as an HF folder (weights + config)."""
+
+    def export_hf(self, path: str | Path) -> None:
+        """Write ``save_pretrained`` output of the actor (safetensors + config.json) to ``path``.
+
+        Collective on a multi-process backend: every rank calls it, one writes.
+        """
+        ...
+
+
+def final_dir(run_dir: str | Path) -> Path:
+    """Where a run's final model goes: ``RUN_DIR/final``."""
+    return Path(run_dir) / "final"
+
+
+def step_dir(run_dir: str | Path, step: int) -> Path:
+    """Where ``run.export_every`` exports go: ``RUN_DIR/export/step_K``."""
+    return Path(run_dir) / "export" / f"step_{int(step)}"
+
+
+def export_model(
+    train_backend: Any,
+    src_model_dir: str | Path | None,
+    out_dir: str | Path,
+    *,
+    tokenizer: Any = None,
+    processor: Any = None,
+) -> Path:
+    """Write ``train_backend``'s actor to ``out_dir`` as a standard HF folder; returns ``out_dir``.
+
+    ``src_model_dir``: the run's base model folder (``model.path``); its ``generation_config.json``
+    is carried over (the trained weights change, how to generate does not). ``tokenizer``: the
+    run's tokenizer (saved with its chat template; default: what the backend saved, else the base
+    model's). ``processor``: a vision-language model's processor (saved too). An existing
+    ``out_dir`` is replaced only once the new folder is complete.
+    """
+    if not isinstance(train_backend, HFExportable):
+        raise RlzooError(
+            f"the train backend {type(train_backend).__name__} cannot export an HF folder: it has no "
+            "export_hf(path) method (rlzoo.export.HFExportable); the native and fsdp2 backends have one"
+        )
+    out = Path(out_dir).expanduser()
+    staging = out.with_name(f".{out.name}.partial")
+    for p in (staging, staging.with_name(staging.name + ".tmp")):
+        if p.exists():
+            shutil.rmtree(p)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    train_backend.export_hf(staging)
+    if not staging.is_dir():  # a multi-process backend whose rank 0 lives elsewhere wrote nothing here
+        raise RlzooError(
+            f"export: the train backend wrote nothing to {staging} (is it on a shared filesystem?)"
+        )
+    try:
+        _complete(staging, Path(src_model_dir).expanduser() if src_model_dir else None, tokenizer, processor)
+        check_hf_folder(staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    old = out.with_name(f".{out.name}.old")
+    if out.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        out.rename(old)
+    staging.rename(out)
+    if old.exists():
+        shutil.rmtree(old)
+    return out
+
+
+def _complete(folder: Path, src: Path | None, tokenizer: Any, processor: Any) -> None:
+    """Add what ``save_pretrained`` of the model alone leaves out."""
+    for m in _MARKERS:
+        (folder / m).unlink(missing_ok=True)
+    if src is not None and (src / "generation_config.json").is_file():
+        shutil.copyfile(src / "generation_config.json", folder / "generation_config.json")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(folder))
+    elif not (folder / "tokenizer_config.json").exists() and src is not None:
+        try:
+            from rlzoo.data.tokenizer import load_tokenizer
+
+            load_tokenizer(src).save_pretrained(str(folder))
+        except Exception as exc:
+            logger.warning("export: no tokenizer found next to the base model %s (%s)", src, exc)
+    if processor is not None:
+        processor.save_pretrained(str(folder))
+        image_processor = getattr(processor, "image_processor", None)
+        if image_processor is not None and not (folder / "preprocessor_config.json").exists():
+            image_processor.save_pretrained(str(folder))  # what AutoImageProcessor reads
+        _name_a_transformers_processor(folder, processor)
+    if not (folder / "generation_config.json").exists():
+        _write_generation_config(folder, tokenizer)
+
+
+def _name_a_transformers_processor(folder: Path, processor: Any) -> None:
+    """Record the processor as the transformers class it derives from (``AutoProcessor`` can build
+    that one), not a local subclass such as rlzoo's image-only processor."""
+    import transformers
+
+    standard = next(
+        (c.__name__ for c in type(processor).__mro__ if getattr(transformers, c.__name__, None) is c),
+        None,
+    )
+    for name in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
+        f = folder / name
+        if standard is None or not f.is_file():
+            continue
+        data = json.loads(f.read_text())
+        if data.get("processor_class") not in (None, standard):
+            data["processor_class"] = standard
+            f.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _write_generation_config(folder: Path, tokenizer: Any) -> None:
+    """A generation config from the model config (and the tokenizer's EOS / pad ids)."""
+    from transformers import AutoConfig, GenerationConfig
+
+    gen = GenerationConfig.from_model_config(AutoConfig.from_pretrained(str(folder)))
+    if tokenizer is not None:
+        if gen.eos_token_id is None and tokenizer.eos_token_id is not None:
+            gen.eos_token_id = int(tokenizer.eos_token_id)
+        if gen.pad_token_id is None and tokenizer.pad_token_id is not None:
+            gen.pad_token_id = int(tokenizer.pad_token_id)
+    gen.save_pretrained(str(folder))
+
+
+def check_hf_folder(folder: str | Path) -> None:
+    """Raise :class:`RlzooError` unless ``folder`` has a typed config, weights and a tokenizer."""
+    folder = Path(folder)
+    problems = []
+    cfg = folder / "config.json"
+    if not cfg.is_file():
+        problems.append("config.json is missing")
+    elif "model_type" not in json.loads(cfg.read_text()):
+        problems.append("config.json has no model_type")
+    if not list(folder.glob("*.safetensors")):
+        problems.append("no *.safetensors weights")
+    if not (folder / "tokenizer_config.json").is_file():
+        problems.append("no tokenizer (tokenizer_config.json)")
+    if problems:
+        raise RlzooError(f"export {folder} is not a loadable HF folder: " + "; ".join(problems))
+
+
+# ---------------------------------------------------------------------------------------------
+# from a checkpoint (rlzoo export)
+# ---------------------------------------------------------------------------------------------
+def _checkpoint(run_dir: Path, step: int | None) -> Path:
+    root = run_dir / "checkpoints"
+    steps = sorted(
+        (int(p.name.split("_", 1)[1]) for p in root.glob("step_*") if p.name.split("_", 1)[1].isdigit()),
+    )
+    if step is not None:
+        path = root / f"step_{step}"
+        if not path.is_dir():
+            have = ", ".join(map(str, steps)) or "none"
+            raise RlzooError(f"{run_dir} has no checkpoint of step {step} (checkpoints of steps: {have})")
+        return path
+    latest = root / "latest"
+    if latest.is_file() and (root / latest.read_text().strip()).is_dir():
+        return root / latest.read_text().strip()
+    if steps:
+        return root / f"step_{steps[-1]}"
+    raise RlzooError(f"{run_dir} has no checkpoint under {root} (set trainer.save_freq to write some)")
+
+
+def load_run_config(run_dir: str | Path) -> Any:
+    """The :class:`~rlzoo.config.RecipeConfig` a run directory's ``config.yaml`` records.
+
+    ``config.yaml`` notes which plugin provided each part (``{name, plugin, **params}``); the
+    ``plugin`` notes are dropped before binding (the names are looked up again).
+    """
+    import yaml
+
+    from rlzoo.config import load_config
+
+    def strip(obj: Any) -> Any:
+        if isinstance(obj, dict):
+            return {k: strip(v) for k, v in obj.items() if not (k == "plugin" and "name" in obj)}
+        if isinstance(obj, list):
+            return [strip(v) for v in obj]
+        return obj
+
+    return load_config(strip(yaml.safe_load((Path(run_dir) / "config.yaml").read_text())))
+
+
+def export_checkpoint(run_dir: str | Path, out_dir: str | Path, *, step: int | None = None) -> Path:
+    """Export checkpoint ``step`` (default: the latest) of ``run_dir`` as an HF folder at ``out_dir``.
+
+    Without any checkpoint, a run's ``final/`` is copied when ``step`` is None. The train backend
+    named in ``run_dir/config.yaml`` is rebuilt in this process (local placement).
+    """
+    run_dir = Path(run_dir).expanduser()
+    cfg_file = run_dir / "config.yaml"
+    if not cfg_file.is_file():
+        hint = (
+            " (no such folder)" if not run_dir.exists() else " (is it a run directory? rlzoo train prints it)"
+        )
+        raise RlzooError(f"{cfg_file} not found{hint}")
+    if step is None and not (run_dir / "checkpoints").is_dir() and final_dir(run_dir).is_dir():
+        out = Path(out_dir).expanduser()
+        shutil.copytree(final_dir(run_dir), out, dirs_exist_ok=True)
+        return out
+    ckpt = _checkpoint(run_dir, step)
+
+    from rlzoo.runners.common import expand, load_processor, load_tokenizer, train_spec
+
+    cfg = load_run_config(run_dir)
+    tokenizer = load_tokenizer(cfg)
+    sel = cfg.trainer.backend
+    backend = sel.fn(sel.params, train_spec(cfg, cfg.trainer.total_steps or 1, tokenizer))
+    try:
+        backend.load_checkpoint(ckpt)
+        return export_model(
+            backend, expand(cfg.model.path), out_dir, tokenizer=tokenizer, processor=load_processor(cfg)
+        )
+    finally:
+        shutdown = getattr(backend, "shutdown", None)
+        if callable(shutdown):
+            shutdown()

@@ -1,0 +1,224 @@
+"""A run's model as a standard HF folder (rlzoo.export): final/, export/step_K/, rlzoo export.
+
+The exported folder is loaded with plain transformers (``AutoModelForCausalLM``, ``AutoTokenizer``,
+``AutoProcessor``) and its log-probs, computed here with a bare HF forward, must equal the trainer's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlzoo.batch import Batch
+from rlzoo.errors import RlzooError
+from rlzoo.export import HFExportable, export_model, load_run_config
+
+QUIET = ["run.progress=false", "run.loggers=[jsonl]", "trainer.val_before_train=false"]
+
+
+def hf_log_probs(model: Any, batch: Batch) -> torch.Tensor:
+    """log p(response token | prefix) with a bare HF forward: logits at t predict token t + 1."""
+    ids, attn = batch["input_ids"], batch["attention_mask"]  # [B, P + T]
+    T = batch["responses"].shape[1]
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits.float()  # [B, P+T, V]
+    logp = torch.log_softmax(logits[:, -T - 1 : -1], dim=-1)  # [B, T, V]
+    return logp.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1) * batch["response_mask"]  # [B, T]
+
+
+def text_batch(tok: Any) -> Batch:
+    from rlzoo.protocols import Sample
+    from rlzoo.runners.common import samples_to_batch
+
+    msgs = [[{"role": "user", "content": f"first of {a} {b}"}] for a, b in ((3, 7), (5, 1), (2, 2))]
+    prompts = [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True) for m in msgs]
+    prompts = [
+        list(p["input_ids"]) if isinstance(p, dict) or hasattr(p, "keys") else list(p) for p in prompts
+    ]
+    eos = int(tok.eos_token_id)
+    resps = [[tok.convert_tokens_to_ids("3"), eos], [tok.convert_tokens_to_ids("1")], [eos]]
+    samples = [
+        Sample(f"r{i}", 0, p, r, [0.0] * len(r), [0] * len(r), "stop")
+        for i, (p, r) in enumerate(zip(prompts, resps))
+    ]
+    batch = samples_to_batch(samples, None, pad_token_id=int(tok.pad_token_id))
+    return batch
+
+
+@pytest.fixture(scope="module")
+def quickstart_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The quickstart task's data, word-level tokenizer and tiny Qwen2 model (offline)."""
+    from rlzoo.tasks._quickstart import prepare
+    from rlzoo.tasks.quickstart import QuickstartDataParams
+
+    out = tmp_path_factory.mktemp("quickstart")
+    prepare(out, QuickstartDataParams())
+    return out
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory, quickstart_dir: Path) -> Path:
+    """A 3-step quickstart run (native backend) with a checkpoint at steps 2 and 3 and exports."""
+    from rlzoo.compose import build_run
+
+    out = tmp_path_factory.mktemp("export") / "run"
+    run = build_run(
+        "quickstart",
+        [
+            *QUIET,
+            f"data.dir={quickstart_dir}",
+            "trainer.total_steps=3",
+            "trainer.save_freq=2",
+            "run.export_every=2",
+            f"run.output_dir={out}",
+        ],
+    )
+    run.train()
+    return out
+
+
+def test_final_loads_in_plain_transformers_and_matches_the_trainer(run_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlzoo.backends.native.train import NativeTrainBackend
+    from rlzoo.data.tokenizer import load_tokenizer
+    from rlzoo.runners.common import train_spec
+
+    final = run_dir / "final"
+    for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer_config.json"):
+        assert (final / name).is_file(), name
+    assert (final / "chat_template.jinja").is_file() or "chat_template" in json.loads(
+        (final / "tokenizer_config.json").read_text()
+    )
+    assert not (final / "COMPLETE").exists()  # an HF folder, not a checkpoint
+    assert (run_dir / "export" / "step_2" / "model.safetensors").is_file()
+    assert "timing_s/export" in json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+
+    # the tokenizer: rlzoo's loader gives the run's tokenizer back; AutoTokenizer loads the same vocab
+    rcfg = load_run_config(run_dir)
+    run_tok = load_tokenizer(rcfg.model.path)
+    src = load_tokenizer(final)
+    text = run_tok.apply_chat_template([{"role": "user", "content": "last of 4 9"}], tokenize=False)
+    assert src(text)["input_ids"] == run_tok(text)["input_ids"]
+    assert src.chat_template == run_tok.chat_template and src.chat_template
+    auto_tok = AutoTokenizer.from_pretrained(final)
+    assert auto_tok.get_vocab() == run_tok.get_vocab()
+    assert auto_tok.chat_template == run_tok.chat_template
+
+    # the weights: the exported model's log-probs == the trainer's after the last step (checkpoint 3)
+    model = AutoModelForCausalLM.from_pretrained(final).eval()
+    batch = text_batch(src)
+    be = NativeTrainBackend(rcfg.trainer.backend.params, train_spec(rcfg, 3, src))
+    be.load_checkpoint(run_dir / "checkpoints" / "step_3")
+    trainer_lp, _ = be.compute_log_probs(batch)
+    torch.testing.assert_close(hf_log_probs(model, batch), trainer_lp, atol=1e-5, rtol=0)
+    # and they differ from the base model's: the export carries the trained weights
+    base = AutoModelForCausalLM.from_pretrained(rcfg.model.path).eval()
+    assert not torch.allclose(hf_log_probs(base, batch), trainer_lp, atol=1e-4)
+
+
+def test_cli_export_from_a_checkpoint(run_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from rlzoo.cli import main
+
+    out = tmp_path / "step2"
+    assert main(["export", str(run_dir), "--step", "2", "--out", str(out)]) == 0
+    AutoModelForCausalLM.from_pretrained(out)
+    mine = load_file(out / "model.safetensors")
+    during_run = load_file(run_dir / "export" / "step_2" / "model.safetensors")
+    assert mine.keys() == during_run.keys()
+    for k in mine:
+        torch.testing.assert_close(mine[k], during_run[k], atol=0, rtol=0)
+    latest = tmp_path / "latest"
+    assert main(["export", str(run_dir), "--out", str(latest)]) == 0  # the latest checkpoint: step 3
+    final = load_file(run_dir / "final" / "model.safetensors")
+    for k, v in load_file(latest / "model.safetensors").items():
+        torch.testing.assert_close(v, final[k], atol=0, rtol=0)
+
+
+def test_cli_export_names_the_checkpoints_it_has(run_dir: Path, tmp_path: Path, capsys: Any) -> None:
+    from rlzoo.cli import main
+
+    assert main(["export", str(run_dir), "--step", "7", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "no checkpoint of step 7" in err and "2, 3" in err
+    assert main(["export", str(tmp_path / "nope"), "--out", str(tmp_path / "x")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+
+
+def test_a_backend_without_export_hf_is_refused(tmp_path: Path) -> None:
+    class NoExport:
+        pass
+
+    assert not isinstance(NoExport(), HFExportable)
+    with pytest.raises(RlzooError, match="export_hf"):
+        export_model(NoExport(), None, tmp_path / "out")
+
+
+@pytest.mark.distributed
+def test_fsdp2_export_is_the_gathered_model(tmp_path: Path) -> None:
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlzoo.backends.fsdp2 import FSDP2Params
+    from rlzoo.backends.fsdp2.train import FSDP2TrainBackend
+    from rlzoo.models.tiny import build_tiny_qwen2
+    from rlzoo.protocols import TrainSpec
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    src = tmp_path / "base"
+    _, tok = build_tiny_qwen2(src, seed=3)
+    be = FSDP2TrainBackend(FSDP2Params(device="cpu"), TrainSpec(model_path=str(src)))
+    try:
+        with torch.no_grad():  # move the weights away from the base model's
+            for p in be.actor.parameters():
+                p.add_(0.01)
+        out = export_model(be, src, tmp_path / "final", tokenizer=tok)
+        batch = text_batch(tok)
+        trainer_lp, _ = be.compute_log_probs(batch)
+    finally:
+        be.shutdown()
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    torch.testing.assert_close(hf_log_probs(model, batch), trainer_lp, atol=1e-5, rtol=0)
+    assert AutoTokenizer.from_pretrained(out).get_vocab() == tok.get_vocab()
+    assert (out / "generation_config.json").is_file()
+
+
+def test_vision_language_export_carries_the_processor(tmp_path: Path) -> None:
+    from transformers import AutoConfig, AutoImageProcessor
+
+    from rlzoo.backends.native.train import NativeTrainBackend
+    from rlzoo.backends.native.train_params import NativeTrainParams
+    from rlzoo.models.processor import load_processor
+    from rlzoo.models.tiny import build_tiny_qwen2_5_vl
+    from rlzoo.protocols import TrainSpec
+
+    src = tmp_path / "vl"
+    _, processor = build_tiny_qwen2_5_vl(src)
+    be = NativeTrainBackend(NativeTrainParams(device="cpu"), TrainSpec(model_path=str(src)))
+    out = export_model(be, src, tmp_path / "final", tokenizer=processor.tokenizer, processor=processor)
+    assert (out / "preprocessor_config.json").is_file() or (out / "processor_config.json").is_file()
+    # AutoProcessor needs torchvision for Qwen's video processor; rlzoo's loader falls back to the
+    # image-only processor exactly as it does for the source folder
+    loaded = load_processor(str(out))
+    assert type(loaded).__name__ == type(load_processor(str(src))).__name__
+    from PIL import Image
+
+    img = Image.new("RGB", (56, 56), (255, 0, 0))
+    mine = AutoImageProcessor.from_pretrained(out)(images=[img], return_tensors="pt")
+    theirs = processor.image_processor(images=[img], return_tensors="pt")
+    torch.testing.assert_close(mine["pixel_values"], theirs["pixel_values"])
+    assert loaded.tokenizer.get_vocab() == processor.tokenizer.get_vocab()
+    assert AutoConfig.from_pretrained(out).model_type == AutoConfig.from_pretrained(src).model_type
+    reloaded = type(be.actor).from_pretrained(out)
+    theirs = be.actor.state_dict()
+    for k, v in reloaded.state_dict().items():
+        torch.testing.assert_close(v, theirs[k], atol=0, rtol=0)
