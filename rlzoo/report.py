@@ -360,7 +360,10 @@ def _draw(ax: Any, panel: Panel, runs: Sequence[RunData], smooth: float | None =
     n_lines = len(all_left) + len(all_right)
     for r_i, (run, lk, rk) in enumerate(zip(runs, left, right)):
         drawn: dict[str, tuple[list[int], list[float]]] = {}
-        for side, keys, axis in (("left", lk, ax), ("right", rk, ax2)):
+        sides: list[tuple[str, list[str], Any]] = [("left", lk, ax)]
+        if ax2 is not None:
+            sides.append(("right", rk, ax2))
+        for side, keys, axis in sides:
             for k in keys:
                 x, y = series(run.records, k)
                 if not x:
