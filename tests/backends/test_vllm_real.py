@@ -1,0 +1,200 @@
+"""The vllm rollout backend's engine-side path against the real vLLM 0.32 package, on CPU.
+
+What runs without a GPU (vLLM's CPU platform, ``VLLM_TARGET_DEVICE=cpu``; the CUDA wheel has no
+CPU kernels, so no generation): the engine config vLLM builds from :func:`engine_args`, the
+``SamplingParams`` built from :func:`vllm_sampling_kwargs`, the worker extension mixed into
+vLLM's worker class the way vLLM does it, and one weight update end to end — trainer names →
+buckets → shared memory → the RPC argument through vLLM's own msgpack encoder / decoder → the
+extension's ``rlzoo_load_weights`` → vLLM's own ``Qwen2ForCausalLM.load_weights`` (a real vLLM
+model built on CPU) — compared with the HF weights it came from.
+
+Skipped with a reason when vLLM is not importable (the default dev install). Run by
+``scripts/check-vllm-cpu.sh``, which builds a separate venv with vLLM 0.32.0 on CPU torch.
+"""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vllm is imported: its CPU platform
+
+try:
+    import vllm  # noqa: F401
+
+    VLLM_ERROR = None
+except Exception as e:  # ImportError, or a CUDA-built torchvision / torchcodec failing to load
+    VLLM_ERROR = f"vllm not importable: {type(e).__name__}: {e}"
+
+pytestmark = pytest.mark.skipif(VLLM_ERROR is not None, reason=VLLM_ERROR or "")
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):  # type: ignore[no-untyped-def]
+    from rlzoo.testing.backends import save_tiny_qwen2
+
+    d = tmp_path_factory.mktemp("vllm-real")
+    return {
+        "tied": save_tiny_qwen2(d / "tied", seed=0, tie=True),
+        "untied": save_tiny_qwen2(d / "untied", seed=0, tie=False),
+        "other_tied": save_tiny_qwen2(d / "other_tied", seed=1, tie=True),
+        "other_untied": save_tiny_qwen2(d / "other_untied", seed=1, tie=False),
+    }
+
+
+def _spec(path):  # type: ignore[no-untyped-def]
+    from rlzoo.protocols import RolloutSpec
+
+    return RolloutSpec(
+        model_path=str(path), tokenizer_path=str(path), seed=5, max_prompt_length=16, max_response_length=32
+    )
+
+
+def _engine_config(path, **params):  # type: ignore[no-untyped-def]
+    from vllm import AsyncEngineArgs
+
+    from rlzoo.backends.vllm import VLLMRolloutParams
+    from rlzoo.backends.vllm.rollout import engine_args
+
+    p = VLLMRolloutParams(**{"dtype": "float32", "enforce_eager": True, **params})
+    return AsyncEngineArgs(**engine_args(p, _spec(path))).create_engine_config()
+
+
+def test_engine_args_build_vllms_engine_config(tiny) -> None:  # type: ignore[no-untyped-def]
+    from rlzoo.backends.vllm.rollout import WORKER_EXTENSION
+
+    cfg = _engine_config(tiny["untied"], max_num_seqs=7, logprobs_mode="raw_logprobs")
+    assert cfg.parallel_config.worker_extension_cls == WORKER_EXTENSION
+    assert cfg.model_config.max_model_len == 48  # max_prompt 16 + max_response 32
+    assert cfg.model_config.skip_tokenizer_init is True
+    assert cfg.model_config.dtype == torch.float32
+    assert cfg.model_config.logprobs_mode == "raw_logprobs"
+    assert cfg.model_config.seed == 5 and cfg.scheduler_config.max_num_seqs == 7
+
+
+def test_sampling_params_are_accepted_by_vllm() -> None:
+    from vllm import SamplingParams as VSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    from rlzoo.backends.vllm.logic import vllm_sampling_kwargs
+    from rlzoo.protocols import SamplingParams
+
+    sp = SamplingParams(n=4, temperature=0.7, top_p=0.9, top_k=-1, max_new_tokens=20, stop_token_ids=[9])
+    v = VSamplingParams(
+        **vllm_sampling_kwargs(sp, max_tokens=12, seed=42, eos_token_ids=(1,)),
+        output_kind=RequestOutputKind.DELTA,
+    )
+    assert (v.n, v.temperature, v.top_p, v.top_k, v.max_tokens, v.seed) == (1, 0.7, 0.9, 0, 12, 42)
+    assert sorted(v.stop_token_ids) == [1, 9] and v.ignore_eos and v.logprobs == 0 and not v.detokenize
+    greedy = VSamplingParams(**vllm_sampling_kwargs(SamplingParams(greedy=True), max_tokens=3, seed=None))
+    assert greedy.temperature == 0.0 and greedy.seed is None
+
+
+def test_tensors_as_rpc_arguments_lose_their_data() -> None:
+    """Why update_weights never passes tensors to collective_rpc: vLLM's encoder keeps the tensor's
+    data in a side buffer that the engine core's RPC channel does not carry as a tensor; decoded
+    without a type, the argument is ``[dtype, shape, index]``."""
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    x = torch.randn(64, 32).to(torch.bfloat16)
+    method, args, _ = MsgpackDecoder().decode(MsgpackEncoder().encode(("m", ([("w", x)],), {})))
+    ((name, arrived),) = args[0]
+    assert name == "w" and not isinstance(arrived, torch.Tensor)
+    assert arrived[:2] == ["bfloat16", [64, 32]]
+
+
+def _worker_class():  # type: ignore[no-untyped-def]
+    """vLLM's GPU worker with the extension mixed in, checked as vLLM's WorkerWrapperBase does."""
+    from vllm.v1.worker.gpu_worker import Worker
+
+    from rlzoo.backends.vllm.worker_ext import RlzooWorkerExtension
+
+    clash = [a for a in dir(RlzooWorkerExtension) if not a.startswith("__") and hasattr(Worker, a)]
+    assert not clash, f"vLLM refuses an extension whose names the worker has: {clash}"
+    return type("ExtendedWorker", (Worker, RlzooWorkerExtension), {})
+
+
+def _vllm_model(cfg):  # type: ignore[no-untyped-def]
+    """A real vLLM Qwen2ForCausalLM on CPU (random init), in a 1-process gloo world."""
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import (
+        ensure_model_parallel_initialized,
+        init_distributed_environment,
+        model_parallel_is_initialized,
+    )
+    from vllm.model_executor.model_loader.utils import initialize_model
+    from vllm.utils.network_utils import get_open_port
+
+    with set_current_vllm_config(cfg):
+        if not model_parallel_is_initialized():
+            init_distributed_environment(
+                world_size=1,
+                rank=0,
+                distributed_init_method=f"tcp://127.0.0.1:{get_open_port()}",
+                local_rank=0,
+                backend="gloo",
+            )
+            ensure_model_parallel_initialized(1, 1)
+        with torch.device("cpu"):
+            return initialize_model(vllm_config=cfg)
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_weight_update_end_to_end_through_vllms_serialiser(tiny, tie: bool) -> None:  # type: ignore[no-untyped-def]
+    from transformers import AutoModelForCausalLM
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    from rlzoo.backends.vllm.logic import iter_bucketed, map_names
+    from rlzoo.backends.vllm.transfer import write_bucket
+
+    key = "tied" if tie else "untied"
+    cfg = _engine_config(tiny[key])
+    worker = _worker_class().__new__(_worker_class())
+    worker.model_runner = SimpleNamespace(model=_vllm_model(cfg))
+    worker.vllm_config = cfg
+    new = AutoModelForCausalLM.from_pretrained(str(tiny["other_" + key])).float().state_dict()
+
+    # tiny buckets (one tensor each): a tied lm_head arrives alone, which vLLM's loader refuses
+    # unless the extension drops it (the driver only knows tying from the config it could read)
+    named = map_names(new.items(), tie_word_embeddings=False)
+    loaded = 0
+    enc, dec = MsgpackEncoder(), MsgpackDecoder()
+    for bucket in iter_bucketed(named, lambda t: t.numel() * t.element_size(), 1):
+        ref = write_bucket(bucket)
+        try:
+            method, args, _ = dec.decode(enc.encode(("rlzoo_load_weights", (ref.to_rpc(),), {})))
+            loaded += getattr(worker, method)(*args)
+        finally:
+            os.unlink(ref.path)
+    assert loaded == len(new) - (1 if tie else 0)
+
+    got = dict(worker.model_runner.model.named_parameters())
+    for i in range(2):
+        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        qkv = torch.cat([new[a + "q_proj.weight"], new[a + "k_proj.weight"], new[a + "v_proj.weight"]])
+        assert torch.equal(got[a + "qkv_proj.weight"], qkv)
+        bias = torch.cat([new[a + "q_proj.bias"], new[a + "k_proj.bias"], new[a + "v_proj.bias"]])
+        assert torch.equal(got[a + "qkv_proj.bias"], bias)
+        assert torch.equal(
+            got[m + "gate_up_proj.weight"],
+            torch.cat([new[m + "gate_proj.weight"], new[m + "up_proj.weight"]]),
+        )
+        assert torch.equal(got[m + "down_proj.weight"], new[m + "down_proj.weight"])
+    assert torch.equal(got["model.embed_tokens.weight"], new["model.embed_tokens.weight"])
+    assert torch.equal(worker.model_runner.model.lm_head.weight, new["lm_head.weight"])
+
+
+def test_multimodal_engine_args_keep_the_tokenizer() -> None:
+    from vllm import AsyncEngineArgs
+
+    from rlzoo.backends.vllm import VLLMRolloutParams
+    from rlzoo.backends.vllm.rollout import engine_args
+    from rlzoo.protocols import RolloutSpec
+
+    spec = RolloutSpec(model_path="/m", tokenizer_path="/m")
+    args = AsyncEngineArgs(**engine_args(VLLMRolloutParams(), spec, multimodal=True))
+    assert args.skip_tokenizer_init is False
