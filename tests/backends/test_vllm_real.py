@@ -101,7 +101,7 @@ def test_tensors_as_rpc_arguments_lose_their_data() -> None:
     from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
     x = torch.randn(64, 32).to(torch.bfloat16)
-    method, args, _ = MsgpackDecoder().decode(MsgpackEncoder().encode(("m", ([("w", x)],), {})))
+    _method, args, _ = MsgpackDecoder().decode(MsgpackEncoder().encode(("m", ([("w", x)],), {})))
     ((name, arrived),) = args[0]
     assert name == "w" and not isinstance(arrived, torch.Tensor)
     assert arrived[:2] == ["bfloat16", [64, 32]]
