@@ -160,6 +160,11 @@ class RewardSection:
         default_factory=dict,
         metadata={"kind": "scorer", "help": "scorer per data source (data_source -> part)", "mapping": True},
     )
+    max_failed_steps: int = param(
+        3,
+        help="abort the run (with the scorer's last error) when every sample failed scoring in this many "
+        "consecutive steps; 0: never abort (failures are still counted in reward/failed)",
+    )
 
 
 @dataclass
@@ -232,7 +237,11 @@ class RecipeConfig:
     trainer: TrainerSection = param(TrainerSection(), help="training loop")
     runner: Any = part("runner", "sync", help="the loop: sync, one_step_off, fully_async")
     placement: PlacementSection = param(PlacementSection(), help="where the parts run")
-    resume: bool = param(False, help="continue from the latest checkpoint in run.output_dir")
+    resume: bool | int | Literal["latest"] = param(
+        False,
+        help="continue the run in run.output_dir from a checkpoint: true / latest (the newest complete one) "
+        "or a step number; its saved config.yaml is the source of truth, overrides given now change it",
+    )
     recipe: str | None = param(None, help="name of the recipe this came from (informational)")
     defaults: Any = param(None, help="(Hydra defaults list; ignored after composition)")
 

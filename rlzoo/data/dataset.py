@@ -253,18 +253,25 @@ class PromptDataset:
         )
 
     def _load(self) -> None:
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         stats = self.filter_stats
         pending: list[dict[str, Any]] = []
         warned_no_processor = False
         for file in self.files:
-            schema = pq.read_schema(file)
-            gt_col = ground_truth_column(schema.names)
-            assert gt_col is not None  # validate_files checked it
-            columns = ["data_source", self.prompt_key, gt_col]
-            columns += [c for c in OPTIONAL_COLUMNS if c in schema.names and c not in columns]
-            rows = pq.read_table(file, columns=columns).to_pylist()
+            try:
+                schema = pq.read_schema(file)
+                gt_col = ground_truth_column(schema.names)
+                assert gt_col is not None  # validate_files checked it
+                columns = ["data_source", self.prompt_key, gt_col]
+                columns += [c for c in OPTIONAL_COLUMNS if c in schema.names and c not in columns]
+                rows = pq.read_table(file, columns=columns).to_pylist()
+            except (OSError, ValueError, pa.ArrowException) as exc:
+                raise DataError(
+                    f"{file}: cannot read this parquet file ({type(exc).__name__}: {exc}); it may be "
+                    "truncated or corrupt: prepare it again (delete it and rerun, or `rlzoo prepare`)"
+                ) from exc
             base = Path(file).parent
             for r, row in enumerate(rows):
                 stats.total += 1

@@ -116,6 +116,10 @@ def schema_problems(path: str | Path, schema: pa.Schema, *, prompt_key: str = "p
                 f"{path}: column 'reward_model' must be a struct with a 'ground_truth' field "
                 f"(verl's layout), got {t}"
             )
+        else:
+            problems += _ground_truth_type(path, "reward_model.ground_truth", t.field("ground_truth").type)
+    else:
+        problems += _ground_truth_type(path, "ground_truth", schema.field("ground_truth").type)
     if prompt_key in names:
         t = schema.field(prompt_key).type
         ok = pa.types.is_string(t) or pa.types.is_large_string(t)
@@ -128,6 +132,22 @@ def schema_problems(path: str | Path, schema: pa.Schema, *, prompt_key: str = "p
                 f"and 'content') or a string, got {t}"
             )
     return problems
+
+
+def _ground_truth_type(path: str | Path, column: str, t: Any) -> list[str]:
+    """A ground truth is a string; integers and floats are read as their decimal text
+    (:func:`row_ground_truth`); anything else (a list, a struct, a bool) is refused."""
+    import pyarrow as pa
+
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t):
+        return []
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return []
+    return [
+        f"{path}: column {column!r} must hold the answer as a string (numbers are read as their decimal "
+        f"text), got {t}; scorers compare one answer string, so turn it into one when preparing the data "
+        "(e.g. pick the canonical answer, or join the accepted ones and use a scorer that splits them)"
+    ]
 
 
 def validate_files(files: str | Path | Iterable[str | Path], *, prompt_key: str = "prompt") -> None:
@@ -167,7 +187,13 @@ def row_ground_truth(row: Mapping[str, Any], column: str) -> Any:
     """The ground truth of one row read from ``column`` (see :func:`ground_truth_column`)."""
     value = row.get(column)
     if column == "reward_model":
-        return value.get("ground_truth") if isinstance(value, Mapping) else None
+        value = value.get("ground_truth") if isinstance(value, Mapping) else None
+    if isinstance(value, bool):
+        return value  # refused by the schema check; left as is
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
     return value
 
 

@@ -187,7 +187,9 @@ class TrainLoop:
                         s.save(step, self.payload(step))
                     m["timing_s/save_checkpoint"] = timer.seconds["save_checkpoint"]
                 m.update(s.export(step, s.total_steps))  # HF folders export/step_K/ + final/ (rlzoo.export)
+                m.update(s.reward_failures.end_step(step))  # rlzoo.failures (H5)
                 rows.append(s.metrics.log(step, m))
+                s.reward_failures.check()  # all samples failed scoring too many steps in a row: abort
                 t_prev = time.perf_counter()
         except KeyboardInterrupt as exc:
             src.fail(exc)

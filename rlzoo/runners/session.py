@@ -20,6 +20,7 @@ import torch
 
 from rlzoo.config import RecipeConfig, Selection
 from rlzoo.errors import ConfigError
+from rlzoo.failures import RewardFailures
 from rlzoo.metrics import MetricsLogger
 from rlzoo.placement import make_placement
 from rlzoo.protocols import GenerationRequest, RewardResult, Sample
@@ -117,6 +118,7 @@ class Session:
         self.greedy_baseline = bool(cfg.algorithm.advantage.capability("needs_greedy_baseline"))
         self.reward_manager = build_reward_manager(cfg)
         self.placement = make_placement(cfg)
+        self.reward_failures = RewardFailures(cfg.reward.max_failed_steps)  # rlzoo.failures (H5)
         self.rollout_spec = rollout_spec(cfg, self.tokenizer)
         tb: Selection = cfg.trainer.backend
         rb: Selection = cfg.rollout.backend
@@ -184,7 +186,10 @@ class Session:
         return make_requests(items, sampling, prefix=f"s{step}r{attempt}", processor=self.processor)
 
     def score(self, samples: list[Sample]) -> list[RewardResult]:
-        return score_samples(self.reward_manager, self.tokenizer, samples)
+        """Score training samples (counted by ``reward_failures``)."""
+        results = score_samples(self.reward_manager, self.tokenizer, samples)
+        self.reward_failures.record(results)
+        return results
 
     def keep(self, samples: Sequence[Sample], results: Sequence[RewardResult]) -> list[bool]:
         """The sample filter's keep mask, judged on ``sample_filter.metric`` (all kept without a filter)."""
@@ -205,7 +210,7 @@ class Session:
             samples += self.rollout.generate(
                 make_requests(chunk, sampling, prefix=f"val{start}", processor=self.processor)
             )
-        results = self.score(samples)
+        results = score_samples(self.reward_manager, self.tokenizer, samples)
         return validation_metrics(samples, results, sampling.n)
 
     def save(self, step: int, payload: dict[str, Any]) -> Path:

@@ -404,3 +404,55 @@ def test_loader_over_prompt_dataset(tmp_path: Path, tokenizer: Any) -> None:
     again = PromptLoader(PromptDataset([f], tokenizer), 2)
     again.load_state_dict(state)
     assert ids(next(again)) == ids(next(loader))
+
+
+# ---------------------------------------------------------------------------------------------
+# unreadable files and answers of the wrong type
+# ---------------------------------------------------------------------------------------------
+def test_parquet_corrupted_mid_file_names_the_file(tmp_path: Path, tokenizer: Any) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "train.parquet"
+    rows = [chat_row(f"question number {i} " + "x" * 200, ground_truth=str(i)) for i in range(200)]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    data = bytearray(path.read_bytes())
+    footer = int.from_bytes(data[-8:-4], "little")  # the footer (schema) stays intact
+    end = len(data) - 8 - footer  # the column chunks end here
+    data[4 : end - 4] = b"\xff" * (end - 8)  # a write that died mid-file
+    path.write_bytes(bytes(data))
+    pq.read_schema(path)  # the columns still check out
+    with pytest.raises(DataError) as e:
+        PromptDataset([str(path)], tokenizer, max_prompt_length=512)
+    assert str(path) in str(e.value) and "corrupt" in str(e.value)
+
+
+def test_ground_truth_must_be_a_string_or_a_number(tmp_path: Path, tokenizer: Any) -> None:
+    listy = write_rows(tmp_path / "list.parquet", [chat_row("q", ground_truth=["4", "four"])])
+    with pytest.raises(SchemaError, match=r"'reward_model.ground_truth' must hold the answer as a string"):
+        PromptDataset([str(listy)], tokenizer, max_prompt_length=512)
+    flat = write_rows(
+        tmp_path / "flat.parquet",
+        [{k: v for k, v in chat_row("q").items() if k != "reward_model"} | {"ground_truth": [1]}],
+    )
+    with pytest.raises(SchemaError, match=r"'ground_truth' must hold the answer as a string .*got list"):
+        PromptDataset([str(flat)], tokenizer, max_prompt_length=512)
+    # numbers are read as their decimal text
+    nums = write_rows(
+        tmp_path / "num.parquet", [chat_row("a", ground_truth=18), chat_row("b", ground_truth=7)]
+    )
+    assert [
+        item["ground_truth"] for item in PromptDataset([str(nums)], tokenizer, max_prompt_length=512)
+    ] == [
+        "18",
+        "7",
+    ]
+    floats = write_rows(
+        tmp_path / "f.parquet", [chat_row("a", ground_truth=2.0), chat_row("b", ground_truth=0.5)]
+    )
+    assert [
+        item["ground_truth"] for item in PromptDataset([str(floats)], tokenizer, max_prompt_length=512)
+    ] == [
+        "2",
+        "0.5",
+    ]

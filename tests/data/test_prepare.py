@@ -349,3 +349,24 @@ def test_builtin_module_is_import_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_gsm8k_row_without_an_answer_is_dropped_not_a_crash(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import json
+
+    from rlzoo.data.prepare import gsm8k
+
+    f = tmp_path / "gsm8k_test.jsonl"
+    rows = [
+        {"question": "1+1?", "answer": "2\n#### 2"},
+        {"question": "2+2?", "answer": None},  # used to raise TypeError in final_answer
+        {"question": None, "answer": "x\n#### 3"},
+    ]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with caplog.at_level("WARNING", logger="rlzoo.data.prepare"):
+        out = gsm8k.prepare(tmp_path / "out", {"source": str(f), "splits": ["test"]})
+    assert [r["reward_model"]["ground_truth"] for r in read(out["test"])] == ["2"]
+    assert "dropped 2 of 3" in caplog.text
+    assert gsm8k.final_answer(None) is None

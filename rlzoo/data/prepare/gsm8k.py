@@ -33,12 +33,13 @@ INSTRUCTION = 'Let\'s think step by step and output the final answer after "####
 MARKER = "####"
 
 
-def final_answer(solution: str) -> str | None:
+def final_answer(solution: Any) -> str | None:
     """The text after the last ``####`` of a GSM8K solution, without thousands separators.
 
-    ``"... so 72.\\n#### 1,072"`` -> ``"1072"``; None when there is no ``####`` or nothing after it.
+    ``"... so 72.\\n#### 1,072"`` -> ``"1072"``; None when there is no ``####`` or nothing after it,
+    or no solution at all (a null / non-string cell).
     """
-    if MARKER not in solution:
+    if not isinstance(solution, str) or MARKER not in solution:
         return None
     answer = solution.rsplit(MARKER, 1)[1].strip().replace(",", "")
     return answer or None
@@ -59,10 +60,17 @@ def prepare(out_dir: Path, params: Any = None) -> dict[str, Path]:
         require_columns(ds, UPSTREAM_COLUMNS, NAME, p.source)
         ds = head(ds, p.limit)
         n = len(ds)
-        ds = ds.filter(lambda row: final_answer(row["answer"]) is not None, keep_in_memory=True)
+        ds = ds.filter(
+            lambda row: (
+                final_answer(row["answer"]) is not None
+                and isinstance(row["question"], str)
+                and bool(row["question"].strip())
+            ),
+            keep_in_memory=True,
+        )
         if len(ds) < n:
             logger.warning(
-                "%s %s: dropped %d of %d row(s) whose answer has no final '%s <answer>' line",
+                "%s %s: dropped %d of %d row(s) with no question or no answer with a final '%s <answer>' line",
                 NAME,
                 written,
                 n - len(ds),
