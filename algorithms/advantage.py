@@ -115,12 +115,68 @@ class GRPOPassKParams:
     epsilon: float = param(1e-6, help="added to the std")
 
 
+@dataclass(frozen=True)
+class GDPOParams:
+    """GDPO: GRPO-normalise each reward component within its group, sum with weights, whiten.
+
+    A = whiten(sum_k w_k (r_k - mean_group(r_k)) / (std_group(r_k) + eps)) over the batch's valid
+    tokens, so a dominant reward does not drown a weaker one. The components come from the reward
+    manager (reward_components [B, K]); with none, the outcome reward is the single component.
+    Group reward-Decoupled Normalization, https://arxiv.org/abs/2601.05242.
+    """
+
+    reward_keys: list[str] = param(
+        [], help="names of the reward components (verl's gdpo_reward_keys), in reward_components order"
+    )
+    reward_weights: list[float] = param(
+        [], help="weight per component (verl's gdpo_reward_weights); []: all 1"
+    )
+    norm_by_std: bool = param(True, help="divide each component by its group std")
+    epsilon: float = param(1e-6, help="added to the std")
+
+
+@dataclass(frozen=True)
+class OptimalTokenBaselineParams:
+    """Optimal token baseline: a per-position group baseline weighted by path variance.
+
+    A_t = G_t - B_t, B_t = sum_i G_it W_it / sum_i W_it over the group, with W_t = sum_{j<=t}
+    (1 - 2 pi_j + sum_v pi_v^2) (times the squared rollout IS weight when there is one). Needs
+    old_log_probs and sum_pi_squared from the train backend. A group of one gets B = 0.
+    verl 0.9.1's optimal_token_baseline (core_algos.compute_optimal_token_baseline_advantage).
+    """
+
+    handle_zero_tail: bool = param(
+        True, help="the group's single longest response gets B = 0 past the second-longest length"
+    )
+    epsilon: float = param(1e-8, help="added to the sum of W")
+
+
+@dataclass(frozen=True)
+class TIROptimalTokenBaselineParams:
+    """Optimal token baseline for multi-turn / tool responses: positions count valid tokens only.
+
+    As optimal_token_baseline, after packing each response's unmasked tokens to the left, so
+    tool-observation spans do not shift the positions compared across the group; empty responses
+    take no part. verl's tir_optimal_token_baseline.
+    """
+
+    handle_zero_tail: bool = param(
+        True, help="the group's single longest response gets B = 0 past the second-longest length"
+    )
+    epsilon: float = param(1e-8, help="added to the sum of W")
+
+
 @hookimpl
 def rlzoo_register_advantages(registry):  # type: ignore[no-untyped-def]
     group = {"needs_group": True}
     registry.register("gae", f"{_IMPL}:gae", params=GAEParams, capabilities={"needs_critic": True})
-    registry.register("grpo", f"{_IMPL}:grpo", params=GRPOParams, capabilities=group)
-    registry.register("rloo", f"{_IMPL}:rloo", params=RLOOParams, capabilities=group)
+    # verl's *_vectorized estimators are the same formulas (see docs: a group of one under rloo)
+    registry.register(
+        "grpo", f"{_IMPL}:grpo", params=GRPOParams, capabilities=group, aliases=("grpo_vectorized",)
+    )
+    registry.register(
+        "rloo", f"{_IMPL}:rloo", params=RLOOParams, capabilities=group, aliases=("rloo_vectorized",)
+    )
     registry.register(
         "reinforce_plus_plus",
         f"{_IMPL}:reinforce_plus_plus",
@@ -141,3 +197,17 @@ def rlzoo_register_advantages(registry):  # type: ignore[no-untyped-def]
     registry.register("opo", f"{_IMPL}:opo", params=OPOParams, capabilities=group)
     registry.register("gpg", f"{_IMPL}:gpg", params=GPGParams, capabilities=group)
     registry.register("grpo_passk", f"{_IMPL}:grpo_passk", params=GRPOPassKParams, capabilities=group)
+    registry.register("gdpo", f"{_IMPL}:gdpo", params=GDPOParams, capabilities=group)
+    otb = {**group, "needs_old_log_probs": True}
+    registry.register(
+        "optimal_token_baseline",
+        f"{_IMPL}:optimal_token_baseline",
+        params=OptimalTokenBaselineParams,
+        capabilities=otb,
+    )
+    registry.register(
+        "tir_optimal_token_baseline",
+        f"{_IMPL}:tir_optimal_token_baseline",
+        params=TIROptimalTokenBaselineParams,
+        capabilities=otb,
+    )

@@ -64,6 +64,16 @@ class K3PlusParams:
     """
 
 
+@dataclass(frozen=True)
+class FullParams:
+    """full: the exact KL(p || p_ref) = sum over the vocabulary of p (log p - log p_ref), per token.
+
+    Needs log-probabilities over the whole vocabulary ([B, T, V]) for both policies, which no
+    built-in train backend hands to the KL today; verl 0.9.1 lists 'full' but raises
+    NotImplementedError. Schulman, http://joschu.net/blog/kl-approx.html.
+    """
+
+
 @hookimpl
 def rlzoo_register_kls(registry):  # type: ignore[no-untyped-def]
     registry.register("k1", f"{_IMPL}:k1", params=K1Params, capabilities=_CAPS, aliases=("kl",))
@@ -74,6 +84,7 @@ def rlzoo_register_kls(registry):  # type: ignore[no-untyped-def]
     registry.register("k3", f"{_IMPL}:k3", params=K3Params, capabilities=_CAPS, aliases=("low_var_kl",))
     registry.register("k1+", f"{_IMPL}:k1_plus", params=K1PlusParams, capabilities=_CAPS, aliases=("kl+",))
     registry.register("abs+", f"{_IMPL}:abs_kl_plus", params=AbsPlusParams, capabilities=_CAPS)
+    registry.register("full", f"{_IMPL}:full", params=FullParams, capabilities=_CAPS)
     registry.register(
         "k3+", f"{_IMPL}:k3_plus", params=K3PlusParams, capabilities=_CAPS, aliases=("low_var_kl+",)
     )

@@ -179,6 +179,21 @@ class KLCovParams:
             raise ValueError(f"kl_cov_ratio must be > 0, got {self.kl_cov_ratio}")
 
 
+@dataclass(frozen=True)
+class DROParams:
+    """DRO: policy gradient with a quadratic penalty on the log-ratio, instead of a clip.
+
+    l = -(A log pi - beta / 2 (log pi - log pi_old)^2) (verl's dro loss, its dro_beta).
+    Direct Reward Optimization, Richemond et al. 2024, https://arxiv.org/abs/2405.19107.
+    """
+
+    beta: float = param(0.1, help="weight of the (log pi - log pi_old)^2 / 2 penalty (> 0; verl's dro_beta)")
+
+    def __post_init__(self) -> None:
+        if not self.beta > 0:
+            raise ValueError(f"dro beta must be > 0, got {self.beta}")
+
+
 _OLD = {"needs_old_log_probs": True}
 _SEQ_MEAN = {"fixed_aggregation": "seq-mean-token-mean"}
 #: Not a well-known key: the loss selects tokens from statistics of the micro-batch it is given,
@@ -206,6 +221,7 @@ def rlzoo_register_policy_losses(registry):  # type: ignore[no-untyped-def]
     )
     registry.register("dppo_tv", f"{_IMPL}:dppo_tv", params=DPPOTVParams, capabilities=_OLD)
     registry.register("dppo_kl", f"{_IMPL}:dppo_kl", params=DPPOKLParams, capabilities=_OLD)
+    registry.register("dro", f"{_IMPL}:dro", params=DROParams, capabilities=_OLD)
     registry.register(
         "clip_cov", f"{_IMPL}:clip_cov", params=ClipCovParams, capabilities={**_OLD, **_BATCH_STATS}
     )

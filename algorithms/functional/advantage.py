@@ -27,16 +27,19 @@ from rlzoo.protocols import AdvantageInputs, AdvantageOutput
 
 __all__ = [
     "gae",
+    "gdpo",
     "gpg",
     "group_index",
     "grpo",
     "grpo_passk",
     "masked_whiten",
     "opo",
+    "optimal_token_baseline",
     "reinforce_plus_plus",
     "reinforce_plus_plus_baseline",
     "remax",
     "rloo",
+    "tir_optimal_token_baseline",
 ]
 
 
@@ -259,3 +262,155 @@ def remax(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
     baseline = inputs.baseline_rewards.to(rewards.dtype).unsqueeze(-1)  # [B, 1]
     advantages = (returns - baseline * mask) * mask  # [B, T]
     return AdvantageOutput(advantages=advantages, returns=returns * mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# decoupled multi-reward GRPO and optimal token baselines
+# ---------------------------------------------------------------------------------------------
+@torch.no_grad()
+def gdpo(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+    """GDPO (verl ``compute_gdpo_outcome_advantage``): GRPO per reward component, weighted sum,
+    then whitened over the batch's valid tokens.
+
+    Components come from ``inputs.reward_components [B, K]``; without them (and with no
+    ``reward_keys`` asked for) the single outcome reward is the one component, as in verl.
+    """
+    mask = inputs.response_mask.to(inputs.token_level_rewards.dtype)  # [B, T]
+    comps = inputs.reward_components
+    if comps is None:
+        if params.reward_keys:
+            raise ValueError(
+                f"advantage 'gdpo' was given reward_keys {list(params.reward_keys)} but no "
+                "reward_components [B, K]: the reward manager must return those keys per sample"
+            )
+        comps = _outcome_scores(inputs).unsqueeze(-1)  # [B, 1]
+    comps = comps.to(mask.dtype)  # [B, K]
+    k = comps.shape[-1]
+    if params.reward_keys and len(params.reward_keys) != k:
+        raise ValueError(f"gdpo: {len(params.reward_keys)} reward_keys but {k} reward components")
+    weights = list(params.reward_weights) if params.reward_weights else [1.0] * k
+    if len(weights) != k:
+        raise ValueError(f"gdpo: reward_weights has {len(weights)} entries, expected one per component ({k})")
+    inverse, num_groups = group_index(inputs.group_ids, "gdpo")
+    total = torch.zeros_like(comps[:, 0])  # [B]
+    for j in range(k):
+        scores = comps[:, j]  # [B]
+        count, mean, std = _group_stats(scores, inverse, num_groups)  # [G]
+        single = count == 1  # [G]
+        mean = torch.where(single, torch.zeros_like(mean), mean)
+        std = torch.where(single, torch.ones_like(std), std)
+        adv = scores - mean[inverse]  # [B]
+        if params.norm_by_std:
+            adv = adv / (std[inverse] + params.epsilon)
+        total = total + float(weights[j]) * adv
+    summed = total.unsqueeze(-1) * mask  # [B, T]
+    advantages = masked_whiten(summed, mask) * mask  # [B, T]
+    return AdvantageOutput(advantages=advantages, returns=advantages)
+
+
+def _token_baseline(
+    returns: Tensor,
+    w_cum: Tensor,
+    mask: Tensor,
+    inverse: Tensor,
+    num_groups: int,
+    handle_zero_tail: bool,
+    epsilon: float,
+) -> Tensor:
+    """Per-position group baseline ``B_t = sum_i G_it W_it / (sum_i W_it + eps)`` ``[B, T]``.
+
+    A group of one gets baseline 0. With ``handle_zero_tail`` a group's single longest response
+    gets baseline 0 from the second-longest length on (nothing to compare it with there).
+    """
+    num = torch.zeros(num_groups, returns.shape[1], dtype=returns.dtype, device=returns.device)
+    den = torch.zeros_like(num)  # [G, T]
+    num.index_add_(0, inverse, returns * w_cum * mask)
+    den.index_add_(0, inverse, w_cum * mask)
+    baseline = (num / (den + epsilon))[inverse]  # [B, T]
+    count = torch.bincount(inverse, minlength=num_groups)  # [G]
+    baseline = baseline * (count[inverse] > 1).to(baseline.dtype).unsqueeze(-1)  # [B, T]
+    if handle_zero_tail:
+        lengths = mask.sum(-1)  # [B]
+        neg = torch.full((num_groups,), -1.0, dtype=lengths.dtype, device=lengths.device)
+        longest = neg.scatter_reduce(0, inverse, lengths, "amax")  # [G]
+        is_max = lengths == longest[inverse]  # [B]
+        n_max = torch.zeros(num_groups, dtype=torch.long, device=lengths.device)
+        n_max.index_add_(0, inverse, is_max.long())  # [G]
+        others = torch.where(is_max, torch.full_like(lengths, -1.0), lengths)  # [B]
+        second = neg.scatter_reduce(0, inverse, others, "amax")  # [G]
+        unique = is_max & (n_max[inverse] == 1) & (count[inverse] > 1)  # [B]
+        positions = torch.arange(mask.shape[1], device=mask.device, dtype=lengths.dtype)  # [T]
+        tail = unique.unsqueeze(-1) & (positions.unsqueeze(0) >= second[inverse].unsqueeze(-1))  # [B, T]
+        baseline = baseline.masked_fill(tail, 0.0)
+    return baseline
+
+
+def _otb_parts(inputs: AdvantageInputs, name: str) -> tuple[Tensor, Tensor, Tensor]:
+    """``(mask, returns-to-go, W cumulative)`` ``[B, T]`` of the optimal token baselines."""
+    if inputs.old_log_probs is None or inputs.sum_pi_squared is None:
+        raise ValueError(
+            f"advantage {name!r} needs old_log_probs and sum_pi_squared [B, T] (sum over the "
+            "vocabulary of pi^2 per token, from the train backend's old-log-prob forward)"
+        )
+    rewards = inputs.token_level_rewards
+    mask = inputs.response_mask.to(rewards.dtype)  # [B, T]
+    returns = (rewards * mask).flip(-1).cumsum(-1).flip(-1)  # [B, T] reward-to-go
+    # ||s_t||^2 proxy 1 - 2 pi_t + sum_v pi_v^2; with IS weights scaled by rho^2
+    w = 1.0 - 2.0 * inputs.old_log_probs.to(rewards.dtype).exp() + inputs.sum_pi_squared.to(rewards.dtype)
+    if inputs.rollout_is_weights is not None:
+        w = w * inputs.rollout_is_weights.to(rewards.dtype).square()  # [B, T]
+    w = torch.where(mask > 0, w, torch.zeros_like(w))  # padding may hold anything
+    w_cum = (w * mask).cumsum(-1)  # [B, T] W_t = sum_{j <= t} w_j
+    return mask, returns, w_cum
+
+
+@torch.no_grad()
+def optimal_token_baseline(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+    """Optimal token baseline (verl ``compute_optimal_token_baseline_advantage``).
+
+    ``A_t = G_t - B_t`` with the per-position group baseline ``B_t = E[G_t W_t] / E[W_t]``,
+    ``W_t`` the cumulative path-variance proxy ``sum_{j <= t} (1 - 2 pi_j + sum_v pi_v^2)``.
+    """
+    mask, returns, w_cum = _otb_parts(inputs, "optimal_token_baseline")
+    inverse, num_groups = group_index(inputs.group_ids, "optimal_token_baseline")
+    baseline = _token_baseline(
+        returns, w_cum, mask, inverse, num_groups, params.handle_zero_tail, params.epsilon
+    )  # [B, T]
+    return AdvantageOutput(advantages=(returns - baseline) * mask, returns=returns * mask)
+
+
+@torch.no_grad()
+def tir_optimal_token_baseline(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+    """Multi-turn optimal token baseline (verl ``compute_multi_turn_optimal_token_baseline_advantage``).
+
+    As :func:`optimal_token_baseline`, but positions are counted in valid tokens: each response's
+    unmasked tokens are packed to the left first, so tool-observation spans inside a response do
+    not shift the positions compared across the group. Empty responses take no part.
+    """
+    mask, returns, w_cum = _otb_parts(inputs, "tir_optimal_token_baseline")
+    inverse, _ = group_index(inputs.group_ids, "tir_optimal_token_baseline")
+    b_idx, t_idx = mask.nonzero(as_tuple=True)  # valid tokens
+    pos = (mask.cumsum(-1) - 1).long()[b_idx, t_idx]  # their rank within the response
+    packed_r = torch.zeros_like(returns)  # [B, T]
+    packed_w = torch.zeros_like(returns)  # [B, T]
+    packed_m = torch.zeros_like(returns)  # [B, T]
+    packed_r[b_idx, pos] = returns[b_idx, t_idx]
+    packed_w[b_idx, pos] = w_cum[b_idx, t_idx]
+    packed_m[b_idx, pos] = 1.0
+    rows = (mask.sum(-1) > 0).nonzero(as_tuple=True)[0]  # [B'] non-empty responses
+    advantages = torch.zeros_like(returns)  # [B, T]
+    if rows.numel():
+        sub_inv, sub_groups = group_index(inverse[rows], "tir_optimal_token_baseline")
+        baseline = _token_baseline(
+            packed_r[rows],
+            packed_w[rows],
+            packed_m[rows],
+            sub_inv,
+            sub_groups,
+            params.handle_zero_tail,
+            params.epsilon,
+        )  # [B', T]
+        packed_adv = torch.zeros_like(returns)
+        packed_adv[rows] = (packed_r[rows] - baseline) * packed_m[rows]
+        advantages[b_idx, t_idx] = packed_adv[b_idx, pos]
+    return AdvantageOutput(advantages=advantages * mask, returns=returns * mask)

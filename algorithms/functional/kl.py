@@ -27,6 +27,7 @@ __all__ = [
     "abs_kl",
     "abs_kl_plus",
     "apply_kl_penalty",
+    "full",
     "k1",
     "k1_plus",
     "k2",
@@ -55,6 +56,19 @@ def k3(log_probs: Tensor, ref_log_probs: Tensor, params: Any = None) -> Tensor:
     """``exp(log p_ref - log p) - (log p_ref - log p) - 1``, clamped like verl's ``low_var_kl``."""
     kl = torch.clamp(ref_log_probs - log_probs, min=-20, max=20)  # [B, T]
     return torch.clamp(torch.exp(kl) - kl - 1, min=-10, max=10)  # [B, T]
+
+
+def full(log_probs: Tensor, ref_log_probs: Tensor, params: Any = None) -> Tensor:
+    """Exact ``KL(p || p_ref) = sum_v p_v (log p_v - log p_ref_v)`` per token, from ``[B, T, V]``
+    log-probabilities over the whole vocabulary (verl's ``full``, which verl 0.9.1 leaves
+    unimplemented). Returns ``[B, T]``."""
+    if log_probs.dim() != 3 or ref_log_probs.shape != log_probs.shape:
+        raise ValueError(
+            "kl 'full' needs log-probabilities over the whole vocabulary, [B, T, V] for both the "
+            f"policy and the reference; got {tuple(log_probs.shape)} and {tuple(ref_log_probs.shape)} "
+            "(per-token log-probs of the sampled tokens only fit k1 / k2 / k3)"
+        )
+    return (log_probs.exp() * (log_probs - ref_log_probs)).sum(-1)  # [B, T]
 
 
 def straight_through(value: Tensor, log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:

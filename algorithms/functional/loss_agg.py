@@ -91,7 +91,7 @@ def seq_mean_token_sum_norm(
     Dr. GRPO's constant normaliser (https://arxiv.org/abs/2503.20783): every token of every
     sequence weighs the same, independent of the response lengths in the batch.
     """
-    scale = getattr(params, "loss_scale_factor", None)
+    scale = None if params is None else params.loss_scale_factor  # params None: the defaults
     if scale is None:
         scale = ctx.max_response_length
     seq_sum = _masked(per_token_loss, mask).sum(dim=-1)  # [B]

@@ -24,6 +24,7 @@ __all__ = [
     "clip_cov",
     "dppo_kl",
     "dppo_tv",
+    "dro",
     "geo_mean",
     "gpg",
     "gspo",
@@ -184,6 +185,18 @@ def gpg(inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput:
     loss = _reduce(pg_losses, inputs)
     ppo_kl = _masked_mean(-(inputs.log_probs - inputs.old_log_probs), mask)
     return PolicyLossOutput(loss, _metrics(0.0, ppo_kl, 0.0))
+
+
+def dro(inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput:
+    """DRO (verl ``dro``): policy gradient with a quadratic log-ratio penalty, no clip.
+
+    l = -(A log pi - beta / 2 (log pi - log pi_old)^2); the log-ratio is not clamped (as verl).
+    """
+    mask = _float_mask(inputs)
+    log_ratio = _log_ratio(inputs, clamp=False)  # [B, T]
+    pg_losses = -(inputs.log_probs * inputs.advantages - 0.5 * float(params.beta) * log_ratio.square())
+    loss = _reduce(pg_losses, inputs)
+    return PolicyLossOutput(loss, _metrics(0.0, _masked_mean(-log_ratio, mask), 0.0))
 
 
 def geo_mean(inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput:

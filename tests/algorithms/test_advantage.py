@@ -355,6 +355,9 @@ EXPECTED_CAPS = {
     "opo": {"needs_group": True},
     "gpg": {"needs_group": True},
     "grpo_passk": {"needs_group": True},
+    "gdpo": {"needs_group": True},
+    "optimal_token_baseline": {"needs_group": True, "needs_old_log_probs": True},
+    "tir_optimal_token_baseline": {"needs_group": True, "needs_old_log_probs": True},
 }
 
 
@@ -373,4 +376,102 @@ def test_registered_with_capabilities_and_docs(name):
 def test_aliases_and_light_module():
     reg = rlzoo.get_plugin_manager().registry("advantage")
     assert reg.get("reinforce++").name == "reinforce_plus_plus"
+    assert reg.get("grpo_vectorized").name == "grpo"  # verl's vectorized estimators: same formulas
+    assert reg.get("rloo_vectorized").name == "rloo"
     assert "torch" not in vars(adv_mod)  # the registration module does not import torch
+
+
+# --------------------------------------------------------------------------- gdpo
+def _grpo_adv(xs, groups, eps=1e-6):
+    out = []
+    for i, x in enumerate(xs):
+        g = [xs[j] for j in range(len(xs)) if groups[j] == groups[i]]
+        m = sum(g) / len(g)
+        sd = math.sqrt(sum((v - m) ** 2 for v in g) / (len(g) - 1))
+        out.append((x - m) / (sd + eps))
+    return out
+
+
+def _whiten(xs):
+    m = sum(xs) / len(xs)
+    var = sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
+    return [(x - m) / math.sqrt(var + 1e-8) for x in xs]
+
+
+def test_gdpo_normalises_each_component_then_whitens():
+    # two groups of two, one-token responses; components r1 = 1, 0 | 1, 3 and r2 = 0, 2 | 0, 0
+    groups = [0, 0, 1, 1]
+    r1, r2 = [1.0, 0.0, 1.0, 3.0], [0.0, 2.0, 0.0, 0.0]
+    comps = torch.tensor([r1, r2], dtype=torch.float64).t()  # [B, K]
+    mask = torch.ones(4, 1, dtype=torch.float64)
+    inputs = AdvantageInputs(
+        torch.zeros(4, 1, dtype=torch.float64), mask, torch.tensor(groups), reward_components=comps
+    )
+    out = call("gdpo", inputs, reward_keys=["acc", "format"], reward_weights=[1.0, 0.5])
+    a1, a2 = _grpo_adv(r1, groups), _grpo_adv(r2, groups)  # group 1 of r2 is all-equal: 0
+    want = _whiten([x + 0.5 * y for x, y in zip(a1, a2)])
+    torch.testing.assert_close(out.advantages[:, 0], torch.tensor(want, dtype=torch.float64))
+    # summing the rewards first (GRPO) gives different advantages: the point of decoupling
+    summed = _whiten(_grpo_adv([x + 0.5 * y for x, y in zip(r1, r2)], groups))
+    assert not torch.allclose(out.advantages[:, 0], torch.tensor(summed, dtype=torch.float64))
+
+
+def test_gdpo_without_components_is_whitened_grpo_and_keys_need_components():
+    inp = make_inputs()
+    out = call("gdpo", inp)
+    grpo = call("grpo", inp).advantages
+    torch.testing.assert_close(out.advantages, F.masked_whiten(grpo, inp.response_mask) * inp.response_mask)
+    with pytest.raises(ValueError, match="reward_components"):
+        call("gdpo", inp, reward_keys=["acc", "format"])
+    with pytest.raises(ValueError, match="reward_weights"):
+        call("gdpo", make_inputs(reward_components=torch.ones(6, 2)), reward_weights=[1.0])
+
+
+# --------------------------------------------------------------------------- optimal token baseline
+def _otb_inputs(mask_rows, reward_rows, ids=(0, 0)):
+    mask = torch.tensor(mask_rows, dtype=torch.float64)
+    # pi = .5 and sum pi^2 = .5 everywhere: w_t = 1 - 2 * .5 + .5 = .5
+    half = torch.full_like(mask, 0.5)
+    return AdvantageInputs(
+        torch.tensor(reward_rows, dtype=torch.float64),
+        mask,
+        torch.tensor(ids),
+        old_log_probs=half.log(),
+        sum_pi_squared=half,
+    )
+
+
+def test_optimal_token_baseline_hand_worked():
+    # response 0: length 3, reward 1; response 1: length 2, reward 0. W: .5, 1, 1.5 and .5, 1
+    # B_0 = (1 * .5 + 0 * .5) / 1 = .5; B_1 = (1 * 1 + 0) / 2 = .5; B_2 = 1.5 / 1.5 = 1
+    inp = _otb_inputs([[1, 1, 1], [1, 1, 0]], [[0, 0, 1.0], [0, 0, 0]])
+    out = call("optimal_token_baseline", inp, handle_zero_tail=False)
+    torch.testing.assert_close(
+        out.advantages, torch.tensor([[0.5, 0.5, 0.0], [-0.5, -0.5, 0.0]], dtype=torch.float64)
+    )
+    torch.testing.assert_close(out.returns, torch.tensor([[1.0, 1, 1], [0, 0, 0]], dtype=torch.float64))
+    # zero tail: response 0 is the single longest, so past length 2 its baseline is 0
+    out = call("optimal_token_baseline", inp)
+    torch.testing.assert_close(
+        out.advantages, torch.tensor([[0.5, 0.5, 1.0], [-0.5, -0.5, 0.0]], dtype=torch.float64)
+    )
+    # a group of one: no baseline, the advantage is the return
+    alone = _otb_inputs([[1, 1, 1], [1, 1, 0]], [[0, 0, 1.0], [0, 0, 0]], ids=(0, 1))
+    torch.testing.assert_close(
+        call("optimal_token_baseline", alone).advantages,
+        alone.token_level_rewards.flip(-1).cumsum(-1).flip(-1) * alone.response_mask,
+    )
+    with pytest.raises(ValueError, match="sum_pi_squared"):
+        call("optimal_token_baseline", make_inputs())
+
+
+def test_tir_optimal_token_baseline_counts_valid_tokens_only():
+    # response 0 has an observation span at t=1: its valid tokens are t = 0, 2, 3
+    inp = _otb_inputs([[1, 0, 1, 1], [1, 1, 0, 0]], [[0, 0, 0, 1.0], [0, 0, 0, 0]])
+    tir = call("tir_optimal_token_baseline", inp)
+    # packed, this is the previous example: .5, .5, 1 and -.5, -.5
+    want = torch.tensor([[0.5, 0.0, 0.5, 1.0], [-0.5, -0.5, 0.0, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(tir.advantages, want)
+    # by padded position, t=2 of response 0 meets t=2 of response 1 (masked): another baseline
+    flat = call("optimal_token_baseline", inp)
+    assert not torch.allclose(flat.advantages, want)

@@ -112,9 +112,21 @@ def test_apply_kl_penalty_fully_masked_row_is_finite():
 
 def test_registration():
     reg = rlzoo.get_plugin_manager().registry("kl")
-    assert set(reg.names()) == {"k1", "abs", "k2", "k3", "k1+", "abs+", "k3+"}
+    assert set(reg.names()) == {"k1", "abs", "k2", "k3", "k1+", "abs+", "k3+", "full"}
     for comp in reg:
         assert comp.capability("needs_reference") is True
         assert comp.summary
         comp.load()
     assert reg.get("low_var_kl").name == "k3" and reg.get("low_var_kl+").name == "k3+"
+
+
+def test_full_is_the_exact_kl_over_the_vocabulary():
+    # p = (.5, .5), p_ref = (.25, .75): KL = .5 log(.5 / .25) + .5 log(.5 / .75) = .5 log 2 + .5 log(2/3)
+    p = torch.tensor([[[0.5, 0.5]]], dtype=torch.float64).log()
+    q = torch.tensor([[[0.25, 0.75]]], dtype=torch.float64).log()
+    out = call("full", p, q)
+    assert out.shape == (1, 1)
+    torch.testing.assert_close(out, torch.tensor([[0.5 * LOG2 + 0.5 * math.log(2 / 3)]], dtype=torch.float64))
+    assert call("full", p, p).abs().max() < 1e-12
+    with pytest.raises(ValueError, match=r"\[B, T, V\]"):
+        call("full", LP, REF)

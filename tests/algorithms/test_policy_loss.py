@@ -19,6 +19,7 @@ D = torch.float64
 AGGS = {"token-mean": A.token_mean, "seq-mean-token-mean": A.seq_mean_token_mean}
 LOSSES = {
     "ppo_clip": (F.ppo_clip, P.PPOClipParams()),
+    "dro": (F.dro, P.DROParams()),
     "gspo": (F.gspo, P.GSPOParams()),
     "cispo": (F.cispo, P.CISPOParams()),
     "sapo": (F.sapo, P.SAPOParams()),
@@ -426,3 +427,18 @@ def test_registration():
     assert reg.get("sapo").capability("fixed_aggregation") == "seq-mean-token-mean"
     assert reg.get("geo_mean").capability("fixed_aggregation") == "seq-mean-token-mean"
     assert reg.get("gpg").capability("needs_old_log_probs") is False
+
+
+def test_dro_hand_worked():
+    # pi = .5, pi_old = .25: log r = log 2; A = 2, beta = .5
+    # l = -(A log pi - beta / 2 (log r)^2) = -(2 log .5 - .25 log(2)^2)
+    # dl / dlog pi = -(A - beta log r) = -(2 - .5 log 2)
+    inputs, lp = make([[math.log(0.5)]], [[math.log(0.25)]], [[2.0]], [[1.0]])
+    out = F.dro(inputs, P.DROParams(beta=0.5))
+    l2 = math.log(2.0)
+    torch.testing.assert_close(out.loss, t(-(2 * math.log(0.5) - 0.25 * l2**2)))
+    torch.testing.assert_close(grad(out, lp), t([[-(2 - 0.5 * l2)]]))
+    torch.testing.assert_close(out.metrics["ppo_kl"], t(-l2))
+    assert out.metrics["pg_clipfrac"] == 0
+    with pytest.raises(ValueError, match="beta"):
+        P.DROParams(beta=0.0)
