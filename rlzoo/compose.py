@@ -105,6 +105,8 @@ class Run:
         self.config = config
         self.pm = pm
         self.run_dir: Path | None = None
+        self.lock: Any = None  # the run directory's one-writer lock (rlzoo.runners.checkpoint.RunLock)
+        self.resume_info: Any = None  # set by build_run for a resume from a saved config.yaml
 
     # -- the run directory ----------------------------------------------------------------------
     def make_run_dir(self) -> Path:
@@ -124,8 +126,16 @@ class Run:
                 n += 1
                 path = Path(rc.dir).expanduser() / f"{rc.name}-{stamp}-{n}"
         path.mkdir(parents=True, exist_ok=True)
+        from rlzoo.runners.checkpoint import RunLock
+
+        self.lock = RunLock(path).acquire()  # one writer per run directory, before anything is written
         self.run_dir = path.resolve()
-        self.record()
+        if self.resume_info is not None:  # the saved config.yaml stays the record; log what changed
+            from rlzoo.runners.rundir import record_resume
+
+            record_resume(self.resume_info)
+        else:
+            self.record()
         return self.run_dir
 
     def record(self) -> None:
@@ -164,7 +174,12 @@ class Run:
     def train(self) -> dict[str, Any]:
         """Run the selected runner to the end; returns its summary."""
         self.make_run_dir()
-        result: dict[str, Any] = self.build_runner().run()
+        try:
+            result: dict[str, Any] = self.build_runner().run()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+                self.lock = None
         return result
 
 
@@ -200,8 +215,14 @@ def build_run(
             [f"{k}: not a part slot; slots are {', '.join(sorted(OBJECT_SLOTS))}" for k in unknown],
             header="build_run got unknown keyword arguments",
         )
-    cfg = load_config(config, list(overrides or ()), pm)
+    from rlzoo.runners.rundir import load_resumed
+
+    # a resume continues the run directory's saved config, changed only by the overrides given now
+    resumed = load_resumed(list(overrides or ()), pm) if isinstance(config, str) else None
+    cfg = resumed[0] if resumed is not None else load_config(config, list(overrides or ()), pm)
     for slot, obj in objects.items():
         kind, path = OBJECT_SLOTS[slot]
         _set_path(cfg, path, _selection_for(kind, path, obj))
-    return Run(cfg, pm)
+    run = Run(cfg, pm)
+    run.resume_info = resumed[1] if resumed is not None else None
+    return run

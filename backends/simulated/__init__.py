@@ -49,6 +49,10 @@ class SimulatedTrainParams:
     forward_s_per_token: float = param(2e-6, help="seconds per token of a forward pass on one device")
     update_s_per_token: float = param(6e-6, help="seconds per token of a forward + backward on one device")
     export_s: float = param(0.0, help="seconds exporting weights takes")
+    checkpoint_bytes: int = param(4096, help="bytes of the weights file a checkpoint writes")
+    checkpoint_s: float = param(
+        0.0, help="seconds a checkpoint write takes (spent half-way through the weights)"
+    )
 
 
 @hookimpl

@@ -291,6 +291,15 @@ class SimulatedTrainBackend:
     def save_checkpoint(self, path: Path, extra_state: Mapping[str, Any]) -> None:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
+        # "weights": a file as large as a model shard would be, written in two halves with the
+        # configured write time between them (so tests can kill a process mid-write)
+        half = max(0, self.params.checkpoint_bytes // 2)
+        with open(path / "weights.bin", "wb") as fh:
+            fh.write(bytes(half))
+            fh.flush()
+            if self.params.checkpoint_s > 0:
+                time.sleep(self.params.checkpoint_s)
+            fh.write(bytes(self.params.checkpoint_bytes - half))
         (path / "simulated.json").write_text(
             json.dumps({"version": self.version, "extra_state": dict(extra_state)})
         )

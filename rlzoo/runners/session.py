@@ -80,6 +80,7 @@ class Session:
         self.cfg = cfg
         self.runner_name = desc
         self.run_dir: Path = run.make_run_dir()
+        # make_run_dir took the one-writer lock; a run object without one gets it here
         self.lock = getattr(run, "lock", None) or RunLock(self.run_dir).acquire()
         self._closed = False
         try:
@@ -117,8 +118,8 @@ class Session:
         self.filter_metric = str(getattr(self.filter.params, "metric", "reward")) if self.filter else "reward"
         self.greedy_baseline = bool(cfg.algorithm.advantage.capability("needs_greedy_baseline"))
         self.reward_manager = build_reward_manager(cfg)
-        self.placement = make_placement(cfg)
         self.reward_failures = RewardFailures(cfg.reward.max_failed_steps)  # rlzoo.failures (H5)
+        self.placement = make_placement(cfg)
         self.rollout_spec = rollout_spec(cfg, self.tokenizer)
         tb: Selection = cfg.trainer.backend
         rb: Selection = cfg.rollout.backend
@@ -295,5 +296,6 @@ class Session:
         placement = getattr(self, "placement", None)
         if placement is not None:
             placement.shutdown()
-        if self.lock is not getattr(self.run, "lock", None):
-            self.lock.release()
+        self.lock.release()
+        if getattr(self.run, "lock", None) is self.lock:
+            self.run.lock = None
