@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata as md
 import os
+import sys
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlzoo.backends.megatron",
     "rlzoo.runners",
     "rlzoo.tasks.quickstart",
+    "rlzoo.tasks.smollm2",
     "rlzoo.backends.simulated",
     "rlzoo.recipes",
 )
@@ -175,6 +177,16 @@ class PluginManager:
                 )
                 continue
             self._register(plugin, ep.name, info)
+            try:
+                self.check_pending()
+            except PluginError as exc:  # a misspelt hook: skip this plugin, keep the others
+                self._pm.unregister(name=ep.name)
+                info.status, info.error, info.hooks = "failed", str(exc), []
+                warnings.warn(
+                    f"rlzoo plugin {ep.name!r} (from {dist or ep.value}) was skipped: {exc}",
+                    PluginLoadWarning,
+                    stacklevel=2,
+                )
 
     def _register(self, plugin: object, name: str, info: PluginInfo) -> None:
         try:
@@ -207,22 +219,24 @@ class PluginManager:
         self._registries = None
 
     def check_pending(self) -> None:
-        """Fail if a plugin implements a hook that does not exist (a misspelt hook name)."""
-        known = {k for k in dir(hookspecs) if k.startswith("rlzoo_")}
-        for name, caller in self._pm.hook.__dict__.items():
-            if name.startswith("_") or caller.spec is not None:
-                continue
-            for impl in caller.get_hookimpls():
-                if impl.optionalhook:  # pluggy >= 1.0 (there is no hookimpl_config)
-                    continue
-                from rlzoo.errors import closest
+        """Fail if a plugin implements a hook that does not exist (a misspelt hook name).
 
-                near = closest(name, known)
-                hint = f"; did you mean {near[0]!r}?" if near else ""
-                raise PluginError(
-                    f"plugin {impl.plugin_name!r} implements unknown hook {name!r}{hint} "
-                    f"Known hooks: {', '.join(sorted(known))}"
-                )
+        pluggy's ``check_pending`` finds it; the error names the plugin, the hook and the closest
+        known hook.
+        """
+        try:
+            self._pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            from rlzoo.errors import closest
+
+            known = sorted(k for k in dir(hookspecs) if k.startswith("rlzoo_"))
+            hook = _unknown_hook(self._pm, known)
+            near = closest(hook, known) if hook else []
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            plugin = exc.plugin if isinstance(exc.plugin, str) else self._pm.get_name(exc.plugin)
+            raise PluginError(
+                f"plugin {plugin!r} implements unknown hook {hook!r}{hint} Known hooks: {', '.join(known)}"
+            ) from exc
 
     # -- registries -----------------------------------------------------------------------------
     def registries(self) -> dict[str, Registry[Any]]:
@@ -232,17 +246,16 @@ class PluginManager:
             for kind in KINDS:
                 reg: Registry[Any] = Registry(kind.name)
                 caller = getattr(self._pm.hook, kind.hook)
-                # pluggy keeps implementations last-registered-first; register in load order.
-                for impl in reversed(caller.get_hookimpls()):
-                    try:
-                        impl.function(registry=Registrar(reg, impl.plugin_name))
-                    except PluginError:
-                        raise
-                    except Exception as exc:
-                        raise PluginError(
-                            f"plugin {impl.plugin_name!r} failed in hook {kind.hook}: "
-                            f"{type(exc).__name__}: {exc}"
-                        ) from exc
+                owners = {_code(impl.function): impl.plugin_name for impl in caller.get_hookimpls()}
+                try:
+                    caller(registry=HookRegistrar(reg, owners))  # pluggy's caller: order, wrappers
+                except PluginError:
+                    raise
+                except Exception as exc:
+                    plugin = _owner_in_traceback(exc, owners) or "?"
+                    raise PluginError(
+                        f"plugin {plugin!r} failed in hook {kind.hook}: {type(exc).__name__}: {exc}"
+                    ) from exc
                 regs[kind.name] = reg
             self._registries = regs
             for info in self._info.values():
@@ -277,6 +290,56 @@ class PluginManager:
     @property
     def pluggy(self) -> pluggy.PluginManager:
         return self._pm
+
+
+def _unknown_hook(pm: pluggy.PluginManager, known: Iterable[str]) -> str | None:
+    """The first implemented hook name that has no spec."""
+    for name, caller in vars(pm.hook).items():
+        if name.startswith("_") or name in known or getattr(caller, "spec", None) is not None:
+            continue
+        if any(not impl.optionalhook for impl in caller.get_hookimpls()):
+            return str(name)
+    return None
+
+
+def _code(fn: Any) -> Any:
+    return getattr(getattr(fn, "__func__", fn), "__code__", None)
+
+
+def _owner_in_traceback(exc: BaseException, owners: dict[Any, str]) -> str | None:
+    """The plugin whose hook implementation is on ``exc``'s traceback (innermost wins)."""
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        found = owners.get(tb.tb_frame.f_code, found)
+        tb = tb.tb_next
+    return found
+
+
+class HookRegistrar(Registrar[Any]):
+    """The registry one hook call hands to every implementation (through pluggy's hook caller).
+
+    Each part is stamped with the plugin whose hook implementation is registering it: the
+    nearest caller frame that runs one of ``owners``' implementation functions.
+    """
+
+    def __init__(self, registry: Registry[Any], owners: dict[Any, str]) -> None:
+        super().__init__(registry, plugin="?")
+        self._owners = owners
+
+    @property  # type: ignore[override]
+    def plugin(self) -> str:
+        frame = sys._getframe(1)
+        while frame is not None:
+            owner = self._owners.get(frame.f_code)
+            if owner is not None:
+                return owner
+            frame = frame.f_back  # type: ignore[assignment]
+        return "?"
+
+    @plugin.setter
+    def plugin(self, value: str) -> None:
+        pass
 
 
 _default: PluginManager | None = None

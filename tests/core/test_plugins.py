@@ -198,3 +198,63 @@ def test_env_vars_control_the_example_plugin(env: dict[str, str], status: str) -
     assert infos["example"]["status"] == status
     assert infos["example"]["distribution"] == EXAMPLE_DIST
     assert infos["rlzoo.algorithms.advantage"]["status"] == "loaded"  # built-ins always load
+
+
+# -- hooks go through pluggy's caller; a misspelt hook skips only its plugin ----------------------
+def test_register_hooks_are_called_through_pluggys_hook_caller(pm: PluginManager) -> None:
+    """A hook wrapper runs around the registration call and tryfirst ordering is honoured: both
+    happen only when the hook is called through ``pm.hook.<name>(...)``."""
+    calls: list[str] = []
+
+    class Wrapper:
+        @rlzoo.hookimpl(wrapper=True)
+        def rlzoo_register_advantages(self, registry):  # type: ignore[no-untyped-def]
+            calls.append("before")
+            result = yield
+            calls.append("after")
+            return result
+
+    class First:
+        @rlzoo.hookimpl(tryfirst=True)
+        def rlzoo_register_advantages(self, registry):  # type: ignore[no-untyped-def]
+            calls.append("first")
+            registry.register("first_adv", _fn)
+
+    pm.register(First(), "first_plugin")
+    pm.register(Wrapper(), "wrapper_plugin")
+    try:
+        reg = pm.registry("advantage")
+        assert calls == ["before", "first", "after"]
+        assert reg.get("first_adv").plugin == "first_plugin"
+        assert reg.get("grpo").plugin == "rlzoo.algorithms.advantage"  # stamped per implementation
+    finally:
+        pm.unregister("first_plugin")
+        pm.unregister("wrapper_plugin")
+
+
+def test_misspelt_hook_in_an_entry_point_plugin_lists_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "rlzoo_test_misspelt_plugin.py").write_text(
+        "import rlzoo\n\n@rlzoo.hookimpl\ndef rlzoo_register_advantage(registry):\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    real = md.entry_points
+
+    def entry_points(**kw):  # type: ignore[no-untyped-def]
+        eps = list(real(**kw))
+        if kw.get("group") == "rlzoo":
+            eps.append(md.EntryPoint("misspelt", "rlzoo_test_misspelt_plugin", "rlzoo"))
+        return eps
+
+    monkeypatch.setattr(plugins_mod.md, "entry_points", entry_points)
+    try:
+        with pytest.warns(PluginLoadWarning, match=r"'misspelt'.*rlzoo_register_advantages"):
+            pm = PluginManager()
+        infos = {i.name: i for i in pm.plugins(include_all=True)}
+        assert infos["misspelt"].status == "failed"
+        assert "unknown hook 'rlzoo_register_advantage'" in (infos["misspelt"].error or "")
+        assert infos["rlzoo.algorithms.advantage"].status == "loaded"
+        assert "grpo" in pm.registry("advantage")
+    finally:
+        sys.modules.pop("rlzoo_test_misspelt_plugin", None)
