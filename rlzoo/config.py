@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from rlzoo.binding import bind_dataclass, coerce, field_types, to_plain
+from rlzoo.binding import bind_dataclass, coerce, field_types, range_problems, to_plain
 from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.plugins import PluginManager, get_plugin_manager
 from rlzoo.protocols import MicroBatchSettings, OptimSettings, StepPlan
@@ -58,6 +58,11 @@ class Selection:
     def fn(self) -> Any:
         """The part's callable / factory (imports it on first use)."""
         return self.component.load()
+
+    @property
+    def caps(self) -> Any:
+        """The part's typed capability record (:mod:`rlzoo.capabilities`)."""
+        return self.component.caps
 
     def capability(self, key: str, default: Any = False) -> Any:
         return self.component.capability(key, default)
@@ -107,10 +112,10 @@ class DataSection:
     train_files: list[str] = param([], help="parquet files of training prompts")
     val_files: list[str] = param([], help="parquet files of validation prompts")
     prompt_key: str = param("prompt", help="column holding the chat messages")
-    max_prompt_length: int = param(512, help="longest prompt in tokens (see truncation)")
-    max_response_length: int = param(128, help="generation cap per response (tokens)")
-    train_batch_size: int = param(8, help="prompts per training step")
-    val_batch_size: int | None = param(None, help="prompts per validation batch (default: all)")
+    max_prompt_length: int = param(512, ge=1, help="longest prompt in tokens (see truncation)")
+    max_response_length: int = param(128, ge=1, help="generation cap per response (tokens)")
+    train_batch_size: int = param(8, ge=1, help="prompts per training step")
+    val_batch_size: int | None = param(None, ge=1, help="prompts per validation batch (default: all)")
     shuffle: bool = param(True, help="shuffle prompts each epoch")
     truncation: Literal["filter", "error", "left", "right"] = param(
         "filter", help="prompts longer than max_prompt_length: drop (filter), raise, or cut left / right"
@@ -122,9 +127,9 @@ class DataSection:
 @dataclass
 class KLControlSection:
     type: Literal["fixed", "adaptive"] = param("fixed", help="KL-in-reward controller")
-    kl_coef: float = param(0.001, help="initial / fixed coefficient")
-    target_kl: float = param(0.1, help="adaptive: target KL")
-    horizon: int = param(10000, help="adaptive: horizon")
+    kl_coef: float = param(0.001, ge=0, help="initial / fixed coefficient")
+    target_kl: float = param(0.1, gt=0, help="adaptive: target KL")
+    horizon: int = param(10000, ge=1, help="adaptive: horizon")
 
 
 @dataclass
@@ -133,7 +138,7 @@ class AlgorithmSection:
     policy_loss: Any = part("policy_loss", "ppo_clip", help="policy loss")
     loss_agg: Any = part("loss_agg", "token-mean", help="loss aggregation (loss_agg_mode)")
     use_kl_loss: bool = param(False, help="add a KL-to-reference term to the loss")
-    kl_loss_coef: float = param(0.001, help="coefficient of the KL loss")
+    kl_loss_coef: float = param(0.001, ge=0, help="coefficient of the KL loss")
     kl_loss: Any = part("kl", "low_var_kl", help="estimator of the KL loss (kl_loss_type)")
     use_kl_in_reward: bool = param(False, help="subtract a KL penalty from token rewards")
     kl_penalty: Any = part("kl", "k1", help="estimator of the in-reward KL penalty")
@@ -141,6 +146,7 @@ class AlgorithmSection:
     entropy_coeff: float = param(0.0, help="entropy bonus coefficient (loss -= coeff * entropy)")
     value_clip: float = param(
         0.5,
+        gt=0,
         help="critic value-loss clip (verl's cliprange_value): values move at most this far from the "
         "old values before the clipped loss takes over; used when the advantage needs a critic",
     )
@@ -162,6 +168,7 @@ class RewardSection:
     )
     max_failed_steps: int = param(
         3,
+        ge=0,
         help="abort the run (with the scorer's last error) when every sample failed scoring in this many "
         "consecutive steps; 0: never abort (failures are still counted in reward/failed)",
     )
@@ -169,29 +176,31 @@ class RewardSection:
 
 @dataclass
 class SamplingSection:
-    n: int = param(1, help="responses per prompt")
-    temperature: float = param(1.0, help="sampling temperature (0 = greedy)")
-    top_p: float = param(1.0, help="nucleus sampling")
-    top_k: int = param(-1, help="top-k sampling (-1 = off)")
+    n: int = param(1, ge=1, help="responses per prompt")
+    temperature: float = param(1.0, ge=0, help="sampling temperature (0 = greedy)")
+    top_p: float = param(1.0, gt=0, le=1, help="nucleus sampling")
+    top_k: int = param(-1, ge=-1, help="top-k sampling (-1 = off)")
 
 
 @dataclass
 class RolloutSection:
     backend: Any = part("rollout_backend", "native", help="rollout backend")
-    n: int = param(4, help="responses per prompt (n_resp_per_prompt)")
-    temperature: float = param(1.0, help="sampling temperature")
-    top_p: float = param(1.0, help="nucleus sampling")
-    top_k: int = param(-1, help="top-k sampling (-1 = off)")
+    n: int = param(4, ge=1, help="responses per prompt (n_resp_per_prompt)")
+    temperature: float = param(1.0, ge=0, help="sampling temperature (0 = greedy)")
+    top_p: float = param(1.0, gt=0, le=1, help="nucleus sampling")
+    top_k: int = param(-1, ge=-1, help="top-k sampling (-1 = off)")
     val: SamplingSection = param(SamplingSection(n=1, temperature=0.0), help="validation sampling")
 
 
 @dataclass
 class TrainerSection:
     backend: Any = part("train_backend", "native", help="training backend")
-    total_steps: int | None = param(None, help="training steps (default: total_epochs over the data)")
-    total_epochs: int = param(1, help="epochs over the training prompts")
-    ppo_mini_batch_size: int | None = param(None, help="prompts per PPO mini-batch (default: whole batch)")
-    ppo_epochs: int = param(1, help="passes over each batch")
+    total_steps: int | None = param(None, ge=1, help="training steps (default: total_epochs over the data)")
+    total_epochs: int = param(1, ge=1, help="epochs over the training prompts")
+    ppo_mini_batch_size: int | None = param(
+        None, ge=1, help="prompts per PPO mini-batch (default: whole batch)"
+    )
+    ppo_epochs: int = param(1, ge=1, help="passes over each batch")
     optim: OptimSettings = param(
         OptimSettings(), help="optimizer and LR schedule (actor and critic), shared by every train backend"
     )
@@ -199,18 +208,18 @@ class TrainerSection:
         MicroBatchSettings(), help="micro-batch sizes of forwards / updates, shared by every train backend"
     )
     shuffle_mini_batches: bool = param(False, help="shuffle samples before splitting into mini-batches")
-    critic_warmup: int = param(0, help="steps that train only the critic")
+    critic_warmup: int = param(0, ge=0, help="steps that train only the critic")
     val_before_train: bool = param(True, help="validate before the first step")
-    test_freq: int = param(-1, help="validate every k steps (-1: never, except at the end)")
-    save_freq: int = param(-1, help="checkpoint every k steps (-1: only at the end)")
-    max_checkpoints: int = param(2, help="checkpoints kept (oldest deleted)")
+    test_freq: int = param(-1, ge=-1, help="validate every k steps (-1: never, except at the end)")
+    save_freq: int = param(-1, ge=-1, help="checkpoint every k steps (-1: only at the end)")
+    max_checkpoints: int = param(2, ge=1, help="checkpoints kept (oldest deleted)")
 
 
 @dataclass
 class PoolSection:
-    nnodes: int = param(1, help="nodes in the pool")
-    n_gpus_per_node: int = param(0, help="GPUs per node (0: CPU workers)")
-    n_workers_per_node: int = param(1, help="worker processes per node when CPU-only")
+    nnodes: int = param(1, ge=1, help="nodes in the pool")
+    n_gpus_per_node: int = param(0, ge=0, help="GPUs per node (0: CPU workers)")
+    n_workers_per_node: int = param(1, ge=1, help="worker processes per node when CPU-only")
 
 
 @dataclass
@@ -220,8 +229,8 @@ class PlacementSection:
     colocate: bool = param(True, help="rollout and training share devices")
     trainer: PoolSection = param(PoolSection(), help="trainer resource pool")
     rollout: PoolSection = param(PoolSection(), help="rollout resource pool (split mode)")
-    bucket_size_mb: float = param(256.0, help="ray: weight-sync bucket size (MB)")
-    sync_timeout_s: float = param(600.0, help="ray: seconds a weight sync may take before it fails")
+    bucket_size_mb: float = param(256.0, gt=0, help="ray: weight-sync bucket size (MB)")
+    sync_timeout_s: float = param(600.0, gt=0, help="ray: seconds a weight sync may take before it fails")
 
 
 @dataclass
@@ -410,10 +419,12 @@ def bind_config(raw: Mapping[str, Any], pm: PluginManager | None = None) -> Reci
     # defaults that were not given in the recipe are still mappings: resolve them too
     if cfg is not None:
         _resolve_defaults(cfg, "", problems, pm)
-        if not problems:  # cross-checks assume well-typed sections
-            problems += check_consistency(cfg)
+        # ranges and cross-field rules too, in the same report: a rule whose inputs failed to
+        # bind is skipped (their problem is already listed)
+        problems += all_range_problems(cfg)
+        problems += check_consistency(cfg)
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(list(dict.fromkeys(problems)))
     return cfg  # type: ignore[no-any-return]
 
 
@@ -433,30 +444,118 @@ def _resolve_defaults(obj: Any, path: str, problems: list[str], pm: PluginManage
             _resolve_defaults(value, sub, problems, pm)
 
 
+def all_range_problems(cfg: RecipeConfig) -> list[str]:
+    """Values outside their declared range, in every section and every selected part's params."""
+    out: list[str] = []
+
+    def walk(obj: Any, path: str) -> None:
+        if isinstance(obj, Selection):
+            out.extend(range_problems(obj.params, obj.key))
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                walk(v, path)
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                walk(v, path)
+        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            out.extend(range_problems(obj, path))
+            for f in dataclasses.fields(obj):
+                walk(getattr(obj, f.name), f"{path}.{f.name}" if path else f.name)
+
+    walk(cfg, "")
+    return out
+
+
 def check_consistency(cfg: RecipeConfig) -> list[str]:
-    """Cross-section checks driven by capabilities (never by part names)."""
+    """Cross-field rules, driven by capabilities (never by part names). Each rule is skipped when
+    its inputs did not bind (a missing part, a wrong type): binding already reported them."""
     problems: list[str] = []
-    adv = cfg.algorithm.advantage
-    if isinstance(adv, Selection) and adv.capability("needs_group") and cfg.rollout.n < 2:
-        problems.append(
-            f"rollout.n: advantage {adv.name!r} is group-relative (needs_group) and needs rollout.n >= 2, "
-            f"got {cfg.rollout.n}"
-        )
-    if cfg.data.train_batch_size < 1:
-        problems.append(f"data.train_batch_size: must be >= 1, got {cfg.data.train_batch_size}")
+    for rule in CONSISTENCY_RULES:
+        try:
+            problems += rule(cfg)
+        except TypeError:  # e.g. a number that bound as a string
+            continue
+    return problems
+
+
+def _group_rule(cfg: RecipeConfig) -> list[str]:
+    out = []
+    for what, sel in (("advantage", cfg.algorithm.advantage), ("sample filter", cfg.algorithm.sample_filter)):
+        if isinstance(sel, Selection) and sel.caps.needs_group and cfg.rollout.n < 2:
+            out.append(
+                f"rollout.n: {what} {sel.name!r} is group-relative (needs_group) and needs rollout.n >= 2, "
+                f"got {cfg.rollout.n}"
+            )
+    return out
+
+
+def _batch_rule(cfg: RecipeConfig) -> list[str]:
     mb = cfg.trainer.ppo_mini_batch_size
-    if mb is not None and (mb < 1 or cfg.data.train_batch_size % mb):
-        problems.append(
+    if mb is not None and mb >= 1 and cfg.data.train_batch_size % mb:
+        return [
             f"trainer.ppo_mini_batch_size: must divide data.train_batch_size ({cfg.data.train_batch_size}), got {mb}"
-        )
+        ]
+    return []
+
+
+def _data_rule(cfg: RecipeConfig) -> list[str]:
     if not cfg.data.train_files and cfg.data.prepare is None:
-        problems.append("data.train_files: no training files given and no data.prepare to create them")
+        return ["data.train_files: no training files given and no data.prepare to create them"]
+    return []
+
+
+def _critic_rule(cfg: RecipeConfig) -> list[str]:
+    adv, tb = cfg.algorithm.advantage, cfg.trainer.backend
+    needs = isinstance(adv, Selection) and adv.caps.needs_critic
+    if needs and isinstance(tb, Selection) and not tb.caps.supports_critic:
+        return [
+            f"trainer.backend: advantage {adv.name!r} needs a critic (needs_critic), but train backend "
+            f"{tb.name!r} cannot train one (supports_critic is false)"
+        ]
+    return []
+
+
+def _aggregation_rule(cfg: RecipeConfig) -> list[str]:
+    pl, agg = cfg.algorithm.policy_loss, cfg.algorithm.loss_agg
+    if isinstance(pl, Selection) and isinstance(agg, Selection):
+        fixed = pl.caps.fixed_aggregation
+        if fixed and agg.name != fixed and fixed not in agg.component.aliases:
+            return [
+                f"algorithm.loss_agg: policy loss {pl.name!r} fixes its aggregation to {fixed!r} (its paper), "
+                f"got {agg.name!r}; set algorithm.loss_agg={fixed}"
+            ]
+    return []
+
+
+def _placement_rule(cfg: RecipeConfig) -> list[str]:
+    runner = cfg.runner
+    if isinstance(runner, Selection) and cfg.placement.name not in runner.caps.placements:
+        return [
+            f"placement.name: runner {runner.name!r} runs on {', '.join(runner.caps.placements)}, "
+            f"got {cfg.placement.name!r}"
+        ]
+    return []
+
+
+def _runner_rule(cfg: RecipeConfig) -> list[str]:
     runner = cfg.runner
     if isinstance(runner, Selection):
-        validate = getattr(runner.component.params, "check", None)
+        validate = getattr(runner.component.params, "check", None)  # the runner params' own rules
         if callable(validate) and runner.params is not None:
-            problems += list(validate(runner.params, cfg))
-    return problems
+            return list(validate(runner.params, cfg))
+    return []
+
+
+#: Cross-field rules :func:`check_consistency` applies (extend here; each returns its problems).
+CONSISTENCY_RULES: list[Any] = [
+    _group_rule,
+    _batch_rule,
+    _data_rule,
+    _critic_rule,
+    _aggregation_rule,
+    _placement_rule,
+    _runner_rule,
+]
 
 
 def mini_batches_per_step(cfg: RecipeConfig) -> int:
@@ -496,7 +595,7 @@ def part_paths() -> dict[str, str]:
             path = f"{prefix}{f.name}"
             kind = f.metadata.get("kind")
             if kind is not None:
-                if not f.metadata.get("mapping"):
+                if not f.metadata.get("mapping") and not f.metadata.get("sequence"):
                     out[path] = kind
                 continue
             tp = hints.get(f.name)

@@ -31,8 +31,8 @@ from rlzoo.kinds import KIND_BY_NAME
 
 T = TypeVar("T")
 
-#: Capability keys the runners and the composition API understand. Plugins may add their own;
-#: these are the ones rlzoo itself asks about.
+#: Capability keys and what they mean, over every kind (the typed record of each kind, in
+#: :mod:`rlzoo.capabilities`, is the contract; this table is for documentation).
 WELL_KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
     {
         "needs_critic": "the part needs value estimates from a critic model",
@@ -43,26 +43,43 @@ WELL_KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
         "needs_entropy": "the part needs per-token entropy of the current policy",
         "sequence_level": "the part works on whole sequences (ratios, weights)",
         "fixed_aggregation": "a paper fixes this loss's aggregation (named here)",
+        "batch_statistics": "a loss that uses statistics of the whole mini-batch",
         "supports_partial_rollout": "a rollout backend that can pause and resume requests",
         "supports_streaming": "a rollout backend that yields samples as they finish",
+        "supports_critic": "a train backend that can train a critic",
         "devices": "devices the backend runs on ('cpu', 'cuda')",
         "distributed": "a backend that spans processes (needs torch.distributed)",
         "refills": "a sample filter whose dropped groups the runner regenerates",
         "batched": "a scorer / reward manager that works on a whole batch at once",
         "placements": "placements a runner supports ('local', 'ray')",
+        "modalities": "what a dataset's prompts hold ('text', 'image')",
         "requires": "the optional package a backend needs (installed with its extra)",
+        "extra": "the pip extra that installs ``requires`` (``pip install rlzoo[EXTRA]``)",
     }
 )
 
 
-def param(default: Any = dataclasses.MISSING, *, help: str, **kw: Any) -> Any:  # noqa: A002
+def param(
+    default: Any = dataclasses.MISSING,
+    *,
+    help: str,  # noqa: A002
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    **kw: Any,
+) -> Any:
     """Declare a documented field of a part's params dataclass.
 
     ``help`` is shown by ``rlzoo components`` and in the generated reference docs; the
-    conformance suite fails a part whose params have an undocumented field.
+    conformance suite fails a part whose params have an undocumented field. ``ge`` / ``gt`` /
+    ``le`` declare the field's range (a number; ``None`` values are not checked): ``rlzoo
+    validate`` reports every value out of range at once (:func:`rlzoo.binding.range_problems`).
     """
     metadata = dict(kw.pop("metadata", {}) or {})
     metadata["help"] = help
+    for key, bound in (("ge", ge), ("gt", gt), ("le", le)):
+        if bound is not None:
+            metadata[key] = bound
     if isinstance(default, (list, dict, set)):
         value = default
         return field(default_factory=lambda: type(value)(value), metadata=metadata, **kw)
@@ -117,6 +134,24 @@ class Component(Generic[T]):
     aliases: tuple[str, ...] = ()
     _cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        from rlzoo.capabilities import capability_record
+
+        where = f"{self.kind} {self.name!r} (plugin {self.plugin!r})"
+        record = capability_record(self.kind, self.capabilities, where)  # ValueError: misspelt key
+        declared = (
+            {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+            if not isinstance(self.capabilities, Mapping)
+            else {k: getattr(record, k) for k in self.capabilities}
+        )
+        object.__setattr__(self, "capabilities", MappingProxyType(declared))
+        self._cache["caps"] = record
+
+    @property
+    def caps(self) -> Any:
+        """The typed capability record of this part's kind (:mod:`rlzoo.capabilities`)."""
+        return self._cache["caps"]
+
     @property
     def summary(self) -> str:
         """The doc's first line (what ``rlzoo components`` prints)."""
@@ -138,8 +173,15 @@ class Component(Generic[T]):
         """An instance of the params dataclass with every default (None if the part has none)."""
         return self.params() if self.params is not None else None
 
-    def capability(self, key: str, default: Any = False) -> Any:
-        return self.capabilities.get(key, default)
+    def capability(self, key: str, default: Any = None) -> Any:
+        """One capability by name (its declared value, else the record's default). A key the kind's
+        record does not declare is an error, not a silent False. ``default`` is ignored (kept for
+        callers written before the typed records)."""
+        record = self.caps
+        if key not in {f.name for f in dataclasses.fields(record)}:
+            known = ", ".join(sorted(f.name for f in dataclasses.fields(record))) or "(none)"
+            raise KeyError(f"{self.kind} has no capability {key!r}; its capabilities: {known}")
+        return getattr(record, key)
 
     def param_fields(self) -> list[dict[str, Any]]:
         """Name, type, default and help of each param (for docs and ``components --json``)."""
@@ -172,7 +214,7 @@ class Component(Generic[T]):
             "summary": self.summary,
             "doc": inspect.cleandoc(self.doc) if self.doc else "",
             "aliases": list(self.aliases),
-            "capabilities": dict(self.capabilities),
+            "capabilities": {k: list(v) if isinstance(v, tuple) else v for k, v in self.capabilities.items()},
             "params": [
                 {**p, "default": p["default"] if _jsonable(p["default"]) else repr(p["default"])}
                 for p in self.param_fields()
@@ -226,7 +268,7 @@ class Registry(Generic[T]):
             target=target,
             params=params,
             doc=inspect.cleandoc(doc) if doc else "",
-            capabilities=MappingProxyType(dict(capabilities or {})),
+            capabilities=capabilities if capabilities is not None else {},
             plugin=plugin,
             aliases=tuple(aliases),
         )
