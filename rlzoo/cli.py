@@ -8,6 +8,7 @@ rlzoo recipes [--json]                               list recipes on the search 
 rlzoo prepare NAME [--out DIR] [key=value ...]       prepare a dataset into rlzoo's parquet schema
 rlzoo plot RUN_DIR [RUN_DIR ...]                     learning curves (PNG) and a Markdown summary
 rlzoo export RUN_DIR [--step N] --out DIR           a checkpoint as a standard Hugging Face folder
+rlzoo from-verl SCRIPT_OR_ARGS [--out FILE]         a verl launch script (or its overrides) as a recipe
 """
 
 from __future__ import annotations
@@ -206,6 +207,25 @@ EXAMPLES: dict[str, str] = {
 }
 
 
+# -- from-verl: a verl launch script (or its overrides) -> an rlzoo recipe -------------------------
+EXAMPLES["from-verl"] = """\
+  rlzoo from-verl run_qwen2-7b.sh --out recipes/grpo_qwen2.yaml     # a verl launch script
+  rlzoo from-verl algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=8 data.train_batch_size=64
+  rlzoo validate recipes/grpo_qwen2.yaml                             # then check / train it"""
+
+
+def cmd_from_verl(ns: argparse.Namespace) -> int:
+    from rlzoo.from_verl import from_verl
+
+    conv, text = from_verl(ns.source, ns.out)
+    print(conv.report())
+    if ns.out:
+        print(f"wrote {ns.out}; check it with: rlzoo validate {ns.out}")
+    else:
+        print(text)
+    return 0
+
+
 def _sub(sub: Any, name: str, summary: str) -> argparse.ArgumentParser:
     """A subcommand parser whose ``--help`` ends with its examples."""
     return sub.add_parser(  # type: ignore[no-any-return]
@@ -259,6 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--smooth", type=float, default=None, help="EMA weight in [0, 1) (default: chosen by run length)"
     )
     s.set_defaults(func=cmd_plot)
+
+    s = _sub(sub, "from-verl", "turn a verl launch script (or its key=value overrides) into an rlzoo recipe")
+    s.add_argument("source", nargs="+", metavar="SCRIPT_OR_ARGS", help="a verl .sh script, or verl overrides")
+    s.add_argument("--out", help="write the recipe here (default: print it)")
+    s.set_defaults(func=cmd_from_verl)
 
     s = _sub(sub, "export", "write a checkpoint of a run as a standard Hugging Face model folder")
     s.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (rlzoo train prints it)")

@@ -29,7 +29,8 @@ def _have_transformer_engine() -> bool:
 class MegatronParams:
     """megatron-core trainer: GPTModel built from an HF Qwen2 / Qwen2.5 config, TP / PP / DP, CPU offload.
 
-    Needs the ``[megatron]`` extra and CUDA GPUs (NCCL). Runs SPMD in every rank of a
+    Needs the ``[megatron]`` extra and CUDA GPUs (NCCL); ``device: cpu`` runs it on a gloo group on
+    the CPU in fp32 without the distributed optimizer (tests, debugging). Runs SPMD in every rank of a
     torch.distributed world of ``tp × pp × dp`` ranks (it starts a one-process group when none is
     initialised). The HF checkpoint is converted on load (fused QKV with GQA interleaving, gate/up
     fused into ``linear_fc1``, TP slices, padded vocab-parallel embeddings) and back on
@@ -109,9 +110,10 @@ class MegatronParams:
             problems.append("micro_batch_size and log_prob_micro_batch_size must be >= 1")
         if self.device not in ("cuda", "cpu"):
             problems.append(f"device must be 'cuda' or 'cpu', got {self.device!r}")
-        if self.device == "cpu" and self.dtype != "float32":
+        if self.device == "cpu" and (self.dtype != "float32" or self.use_distributed_optimizer):
             problems.append(
-                "device 'cpu' needs dtype 'float32' (megatron-core's bf16 optimizer only takes CUDA tensors)"
+                "device 'cpu' needs dtype 'float32' and use_distributed_optimizer false (megatron-core's "
+                "bf16 and distributed optimizers only wrap CUDA tensors)"
             )
         if self.sequence_parallel and self.tensor_model_parallel_size == 1:
             problems.append("sequence_parallel needs tensor_model_parallel_size > 1")
@@ -157,7 +159,7 @@ def rlzoo_register_train_backends(registry):  # type: ignore[no-untyped-def]
         params=MegatronParams,
         capabilities={
             "distributed": True,
-            "devices": ["cuda"],
+            "devices": ["cuda", "cpu"],  # cpu: device 'cpu', fp32 on a gloo group (tests, debugging)
             "supports_critic": True,
             "requires": "megatron-core",
         },

@@ -7,11 +7,19 @@ under ``torchrun --nproc_per_node=2``). Skipped with a reason when megatron-core
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from rlzoo.testing.backends import TrainBackendContract
+from rlzoo.backends.megatron import MegatronParams
+from rlzoo.backends.megatron.convert import ModelDims, transformer_config_kwargs
+from rlzoo.testing.backends import TrainBackendContract, save_tiny_qwen2
 
 HAVE_MCORE = (
     importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
@@ -34,3 +42,151 @@ class TestMegatronTrainCPU(TrainBackendContract):
     params_overrides = {"device": "cpu", "dtype": "float32", "use_distributed_optimizer": False}
     lp_atol = 1e-4
     update_atol = 1e-5
+
+
+# -- TP=2, PP=2, DP=2: two gloo processes under torchrun ----------------------------------------
+DIST_MODULE = Path(__file__).with_name("megatron_contract_dist.py")
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core not installed")
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2"])
+def test_contract_in_two_processes(layout: str, tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(sys.path),
+        "RLZOO_MEGATRON_LAYOUT": layout,
+        "RLZOO_CONTRACT_DIR": str(tmp_path),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-W",
+        "ignore",
+        str(DIST_MODULE),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{layout}: torchrun failed ({proc.returncode}):\n{out[-6000:]}"
+    assert re.findall(r"(\d+) passed", out) == ["11", "11"], out[-3000:]  # both ranks, every test
+
+
+# -- defects found against the real megatron-core (issue 17) -----------------------------------
+@pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core not installed")
+def test_transformer_config_accepts_variable_seq_lengths() -> None:
+    """megatron-core refuses variable_seq_lengths with its default allgather MoE dispatcher."""
+    from megatron.core.transformer import TransformerConfig
+
+    dims = ModelDims(
+        num_layers=2,
+        hidden_size=32,
+        ffn_hidden_size=48,
+        num_attention_heads=4,
+        num_query_groups=2,
+        head_dim=8,
+        vocab_size=64,
+    )
+    cfg = TransformerConfig(**transformer_config_kwargs(dims, use_cpu_initialization=True))
+    assert cfg.variable_seq_lengths and cfg.moe_token_dispatcher_type == "alltoall"
+
+
+def test_refused_combinations_say_why() -> None:
+    with pytest.raises(ValueError, match="sequence_parallel needs layer_spec 'te'"):
+        MegatronParams(tensor_model_parallel_size=2, sequence_parallel=True)
+    with pytest.raises(ValueError, match="optimizer_offload needs use_distributed_optimizer"):
+        MegatronParams(optimizer_offload=True, use_distributed_optimizer=False)
+    with pytest.raises(ValueError, match="device 'cpu' needs dtype 'float32'"):
+        MegatronParams(device="cpu")
+    with pytest.raises(ValueError, match="device must be"):
+        MegatronParams(device="tpu")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None, reason="TE installed")
+def test_transformer_engine_features_refused_without_it() -> None:
+    for kw in ({"optimizer_offload": True}, {"layer_spec": "te"}):
+        with pytest.raises(ValueError, match="need\\(s\\) NVIDIA Transformer Engine, which is not installed"):
+            MegatronParams(**kw)
+
+
+def test_geo3k_recipe_params_are_valid_here() -> None:
+    """The recipe's megatron params pass validation without Transformer Engine."""
+    import yaml
+
+    recipe = Path(__file__).parents[2] / "recipes" / "grpo_geo3k_vl.yaml"
+    backend = dict(yaml.safe_load(recipe.read_text())["trainer"]["backend"])
+    backend.pop("name")
+    known = {f.name for f in dataclasses.fields(MegatronParams)}
+    MegatronParams(**{k: v for k, v in backend.items() if k in known})
+
+
+def test_psutil_is_declared_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """megatron-core's checkpoint writer hangs without psutil: declared in the extra, checked first."""
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    extra = project["optional-dependencies"]["megatron"]
+    assert any(d.startswith("psutil") for d in extra), extra
+    from rlzoo.backends.megatron import train
+
+    monkeypatch.setitem(sys.modules, "psutil", None)  # what a missing package looks like to import
+    with pytest.raises(ImportError, match="needs psutil"):
+        train._require_psutil()
+
+
+CPU = {"device": "cpu", "dtype": "float32", "use_distributed_optimizer": False, "lr": 1e-2, "grad_clip": 0.0}
+
+
+def _backend(tmp: Path, **kw):  # type: ignore[no-untyped-def]
+    from rlzoo.backends.megatron.train import MegatronTrainBackend
+    from rlzoo.protocols import TrainSpec
+
+    path = tmp / "model"
+    if not path.exists():
+        save_tiny_qwen2(path)
+    spec = TrainSpec(
+        model_path=str(path), total_steps=10, temperature=0.9, need_critic=kw.pop("critic", False)
+    )
+    return MegatronTrainBackend(MegatronParams(**{**CPU, **kw}), spec)
+
+
+@pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core not installed")
+def test_param_offload_without_distributed_optimizer(tmp_path: Path) -> None:
+    """Without the distributed optimizer DDP has no contiguous param buffer: params go one by one."""
+    import torch
+
+    from rlzoo.testing.backends import TokenMeanObjective, _random_batch
+
+    batch = _random_batch(5)
+    out = []
+    for offload in (False, True):
+        b = _backend(tmp_path, param_offload=offload, grad_offload=offload)
+        try:
+            if offload:  # between phases the weights' storage is freed
+                assert all(p.untyped_storage().size() == 0 for p in b.actor.parameters())
+            b.update_policy(batch, TokenMeanObjective(batch))
+            out.append(b.compute_log_probs(batch)[0])
+        finally:
+            b.shutdown()
+    torch.testing.assert_close(out[1], out[0], atol=1e-6, rtol=0)
+
+
+@pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core not installed")
+def test_actor_and_critic_have_their_own_config(tmp_path: Path) -> None:
+    """DDP's no_sync / finalize hooks live on the model's config: one shared config would make the
+    actor's micro-batch loop call the critic's hooks."""
+    b = _backend(tmp_path, critic=True)
+    try:
+        assert b.actor.config is not b.critic.config
+        assert b.actor.config.no_sync_func == b.actor_ddp.no_sync
+        assert b.critic.config.no_sync_func == b.critic_ddp.no_sync
+    finally:
+        b.shutdown()

@@ -248,5 +248,5 @@ def test_registered_without_importing_megatron() -> None:
     from rlzoo.plugins import get_plugin_manager
 
     comp = get_plugin_manager().get("train_backend", "megatron")
-    assert comp.capabilities["devices"] == ["cuda"] and comp.capabilities["distributed"] is True
+    assert list(comp.capabilities["devices"]) == ["cuda", "cpu"] and comp.capabilities["distributed"] is True
     comp.load()  # the implementation imports megatron only when a backend is built

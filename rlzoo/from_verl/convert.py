@@ -1,0 +1,439 @@
+"""Map a parsed verl command onto an rlzoo recipe, accounting for every key."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlzoo.errors import RlzooError
+from rlzoo.from_verl.shell import Command, parse_command, parse_value
+from rlzoo.from_verl.table import (
+    ACT,
+    CRIT,
+    ENTRY_POINTS,
+    REF,
+    ROLL,
+    VERL_DEFAULTS,
+    A,
+    Manual,
+    R,
+    Rule,
+    Skip,
+    To,
+    _fsdp,
+    _rule,
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# conversion
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Conversion:
+    """The recipe and the account of every verl key."""
+
+    recipe: dict[str, Any] = field(default_factory=dict)
+    mapped: list[tuple[str, Any, str, Any, str]] = field(default_factory=list)  # verl, v, rlzoo, v, note
+    skipped: list[tuple[str, Any, str]] = field(default_factory=list)
+    manual: list[tuple[str, Any, str]] = field(default_factory=list)
+    unmappable: list[tuple[str, Any, str]] = field(default_factory=list)
+
+    def set(self, rlzoo_key: str, value: Any, verl_key: str, verl_value: Any, note: str = "") -> None:
+        node = self.recipe
+        *path, last = rlzoo_key.split(".")
+        for p in path:
+            node = node.setdefault(p, {})
+        node[last] = value
+        self.mapped.append((verl_key, verl_value, rlzoo_key, value, note))
+
+    def get(self, rlzoo_key: str, default: Any = None) -> Any:
+        node: Any = self.recipe
+        for p in rlzoo_key.split("."):
+            if not isinstance(node, dict) or p not in node:
+                return default
+            node = node[p]
+        return node
+
+    def report(self) -> str:
+        lines = ["verl key = value  ->  rlzoo key = value"]
+        lines += [
+            f"  {k} = {v!r}  ->  {rk} = {rv!r}" + (f"   ({n})" if n else "")
+            for k, v, rk, rv, n in self.mapped
+        ]
+        if self.skipped:
+            lines.append("not needed in rlzoo:")
+            lines += [f"  {k} = {v!r}  ->  ({why})" for k, v, why in self.skipped]
+        if self.manual:
+            lines.append("MANUAL STEPS (rlzoo has no key for these; also in the recipe header):")
+            lines += [f"  {k} = {v!r}  ->  {why}" for k, v, why in self.manual]
+        return "\n".join(lines)
+
+
+def _declared(kind: str, name: str) -> set[str] | None:
+    """Param names a registered part declares (None when the name is unknown: validate says so)."""
+    import dataclasses
+
+    from rlzoo.plugins import get_plugin_manager
+
+    reg = get_plugin_manager().registry(kind)
+    if name not in reg:
+        return None
+    params = reg.get(name).params
+    return {f.name for f in dataclasses.fields(params)} if params else set()
+
+
+def _part_param(conv: Conversion, kind: str, section: str, param: str, verl_key: str, value: Any) -> None:
+    """Set ``section.param`` when the selected part declares it, else record why it is not needed."""
+    sel = conv.get(section)
+    name = str(sel["name"] if isinstance(sel, dict) else sel)
+    declared = _declared(kind, name)
+    if declared is None or param in declared:
+        conv.set(f"{section}.{param}", value, verl_key, value)
+    else:
+        conv.skipped.append((verl_key, value, f"{kind} {name!r} has no {param} (verl ignores it there too)"))
+
+
+def convert(command: Command) -> Conversion:
+    """Map a parsed verl command onto a recipe; raises :class:`RlzooError` listing unmappable keys."""
+    runner = ENTRY_POINTS.get(command.entry or "")
+    keys = dict(VERL_DEFAULTS)
+    given = {k: parse_value(v) for k, v in command.overrides}
+    keys.update(given)
+    if runner is None:
+        if command.entry is not None and not command.entry.startswith(("verl.", "recipe.")):
+            raise RlzooError(f"from-verl: {command.entry!r} is not a verl entry point")
+        if command.entry is not None and command.entry not in ENTRY_POINTS:
+            raise RlzooError(
+                f"from-verl: unknown verl entry point {command.entry!r}; known: {', '.join(ENTRY_POINTS)}"
+            )
+        runner = "fully_async" if any(k.startswith("async_training.") for k in given) else "sync"
+    if command.config_name and "megatron" in command.config_name and ACT + "strategy" not in given:
+        keys[ACT + "strategy"] = "megatron"
+    conv = Conversion()
+    conv.recipe["runner"] = {"name": runner}
+    rules = {k: _rule(k) for k in keys}
+    conv.unmappable += [(k, keys[k], "no rule") for k, r in rules.items() if r is None]
+    later: dict[str, Any] = {}
+    for k, v in keys.items():
+        rule = rules[k]
+        tag = "verl default" if k not in given else ""
+        if isinstance(rule, To):
+            try:
+                out = rule.how(v) if rule.how else v
+            except ValueError as e:
+                conv.unmappable.append((k, v, str(e)))
+                continue
+            conv.set(rule.key, out, k, v, ", ".join(x for x in (tag, rule.note) if x))
+        elif isinstance(rule, Skip):
+            conv.skipped.append((k, v, rule.why))
+        elif isinstance(rule, Manual):
+            conv.manual.append((k, v, rule.why))
+        elif isinstance(rule, Rule):
+            later[k] = v
+    _assemble(conv, later, runner, given)
+    if conv.unmappable:
+        rows = "\n".join(f"  {k} = {v!r}: {why}" for k, v, why in conv.unmappable)
+        raise RlzooError(f"from-verl: {len(conv.unmappable)} verl key(s) cannot be mapped:\n{rows}")
+    return conv
+
+
+def _assemble(conv: Conversion, v: dict[str, Any], runner: str, given: Mapping[str, Any]) -> None:
+    """The rules that read several verl keys at once."""
+    backend = conv.get("trainer.backend.name", "fsdp2")
+    take = v.pop
+
+    def bad(key: str, value: Any, why: str) -> None:
+        conv.unmappable.append((key, value, why))
+
+    # placement: GPUs -> Ray; a separate rollout pool or hybrid_engine=False -> split
+    if (conv.get("placement.trainer.n_gpus_per_node") or 0) > 0:
+        conv.set(
+            "placement.name", "ray", "trainer.n_gpus_per_node", conv.get("placement.trainer.n_gpus_per_node")
+        )
+    hybrid = take(R + "hybrid_engine", None)
+    split = hybrid is False or conv.get("placement.rollout") is not None
+    conv.set(
+        "placement.colocate", not split, R + "hybrid_engine", hybrid, "a rollout pool or hybrid_engine=False"
+    )
+    # data
+    filt = take("data.filter_overlong_prompts", None)
+    if filt:
+        conv.set("data.truncation", "filter", "data.filter_overlong_prompts", filt)
+    bsz = take("data.train_batch_size", None)
+    if runner == "fully_async":
+        mini = conv.get("trainer.ppo_mini_batch_size")
+        req = conv.get("runner.require_batches", 1)
+        conv.set(
+            "data.train_batch_size",
+            mini * req,
+            "data.train_batch_size",
+            bsz,
+            "require_batches x ppo_mini_batch_size",
+        )
+        conv.set(
+            "trainer.total_steps",
+            None,
+            "rollout.total_rollout_steps",
+            conv.get("runner.total_rollout_steps"),
+            "the run is bounded by total_rollout_steps",
+        )
+    else:
+        conv.set("data.train_batch_size", bsz, "data.train_batch_size", bsz)
+    # model-side backend switches
+    for key, param in (
+        (R + "model.enable_gradient_checkpointing", "gradient_checkpointing"),
+        (R + "model.use_remove_padding", "use_remove_padding"),
+    ):
+        if key in v:
+            val = take(key)
+            if backend == "megatron" and param == "gradient_checkpointing":
+                conv.set("trainer.backend.recompute_activations", val, key, val)
+            elif backend == "megatron":
+                conv.skipped.append((key, val, "megatron packs sequences without padding itself"))
+            else:
+                conv.set(f"trainer.backend.{param}", val, key, val)
+    offload = [
+        take(k) for k in (ACT + "fsdp_config.param_offload", ACT + "fsdp_config.optimizer_offload") if k in v
+    ]
+    if offload:
+        conv.set(
+            "trainer.backend.offload",
+            any(offload),
+            f"{ACT}fsdp_config.param_offload + {ACT}fsdp_config.optimizer_offload",
+            offload,
+            "fsdp2 offloads both together",
+        )
+    for key in (ACT + "ulysses_sequence_parallel_size", REF + "ulysses_sequence_parallel_size"):
+        if key in v and take(key) not in (1, None):
+            bad(key, given.get(key), "rlzoo has no Ulysses sequence parallelism")
+        elif key in given:
+            conv.skipped.append((key, given[key], "1: no sequence parallelism, as rlzoo"))
+    crit = take(CRIT + "strategy", None)
+    if crit is not None and _fsdp(crit) != backend:
+        bad(
+            CRIT + "strategy", crit, f"differs from the actor's ({backend}); rlzoo trains both on one backend"
+        )
+    elif crit is not None:
+        conv.skipped.append((CRIT + "strategy", crit, "same as the actor's"))
+    # micro-batches
+    dyn = take(ACT + "use_dynamic_bsz", False)
+    max_tok = take(ACT + "ppo_max_token_len_per_gpu", None)
+    per_gpu = take(ACT + "ppo_micro_batch_size_per_gpu", None)
+    glob = take(ACT + "ppo_micro_batch_size", None)
+    if dyn:
+        conv.set(
+            "trainer.micro_batch.max_tokens",
+            max_tok,
+            f"{ACT}use_dynamic_bsz + {ACT}ppo_max_token_len_per_gpu",
+            (dyn, max_tok),
+        )
+        if per_gpu is not None:
+            conv.skipped.append(
+                (ACT + "ppo_micro_batch_size_per_gpu", per_gpu, "superseded by use_dynamic_bsz, as in verl")
+            )
+    else:
+        if max_tok is not None and ACT + "ppo_max_token_len_per_gpu" in given:
+            conv.skipped.append(
+                (ACT + "ppo_max_token_len_per_gpu", max_tok, "unused without use_dynamic_bsz, as in verl")
+            )
+        if per_gpu is None and glob is not None:
+            gpus = (conv.get("placement.trainer.n_gpus_per_node") or 1) * (
+                conv.get("placement.trainer.nnodes") or 1
+            )
+            per_gpu = max(int(glob) // gpus, 1)
+        if per_gpu is not None:
+            conv.set(
+                "trainer.micro_batch.size",
+                per_gpu,
+                ACT + ("ppo_micro_batch_size_per_gpu" if glob is None else "ppo_micro_batch_size"),
+                per_gpu,
+                "per rank",
+            )
+    lp_keys = [k for k in v if k.endswith(("log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size"))]
+    lp = [take(k) for k in lp_keys]
+    if lp:
+        conv.set(
+            "trainer.micro_batch.log_prob_size", max(int(x) for x in lp), " + ".join(lp_keys), lp, "per rank"
+        )
+    # policy loss and advantage params
+    loss_key, adv_key = "algorithm.policy_loss", "algorithm.advantage"
+    for sec in (loss_key, adv_key):
+        if isinstance(conv.get(sec), str):
+            name = conv.get(sec)
+            node = conv.recipe["algorithm"]
+            node[sec.split(".")[1]] = {"name": name}
+    if conv.get(loss_key) is None:
+        conv.recipe.setdefault("algorithm", {})["policy_loss"] = {"name": "ppo_clip"}
+    clip = take(ACT + "clip_ratio", None)
+    for side in ("low", "high"):
+        key = ACT + f"clip_ratio_{side}"
+        val = take(key, None)
+        if val is None and clip is not None:
+            key, val = ACT + "clip_ratio", clip
+        if val is not None:
+            _part_param(conv, "policy_loss", loss_key, f"clip_ratio_{side}", key, val)
+    if clip is not None and ACT + "clip_ratio_low" in given and ACT + "clip_ratio_high" in given:
+        conv.skipped.append(
+            (ACT + "clip_ratio", clip, "clip_ratio_low and clip_ratio_high override it, as in verl")
+        )
+    for verl_key, param in (
+        (ACT + "clip_ratio_c", "clip_ratio_c"),
+        (ACT + "tau_pos", "tau_pos"),
+        (ACT + "tau_neg", "tau_neg"),
+        (ACT + "policy_loss.clip_cov_ratio", "clip_cov_ratio"),
+        (ACT + "policy_loss.clip_cov_lb", "clip_cov_lb"),
+        (ACT + "policy_loss.clip_cov_ub", "clip_cov_ub"),
+        (ACT + "policy_loss.kl_cov_ratio", "kl_cov_ratio"),
+        (ACT + "policy_loss.ppo_kl_coef", "ppo_kl_coef"),
+        (ACT + "policy_loss.dro_beta", "beta"),
+    ):
+        if verl_key in v and (val := take(verl_key)) is not None:
+            _part_param(conv, "policy_loss", loss_key, param, verl_key, val)
+    for verl_key, param in (
+        (A + "gamma", "gamma"),
+        (A + "lam", "lam"),
+        (A + "norm_adv_by_std_in_grpo", "norm_by_std"),
+    ):
+        if verl_key in v:
+            _part_param(conv, "advantage", adv_key, param, verl_key, take(verl_key))
+    # validation sampling
+    do_sample = take(ROLL + "val_kwargs.do_sample", None)
+    temp = take(ROLL + "val_kwargs.temperature", None)
+    val_keys = f"{ROLL}val_kwargs.do_sample + {ROLL}val_kwargs.temperature"
+    if do_sample:
+        conv.set("rollout.val.temperature", 1.0 if temp is None else temp, val_keys, (do_sample, temp))
+    elif do_sample is not None or temp is not None:
+        conv.set(
+            "rollout.val.temperature", 0.0, val_keys, (do_sample, temp), "greedy unless do_sample, as verl"
+        )
+    # engine kwargs
+    # rlzoo's vLLM backend takes engine kwargs as strings it reads as YAML scalars
+    eng_keys = [k for k in v if k.startswith(ROLL + "engine_kwargs.vllm.")]
+    eng = {k.rsplit(".", 1)[1]: str(take(k)) for k in eng_keys}
+    if eng:
+        conv.set("rollout.backend.engine_kwargs", eng, " + ".join(eng_keys), eng)
+    # reward model
+    rm = take("reward_model.enable", None)
+    if rm:
+        bad("reward_model.enable", rm, "rlzoo has no learned reward model; scorers are rule-based")
+    # DAPO dynamic sampling
+    if take(A + "filter_groups.enable", False):
+        fkeys = " + ".join(k for k in given if k.startswith(A + "filter_groups."))
+        metric = take(A + "filter_groups.metric", "acc")
+        gens = take(A + "filter_groups.max_num_gen_batches", 0)
+        conv.set(
+            "algorithm.sample_filter",
+            {"name": "dynamic_sampling", "metric": metric, "max_num_gen_batches": gens},
+            fkeys,
+            (metric, gens),
+        )
+    else:
+        for k in [k for k in v if k.startswith(A + "filter_groups.")]:
+            conv.skipped.append((k, take(k), "filter_groups is off"))
+    _correction(
+        conv,
+        {
+            k[len(A + "rollout_correction.") :]: take(k)
+            for k in list(v)
+            if k.startswith(A + "rollout_correction.")
+        },
+        v,
+        bad,
+    )
+    for k in list(v):
+        bad(k, take(k), "no rule for this combination")
+
+
+def _correction(
+    conv: Conversion, rc: dict[str, Any], v: dict[str, Any], bad: Callable[[str, Any, str], None]
+) -> None:
+    key = A + "rollout_correction"
+    label = " + ".join(
+        [f"{key}.{k}" for k in rc]
+        + [k for k in (ACT + "use_rollout_log_probs", "async_training.use_rollout_log_probs") if k in v]
+    )
+    bypass = bool(rc.pop("bypass_mode", False))
+    use_rollout = v.pop(ACT + "use_rollout_log_probs", None)
+    async_rollout = v.pop("async_training.use_rollout_log_probs", None)
+    bypass = bypass or bool(use_rollout) or bool(async_rollout)
+    is_, is_thr = rc.pop("rollout_is", None), rc.pop("rollout_is_threshold", 2.0)
+    rs, rs_thr = rc.pop("rollout_rs", None), rc.pop("rollout_rs_threshold", None)
+    norm = bool(rc.pop("rollout_is_batch_normalize", False))
+    veto = rc.pop("rollout_token_veto_threshold", None)
+    loss_type = rc.pop("loss_type", "ppo_clip")
+    for k, val in rc.items():
+        bad(f"{key}.{k}", val, "not a verl 0.9.1 rollout_correction option rlzoo maps")
+    if loss_type != "ppo_clip":
+        bad(f"{key}.loss_type", loss_type, "rlzoo's bypass mode keeps the selected policy loss (ppo_clip)")
+    part: dict[str, Any]
+    if rs:
+        if rs_thr is None:
+            bad(f"{key}.rollout_rs_threshold", None, "verl requires it with rollout_rs")
+            return
+        part = {"name": "rejection", "criteria": str(rs), "thresholds": str(rs_thr)}
+        if is_:
+            if isinstance(is_thr, str) and "_" in is_thr:
+                bad(f"{key}.rollout_is_threshold", is_thr, "IcePop bounds together with rollout_rs")
+                return
+            part.update(is_level=str(is_), is_threshold=float(is_thr))
+    elif is_:
+        if isinstance(is_thr, str) and "_" in is_thr:
+            if is_ != "token":
+                bad(f"{key}.rollout_is", is_, "IcePop bounds work per token in rlzoo")
+                return
+            low, high = (float(x) for x in is_thr.split("_", 1))
+            part = {"name": "icepop", "low": low, "high": high}
+        else:
+            part = {
+                "name": "token_is" if is_ == "token" else "seq_is",
+                "threshold": float(is_thr),
+                "batch_normalize": norm,
+            }
+    elif veto is not None:
+        bad(f"{key}.rollout_token_veto_threshold", veto, "a veto needs rollout_is or rollout_rs in rlzoo")
+        return
+    elif bypass:
+        part = {"name": "none"}
+    else:
+        return
+    if veto is not None:
+        part["token_veto_threshold"] = float(veto)
+    part["mode"] = "bypass" if bypass else "decoupled"
+    source = (is_, is_thr, rs, rs_thr, bypass, veto)
+    conv.set(key, part, label, source)
+
+
+# ---------------------------------------------------------------------------------------------
+# output
+# ---------------------------------------------------------------------------------------------
+def render(conv: Conversion, source: str) -> str:
+    """The recipe as YAML, with a header naming the source and any manual steps."""
+    import yaml
+
+    head = [
+        f"# Converted from verl by `rlzoo from-verl {source}`.",
+        "# Every verl key and where it went: docs/from-verl.md.",
+    ]
+    for k, v, why in conv.manual:
+        head.append(f"# MANUAL STEP: {k}={v!r}: {why}")
+    order = ["run", "model", "data", "algorithm", "reward", "rollout", "trainer", "runner", "placement"]
+    recipe = {k: conv.recipe[k] for k in order if k in conv.recipe}
+    recipe.update({k: v for k, v in conv.recipe.items() if k not in recipe})
+    return "\n".join(head) + "\n" + yaml.safe_dump(recipe, sort_keys=False, default_flow_style=False)
+
+
+def from_verl(source: str | Sequence[str], out: str | Path | None = None) -> tuple[Conversion, str]:
+    """Read a script path or override words, convert, optionally write ``out``; returns (conversion, yaml)."""
+    words = [source] if isinstance(source, str) else list(source)
+    if len(words) == 1 and Path(words[0]).is_file():
+        text, label = Path(words[0]).read_text(), words[0]
+    else:
+        text, label = " ".join(shlex.quote(w) for w in words), "<overrides>"
+    conv = convert(parse_command(text))
+    yaml_text = render(conv, label)
+    if out is not None:
+        Path(out).write_text(yaml_text)
+    return conv, yaml_text

@@ -1,0 +1,343 @@
+"""The verl -> rlzoo mapping: one data table (:data:`TABLE`), verl's defaults where rlzoo's differ
+(:data:`VERL_DEFAULTS`) and verl's entry points (:data:`ENTRY_POINTS`). docs/from-verl.md shows it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+# ---------------------------------------------------------------------------------------------
+# the rules
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class To:
+    """Set one rlzoo key (``how`` turns the verl value into the rlzoo one)."""
+
+    key: str
+    how: Callable[[Any], Any] | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Skip:
+    """No rlzoo setting is needed: the reason is printed."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Manual:
+    """Has an effect rlzoo has no key for: printed and written into the recipe header."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Handled with other keys (named in ``what``) when the recipe is assembled."""
+
+    what: str
+
+
+def _fsdp(v: Any) -> str:
+    name = {"fsdp": "fsdp2", "fsdp2": "fsdp2", "megatron": "megatron"}.get(str(v))
+    if name is None:
+        raise ValueError(f"strategy {v!r} has no rlzoo train backend (fsdp2, megatron)")
+    return name
+
+
+def _rollout_name(v: Any) -> str:
+    if str(v) != "vllm":
+        raise ValueError(f"rollout engine {v!r} has no rlzoo rollout backend (vllm, native)")
+    return "vllm"
+
+
+def _truncation(v: Any) -> str:
+    if str(v) not in ("error", "left", "right"):
+        raise ValueError(f"truncation {v!r}: rlzoo knows error, left, right (and filter)")
+    return str(v)
+
+
+def _files(v: Any) -> list[str]:
+    return [str(x) for x in v] if isinstance(v, (list, tuple)) else [str(v)]
+
+
+def _loggers(v: Any) -> list[str]:
+    names = _files(v)
+    unknown = [x for x in names if x not in ("console", "tensorboard", "wandb", "mlflow")]
+    if unknown:
+        raise ValueError(f"loggers {unknown} have no rlzoo sink (console, jsonl, tensorboard, wandb, mlflow)")
+    return [*names, "jsonl"] if "jsonl" not in names else names
+
+
+def _positive_or_none(v: Any) -> Any:
+    return None if v is None or (isinstance(v, (int, float)) and v <= 0) else v
+
+
+_PERF = "performance only: "
+_LOG = "logging / bookkeeping only: "
+A, R, ACT, REF, ROLL, CRIT = (
+    "algorithm.",
+    "actor_rollout_ref.",
+    "actor_rollout_ref.actor.",
+    "actor_rollout_ref.ref.",
+    "actor_rollout_ref.rollout.",
+    "critic.",
+)
+
+#: verl key -> rule. A key ending in ``.*`` covers every key under it.
+TABLE: dict[str, To | Skip | Manual | Rule] = {
+    # data
+    "data.train_files": To("data.train_files", _files),
+    "data.val_files": To("data.val_files", _files),
+    "data.prompt_key": To("data.prompt_key"),
+    "data.max_prompt_length": To("data.max_prompt_length"),
+    "data.max_response_length": To("data.max_response_length"),
+    "data.train_batch_size": Rule("prompts per step; fully-async: require_batches x ppo_mini_batch_size"),
+    "data.val_batch_size": To("data.val_batch_size", _positive_or_none),
+    "data.shuffle": To("data.shuffle"),
+    "data.truncation": To("data.truncation", _truncation),
+    "data.filter_overlong_prompts": Rule("True -> data.truncation=filter"),
+    "data.gen_batch_size": Skip(
+        "verl's generation batch (dynamic-sampling refills / fully-async streaming); rlzoo sizes it"
+    ),
+    "data.return_raw_chat": Skip("rlzoo always renders the chat template itself"),
+    "data.image_key": Skip("rlzoo reads the images column of its parquet schema"),
+    "data.trust_remote_code": To("model.trust_remote_code"),
+    # model
+    R + "model.path": To("model.path"),
+    R + "model.trust_remote_code": To("model.trust_remote_code"),
+    R + "model.enable_gradient_checkpointing": Rule("trainer.backend gradient_checkpointing (fsdp2)"),
+    R + "model.use_remove_padding": Rule("trainer.backend.use_remove_padding (fsdp2)"),
+    R + "model.override_config.*": Manual(
+        "rlzoo has no model-config override: edit the model's config.json (e.g. max_position_embeddings)"
+    ),
+    R + "hybrid_engine": Rule("False -> placement.colocate=false"),
+    # actor: algorithm
+    ACT + "strategy": To("trainer.backend.name", _fsdp),
+    ACT + "ppo_mini_batch_size": To("trainer.ppo_mini_batch_size"),
+    ACT + "ppo_epochs": To("trainer.ppo_epochs"),
+    ACT + "shuffle": To("trainer.shuffle_mini_batches"),
+    ACT + "clip_ratio": Rule("both policy-loss clip_ratio_low / _high unless set"),
+    ACT + "clip_ratio_low": Rule("algorithm.policy_loss.clip_ratio_low (losses that declare it)"),
+    ACT + "clip_ratio_high": Rule("algorithm.policy_loss.clip_ratio_high (losses that declare it)"),
+    ACT + "clip_ratio_c": Rule("algorithm.policy_loss.clip_ratio_c (losses that declare it)"),
+    ACT + "tau_pos": Rule("algorithm.policy_loss.tau_pos (sapo)"),
+    ACT + "tau_neg": Rule("algorithm.policy_loss.tau_neg (sapo)"),
+    ACT + "policy_loss.loss_mode": To("algorithm.policy_loss.name"),
+    ACT + "policy_loss.clip_cov_ratio": Rule("algorithm.policy_loss.clip_cov_ratio"),
+    ACT + "policy_loss.clip_cov_lb": Rule("algorithm.policy_loss.clip_cov_lb"),
+    ACT + "policy_loss.clip_cov_ub": Rule("algorithm.policy_loss.clip_cov_ub"),
+    ACT + "policy_loss.kl_cov_ratio": Rule("algorithm.policy_loss.kl_cov_ratio"),
+    ACT + "policy_loss.ppo_kl_coef": Rule("algorithm.policy_loss.ppo_kl_coef"),
+    ACT + "policy_loss.dro_beta": Rule("algorithm.policy_loss.beta (dro)"),
+    ACT + "loss_agg_mode": To("algorithm.loss_agg"),
+    ACT + "entropy_coeff": To("algorithm.entropy_coeff"),
+    ACT + "use_kl_loss": To("algorithm.use_kl_loss"),
+    ACT + "kl_loss_coef": To("algorithm.kl_loss_coef"),
+    ACT + "kl_loss_type": To("algorithm.kl_loss"),
+    ACT + "use_rollout_log_probs": Rule(
+        "True -> old log-probs := rollout log-probs (correction mode bypass)"
+    ),
+    # actor: optimizer and batching (shared trainer settings)
+    ACT + "optim.lr": To("trainer.optim.lr"),
+    ACT + "optim.weight_decay": To("trainer.optim.weight_decay"),
+    ACT + "optim.betas": To("trainer.optim.betas", list),
+    ACT + "optim.lr_warmup_steps": To("trainer.optim.warmup_steps", lambda v: max(int(v), 0)),
+    ACT + "optim.lr_warmup_steps_ratio": To("trainer.optim.warmup_ratio"),
+    ACT + "optim.warmup_style": To("trainer.optim.lr_scheduler"),
+    ACT + "optim.lr_scheduler_type": To("trainer.optim.lr_scheduler"),
+    ACT + "optim.min_lr_ratio": To("trainer.optim.min_lr_ratio", lambda v: 0.0 if v is None else v),
+    ACT + "optim.lr_decay_steps": Skip("rlzoo's schedule spans the run's optimizer steps"),
+    ACT + "optim.override_optimizer_config.*": Skip(_PERF + "megatron CPU-optimizer tuning"),
+    ACT + "grad_clip": To("trainer.optim.grad_clip"),
+    ACT + "use_dynamic_bsz": Rule("True -> trainer.micro_batch.max_tokens = ppo_max_token_len_per_gpu"),
+    ACT + "ppo_max_token_len_per_gpu": Rule("trainer.micro_batch.max_tokens (with use_dynamic_bsz)"),
+    ACT + "ppo_micro_batch_size_per_gpu": Rule("trainer.micro_batch.size (without use_dynamic_bsz)"),
+    ACT + "ppo_micro_batch_size": Rule("trainer.micro_batch.size = global / trainer GPUs"),
+    ACT + "ulysses_sequence_parallel_size": Rule("1 only (rlzoo has no Ulysses sequence parallelism)"),
+    ACT + "fsdp_config.param_offload": Rule("fsdp2 offload"),
+    ACT + "fsdp_config.optimizer_offload": Rule("fsdp2 offload"),
+    ACT + "fsdp_config.grad_offload": Skip(_PERF + "fsdp2 offloads parameters and optimizer state together"),
+    ACT + "fsdp_config.fsdp_size": To("trainer.backend.fsdp_size"),
+    ACT + "megatron.tensor_model_parallel_size": To("trainer.backend.tensor_model_parallel_size"),
+    ACT + "megatron.pipeline_model_parallel_size": To("trainer.backend.pipeline_model_parallel_size"),
+    ACT + "megatron.param_offload": To("trainer.backend.param_offload"),
+    ACT + "megatron.grad_offload": To("trainer.backend.grad_offload"),
+    ACT + "megatron.optimizer_offload": Skip(
+        _PERF + "optimizer state on CPU; rlzoo's megatron needs NVIDIA Transformer Engine for it: "
+        "set trainer.backend.optimizer_offload=true where it is installed"
+    ),
+    ACT + "megatron.use_mbridge": Skip("rlzoo converts HF <-> Megatron weights itself"),
+    ACT + "checkpoint.*": Skip(_LOG + "rlzoo checkpoints the whole training state"),
+    # reference model
+    REF + "fsdp_config.param_offload": To("trainer.backend.ref_offload"),
+    REF + "megatron.param_offload": To("trainer.backend.ref_offload"),
+    REF + "megatron.tensor_model_parallel_size": Skip(
+        _PERF + "the reference runs with the actor's parallelism"
+    ),
+    REF + "megatron.pipeline_model_parallel_size": Skip(
+        _PERF + "the reference runs with the actor's parallelism"
+    ),
+    REF + "log_prob_micro_batch_size_per_gpu": Rule("trainer.micro_batch.log_prob_size"),
+    REF + "log_prob_micro_batch_size": Rule("trainer.micro_batch.log_prob_size"),
+    REF + "log_prob_use_dynamic_bsz": Skip(_PERF + "log-prob forwards use trainer.micro_batch.log_prob_size"),
+    REF + "log_prob_max_token_len_per_gpu": Skip(
+        _PERF + "log-prob forwards use trainer.micro_batch.log_prob_size"
+    ),
+    REF + "ulysses_sequence_parallel_size": Rule("1 only"),
+    # rollout
+    ROLL + "name": To("rollout.backend.name", _rollout_name),
+    ROLL + "mode": Skip("rlzoo's vLLM backend serves the loop asynchronously by itself"),
+    ROLL + "n": To("rollout.n"),
+    ROLL + "temperature": To("rollout.temperature"),
+    ROLL + "top_p": To("rollout.top_p"),
+    ROLL + "top_k": To("rollout.top_k"),
+    ROLL + "tensor_model_parallel_size": To("rollout.backend.tensor_parallel_size"),
+    ROLL + "gpu_memory_utilization": To("rollout.backend.gpu_memory_utilization"),
+    ROLL + "max_model_len": To("rollout.backend.max_model_len"),
+    ROLL + "max_num_batched_tokens": To("rollout.backend.max_num_batched_tokens"),
+    ROLL + "max_num_seqs": To("rollout.backend.max_num_seqs"),
+    ROLL + "enforce_eager": To("rollout.backend.enforce_eager"),
+    ROLL + "enable_prefix_caching": To("rollout.backend.enable_prefix_caching"),
+    ROLL + "enable_chunked_prefill": Skip(_PERF + "vLLM's V1 engine chunks prefills by default"),
+    ROLL + "engine_kwargs.vllm.*": Rule("rollout.backend.engine_kwargs"),
+    ROLL + "free_cache_engine": Skip(_PERF + "rlzoo's vLLM backend manages its KV cache"),
+    ROLL + "calculate_log_probs": Skip(
+        "rlzoo's rollout backends always return the sampled tokens' log-probs"
+    ),
+    ROLL + "log_prob_micro_batch_size_per_gpu": Rule("trainer.micro_batch.log_prob_size"),
+    ROLL + "log_prob_micro_batch_size": Rule("trainer.micro_batch.log_prob_size"),
+    ROLL + "log_prob_use_dynamic_bsz": Skip(
+        _PERF + "log-prob forwards use trainer.micro_batch.log_prob_size"
+    ),
+    ROLL + "log_prob_max_token_len_per_gpu": Skip(
+        _PERF + "log-prob forwards use trainer.micro_batch.log_prob_size"
+    ),
+    ROLL + "val_kwargs.n": To("rollout.val.n"),
+    ROLL + "val_kwargs.temperature": Rule("rollout.val.temperature (0 unless do_sample)"),
+    ROLL + "val_kwargs.top_p": To("rollout.val.top_p"),
+    ROLL + "val_kwargs.top_k": To("rollout.val.top_k"),
+    ROLL + "val_kwargs.do_sample": Rule("False -> rollout.val.temperature=0"),
+    # critic (PPO with GAE)
+    CRIT + "strategy": Rule("must equal the actor's strategy (one train backend)"),
+    CRIT + "model.path": To("model.critic_path"),
+    CRIT + "optim.lr": To("trainer.optim.critic_lr"),
+    CRIT + "optim.weight_decay": To("trainer.optim.critic_weight_decay"),
+    CRIT + "grad_clip": To("trainer.optim.critic_grad_clip"),
+    CRIT + "cliprange_value": To("algorithm.value_clip"),
+    CRIT + "ppo_micro_batch_size_per_gpu": Skip(_PERF + "the critic uses trainer.micro_batch like the actor"),
+    CRIT + "ppo_max_token_len_per_gpu": Skip(_PERF + "the critic uses trainer.micro_batch like the actor"),
+    CRIT + "use_dynamic_bsz": Skip(_PERF + "the critic uses trainer.micro_batch like the actor"),
+    CRIT + "model.enable_gradient_checkpointing": Skip(_PERF + "follows the actor's gradient_checkpointing"),
+    CRIT + "model.use_remove_padding": Skip(_PERF + "follows the actor's use_remove_padding"),
+    CRIT + "model.fsdp_config.*": Skip(_PERF + "the critic follows the actor's FSDP settings"),
+    # algorithm
+    A + "adv_estimator": To("algorithm.advantage.name"),
+    A + "gamma": Rule("algorithm.advantage.gamma (estimators that declare it)"),
+    A + "lam": Rule("algorithm.advantage.lam (gae)"),
+    A + "norm_adv_by_std_in_grpo": Rule("algorithm.advantage.norm_by_std (estimators that declare it)"),
+    A + "use_kl_in_reward": To("algorithm.use_kl_in_reward"),
+    A + "kl_penalty": To("algorithm.kl_penalty"),
+    A + "kl_ctrl.type": To("algorithm.kl_ctrl.type"),
+    A + "kl_ctrl.kl_coef": To("algorithm.kl_ctrl.kl_coef"),
+    A + "kl_ctrl.target_kl": To("algorithm.kl_ctrl.target_kl"),
+    A + "kl_ctrl.horizon": To("algorithm.kl_ctrl.horizon"),
+    A + "filter_groups.enable": Rule("True -> algorithm.sample_filter=dynamic_sampling"),
+    A + "filter_groups.metric": Rule("algorithm.sample_filter.metric"),
+    A + "filter_groups.max_num_gen_batches": Rule("algorithm.sample_filter.max_num_gen_batches"),
+    A + "rollout_correction.*": Rule(
+        "one algorithm.rollout_correction part (token_is / seq_is / icepop / rejection)"
+    ),
+    # reward
+    "reward_model.reward_manager": To("reward.manager.name"),
+    "reward_model.enable": Rule("False only (rlzoo scores with rule-based scorers)"),
+    "reward_model.reward_kwargs.overlong_buffer_cfg.enable": To("reward.manager.enable"),
+    "reward_model.reward_kwargs.overlong_buffer_cfg.len": To("reward.manager.overlong_buffer_len"),
+    "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor": To("reward.manager.penalty_factor"),
+    "reward_model.reward_kwargs.overlong_buffer_cfg.log": Skip(_LOG + "rlzoo always logs the penalty"),
+    "reward_model.reward_kwargs.max_resp_len": To("reward.manager.max_response_length"),
+    # trainer and placement
+    "trainer.project_name": Skip(_LOG + "experiment tracker project"),
+    "trainer.experiment_name": To("run.name"),
+    "trainer.logger": To("run.loggers", _loggers, "plus jsonl, rlzoo's metrics file"),
+    "trainer.default_local_dir": To("run.dir"),
+    "trainer.resume_mode": Skip("rlzoo resumes only when asked (resume=latest run.output_dir=...)"),
+    "trainer.val_before_train": To("trainer.val_before_train"),
+    "trainer.test_freq": To("trainer.test_freq"),
+    "trainer.save_freq": To("trainer.save_freq"),
+    "trainer.total_epochs": To("trainer.total_epochs"),
+    "trainer.total_training_steps": To("trainer.total_steps"),
+    "trainer.critic_warmup": To("trainer.critic_warmup"),
+    "trainer.nnodes": To("placement.trainer.nnodes"),
+    "trainer.n_gpus_per_node": To("placement.trainer.n_gpus_per_node"),
+    "trainer.use_legacy_worker_impl": Skip("verl worker implementation switch"),
+    "trainer.log_val_generations": Skip(_LOG + "rlzoo writes validation samples to the run directory"),
+    "trainer.max_actor_ckpt_to_keep": To("trainer.max_checkpoints"),
+    "rollout.nnodes": To("placement.rollout.nnodes"),
+    "rollout.n_gpus_per_node": To("placement.rollout.n_gpus_per_node"),
+    "rollout.total_rollout_steps": To("runner.total_rollout_steps"),
+    "rollout.test_freq": To("trainer.test_freq"),
+    "rollout.total_epochs": Skip("the fully-async run is bounded by total_rollout_steps"),
+    "async_training.staleness_threshold": To("runner.staleness_threshold"),
+    "async_training.trigger_parameter_sync_step": To("runner.trigger_parameter_sync_step"),
+    "async_training.require_batches": To("runner.require_batches"),
+    "async_training.partial_rollout": To("runner.partial_rollout"),
+    "async_training.use_rollout_log_probs": Rule("True -> old log-probs := rollout log-probs (mode bypass)"),
+}
+
+#: verl's defaults where rlzoo's differ (verl 0.9.1's ppo_trainer.yaml), applied before the
+#: script's overrides so the recipe runs the experiment verl would run.
+VERL_DEFAULTS: dict[str, Any] = {
+    A + "adv_estimator": "gae",
+    "data.max_prompt_length": 512,
+    "data.max_response_length": 512,
+    "data.train_batch_size": 1024,
+    "data.truncation": "error",
+    ROLL + "name": "vllm",
+    ROLL + "n": 1,
+    ACT + "strategy": "fsdp",
+    ACT + "ppo_mini_batch_size": 256,
+    ACT + "ppo_max_token_len_per_gpu": 16384,
+    "trainer.total_epochs": 30,
+    "trainer.nnodes": 1,
+    "trainer.n_gpus_per_node": 8,
+}
+
+#: entry modules -> rlzoo runner
+ENTRY_POINTS = {
+    "verl.trainer.main_ppo": "sync",
+    "verl.experimental.fully_async_policy.fully_async_main": "fully_async",
+    "recipe.fully_async_policy.fully_async_main": "fully_async",
+    "verl.experimental.one_step_off_policy.main_ppo": "one_step_off",
+    "recipe.one_step_off_policy.main_ppo": "one_step_off",
+    "recipe.dapo.main_dapo": "sync",
+}
+
+
+def _rule(key: str) -> To | Skip | Manual | Rule | None:
+    if key in TABLE:
+        return TABLE[key]
+    parts = key.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        star = ".".join(parts[:i]) + ".*"
+        if star in TABLE:
+            return TABLE[star]
+    return None
+
+
+def table_markdown() -> str:
+    """The mapping table as Markdown (docs/from-verl.md)."""
+    rows = ["| verl key | rlzoo | note |", "|---|---|---|"]
+    for k, r in TABLE.items():
+        if isinstance(r, To):
+            rows.append(f"| `{k}` | `{r.key}` | {r.note} |")
+        elif isinstance(r, Rule):
+            rows.append(f"| `{k}` | (combined) | {r.what} |")
+        elif isinstance(r, Skip):
+            rows.append(f"| `{k}` | not needed | {r.why} |")
+        else:
+            rows.append(f"| `{k}` | **manual** | {r.why} |")
+    return "\n".join(rows)
