@@ -29,7 +29,10 @@ from .conftest import QUIET, SIM, build
 RUNNER = {
     "sync": ["runner=sync"],
     "one_step_off": ["runner=one_step_off"],
-    "fully_async": ["~runner", "+runner={name:fully_async,trigger_parameter_sync_step:1,staleness_threshold:0.5}"],
+    "fully_async": [
+        "~runner",
+        "+runner={name:fully_async,trigger_parameter_sync_step:1,staleness_threshold:0.5}",
+    ],
 }
 
 
@@ -230,7 +233,9 @@ def test_ctrl_c_prints_the_resume_command(runner: str, quickstart_dir: Path, tmp
     """Before: fully_async printed no resume hint on Ctrl-C."""
     out = tmp_path / "run"
     log = tmp_path / "log.txt"
-    proc = _start(_cli(quickstart_dir, out, *RUNNER[runner], "trainer.total_steps=500", "trainer.save_freq=1"), log)
+    proc = _start(
+        _cli(quickstart_dir, out, *RUNNER[runner], "trainer.total_steps=500", "trainer.save_freq=1"), log
+    )
     _wait_for(lambda: len(_steps(out)) >= 2, proc, log)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130

@@ -30,7 +30,9 @@ REF_OFFSET = 0.1  # the reference model's log-probs sit this far below the polic
 KL_COEF = 0.05
 
 
-def scorer(response: str, ground_truth: Any, data_source: str, extra_info: Any, params: Any) -> dict[str, float]:
+def scorer(
+    response: str, ground_truth: Any, data_source: str, extra_info: Any, params: Any
+) -> dict[str, float]:
     """``acc`` is constant within a group for half of the prompts (by their answer), varies with the
     response length for the others; ``score`` always varies with the length (so the reward does)."""
     words = response.split()
@@ -134,7 +136,9 @@ def test_every_runner_honours_the_same_settings(
     # validation every 2 steps and at the end
     assert [r["step"] for r in recs if "val/mean" in r] == [2, 4]
     # groups were filtered away on acc (half the prompts have a constant acc)
-    dropped = sum(r.get("rollout/dropped_groups", 0.0) + r.get("rollouter/filtered_groups", 0.0) for r in recs)
+    dropped = sum(
+        r.get("rollout/dropped_groups", 0.0) + r.get("rollouter/filtered_groups", 0.0) for r in recs
+    )
     assert dropped > 0, runner
 
 
