@@ -36,6 +36,12 @@ from rlzoo.registry import Component, param
 # ---------------------------------------------------------------------------------------------
 # Part selections
 # ---------------------------------------------------------------------------------------------
+def parts(kind: str, default: list[str], *, help: str) -> Any:  # noqa: A002
+    """A recipe field that selects a list of parts of ``kind`` (each a name or name + params)."""
+    meta = {"kind": kind, "help": help, "sequence": True}
+    return field(default_factory=lambda: list(default), metadata=meta)
+
+
 def part(kind: str, default: str | None, *, help: str, optional: bool = False) -> Any:  # noqa: A002
     """A recipe field that selects a part of ``kind`` by name (plus its params)."""
     meta = {"kind": kind, "help": help, "optional": optional}
@@ -84,7 +90,11 @@ class RunSection:
     dir: str = param("runs", help="parent folder of run directories")
     output_dir: str | None = param(None, help="exact run directory (overrides dir/name; needed to resume)")
     seed: int = param(0, help="seed for data order, sampling and initialisation")
-    loggers: list[str] = param(["console", "jsonl", "tensorboard"], help="metric sinks")
+    loggers: list[Any] = parts(
+        "logger",
+        ["console", "jsonl", "tensorboard"],
+        help="metric sinks (kind logger): console, jsonl, tensorboard, wandb, mlflow; each a name or {name, params}",
+    )
     export_every: int = param(
         0, help="also write the model as an HF folder RUN_DIR/export/step_K/ every K steps (0: final/ only)"
     )
@@ -267,6 +277,9 @@ class RecipeConfig:
             elif isinstance(obj, dict):
                 for v in obj.values():
                     walk(v)
+            elif isinstance(obj, list):
+                for v in obj:
+                    walk(v)
 
         walk(self)
         return out
@@ -383,6 +396,8 @@ def _custom_binder(pm: PluginManager) -> Any:
             if hint is not None:
                 return bind_dataclass(hint, value or {}, path, problems, custom=custom)
             return NotImplemented
+        if f.metadata.get("sequence"):
+            return _bind_sequence(kind, value, path, problems, pm)
         if f.metadata.get("mapping"):
             if not isinstance(value, Mapping):
                 problems.append(f"{path}: expected a mapping of data_source -> {kind}")
@@ -391,6 +406,15 @@ def _custom_binder(pm: PluginManager) -> Any:
         return bind_part(kind, value, path, problems, pm, optional=f.metadata.get("optional", False))
 
     return custom
+
+
+def _bind_sequence(kind: str, value: Any, path: str, problems: list[str], pm: PluginManager) -> list[Any]:
+    """A list of part selections (``run.loggers``): each entry bound like a single part."""
+    if isinstance(value, (str, Mapping)) or not isinstance(value, (list, tuple)):
+        problems.append(f"{path}: expected a list of {kind} names, e.g. [console, jsonl], got {value!r}")
+        return []
+    bound = [bind_part(kind, v, f"{path}[{i}]", problems, pm) for i, v in enumerate(value)]
+    return [b for b in bound if b is not None]
 
 
 field_types_cache: dict[Any, type] = {}
@@ -433,7 +457,10 @@ def _resolve_defaults(obj: Any, path: str, problems: list[str], pm: PluginManage
         value = getattr(obj, f.name)
         sub = f"{path}.{f.name}" if path else f.name
         kind = f.metadata.get("kind")
-        if kind is not None and not f.metadata.get("mapping"):
+        if kind is not None and f.metadata.get("sequence"):
+            if any(isinstance(v, (str, Mapping)) for v in value or ()):  # a default never bound
+                setattr(obj, f.name, _bind_sequence(kind, value, sub, problems, pm))
+        elif kind is not None and not f.metadata.get("mapping"):
             if isinstance(value, (str, Mapping)):  # a default never bound (None: failed or off)
                 setattr(
                     obj,
@@ -537,6 +564,14 @@ def _placement_rule(cfg: RecipeConfig) -> list[str]:
     return []
 
 
+def _logger_rule(cfg: RecipeConfig) -> list[str]:
+    out: list[str] = []
+    for sel in cfg.run.loggers:  # a tracker whose package is missing fails here, not mid-run
+        if isinstance(sel, Selection):
+            out += missing_requirement(sel)
+    return out
+
+
 def _runner_rule(cfg: RecipeConfig) -> list[str]:
     runner = cfg.runner
     if isinstance(runner, Selection):
@@ -554,8 +589,29 @@ CONSISTENCY_RULES: list[Any] = [
     _critic_rule,
     _aggregation_rule,
     _placement_rule,
+    _logger_rule,
     _runner_rule,
 ]
+
+
+def missing_requirement(sel: Selection) -> list[str]:
+    """The problem when the package a part declares (capability ``requires``, a distribution name,
+    installed by the extra named in ``extra``) is not installed in this process. Checked for parts
+    that run in the driver process (loggers); a backend's package may live on Ray workers only."""
+    import importlib.metadata as md
+
+    dist = sel.capability("requires", None)
+    if not dist:
+        return []
+    try:
+        md.distribution(str(dist))
+    except md.PackageNotFoundError:
+        extra = sel.capability("extra", None) or dist
+        return [
+            f"{sel.key}: {sel.kind} {sel.name!r} needs the package {dist!r}, which is not installed: "
+            f"pip install rlzoo[{extra}]"
+        ]
+    return []
 
 
 def mini_batches_per_step(cfg: RecipeConfig) -> int:

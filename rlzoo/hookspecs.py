@@ -176,6 +176,22 @@ def rlzoo_register_runners(registry: Registrar) -> None:
     """
 
 
+@hookspec
+def rlzoo_register_loggers(registry: Registrar) -> None:
+    """Register metric loggers (kind ``logger``): where a run's metrics go.
+
+    A logger is a factory ``factory(params, context: LoggerContext) -> MetricSink`` (see
+    :mod:`rlzoo.metrics`): ``context`` carries the run directory, the run's name and id, its
+    resolved config, plugin versions and whether the run resumes; the sink's ``log(step, record,
+    advance=...)`` receives every step's record (``step``, ``time`` and float metrics, the same
+    object that goes to ``metrics.jsonl``) and ``close()`` ends the run. A tracker keeps what it
+    needs to continue the same tracker run on resume in ``RUN_DIR/trackers.json``
+    (:func:`rlzoo.metrics.tracker_state`). A logger that needs an optional package declares it in
+    the ``requires`` and ``extra`` capabilities, so ``rlzoo validate`` rejects it when missing.
+    Selected by ``run.loggers`` (a list: ``[console, jsonl, wandb]``).
+    """
+
+
 # ---------------------------------------------------------------------------------------------
 # Configuration
 # ---------------------------------------------------------------------------------------------

@@ -94,6 +94,12 @@ KINDS: tuple[Kind, ...] = (
         "the loop: when each phase runs and where",
         "runner",
     ),
+    Kind(
+        "logger",
+        "rlzoo_register_loggers",
+        "records each step's metrics and the run's config (console, jsonl, TensorBoard, W&B, MLflow)",
+        "run.loggers",
+    ),
 )
 
 KIND_BY_NAME: dict[str, Kind] = {k.name: k for k in KINDS}

@@ -1,4 +1,7 @@
-"""One metrics module for every runner: TensorBoard + ``metrics.jsonl`` + console.
+"""One metrics module for every runner: the records, and the loggers they go to.
+
+The loggers are parts of kind ``logger`` (``run.loggers=[console,jsonl,tensorboard,wandb,mlflow]``;
+the built-ins are in :mod:`rlzoo.loggers`, third parties add theirs with ``rlzoo_register_loggers``).
 
 Metric names follow verl's where users know them (``critic/score/mean``, ``response_length/mean``,
 ``actor/pg_clipfrac``, ``timing_s/gen``, ``perf/throughput`` ...). Each ``log(step, metrics)`` call
@@ -14,8 +17,9 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 logger = logging.getLogger("rlzoo")
 
@@ -84,13 +88,135 @@ class PhaseTimer:
         self.seconds.clear()
 
 
+@dataclass(frozen=True)
+class LoggerContext:
+    """What a logger factory receives besides its own params (kind ``logger``)."""
+
+    run_dir: Path | None
+    #: the run's name (``run.name``, e.g. the recipe's): W&B project / MLflow experiment default
+    run_name: str = "rlzoo"
+    #: this run's own name, stable across resumes: the run directory's name (tracker run name)
+    run_id: str = "rlzoo"
+    #: the resolved config (``RUN_DIR/config.yaml``) as plain data
+    config: Mapping[str, Any] = field(default_factory=dict)
+    #: plugin name -> version of every loaded plugin, and library versions (``plugins.json``)
+    versions: Mapping[str, str] = field(default_factory=dict)
+    #: the run continues from a checkpoint: continue the tracker's run too
+    resumed: bool = False
+    #: the first step this process logs is ``initial_step + 1``
+    initial_step: int = 0
+    total_steps: int | None = None
+    progress: bool = True
+    desc: str = "training"
+    #: TensorBoard: drop events from this step on (a resumed run writes them again)
+    purge_step: int | None = None
+
+
+@runtime_checkable
+class MetricSink(Protocol):
+    """A logger built by a ``logger`` factory: receives every step's record, then ``close()``."""
+
+    def log(self, step: int, record: Mapping[str, Any], *, advance: bool = True) -> None:
+        """``record``: ``step``, ``time`` and the step's metrics (floats; None for non-finite
+        values; strings / lists kept). ``advance`` is False for a record that is not a training
+        step (validation before training)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def tracker_state(
+    run_dir: Path | None, tracker: str, update: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """What ``tracker`` keeps in ``RUN_DIR/trackers.json`` (its run id, to continue the same run on
+    resume); with ``update``, merge it in and write the file first."""
+    if run_dir is None:
+        return dict(update or {})
+    path = Path(run_dir) / "trackers.json"
+    data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    if update:
+        data[tracker] = {**data.get(tracker, {}), **update}
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+        tmp.replace(path)
+    return dict(data.get(tracker, {}))
+
+
+def numeric_metrics(record: Mapping[str, Any]) -> dict[str, float]:
+    """The float metrics of a record (``step``, ``time``, strings and nulls left out)."""
+    return {
+        k: v
+        for k, v in record.items()
+        if k not in ("step", "time") and isinstance(v, float) and math.isfinite(v)
+    }
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists kept as values): a tracker's run params."""
+    out: dict[str, Any] = {}
+    for k, v in config.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _run_context(
+    run_dir: Path | None,
+    *,
+    total_steps: int | None,
+    progress: bool,
+    desc: str,
+    initial_step: int,
+    purge_step: int | None,
+) -> LoggerContext:
+    """The context of the run in ``run_dir``, read from what the run recorded there."""
+    config: dict[str, Any] = {}
+    versions: dict[str, str] = {}
+    if run_dir is not None:
+        cfg_file = run_dir / "config.yaml"
+        if cfg_file.exists():
+            import yaml
+
+            loaded = yaml.safe_load(cfg_file.read_text())
+            config = loaded if isinstance(loaded, dict) else {}
+        plugins_file = run_dir / "plugins.json"
+        if plugins_file.exists():
+            meta = json.loads(plugins_file.read_text())
+            versions.update({str(k): str(v) for k, v in (meta.get("versions") or {}).items()})
+            for p in meta.get("plugins") or []:
+                if isinstance(p, Mapping) and p.get("status") == "loaded":
+                    versions[str(p.get("name"))] = str(p.get("version") or "-")
+    run_name = str((config.get("run") or {}).get("name") or "rlzoo")
+    return LoggerContext(
+        run_dir=run_dir,
+        run_name=run_name,
+        run_id=run_dir.name if run_dir is not None else run_name,
+        config=config,
+        versions=versions,
+        resumed=purge_step is not None,
+        initial_step=initial_step,
+        total_steps=total_steps,
+        progress=progress,
+        desc=desc,
+        purge_step=purge_step,
+    )
+
+
 class MetricsLogger:
-    """Writes metrics to the run directory; shows a live progress line."""
+    """Sends every step's record to the run's loggers (``run.loggers``); keeps the history.
+
+    ``loggers``: bound selections of kind ``logger`` (what :class:`~rlzoo.config.RecipeConfig`
+    holds) or registered names. The context each logger gets is read from the run directory
+    (``config.yaml``, ``plugins.json``), which the run writes before it starts.
+    """
 
     def __init__(
         self,
         run_dir: Path | None,
-        loggers: Iterable[str] = ("console", "jsonl", "tensorboard"),
+        loggers: Iterable[Any] = ("console", "jsonl", "tensorboard"),
         *,
         total_steps: int | None = None,
         progress: bool = True,
@@ -99,30 +225,26 @@ class MetricsLogger:
         purge_step: int | None = None,
     ) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.loggers = set(loggers)
-        unknown = self.loggers - {"console", "jsonl", "tensorboard"}
-        if unknown:
-            raise ValueError(f"unknown loggers {sorted(unknown)}; choose from console, jsonl, tensorboard")
-        self._jsonl = None
-        self._tb: Any = None
-        if self.run_dir is not None and "jsonl" in self.loggers:
+        if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._jsonl = (self.run_dir / "metrics.jsonl").open("a", buffering=1)
-        if self.run_dir is not None and "tensorboard" in self.loggers:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                # purge_step: a resumed run drops the events it is about to write again
-                self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=purge_step)
-            except Exception as exc:  # tensorboard missing: keep going with the other sinks
-                logger.warning("TensorBoard logging disabled: %s", exc)
-        self._bar: Any = None
-        if progress and "console" in self.loggers:
-            from tqdm.auto import tqdm
-
-            self._bar = tqdm(
-                total=total_steps, initial=initial_step, desc=desc, dynamic_ncols=True, unit="step"
-            )
+        self.context = _run_context(
+            self.run_dir,
+            total_steps=total_steps,
+            progress=progress,
+            desc=desc,
+            initial_step=initial_step,
+            purge_step=purge_step,
+        )
+        self.sinks: dict[str, MetricSink] = {}
+        try:
+            for sel in _selections(loggers):
+                if sel.name in self.sinks:
+                    continue
+                self.sinks[sel.name] = sel.fn(sel.params, self.context)
+        except BaseException:
+            self.close()
+            raise
+        self.loggers = set(self.sinks)
         self.history: list[dict[str, Any]] = []
 
     def log(self, step: int, metrics: Mapping[str, Any], *, advance: bool = True) -> dict[str, Any]:
@@ -135,40 +257,50 @@ class MetricsLogger:
                 continue
             record[k] = f if math.isfinite(f) else None
         self.history.append(record)
-        if self._jsonl is not None:
-            self._jsonl.write(json.dumps(record) + "\n")
-        if self._tb is not None:
-            for k, v in record.items():
-                if k not in ("step", "time") and isinstance(v, float):
-                    self._tb.add_scalar(k, v, global_step=step)
-            self._tb.flush()
-        if "console" in self.loggers:
-            shown = {short: record[k] for k, short in CONSOLE_KEYS if isinstance(record.get(k), float)}
-            text = " ".join(f"{s}={v:.3g}" for s, v in shown.items())
-            if self._bar is not None:
-                self._bar.set_postfix_str(text, refresh=False)
-                if advance:
-                    self._bar.update(1)
-                else:
-                    self._bar.refresh()
-            else:
-                logger.info("step %d %s", step, text)
+        for sink in self.sinks.values():
+            sink.log(int(step), record, advance=advance)
         return record
 
     def write(self, message: str) -> None:
         """Print a line without breaking the progress bar."""
-        if self._bar is not None:
-            self._bar.write(message)
-        else:
-            print(message, flush=True)
+        for sink in self.sinks.values():
+            write = getattr(sink, "write", None)
+            if callable(write):
+                write(message)
+                return
+        print(message, flush=True)
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-        if self._jsonl is not None:
-            self._jsonl.close()
-        if self._tb is not None:
-            self._tb.close()
+        for name, sink in list(getattr(self, "sinks", {}).items()):
+            try:
+                sink.close()
+            except Exception as exc:  # one tracker failing to close must not hide the others
+                logger.warning("closing logger %s failed: %s", name, exc)
+
+
+def _selections(loggers: Iterable[Any]) -> list[Any]:
+    """Bound logger selections; registered names are bound with their default params."""
+    out = []
+    names: list[str] = []
+    for item in loggers:
+        if isinstance(item, str):
+            names.append(item)
+        else:
+            out.append(item)
+    if names:
+        from rlzoo.config import bind_part
+        from rlzoo.errors import ConfigError
+        from rlzoo.plugins import get_plugin_manager
+
+        pm = get_plugin_manager()
+        problems: list[str] = []
+        for i, name in enumerate(names):
+            sel = bind_part("logger", name, f"run.loggers[{i}]", problems, pm)
+            if sel is not None:
+                out.append(sel)
+        if problems:
+            raise ConfigError(problems)
+    return out
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

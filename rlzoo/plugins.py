@@ -51,6 +51,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlzoo.backends.vllm",
     "rlzoo.backends.megatron",
     "rlzoo.runners",
+    "rlzoo.loggers",
     "rlzoo.tasks.quickstart",
     "rlzoo.tasks.smollm2",
     "rlzoo.backends.simulated",

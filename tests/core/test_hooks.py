@@ -67,6 +67,10 @@ class EveryHook:
         registry.register("every_runner", _part)
 
     @rlzoo.hookimpl
+    def rlzoo_register_loggers(self, registry):  # type: ignore[no-untyped-def]
+        registry.register("every_logger", _part)
+
+    @rlzoo.hookimpl
     def rlzoo_recipe_search_paths(self):  # type: ignore[no-untyped-def]
         return ["/nonexistent/every-hook-recipes"]
 

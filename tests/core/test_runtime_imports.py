@@ -39,6 +39,11 @@ class Block:
             raise ImportError(f"dev-only module {name!r} imported at run time")
         return None
 
+# torch's compiler probes for hypothesis with importlib.util.find_spec when it is first imported
+# (saving a model imports it: transformers' generation utilities); the probe is third-party and
+# tolerant of a missing package, so it runs before the blocker
+import torch._dynamo  # noqa: F401
+
 sys.meta_path.insert(0, Block())
 for name in list(sys.modules):  # nothing dev-only may be pre-loaded either
     if any(name == b or name.startswith(b + ".") for b in BLOCKED):
