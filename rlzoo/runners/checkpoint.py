@@ -113,7 +113,7 @@ class CheckpointManager:
 
     def clean_leftovers(self) -> list[Path]:
         """Remove what interrupted writes left behind (anything but ``step_<k>`` and ``latest``)."""
-        removed = []
+        removed: list[Path] = []
         if not self.root.is_dir():
             return removed
         for p in self.root.iterdir():
@@ -287,7 +287,8 @@ def rewind_metrics(run_dir: Path, step: int) -> Path | None:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return None
-    keep, moved = [], []
+    keep: list[str] = []
+    moved: list[str] = []
     for line in path.read_text().splitlines():
         if not line.strip():
             continue

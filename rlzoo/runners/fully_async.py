@@ -325,7 +325,7 @@ class StreamFromQueue:
     staleness window (partial rollout: pause, update, resume; else hold admission, drain, update).
     """
 
-    idle_phases = ("wait_queue", "sync_drain")
+    idle_phases: tuple[str, ...] = ("wait_queue", "sync_drain")
 
     def __init__(self, session: Session, params: FullyAsyncParams, step_groups: int) -> None:
         self.s = session

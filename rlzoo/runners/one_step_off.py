@@ -69,13 +69,13 @@ class _Generation:
 class GenerateOneAhead:
     """Batch source of ``one_step_off``: the batch of step t+1 is generated while step t trains."""
 
-    push_every = 1
-    idle_phases = ("wait_gen",)
+    push_every: int = 1
+    idle_phases: tuple[str, ...] = ("wait_gen",)
 
     def __init__(self, session: Session, params: OneStepOffParams) -> None:
         self.s = session
         self.timeout = params.wait_timeout_s
-        self.loader = session.make_loader(session.cfg.data.train_batch_size)
+        self.loader = session.make_loader(session.train_batch_size)
         self.pending: _Generation | None = None
         self._gen: _Generation | None = None  # the generation of the batch being trained
 

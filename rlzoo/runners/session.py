@@ -100,6 +100,7 @@ class Session:
         self.tokenizer = load_tokenizer(cfg)
         self.processor = load_processor(cfg)  # None for a text model
         self.train_data, self.val_data = build_datasets(cfg, self.tokenizer, self.processor)
+        self.train_batch_size = cfg.data.train_batch_size  # prompts per generated batch (sync, one-step-off)
         self.prompts_per_step = prompts_per_step or cfg.data.train_batch_size
         per_epoch = max(1, len(self.train_data) // self.prompts_per_step)
         if step_limit is not None:

@@ -33,7 +33,7 @@ def generate_groups(
 
     Returns no batch when a sample filter dropped every group (the step is skipped).
     """
-    want = s.cfg.data.train_batch_size
+    want = s.train_batch_size
     kept_s: list[Sample] = []
     kept_r: list[RewardResult] = []
     rounds, dropped = 0, 0
@@ -100,12 +100,13 @@ def generate_groups(
 class GenerateNow:
     """Batch source of ``sync``: generate the step's batch when the loop asks for it."""
 
-    push_every = 1
-    idle_phases = ("gen", "reward")  # the trainer waits while the batch is generated and scored
+    push_every: int = 1
+    #: the trainer waits while the batch is generated and scored
+    idle_phases: tuple[str, ...] = ("gen", "reward")
 
     def __init__(self, session: Session) -> None:
         self.s = session
-        self.loader = session.make_loader(session.cfg.data.train_batch_size)
+        self.loader = session.make_loader(session.train_batch_size)
 
     def start(self, step: int) -> None:
         return None
