@@ -182,7 +182,9 @@ class RejectionParams:
 @hookimpl
 def rlzoo_register_rollout_corrections(registry):  # type: ignore[no-untyped-def]
     needs = {"needs_old_log_probs": True}
-    registry.register("none", f"{_IMPL}:none", params=NoCorrectionParams, capabilities={})
+    registry.register(
+        "none", f"{_IMPL}:none", params=NoCorrectionParams, capabilities={"needs_old_log_probs": False}
+    )
     registry.register(
         "token_is", f"{_IMPL}:token_is", params=TokenISParams, capabilities=needs, aliases=("tis",)
     )
