@@ -208,3 +208,25 @@ def test_group_ids_as_verl_uids():
     # verl groups by arbitrary uid objects; rlzoo by integer ids: the grouping is the same
     b = make_batch(7)
     assert len(np.unique(b.index)) == len(torch.unique(b.group_ids))
+
+
+def test_documented_differences_where_verl_is_undefined():
+    """docs/components/advantage.md, differences 1-3: asserted as differences."""
+    # 1. masked positions: verl leaves GAE returns (A + V) on padding, rlzoo zeroes them
+    b = make_batch(0)
+    _, ret = core_algos.compute_gae_advantage_return(b.rewards, b.values, b.mask, 1.0, 1.0)
+    out = ours("gae", AdvantageInputs(b.rewards, b.mask, values=b.values))
+    pad = ~b.mask.bool()
+    assert (ret[pad] != 0).any() and (out.returns[pad] == 0).all()
+    # 2. whitening one valid token: verl raises, rlzoo gives 0
+    one = torch.zeros(2, 3, dtype=DT)
+    one[0, 0] = 1.0
+    with pytest.raises(ValueError):
+        core_algos.compute_reinforce_plus_plus_outcome_advantage(one, one, _Cfg(gamma=1.0))
+    assert (ours("reinforce_plus_plus", AdvantageInputs(one, one)).advantages == 0).all()
+    # 3. OPO on a group whose responses are all empty: verl NaN, rlzoo 0
+    rewards, mask = torch.zeros(2, 3, dtype=DT), torch.zeros(2, 3, dtype=DT)
+    adv, _ = core_algos.compute_opo_outcome_advantage(rewards, mask, np.array(["a", "a"], dtype=object))
+    got = ours("opo", AdvantageInputs(rewards, mask, group_ids=torch.tensor([0, 0])))
+    assert torch.isnan(adv).all()
+    assert torch.isfinite(got.advantages).all() and (got.advantages == 0).all()

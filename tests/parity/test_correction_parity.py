@@ -103,3 +103,20 @@ def test_token_veto_has_no_verl_091_counterpart():
 
     src = inspect.signature(rollout_corr.compute_rollout_correction_and_rejection_mask)
     assert "rollout_token_veto_threshold" not in src.parameters
+
+
+def test_empty_response_is_a_documented_difference():
+    """verl averages an empty response into per-sequence metrics as a zero; rlzoo leaves it out."""
+    b = make_batch(4)
+    b.mask[2] = 0.0
+    comp = rlzoo.get_plugin_manager().registry("rollout_correction").get("token_is")
+    out = comp.load()(CorrectionInputs(b.old_log_probs, b.rollout_log_probs, b.mask), comp.params())
+    _, mask, metrics = rollout_corr.compute_rollout_correction_and_rejection_mask(
+        b.old_log_probs, b.rollout_log_probs, b.mask, rollout_is="token", rollout_is_threshold=2.0
+    )
+    assert (out.mask == mask).all()
+    key = "rollout_corr/training_ppl"  # verl: the empty row adds exp(-0) = 1 to the mean
+    B = b.mask.shape[0]
+    valid_mean = float(out.metrics[key])
+    assert abs(metrics[key] - (valid_mean * (B - 1) + 1.0) / B) < 1e-6
+    assert abs(metrics[key] - valid_mean) > 1e-6

@@ -209,3 +209,18 @@ def test_kl_full_is_a_documented_difference():
     ours = comp.load()(p, q, comp.default_params())
     want = torch.nn.functional.kl_div(q, p, log_target=True, reduction="none").sum(-1)
     RECORD.close("kl full (torch kl_div, verl raises)", "value", ours, want)
+
+
+def test_kl_controllers():
+    from rlzoo.algorithms.functional.kl import AdaptiveKLController, FixedKLController
+
+    ours, theirs = AdaptiveKLController(0.05, 0.1, 1000), core_algos.AdaptiveKLController(0.05, 0.1, 1000)
+    g = torch.Generator().manual_seed(0)
+    for kl in (torch.rand(20, generator=g, dtype=DT) * 0.3).tolist():
+        ours.update(kl, 64)
+        theirs.update(kl, 64)
+        RECORD.close("kl_ctrl adaptive", "coefficient after each update", ours.value, theirs.value)
+    fixed, vfixed = FixedKLController(0.01), core_algos.FixedKLController(0.01)
+    fixed.update(1.0, 64)
+    vfixed.update(1.0, 64)
+    RECORD.close("kl_ctrl fixed", "coefficient", fixed.value, vfixed.value)
