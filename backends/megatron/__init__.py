@@ -40,11 +40,16 @@ class MegatronParams:
     counts). Optional distributed optimizer (ZeRO-1), CPU offload of params / grads / optimizer
     between phases (the seed's geo3k run offloads all three), a critic (value head on the same
     decoder) and a frozen, CPU-offloaded reference.
+
+    The optimizer (Adam with decoupled weight decay), LR schedule and micro-batch sizes are the
+    trainer's shared settings (``trainer.optim``, ``trainer.micro_batch``, in ``TrainSpec``);
+    micro-batches are per data-parallel rank, by sample count (``micro_batch.max_tokens`` is not
+    supported and refused).
     """
 
     device: str = param(
         "cuda",
-        help="'cuda' (NCCL group, one GPU per rank) or 'cpu' (gloo group, fp32 or bf16 on CPU: tests, debugging)",
+        help="'cuda' (NCCL group, one GPU per rank) or 'cpu' (gloo group, fp32, no distributed optimizer: tests, debugging)",
     )
     tensor_model_parallel_size: int = param(1, help="TP: ranks each layer's matrices are split over")
     pipeline_model_parallel_size: int = param(1, help="PP: stages the layers are split over (equal split)")
@@ -61,24 +66,12 @@ class MegatronParams:
     recompute_activations: bool = param(
         False, help="full activation recomputation of every layer in backward"
     )
-    # -- micro-batching --------------------------------------------------------------------------
-    micro_batch_size: int = param(4, help="samples per forward/backward in updates (per data-parallel rank)")
-    log_prob_micro_batch_size: int = param(
-        8, help="samples per forward in compute_log_probs / compute_values"
-    )
     temperature: float | None = param(
         None,
         help="logits are divided by this before log-softmax (None: the rollout temperature, from the spec)",
     )
-    # -- optimizer (megatron.core.optimizer.OptimizerConfig) -------------------------------------
-    lr: float = param(1e-6, help="Adam peak learning rate of the actor")
-    weight_decay: float = param(0.01, help="decoupled weight decay")
-    betas: tuple[float, float] = param((0.9, 0.999), help="Adam betas")
-    eps: float = param(1e-8, help="Adam epsilon")
-    grad_clip: float = param(1.0, help="max global grad norm; <= 0 disables clipping")
-    lr_scheduler: str = param("constant", help="'constant', 'linear' or 'cosine' (as the native backend)")
-    warmup_steps: int = param(0, help="linear warmup steps")
-    min_lr_ratio: float = param(0.0, help="final LR of linear / cosine decay, as a fraction of the peak LR")
+    # -- optimizer (megatron.core.optimizer.OptimizerConfig): lr, betas, weight decay, clipping and
+    # the LR schedule are the trainer's shared settings (trainer.optim, in TrainSpec.optim) ---------
     use_distributed_optimizer: bool = param(
         True, help="shard optimizer state over data-parallel ranks (ZeRO-1)"
     )
@@ -89,10 +82,6 @@ class MegatronParams:
         False, help="run the optimizer step on CPU (megatron's optimizer_cpu_offload, fraction 1.0)"
     )
     ref_offload: bool = param(True, help="keep the frozen reference's weights on the CPU between forwards")
-    # -- critic ----------------------------------------------------------------------------------
-    critic_lr: float = param(1e-5, help="Adam peak learning rate of the critic")
-    critic_weight_decay: float = param(0.01, help="weight decay of the critic")
-    critic_grad_clip: float = param(1.0, help="max grad norm of the critic; <= 0 disables clipping")
 
     def __post_init__(self) -> None:
         problems = []
@@ -102,12 +91,6 @@ class MegatronParams:
             problems.append(f"layer_spec must be 'local' or 'te', got {self.layer_spec!r}")
         if self.dtype not in ("bfloat16", "float32"):
             problems.append(f"dtype must be 'bfloat16' or 'float32', got {self.dtype!r}")
-        if self.lr_scheduler not in ("constant", "linear", "cosine"):
-            problems.append(
-                f"lr_scheduler must be 'constant', 'linear' or 'cosine', got {self.lr_scheduler!r}"
-            )
-        if self.micro_batch_size < 1 or self.log_prob_micro_batch_size < 1:
-            problems.append("micro_batch_size and log_prob_micro_batch_size must be >= 1")
         if self.device not in ("cuda", "cpu"):
             problems.append(f"device must be 'cuda' or 'cpu', got {self.device!r}")
         if self.device == "cpu" and (self.dtype != "float32" or self.use_distributed_optimizer):
@@ -145,8 +128,8 @@ class MegatronParams:
             )
         if self.temperature is not None and self.temperature <= 0:
             problems.append(f"temperature must be > 0, got {self.temperature}")
-        if self.make_vocab_size_divisible_by < 1 or self.warmup_steps < 0:
-            problems.append("make_vocab_size_divisible_by must be >= 1 and warmup_steps >= 0")
+        if self.make_vocab_size_divisible_by < 1:
+            problems.append("make_vocab_size_divisible_by must be >= 1")
         if problems:
             raise ValueError("invalid megatron train params: " + "; ".join(problems))
 

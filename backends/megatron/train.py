@@ -53,7 +53,7 @@ from rlzoo.backends.megatron.convert import (
 )
 from rlzoo.backends.megatron.vocab_parallel import tp_reductions, vocab_parallel_log_probs
 from rlzoo.backends.native import checkpoint as ckpt
-from rlzoo.backends.native.train import lr_multiplier
+from rlzoo.backends.native import common
 from rlzoo.batch import Batch
 from rlzoo.protocols import Objective, TrainSpec
 
@@ -200,6 +200,12 @@ class MegatronTrainBackend:
                 "the 'megatron' train backend with device 'cuda' needs a CUDA GPU (device: cpu runs it on "
                 "a gloo group on the CPU)"
             )
+        if spec.micro_batch.max_tokens is not None:
+            raise ValueError(
+                "the 'megatron' train backend splits micro-batches by sample count "
+                f"(trainer.micro_batch.size); trainer.micro_batch.max_tokens={spec.micro_batch.max_tokens} "
+                "is not supported: set it to null"
+            )
         _require_psutil()
         from megatron.core import parallel_state as mpu
         from transformers import AutoConfig
@@ -207,6 +213,7 @@ class MegatronTrainBackend:
         self.temperature = params.temperature if params.temperature is not None else spec.temperature
         self.version = 0
         self.critic_steps = 0
+        self.warmup_steps = common.warmup_steps(spec)
         _init_distributed(params.device)
         tp, pp = params.tensor_model_parallel_size, params.pipeline_model_parallel_size
         if not mpu.model_parallel_is_initialized():
@@ -238,7 +245,7 @@ class MegatronTrainBackend:
 
         self.actor = self._build(self._init_state)
         self.actor_ddp, self.optimizer = self._wrap(
-            self.actor, params.lr, params.weight_decay, params.grad_clip
+            self.actor, spec.optim.lr, spec.optim.weight_decay, spec.optim.grad_clip
         )
         self.ref: nn.Module | None = None
         if spec.need_reference:
@@ -261,7 +268,7 @@ class MegatronTrainBackend:
                 )
             self.critic = self._build(critic_state, value_head=True)
             self.critic_ddp, self.critic_optimizer = self._wrap(
-                self.critic, params.critic_lr, params.critic_weight_decay, params.critic_grad_clip
+                self.critic, spec.optim.critic_lr, spec.optim.critic_weight_decay, spec.optim.critic_grad_clip
             )
         self.reduce_sum, self.reduce_max = tp_reductions(mpu.get_tensor_model_parallel_group())
         self._offloaded: dict[int, list[tuple[Any, Tensor, int]]] = {}
@@ -334,7 +341,7 @@ class MegatronTrainBackend:
         from megatron.core.distributed.finalize_model_grads import finalize_model_grads
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-        p = self.params
+        p, optim = self.params, self.spec.optim
         config = model.config  # this model's own copy (see _build)
         ddp = DistributedDataParallel(
             config,
@@ -348,11 +355,11 @@ class MegatronTrainBackend:
         opt_cfg = OptimizerConfig(
             optimizer="adam",
             lr=lr,
-            min_lr=lr * p.min_lr_ratio,
+            min_lr=lr * optim.min_lr_ratio,
             weight_decay=weight_decay,
-            adam_beta1=p.betas[0],
-            adam_beta2=p.betas[1],
-            adam_eps=p.eps,
+            adam_beta1=optim.betas[0],
+            adam_beta2=optim.betas[1],
+            adam_eps=optim.eps,
             clip_grad=grad_clip if grad_clip > 0 else 0.0,
             bf16=self.dtype == torch.bfloat16,
             params_dtype=self.dtype,
@@ -524,7 +531,7 @@ class MegatronTrainBackend:
             lps, ents, _ = self._run(
                 module,
                 local,
-                mb_size=self.params.log_prob_micro_batch_size,
+                mb_size=self.spec.micro_batch.log_prob_size,
                 objective=None,
                 with_entropy=with_entropy,
                 values=False,
@@ -556,7 +563,7 @@ class MegatronTrainBackend:
             vals, _, _ = self._run(
                 self.critic_ddp,
                 local,
-                mb_size=self.params.log_prob_micro_batch_size,
+                mb_size=self.spec.micro_batch.log_prob_size,
                 objective=None,
                 with_entropy=False,
                 values=True,
@@ -569,14 +576,8 @@ class MegatronTrainBackend:
 
     # -- updates ----------------------------------------------------------------------------------
     def lr_at(self, step: int, *, critic: bool = False) -> float:
-        peak = self.params.critic_lr if critic else self.params.lr
-        return peak * lr_multiplier(
-            step,
-            schedule=self.params.lr_scheduler,
-            warmup_steps=self.params.warmup_steps,
-            total_steps=max(1, self.spec.total_steps),
-            min_lr_ratio=self.params.min_lr_ratio,
-        )
+        """The LR of optimizer step ``step`` (0-based) of the actor or the critic (``trainer.optim``)."""
+        return common.scheduled_lr(self.spec, self.warmup_steps, step, critic=critic)
 
     def _update(
         self,
@@ -600,7 +601,7 @@ class MegatronTrainBackend:
             _, _, info = self._run(
                 ddp,
                 local,
-                mb_size=self.params.micro_batch_size,
+                mb_size=self.spec.micro_batch.size,
                 objective=objective,
                 with_entropy=needs_entropy,
                 values=values,

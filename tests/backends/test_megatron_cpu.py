@@ -7,7 +7,6 @@ under ``torchrun --nproc_per_node=2``). Skipped with a reason when megatron-core
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 import re
@@ -118,14 +117,13 @@ def test_transformer_engine_features_refused_without_it() -> None:
 
 
 def test_geo3k_recipe_params_are_valid_here() -> None:
-    """The recipe's megatron params pass validation without Transformer Engine."""
+    """The recipe's megatron params pass validation without Transformer Engine (every key is one)."""
     import yaml
 
     recipe = Path(__file__).parents[2] / "recipes" / "grpo_geo3k_vl.yaml"
     backend = dict(yaml.safe_load(recipe.read_text())["trainer"]["backend"])
     backend.pop("name")
-    known = {f.name for f in dataclasses.fields(MegatronParams)}
-    MegatronParams(**{k: v for k, v in backend.items() if k in known})
+    MegatronParams(**backend)
 
 
 def test_psutil_is_declared_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -142,18 +140,22 @@ def test_psutil_is_declared_and_checked(monkeypatch: pytest.MonkeyPatch) -> None
         train._require_psutil()
 
 
-CPU = {"device": "cpu", "dtype": "float32", "use_distributed_optimizer": False, "lr": 1e-2, "grad_clip": 0.0}
+CPU = {"device": "cpu", "dtype": "float32", "use_distributed_optimizer": False}
 
 
 def _backend(tmp: Path, **kw):  # type: ignore[no-untyped-def]
     from rlzoo.backends.megatron.train import MegatronTrainBackend
-    from rlzoo.protocols import TrainSpec
+    from rlzoo.protocols import OptimSettings, TrainSpec
 
     path = tmp / "model"
     if not path.exists():
         save_tiny_qwen2(path)
     spec = TrainSpec(
-        model_path=str(path), total_steps=10, temperature=0.9, need_critic=kw.pop("critic", False)
+        model_path=str(path),
+        total_steps=10,
+        temperature=0.9,
+        need_critic=kw.pop("critic", False),
+        optim=OptimSettings(lr=1e-2, grad_clip=0.0),
     )
     return MegatronTrainBackend(MegatronParams(**{**CPU, **kw}), spec)
 
@@ -190,3 +192,26 @@ def test_actor_and_critic_have_their_own_config(tmp_path: Path) -> None:
         assert b.critic.config.no_sync_func == b.critic_ddp.no_sync
     finally:
         b.shutdown()
+
+
+@pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core not installed")
+def test_reads_the_shared_trainer_settings(tmp_path: Path) -> None:
+    """lr / schedule come from TrainSpec.optim; token-budget micro-batches are refused up front."""
+    import dataclasses
+
+    from rlzoo.backends.megatron.train import MegatronTrainBackend
+    from rlzoo.protocols import MicroBatchSettings, OptimSettings, TrainSpec
+
+    save_tiny_qwen2(tmp_path / "m")
+    optim = OptimSettings(lr=2e-3, lr_scheduler="linear", warmup_steps=2, min_lr_ratio=0.5, critic_lr=3e-3)
+    spec = TrainSpec(model_path=str(tmp_path / "m"), total_steps=10, optim=optim)
+    b = MegatronTrainBackend(MegatronParams(**CPU), spec)
+    try:
+        # linear warmup over 2 steps, then linear decay from 2e-3 to 1e-3 at step 10 (verl's / HF's rule)
+        assert b.lr_at(0) == pytest.approx(1e-3) and b.lr_at(2) == pytest.approx(2e-3)
+        assert b.lr_at(10) == pytest.approx(1e-3) and b.lr_at(2, critic=True) == pytest.approx(3e-3)
+    finally:
+        b.shutdown()
+    bad = dataclasses.replace(spec, micro_batch=MicroBatchSettings(max_tokens=512))
+    with pytest.raises(ValueError, match="max_tokens=512 is not supported"):
+        MegatronTrainBackend(MegatronParams(**CPU), bad)
