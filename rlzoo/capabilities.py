@@ -6,7 +6,8 @@ record does not declare (a misspelt capability) or a value of the wrong type is 
 registration that names the plugin, the part and the known keys. Runners read
 ``component.caps.<field>`` (typed); ``component.capability("key")`` refuses an unknown key too.
 
-Who reads each field is said in its help. Import-light: no torch here.
+Every default means "not declared": False, None or empty. Who reads each field is said in its
+help. Import-light: no torch here.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class AdvantageCapabilities(Capabilities):
 @dataclass(frozen=True)
 class PolicyLossCapabilities(Capabilities):
     needs_old_log_probs: bool = param(
-        True, help="reads inputs.old_log_probs (False: the loss is on-policy, e.g. gpg)"
+        False, help="reads inputs.old_log_probs (the ratio; gpg declares False)"
     )
     needs_entropy: bool = param(False, help="reads inputs.entropy (the conformance suite passes it)")
     sequence_level: bool = param(
@@ -82,12 +83,12 @@ class PolicyLossCapabilities(Capabilities):
 
 @dataclass(frozen=True)
 class KLCapabilities(Capabilities):
-    needs_reference: bool = param(True, help="needs a frozen reference policy's log-probs")
+    needs_reference: bool = param(False, help="needs a frozen reference policy's log-probs")
 
 
 @dataclass(frozen=True)
 class RolloutCorrectionCapabilities(Capabilities):
-    needs_old_log_probs: bool = param(True, help="compares the trainer's old log-probs with the rollout's")
+    needs_old_log_probs: bool = param(False, help="compares the trainer's old log-probs with the rollout's")
     sequence_level: bool = param(
         False, help="weights / rejection per whole sequence (shown by rlzoo components)"
     )
@@ -114,12 +115,12 @@ class SampleFilterCapabilities(Capabilities):
 
 @dataclass(frozen=True)
 class DatasetCapabilities(Capabilities):
-    modalities: tuple[str, ...] = param(("text",), help="what the prompts hold: 'text', 'image'")
+    modalities: tuple[str, ...] = param((), help="what the prompts hold: 'text', 'image'")
 
 
 @dataclass(frozen=True)
 class TrainBackendCapabilities(Capabilities):
-    devices: tuple[str, ...] = param(("cpu", "cuda"), help="devices it trains on (shown by rlzoo components)")
+    devices: tuple[str, ...] = param((), help="devices it trains on (shown by rlzoo components)")
     distributed: bool = param(False, help="spans processes (a torch.distributed group)")
     supports_critic: bool = param(
         False, help="can train a critic; validate refuses a needs_critic advantage without it"
@@ -134,9 +135,7 @@ class RolloutBackendCapabilities(Capabilities):
         False, help="pauses requests at a weight sync and resumes them (fully_async checks)"
     )
     supports_streaming: bool = param(False, help="yields samples as they finish (fully_async checks)")
-    devices: tuple[str, ...] = param(
-        ("cpu", "cuda"), help="devices it generates on (shown by rlzoo components)"
-    )
+    devices: tuple[str, ...] = param((), help="devices it generates on (shown by rlzoo components)")
     distributed: bool = param(False, help="spans processes")
     requires: str | None = param(None, help="the optional distribution it needs")
     extra: str | None = param(None, help="the pip extra that installs `requires`")
@@ -144,9 +143,7 @@ class RolloutBackendCapabilities(Capabilities):
 
 @dataclass(frozen=True)
 class RunnerCapabilities(Capabilities):
-    placements: tuple[str, ...] = param(
-        ("local", "ray"), help="placements it runs on; validate checks placement.name"
-    )
+    placements: tuple[str, ...] = param((), help="placements it runs on; validate checks placement.name")
 
 
 @dataclass(frozen=True)

@@ -556,7 +556,8 @@ def _aggregation_rule(cfg: RecipeConfig) -> list[str]:
 
 def _placement_rule(cfg: RecipeConfig) -> list[str]:
     runner = cfg.runner
-    if isinstance(runner, Selection) and cfg.placement.name not in runner.caps.placements:
+    placements = runner.caps.placements if isinstance(runner, Selection) else ()
+    if placements and cfg.placement.name not in placements:
         return [
             f"placement.name: runner {runner.name!r} runs on {', '.join(runner.caps.placements)}, "
             f"got {cfg.placement.name!r}"
