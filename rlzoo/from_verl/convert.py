@@ -85,6 +85,12 @@ def _declared(kind: str, name: str) -> set[str] | None:
     return {f.name for f in dataclasses.fields(params)} if params else set()
 
 
+_PERF_MEGATRON_DYN = (
+    "performance only: rlzoo's megatron backend packs micro-batches by sample count "
+    "(trainer.micro_batch.size), not by a token budget"
+)
+
+
 def _part_param(conv: Conversion, kind: str, section: str, param: str, verl_key: str, value: Any) -> None:
     """Set ``section.param`` when the selected part declares it, else record why it is not needed."""
     sel = conv.get(section)
@@ -223,7 +229,20 @@ def _assemble(conv: Conversion, v: dict[str, Any], runner: str, given: Mapping[s
     max_tok = take(ACT + "ppo_max_token_len_per_gpu", None)
     per_gpu = take(ACT + "ppo_micro_batch_size_per_gpu", None)
     glob = take(ACT + "ppo_micro_batch_size", None)
-    if dyn:
+    if dyn and backend == "megatron":
+        # rlzoo's megatron backend splits micro-batches by sample count only
+        conv.skipped.append(
+            (
+                f"{ACT}use_dynamic_bsz + {ACT}ppo_max_token_len_per_gpu",
+                (dyn, max_tok),
+                _PERF_MEGATRON_DYN,
+            )
+        )
+        if per_gpu is not None:
+            conv.set(
+                "trainer.micro_batch.size", per_gpu, ACT + "ppo_micro_batch_size_per_gpu", per_gpu, "per rank"
+            )
+    elif dyn:
         conv.set(
             "trainer.micro_batch.max_tokens",
             max_tok,

@@ -102,7 +102,9 @@ def test_seed_geo3k_fully_async_megatron(tmp_path):
     assert cfg.data.truncation == "filter"  # filter_overlong_prompts=True
     assert cfg.rollout.n == 4 and cfg.trainer.ppo_mini_batch_size == 128
     assert cfg.data.train_batch_size == 2 * 128
-    assert cfg.trainer.micro_batch.max_tokens == 5120
+    # rlzoo's megatron splits by sample count: verl's token budget is reported, the per-GPU size kept
+    assert cfg.trainer.micro_batch.max_tokens is None and cfg.trainer.micro_batch.size == 1
+    assert any("packs micro-batches by sample count" in why for _, _, why in conv.skipped)
     assert cfg.runner.name == "fully_async"
     rp = cfg.runner.params
     assert (rp.staleness_threshold, rp.trigger_parameter_sync_step, rp.require_batches) == (0.1, 4, 2)
