@@ -16,6 +16,7 @@ panel. matplotlib is imported lazily with the Agg backend (no display needed).
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 import math
@@ -54,6 +55,8 @@ class Panel:
     unit_interval: bool = False
     #: the left axis starts at 0 (counts, ratios that stay small)
     zero_based: bool = False
+    #: keys drawn instead of ``keys`` when several runs are overlaid (a stack per run cannot be)
+    overlay_keys: tuple[str, ...] = ()
 
 
 PANELS: tuple[Panel, ...] = (
@@ -139,6 +142,7 @@ PANELS: tuple[Panel, ...] = (
         "seconds per step",
         stacked=True,
         exclude=("timing_s/step",),
+        overlay_keys=("timing_s/step", "timing_s/gen", "timing_s/update_actor"),
     ),
 )
 
@@ -330,6 +334,8 @@ def _draw(ax: Any, panel: Panel, runs: Sequence[RunData], smooth: float | None =
     """Draw ``panel`` for ``runs`` on ``ax`` (one colour per run when several, one dash pattern
     and marker per metric); False when none of its keys has data."""
     keys_of = [metric_keys(r.records) for r in runs]
+    if len(runs) > 1 and panel.overlay_keys:
+        panel = dataclasses.replace(panel, keys=panel.overlay_keys, exclude=(), stacked=False)
     left = [match(k, panel.keys, panel.exclude) for k in keys_of]
     right = [match(k, panel.right_keys, panel.exclude) for k in keys_of]
     if not any(left) and not any(right):
