@@ -477,6 +477,8 @@ def _draw_histogram(ax: Any, panel: Panel, runs: Sequence[RunData], keys: Sequen
             hatch=("", "//", "..", "xx")[j % 4],
             edgecolor="white",
         )
+        shares = [counts[x] / total for x in xs]
+        ax.bar_label(bars, labels=[f"{100 * v:.1f}%" for v in shares], fontsize=7, padding=2)
         handles.append(bars)
         labels.append((f"{run.label}: " if len(runs) > 1 else "") + what)
     from matplotlib.ticker import MaxNLocator
