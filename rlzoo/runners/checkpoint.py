@@ -216,6 +216,10 @@ class CheckpointManager:
         if "python_random" in state:
             _decode_random_state(state.pop("python_random"))
         state.setdefault("step", int(STEP_DIR.match(path.name).group(1)))  # type: ignore[union-attr]
+        if "data" not in state and "loader" in state:  # a payload of the runners before the one loop
+            fa = state.get("fully_async") or {}
+            state["data"] = fa.get("prompts") or {"loader": state["loader"]}
+            state["policy_version"] = int(fa.get("param_version", 0))
         state["path"] = str(path)
         return state
 
