@@ -14,22 +14,26 @@ A part selection is written as a name or as a mapping with ``name`` plus the par
       policy_loss:
         name: ppo_clip
         clip_ratio_high: 0.28
+
+On the command line (:func:`apply_part_overrides`): ``algorithm.advantage=rloo`` switches the part,
+keeping the params the new part also declares and printing the ones it drops;
+``'algorithm.advantage={name: gae, lam: 0.9}'`` switches and sets params; ``algorithm.advantage.lam=0.9``
+or ``'algorithm.advantage={lam: 0.9}'`` set params of the current part.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
-from rlzoo.binding import bind_dataclass, coerce, field_types, range_problems, to_plain
-from rlzoo.errors import ConfigError, RlzooError
+from rlzoo.binding import bind_dataclass, coerce, field_types, to_plain
+from rlzoo.errors import ConfigError
 from rlzoo.plugins import PluginManager, get_plugin_manager
 from rlzoo.protocols import MicroBatchSettings, OptimSettings, StepPlan
+from rlzoo.recipe_files import find_recipe, list_recipes, notice_shadowing, recipe_search_paths
 from rlzoo.registry import Component, param
 
 
@@ -445,6 +449,8 @@ def bind_config(raw: Mapping[str, Any], pm: PluginManager | None = None) -> Reci
         _resolve_defaults(cfg, "", problems, pm)
         # ranges and cross-field rules too, in the same report: a rule whose inputs failed to
         # bind is skipped (their problem is already listed)
+        from rlzoo.checks import all_range_problems, check_consistency
+
         problems += all_range_problems(cfg)
         problems += check_consistency(cfg)
     if problems:
@@ -469,150 +475,6 @@ def _resolve_defaults(obj: Any, path: str, problems: list[str], pm: PluginManage
                 )
         elif dataclasses.is_dataclass(value) and not isinstance(value, type):
             _resolve_defaults(value, sub, problems, pm)
-
-
-def all_range_problems(cfg: RecipeConfig) -> list[str]:
-    """Values outside their declared range, in every section and every selected part's params."""
-    out: list[str] = []
-
-    def walk(obj: Any, path: str) -> None:
-        if isinstance(obj, Selection):
-            out.extend(range_problems(obj.params, obj.key))
-        elif isinstance(obj, (list, tuple)):
-            for v in obj:
-                walk(v, path)
-        elif isinstance(obj, dict):
-            for v in obj.values():
-                walk(v, path)
-        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-            out.extend(range_problems(obj, path))
-            for f in dataclasses.fields(obj):
-                walk(getattr(obj, f.name), f"{path}.{f.name}" if path else f.name)
-
-    walk(cfg, "")
-    return out
-
-
-def check_consistency(cfg: RecipeConfig) -> list[str]:
-    """Cross-field rules, driven by capabilities (never by part names). Each rule is skipped when
-    its inputs did not bind (a missing part, a wrong type): binding already reported them."""
-    problems: list[str] = []
-    for rule in CONSISTENCY_RULES:
-        try:
-            problems += rule(cfg)
-        except TypeError:  # e.g. a number that bound as a string
-            continue
-    return problems
-
-
-def _group_rule(cfg: RecipeConfig) -> list[str]:
-    out = []
-    for what, sel in (("advantage", cfg.algorithm.advantage), ("sample filter", cfg.algorithm.sample_filter)):
-        if isinstance(sel, Selection) and sel.caps.needs_group and cfg.rollout.n < 2:
-            out.append(
-                f"rollout.n: {what} {sel.name!r} is group-relative (needs_group) and needs rollout.n >= 2, "
-                f"got {cfg.rollout.n}"
-            )
-    return out
-
-
-def _batch_rule(cfg: RecipeConfig) -> list[str]:
-    mb = cfg.trainer.ppo_mini_batch_size
-    if mb is not None and mb >= 1 and cfg.data.train_batch_size % mb:
-        return [
-            f"trainer.ppo_mini_batch_size: must divide data.train_batch_size ({cfg.data.train_batch_size}), got {mb}"
-        ]
-    return []
-
-
-def _data_rule(cfg: RecipeConfig) -> list[str]:
-    if not cfg.data.train_files and cfg.data.prepare is None:
-        return ["data.train_files: no training files given and no data.prepare to create them"]
-    return []
-
-
-def _critic_rule(cfg: RecipeConfig) -> list[str]:
-    adv, tb = cfg.algorithm.advantage, cfg.trainer.backend
-    needs = isinstance(adv, Selection) and adv.caps.needs_critic
-    if needs and isinstance(tb, Selection) and not tb.caps.supports_critic:
-        return [
-            f"trainer.backend: advantage {adv.name!r} needs a critic (needs_critic), but train backend "
-            f"{tb.name!r} cannot train one (supports_critic is false)"
-        ]
-    return []
-
-
-def _aggregation_rule(cfg: RecipeConfig) -> list[str]:
-    pl, agg = cfg.algorithm.policy_loss, cfg.algorithm.loss_agg
-    if isinstance(pl, Selection) and isinstance(agg, Selection):
-        fixed = pl.caps.fixed_aggregation
-        if fixed and agg.name != fixed and fixed not in agg.component.aliases:
-            return [
-                f"algorithm.loss_agg: policy loss {pl.name!r} fixes its aggregation to {fixed!r} (its paper), "
-                f"got {agg.name!r}; set algorithm.loss_agg={fixed}"
-            ]
-    return []
-
-
-def _placement_rule(cfg: RecipeConfig) -> list[str]:
-    runner = cfg.runner
-    placements = runner.caps.placements if isinstance(runner, Selection) else ()
-    if placements and cfg.placement.name not in placements:
-        return [
-            f"placement.name: runner {runner.name!r} runs on {', '.join(runner.caps.placements)}, "
-            f"got {cfg.placement.name!r}"
-        ]
-    return []
-
-
-def _logger_rule(cfg: RecipeConfig) -> list[str]:
-    out: list[str] = []
-    for sel in cfg.run.loggers:  # a tracker whose package is missing fails here, not mid-run
-        if isinstance(sel, Selection):
-            out += missing_requirement(sel)
-    return out
-
-
-def _runner_rule(cfg: RecipeConfig) -> list[str]:
-    runner = cfg.runner
-    if isinstance(runner, Selection):
-        validate = getattr(runner.component.params, "check", None)  # the runner params' own rules
-        if callable(validate) and runner.params is not None:
-            return list(validate(runner.params, cfg))
-    return []
-
-
-#: Cross-field rules :func:`check_consistency` applies (extend here; each returns its problems).
-CONSISTENCY_RULES: list[Any] = [
-    _group_rule,
-    _batch_rule,
-    _data_rule,
-    _critic_rule,
-    _aggregation_rule,
-    _placement_rule,
-    _logger_rule,
-    _runner_rule,
-]
-
-
-def missing_requirement(sel: Selection) -> list[str]:
-    """The problem when the package a part declares (capability ``requires``, a distribution name,
-    installed by the extra named in ``extra``) is not installed in this process. Checked for parts
-    that run in the driver process (loggers); a backend's package may live on Ray workers only."""
-    import importlib.metadata as md
-
-    dist = sel.capability("requires", None)
-    if not dist:
-        return []
-    try:
-        md.distribution(str(dist))
-    except md.PackageNotFoundError:
-        extra = sel.capability("extra", None) or dist
-        return [
-            f"{sel.key}: {sel.kind} {sel.name!r} needs the package {dist!r}, which is not installed: "
-            f"pip install rlzoo[{extra}]"
-        ]
-    return []
 
 
 def mini_batches_per_step(cfg: RecipeConfig) -> int:
@@ -640,220 +502,8 @@ def optimizer_steps(cfg: RecipeConfig, trainer_steps: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# Switching parts on the command line
-# ---------------------------------------------------------------------------------------------
-def part_paths() -> dict[str, str]:
-    """Config path -> kind of every single-part selection of :class:`RecipeConfig`."""
-    out: dict[str, str] = {}
-
-    def walk(cls: type, prefix: str) -> None:
-        hints = field_types(cls)
-        for f in dataclasses.fields(cls):
-            path = f"{prefix}{f.name}"
-            kind = f.metadata.get("kind")
-            if kind is not None:
-                if not f.metadata.get("mapping") and not f.metadata.get("sequence"):
-                    out[path] = kind
-                continue
-            tp = hints.get(f.name)
-            if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-                walk(tp, path + ".")
-
-    walk(RecipeConfig, "")
-    return out
-
-
-@dataclass(frozen=True)
-class PartOverride:
-    """A command-line override of a part selection: ``path=value`` or ``path.sub=value``."""
-
-    path: str  # the part's config path (``trainer.backend``)
-    sub: str | None  # the key below it (``lr``, ``name``), None for the whole entry
-    value: Any
-    line: str
-
-
-def split_part_overrides(overrides: Sequence[str]) -> tuple[list[PartOverride], list[str]]:
-    """(overrides of part selections, the rest). Deletions (``~``) and Hydra's own keys stay with
-    the rest; so does any line the override grammar cannot read (Hydra reports it)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import OverrideType
-
-    paths = part_paths()
-    parser = OverridesParser.create()
-    parts: list[PartOverride] = []
-    rest: list[str] = []
-    for line in overrides:
-        try:
-            (o,) = parser.parse_overrides([line])
-        except Exception:
-            rest.append(line)
-            continue
-        key = o.key_or_group
-        if o.type == OverrideType.DEL or o.package is not None or o.is_sweep_override():
-            rest.append(line)
-            continue
-        match = next(
-            (p for p in sorted(paths, key=len, reverse=True) if key == p or key.startswith(p + ".")), None
-        )
-        if match is None:
-            rest.append(line)
-            continue
-        sub = key[len(match) + 1 :] or None
-        parts.append(PartOverride(match, sub, o.value(), line))
-    return parts, rest
-
-
-def _plain(node: Any) -> Any:
-    from omegaconf import OmegaConf
-
-    if OmegaConf.is_config(node):
-        return OmegaConf.to_container(node, resolve=False)
-    return node
-
-
-def apply_part_overrides(cfg: Any, overrides: Sequence[PartOverride], pm: PluginManager) -> None:
-    """Apply part overrides to a composed OmegaConf config, in order.
-
-    ``path=NAME`` and ``path.name=NAME`` switch the part: every param of the old selection that
-    the new part also declares is kept, the others are dropped and the switch is printed (stderr).
-    ``path={name: NAME, k: v}`` switches the same way and then sets the given params; a mapping
-    without ``name`` updates the params of the current part. ``path.k=v`` sets one param of the
-    current part (a part written as a bare name in the recipe becomes ``{name: ..., k: v}``).
-    """
-    import sys
-
-    from omegaconf import OmegaConf
-
-    paths = part_paths()
-    OmegaConf.set_struct(cfg, False)
-    for o in overrides:
-        current = _plain(OmegaConf.select(cfg, o.path, default=None))
-        if isinstance(current, str):
-            current = {"name": current}
-        if not isinstance(current, dict):
-            current = {}
-        old_name = current.get("name")
-        value = _plain(o.value)
-        if o.sub is None and (value is None or value == "none" or not isinstance(value, (str, dict))):
-            OmegaConf.update(cfg, o.path, value, merge=False)  # off, or a wrong type binding reports
-            continue
-        new_name: Any
-        given: dict[str, Any] | None
-        if o.sub is None and isinstance(value, str):
-            new_name, given = value, {}
-        elif o.sub is None:
-            new_name = value.get("name", old_name)
-            given = {k: v for k, v in value.items() if k != "name"}
-        elif o.sub == "name":
-            new_name, given = value, {}
-        else:
-            new_name, given = old_name, None
-        params = {k: v for k, v in current.items() if k != "name"}
-        if isinstance(new_name, str) and isinstance(old_name, str) and new_name != old_name:
-            params = _keep_declared(paths[o.path], o.path, old_name, new_name, params, pm, sys.stderr)
-        node: dict[str, Any] = {"name": new_name, **params} if new_name is not None else dict(params)
-        merged = OmegaConf.create(node)
-        if given is None:
-            OmegaConf.update(merged, o.sub, value, merge=False)  # type: ignore[arg-type]
-        else:
-            for k, v in given.items():
-                OmegaConf.update(merged, k, v, merge=False)
-        OmegaConf.update(cfg, o.path, merged, merge=False)
-
-
-def _keep_declared(
-    kind: str, path: str, old: str, new: str, params: Mapping[str, Any], pm: PluginManager, out: Any
-) -> dict[str, Any]:
-    """The params of ``old`` that part ``new`` also declares; prints the switch and what it dropped."""
-    registry = pm.registry(kind)
-    if new not in registry:
-        return dict(params)  # binding reports the unknown name (with the registered choices)
-    comp = registry.get(new)
-    declared = {f.name for f in dataclasses.fields(comp.params)} if comp.params is not None else set()
-    kept = {k: v for k, v in params.items() if k in declared}
-    dropped = sorted(k for k in params if k not in declared)
-    if params:
-        msg = f"rlzoo: {path}: {old} -> {new}"
-        if kept:
-            msg += f"; kept {', '.join(sorted(kept))}"
-        if dropped:
-            msg += f"; dropped {', '.join(dropped)} ({kind} {new!r} does not declare them)"
-        print(msg, file=out, flush=True)
-    return kept
-
-
-# ---------------------------------------------------------------------------------------------
 # Recipe loading (Hydra)
 # ---------------------------------------------------------------------------------------------
-def recipe_search_paths(pm: PluginManager | None = None) -> list[Path]:
-    """Where recipes are looked up, first match wins."""
-    pm = pm or get_plugin_manager()
-    paths = [Path.cwd() / "recipes"]
-    extra = os.environ.get("RLZOO_RECIPE_PATH")
-    if extra:
-        paths += [Path(p) for p in extra.split(os.pathsep) if p]
-    paths += [Path(p) for p in pm.recipe_search_paths()]
-    seen: list[Path] = []
-    for p in paths:
-        if p not in seen:
-            seen.append(p)
-    return seen
-
-
-def find_recipe(name: str, pm: PluginManager | None = None) -> Path:
-    """A recipe file by name (``quickstart``) or path (``my/recipe.yaml``)."""
-    p = Path(name)
-    if p.suffix in {".yaml", ".yml"} and p.exists():
-        return p.resolve()
-    paths = recipe_search_paths(pm)
-    for d in paths:
-        for cand in (d / f"{name}.yaml", d / f"{name}.yml"):
-            if cand.exists():
-                return cand.resolve()
-    available = sorted(list_recipes(pm))
-    from rlzoo.errors import closest
-
-    near = closest(name, available)
-    msg = f"unknown recipe {name!r}. Available recipes: {', '.join(available) or '(none)'}"
-    if near:
-        msg += f". Did you mean: {', '.join(near)}?"
-    msg += f" (searched: {', '.join(str(d) for d in paths)})"
-    raise RlzooError(msg)
-
-
-def _notice_shadowing(name: str, path: Path, pm: PluginManager) -> None:
-    """Say so when the recipe found first hides another recipe of the same name further down the
-    search path (e.g. ``./recipes/quickstart.yaml`` hides rlzoo's own quickstart)."""
-    import sys
-
-    if Path(name).suffix in {".yaml", ".yml"}:
-        return
-    hidden = [
-        cand.resolve()
-        for d in recipe_search_paths(pm)
-        for cand in (d / f"{name}.yaml", d / f"{name}.yml")
-        if cand.exists() and cand.resolve() != path
-    ]
-    if hidden:
-        print(
-            f"rlzoo: recipe {name!r} is {path}; it shadows {', '.join(map(str, hidden))} "
-            f"(first match on the recipe search path wins; pass a file path to pick another)",
-            file=sys.stderr,
-            flush=True,
-        )
-
-
-def list_recipes(pm: PluginManager | None = None) -> dict[str, Path]:
-    out: dict[str, Path] = {}
-    for d in reversed(recipe_search_paths(pm)):
-        if d.is_dir():
-            for f in d.glob("*.yaml"):
-                if not f.name.startswith("_"):
-                    out[f.stem] = f
-    return out
-
-
 def compose_recipe(
     name: str, overrides: Sequence[str] = (), pm: PluginManager | None = None
 ) -> dict[str, Any]:
@@ -862,9 +512,11 @@ def compose_recipe(
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
+    from rlzoo.overrides import apply_part_overrides, split_part_overrides
+
     pm = pm or get_plugin_manager()
     path = find_recipe(name, pm)
-    _notice_shadowing(name, path, pm)
+    notice_shadowing(name, path, pm)
     search = [d for d in recipe_search_paths(pm) if d.is_dir() and d != path.parent]
     # part selections (`algorithm.advantage=rloo`, `trainer.backend.lr=...`) are applied after
     # composition, by switch_part(); everything else goes to Hydra.
@@ -913,25 +565,29 @@ def load_config(
     pm = pm or get_plugin_manager()
     if isinstance(recipe, RecipeConfig):
         if overrides:
-            raw = apply_overrides(recipe.to_dict(), overrides)
+            raw = apply_overrides(recipe.to_dict(), overrides, pm)
             return bind_config(raw, pm)
         return recipe
     if isinstance(recipe, Mapping):
-        raw = apply_overrides(dict(recipe), overrides) if overrides else dict(recipe)
+        raw = apply_overrides(dict(recipe), overrides, pm) if overrides else dict(recipe)
         return bind_config(raw, pm)
     return bind_config(compose_recipe(recipe, overrides, pm), pm)
 
 
-def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+def apply_overrides(
+    raw: Mapping[str, Any], overrides: Sequence[str], pm: PluginManager | None = None
+) -> dict[str, Any]:
     """Apply ``key=value`` overrides to a plain mapping (OmegaConf dotlist semantics; part
     selections as :func:`apply_part_overrides` does)."""
     from omegaconf import OmegaConf
+
+    from rlzoo.overrides import apply_part_overrides, split_part_overrides
 
     part_ovr, overrides = split_part_overrides(overrides)
     base = OmegaConf.create(to_plain(dict(raw)))
     dot = [o.lstrip("+") for o in overrides if not o.startswith("~")]
     merged = OmegaConf.merge(base, OmegaConf.from_dotlist(dot))
-    apply_part_overrides(merged, part_ovr, get_plugin_manager())
+    apply_part_overrides(merged, part_ovr, pm or get_plugin_manager())
     for o in overrides:
         if o.startswith("~"):
             parent, _, leaf = o[1:].rpartition(".")
@@ -960,6 +616,7 @@ __all__ = [
     "compose_recipe",
     "find_recipe",
     "list_recipes",
+    "recipe_search_paths",
     "load_config",
     "mini_batches_per_step",
     "optimizer_steps",

@@ -1,0 +1,161 @@
+"""What ``rlzoo validate`` checks after binding: declared ranges and cross-field rules.
+
+Ranges are declared on the fields (``param(..., ge=1)``) of every section and every selected part's
+params; cross-field rules are small functions in :data:`CONSISTENCY_RULES`, driven by the parts'
+typed capabilities (never by their names). :func:`rlzoo.config.bind_config` reports both together
+with the binding problems, in one list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from rlzoo.binding import range_problems
+from rlzoo.config import RecipeConfig, Selection
+
+__all__ = ["CONSISTENCY_RULES", "all_range_problems", "check_consistency", "missing_requirement"]
+
+
+def all_range_problems(cfg: RecipeConfig) -> list[str]:
+    """Values outside their declared range, in every section and every selected part's params."""
+    out: list[str] = []
+
+    def walk(obj: Any, path: str) -> None:
+        if isinstance(obj, Selection):
+            out.extend(range_problems(obj.params, obj.key))
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                walk(v, path)
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                walk(v, path)
+        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            out.extend(range_problems(obj, path))
+            for f in dataclasses.fields(obj):
+                walk(getattr(obj, f.name), f"{path}.{f.name}" if path else f.name)
+
+    walk(cfg, "")
+    return out
+
+
+def check_consistency(cfg: RecipeConfig) -> list[str]:
+    """Cross-field rules, driven by capabilities (never by part names). Each rule is skipped when
+    its inputs did not bind (a missing part, a wrong type): binding already reported them."""
+    problems: list[str] = []
+    for rule in CONSISTENCY_RULES:
+        try:
+            problems += rule(cfg)
+        except TypeError:  # e.g. a number that bound as a string
+            continue
+    return problems
+
+
+def _group_rule(cfg: RecipeConfig) -> list[str]:
+    out = []
+    for what, sel in (("advantage", cfg.algorithm.advantage), ("sample filter", cfg.algorithm.sample_filter)):
+        if isinstance(sel, Selection) and sel.caps.needs_group and cfg.rollout.n < 2:
+            out.append(
+                f"rollout.n: {what} {sel.name!r} is group-relative (needs_group) and needs rollout.n >= 2, "
+                f"got {cfg.rollout.n}"
+            )
+    return out
+
+
+def _batch_rule(cfg: RecipeConfig) -> list[str]:
+    mb = cfg.trainer.ppo_mini_batch_size
+    if mb is not None and mb >= 1 and cfg.data.train_batch_size % mb:
+        return [
+            f"trainer.ppo_mini_batch_size: must divide data.train_batch_size ({cfg.data.train_batch_size}), got {mb}"
+        ]
+    return []
+
+
+def _data_rule(cfg: RecipeConfig) -> list[str]:
+    if not cfg.data.train_files and cfg.data.prepare is None:
+        return ["data.train_files: no training files given and no data.prepare to create them"]
+    return []
+
+
+def _critic_rule(cfg: RecipeConfig) -> list[str]:
+    adv, tb = cfg.algorithm.advantage, cfg.trainer.backend
+    needs = isinstance(adv, Selection) and adv.caps.needs_critic
+    if needs and isinstance(tb, Selection) and not tb.caps.supports_critic:
+        return [
+            f"trainer.backend: advantage {adv.name!r} needs a critic (needs_critic), but train backend "
+            f"{tb.name!r} cannot train one (supports_critic is false)"
+        ]
+    return []
+
+
+def _aggregation_rule(cfg: RecipeConfig) -> list[str]:
+    pl, agg = cfg.algorithm.policy_loss, cfg.algorithm.loss_agg
+    if isinstance(pl, Selection) and isinstance(agg, Selection):
+        fixed = pl.caps.fixed_aggregation
+        if fixed and agg.name != fixed and fixed not in agg.component.aliases:
+            return [
+                f"algorithm.loss_agg: policy loss {pl.name!r} fixes its aggregation to {fixed!r} (its paper), "
+                f"got {agg.name!r}; set algorithm.loss_agg={fixed}"
+            ]
+    return []
+
+
+def _placement_rule(cfg: RecipeConfig) -> list[str]:
+    runner = cfg.runner
+    placements = runner.caps.placements if isinstance(runner, Selection) else ()
+    if placements and cfg.placement.name not in placements:
+        return [
+            f"placement.name: runner {runner.name!r} runs on {', '.join(runner.caps.placements)}, "
+            f"got {cfg.placement.name!r}"
+        ]
+    return []
+
+
+def _logger_rule(cfg: RecipeConfig) -> list[str]:
+    out: list[str] = []
+    for sel in cfg.run.loggers:  # a tracker whose package is missing fails here, not mid-run
+        if isinstance(sel, Selection):
+            out += missing_requirement(sel)
+    return out
+
+
+def _runner_rule(cfg: RecipeConfig) -> list[str]:
+    runner = cfg.runner
+    if isinstance(runner, Selection):
+        validate = getattr(runner.component.params, "check", None)  # the runner params' own rules
+        if callable(validate) and runner.params is not None:
+            return list(validate(runner.params, cfg))
+    return []
+
+
+#: Cross-field rules :func:`check_consistency` applies (extend here; each returns its problems).
+CONSISTENCY_RULES: list[Any] = [
+    _group_rule,
+    _batch_rule,
+    _data_rule,
+    _critic_rule,
+    _aggregation_rule,
+    _placement_rule,
+    _logger_rule,
+    _runner_rule,
+]
+
+
+def missing_requirement(sel: Selection) -> list[str]:
+    """The problem when the package a part declares (capability ``requires``, a distribution name,
+    installed by the extra named in ``extra``) is not installed in this process. Checked for parts
+    that run in the driver process (loggers); a backend's package may live on Ray workers only."""
+    import importlib.metadata as md
+
+    dist = sel.capability("requires", None)
+    if not dist:
+        return []
+    try:
+        md.distribution(str(dist))
+    except md.PackageNotFoundError:
+        extra = sel.capability("extra", None) or dist
+        return [
+            f"{sel.key}: {sel.kind} {sel.name!r} needs the package {dist!r}, which is not installed: "
+            f"pip install rlzoo[{extra}]"
+        ]
+    return []
