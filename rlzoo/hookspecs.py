@@ -9,7 +9,10 @@ packages expose it through the ``rlzoo`` entry-point group::
 Each ``rlzoo_register_<kind>s`` hook receives ``registry``, a :class:`rlzoo.registry.Registrar` for
 that kind, and calls ``registry.register(name, part, params=..., capabilities=...)`` for each part
 it provides. Parts may be passed as ``"module:attr"`` strings so that listing them stays cheap.
-The calling conventions of each kind are the Protocols in :mod:`rlzoo.protocols`.
+``capabilities`` is the kind's typed record (:mod:`rlzoo.capabilities`) or a mapping of its fields;
+a key the record does not declare is an error at registration. The calling conventions of each
+kind are the Protocols in :mod:`rlzoo.protocols`. rlzoo calls every hook through pluggy's hook
+caller, so hook wrappers and ``tryfirst`` / ``trylast`` apply.
 
 Hooks are grouped by lifecycle: algorithm parts, reward parts, data, execution, configuration.
 """
