@@ -184,23 +184,14 @@ def check_hf_folder(folder: str | Path) -> None:
 # ---------------------------------------------------------------------------------------------
 # from a checkpoint (rlzoo export)
 # ---------------------------------------------------------------------------------------------
-def _checkpoint(run_dir: Path, step: int | None) -> Path:
-    root = run_dir / "checkpoints"
-    steps = sorted(
-        (int(p.name.split("_", 1)[1]) for p in root.glob("step_*") if p.name.split("_", 1)[1].isdigit()),
-    )
-    if step is not None:
-        path = root / f"step_{step}"
-        if not path.is_dir():
-            have = ", ".join(map(str, steps)) or "none"
-            raise RlzooError(f"{run_dir} has no checkpoint of step {step} (checkpoints of steps: {have})")
-        return path
-    latest = root / "latest"
-    if latest.is_file() and (root / latest.read_text().strip()).is_dir():
-        return root / latest.read_text().strip()
-    if steps:
-        return root / f"step_{steps[-1]}"
-    raise RlzooError(f"{run_dir} has no checkpoint under {root} (set trainer.save_freq to write some)")
+def _check_step(run_dir: Path, steps: list[int], step: int | None) -> None:
+    have = ", ".join(map(str, steps)) or "none"
+    if step is not None and step not in steps:
+        raise RlzooError(f"{run_dir} has no checkpoint of step {step} (checkpoints of steps: {have})")
+    if not steps:
+        raise RlzooError(
+            f"{run_dir} has no checkpoint under {run_dir / 'checkpoints'} (set trainer.save_freq to write some)"
+        )
 
 
 def load_run_config(run_dir: str | Path) -> Any:
@@ -240,16 +231,19 @@ def export_checkpoint(run_dir: str | Path, out_dir: str | Path, *, step: int | N
         out = Path(out_dir).expanduser()
         shutil.copytree(final_dir(run_dir), out, dirs_exist_ok=True)
         return out
-    ckpt = _checkpoint(run_dir, step)
-
+    from rlzoo.runners.checkpoint import CheckpointManager
     from rlzoo.runners.common import expand, load_processor, load_tokenizer, train_spec
+
+    checkpoints = CheckpointManager(run_dir)
+    _check_step(run_dir, checkpoints.steps(), step)
 
     cfg = load_run_config(run_dir)
     tokenizer = load_tokenizer(cfg)
     sel = cfg.trainer.backend
     backend = sel.fn(sel.params, train_spec(cfg, cfg.trainer.total_steps or 1, tokenizer))
     try:
-        backend.load_checkpoint(ckpt)
+        # verified against its manifest; without a step: the newest good one
+        checkpoints.load(backend, step)
         return export_model(
             backend, expand(cfg.model.path), out_dir, tokenizer=tokenizer, processor=load_processor(cfg)
         )
