@@ -22,6 +22,7 @@ import rlzoo
 from rlzoo.errors import ConfigError
 from rlzoo.metrics import LoggerContext, MetricsLogger, read_metrics
 from rlzoo.plugins import PluginManager
+from rlzoo.testing import LoggerConformance
 
 QUIET = ["run.progress=false", "trainer.val_before_train=false"]
 
@@ -102,6 +103,23 @@ def test_a_third_party_logger_gets_every_record(with_memory_logger: PluginManage
     ctx = ListLogger.contexts[0]
     assert ctx.run_dir == tmp_path and ctx.run_name == "exp" and ctx.run_id == tmp_path.name
     assert read_metrics(tmp_path)[0]["a"] == 1.0  # the jsonl logger got the same record
+
+
+# the conformance suite a plugin runs against its own logger, on the built-ins
+class TestConsoleLogger(LoggerConformance):
+    name = "console"
+
+
+class TestJsonlLogger(LoggerConformance):
+    name = "jsonl"
+
+    def test_writes_every_record(self, tmp_path: Path) -> None:
+        self.test_takes_every_record_and_closes(tmp_path)
+        assert read_metrics(tmp_path) == self.records()
+
+
+class TestTensorBoardLogger(LoggerConformance):
+    name = "tensorboard"
 
 
 def test_an_unknown_logger_lists_the_registered_ones() -> None:

@@ -129,6 +129,7 @@ def test_suite_for_every_kind() -> None:
         "sample_filter",
         "scorer",
         "reward_manager",
+        "logger",
     }
     with pytest.raises(KeyError, match="unknown kind"):
         suite_for("advantages")
