@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import json
 import random
 from collections.abc import Mapping
 from pathlib import Path
@@ -9,11 +12,39 @@ from typing import Any
 
 DATA_SOURCE = "rlzoo/quickstart"
 OPS = ("first", "last")
-WORDS = [str(d) for d in range(10)] + list(OPS)
+LETTERS = ("a", "b", "c", "d", "e", "f")
+WORDS = [str(d) for d in range(10)] + list(OPS) + list(LETTERS)
+TASKS = ("find", "first_last")
+
+Prompt = tuple[tuple[str, ...], str]  # (the prompt's words, the answer)
 
 
-def answer(op: str, a: int, b: int) -> str:
-    return str(a if op == "first" else b)
+def answer(op: str, *digits: int) -> str:
+    """The ``first_last`` task's answer: the first or the last digit."""
+    return str(digits[0] if op == "first" else digits[-1])
+
+
+def distinct_prompts(task: str, num_digits: int) -> list[Prompt]:
+    """Every distinct prompt of ``task`` with its answer, in a fixed order.
+
+    ``find``: ``num_digits`` words, all letters but one digit (the answer), anywhere.
+    ``first_last``: ``first`` / ``last`` then ``num_digits`` different digits.
+    """
+    if task == "find":
+        out: list[Prompt] = []
+        for slot in range(num_digits):
+            for d in range(10):
+                for fill in itertools.product(LETTERS, repeat=num_digits - 1):
+                    words = (*fill[:slot], str(d), *fill[slot:])
+                    out.append((words, str(d)))
+        return out
+    if task == "first_last":
+        return [
+            ((op, *map(str, d)), answer(op, *d))
+            for op in OPS
+            for d in itertools.permutations(range(10), num_digits)
+        ]
+    raise ValueError(f"quickstart task must be one of {TASKS}, got {task!r}")
 
 
 def build_tokenizer() -> Any:
@@ -36,16 +67,16 @@ def build_model(tokenizer: Any, hidden_size: int, num_layers: int, seed: int) ->
     return model
 
 
-def rows(prompts: list[tuple[str, int, int]], split: str) -> list[dict[str, Any]]:
+def rows(prompts: list[Prompt], split: str) -> list[dict[str, Any]]:
     return [
         {
             "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": f"{op} {a} {b}"}],
+            "prompt": [{"role": "user", "content": " ".join(words)}],
             "ability": "digits",
-            "reward_model": {"style": "rule", "ground_truth": answer(op, a, b)},
+            "reward_model": {"style": "rule", "ground_truth": truth},
             "extra_info": {"split": split, "index": i},
         }
-        for i, (op, a, b) in enumerate(prompts)
+        for i, (words, truth) in enumerate(prompts)
     ]
 
 
@@ -55,10 +86,18 @@ def prepare(out_dir: Path, params: Any) -> dict[str, Path]:
 
     out = Path(out_dir)
     files = {"train": out / "train.parquet", "val": out / "val.parquet", "model": out / "model"}
-    if not params.overwrite and all(p.exists() for p in files.values()):
+    # the params the files were built with: a cache written by other params (or an older task) is rebuilt
+    stamp = out / "quickstart_params.json"
+    key = json.dumps(
+        {k: v for k, v in dataclasses.asdict(params).items() if k != "overwrite"}, sort_keys=True
+    )
+    fresh = stamp.exists() and stamp.read_text() == key
+    if not params.overwrite and fresh and all(p.exists() for p in files.values()):
         return files
     out.mkdir(parents=True, exist_ok=True)
-    distinct = [(op, a, b) for op in OPS for a in range(10) for b in range(10) if a != b]
+    distinct = distinct_prompts(params.task, params.num_digits)
+    if params.val_size >= len(distinct):
+        raise ValueError(f"val_size={params.val_size} leaves no training prompts ({len(distinct)} distinct)")
     rng = random.Random(params.seed)
     rng.shuffle(distinct)
     val, pool = distinct[: params.val_size], distinct[params.val_size :]
@@ -71,6 +110,7 @@ def prepare(out_dir: Path, params: Any) -> dict[str, Path]:
     model.save_pretrained(files["model"], safe_serialization=True)
     tok.save_pretrained(files["model"])
     model.generation_config.save_pretrained(files["model"])
+    stamp.write_text(key)
     return files
 
 
