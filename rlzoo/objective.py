@@ -95,6 +95,9 @@ class PolicyObjective:
     kl_loss: Selection | None = None
     kl_coef: float = 0.0
     entropy_coeff: float = 0.0
+    #: ``fn(old, rollout, mask) -> metrics`` (rollout-vs-trainer drift), used when the micro-batch
+    #: has no ``old_log_probs`` (an exactly on-policy update: they are this forward's, detached)
+    offpolicy_metrics: Any = None
 
     def __post_init__(self) -> None:
         self.agg = _bind(self.loss_agg, self.ctx)
@@ -105,9 +108,15 @@ class PolicyObjective:
         self, mb: Batch, log_probs: torch.Tensor, entropy: torch.Tensor | None
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         mask = mb["response_mask"]  # [b, T]
+        old = mb.get("old_log_probs")  # [b, T]
+        if old is None:  # exactly on-policy (the old-log-prob forward was skipped): pi_old = pi_theta
+            old = log_probs.detach()
+            if self.offpolicy_metrics is not None and "rollout_log_probs" in mb:
+                for k, v in self.offpolicy_metrics(old, mb["rollout_log_probs"], mask).items():
+                    self.acc.mean(k if k.startswith("rollout_corr/") else f"rollout_corr/{k}", v)
         inputs = PolicyLossInputs(
             log_probs=log_probs,  # [b, T]
-            old_log_probs=mb["old_log_probs"],  # [b, T]
+            old_log_probs=old,  # [b, T]
             advantages=mb["advantages"],  # [b, T]
             response_mask=mask,
             agg=self.agg,

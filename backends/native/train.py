@@ -337,18 +337,25 @@ class NativeTrainBackend:
         self, module: nn.Module, mb: Batch, *, with_entropy: bool, temperature: float
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (+ entropy) ``[b, T]`` of one micro-batch already on the device."""
-        return actor_log_probs(
-            module,
-            mb,
-            keep_arg=self._keep_arg,
-            temperature=temperature,
-            with_entropy=with_entropy,
-            vision_dtype=self.dtype if self._vl else None,
-        )
+        with self._autocast():
+            return actor_log_probs(
+                module,
+                mb,
+                keep_arg=self._keep_arg,
+                temperature=temperature,
+                with_entropy=with_entropy,
+                vision_dtype=self.dtype if self._vl else None,
+            )
 
     def _critic_forward(self, mb: Batch) -> Tensor:
         assert self.critic is not None
-        return critic_values(self.critic, mb)
+        with self._autocast():
+            return critic_values(self.critic, mb).float()
+
+    def _autocast(self) -> Any:
+        """``torch.autocast`` in bf16 when ``params.autocast`` asks for it (log-softmax stays fp32)."""
+        enabled = self.params.autocast is not None
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
 
     @torch.no_grad()
     def compute_log_probs(

@@ -32,11 +32,18 @@ class NativeTrainParams:
 
     dtype: the model is loaded and trained in ``dtype`` (``bfloat16`` means pure-bf16 weights and
     optimizer state, no fp32 master copy); log-softmax always runs in fp32. Use ``float32`` for
-    small models and exactness, the fsdp2 backend for mixed precision at scale.
+    small models and exactness. ``autocast: bfloat16`` is mixed precision on one device: fp32
+    weights, gradients and optimizer state, matmuls in bf16 under ``torch.autocast`` (on CPUs with
+    avx512_bf16 / AMX several times faster than fp32; see docs/recipes.md, SmolLM2).
     """
 
     device: str = param("auto", help="'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'")
     dtype: str = param("float32", help="weights dtype: 'float32' or 'bfloat16' (see the class doc)")
+    autocast: str | None = param(
+        None,
+        help="'bfloat16': mixed precision, forwards and backwards under torch.autocast in bf16 while the "
+        "weights and AdamW state stay in fp32 (needs dtype float32; fast on CPUs with avx512_bf16 / AMX)",
+    )
     attn_implementation: str | None = param(
         None, help="HF attention implementation ('sdpa', 'eager', 'flash_attention_2'); None: HF's default"
     )
@@ -50,6 +57,12 @@ class NativeTrainParams:
         problems = []
         if self.dtype not in ("float32", "bfloat16"):
             problems.append(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if self.autocast not in (None, "bfloat16"):
+            problems.append(f"autocast must be null or 'bfloat16', got {self.autocast!r}")
+        elif self.autocast is not None and self.dtype != "float32":
+            problems.append(
+                f"autocast keeps fp32 master weights: it needs dtype 'float32', got {self.dtype!r}"
+            )
         if self.temperature is not None and self.temperature <= 0:
             problems.append(f"temperature must be > 0, got {self.temperature}")
         if problems:

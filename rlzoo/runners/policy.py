@@ -41,6 +41,8 @@ class UpdateSettings:
     entropy_coeff: float = 0.0
     kl_loss_coef: float = 0.0
     value_clip: float = 0.5
+    # skip the old-log-prob forward when the update is exactly on-policy (see PolicyTrainer.reuses_log_probs)
+    reuse_on_policy_log_probs: bool = True
 
 
 class PolicyTrainer:
@@ -136,10 +138,12 @@ class PolicyTrainer:
     def prepare(self, batch: Batch, timer: Callable[[str], Any]) -> dict[str, float]:
         """Fill old / ref log-probs, values, token rewards, correction weights and advantages."""
         m: dict[str, float] = {}
+        reuse = self.reuses_log_probs(batch)
+        m["actor/old_log_prob_skipped"] = float(reuse)
         with timer("old_log_prob"):
             if self.bypass:
                 batch["old_log_probs"] = batch["rollout_log_probs"].clone()
-            else:
+            elif not reuse:  # reuse: the update's own forward gives them (PolicyObjective)
                 batch["old_log_probs"], _ = self.backend.compute_log_probs(batch)
         if self.needs_ref:
             with timer("ref"):
@@ -168,7 +172,7 @@ class PolicyTrainer:
                     batch["rollout_is_weights"] = out.weights.detach()
                 batch["response_mask"] = out.mask.to(batch["response_mask"].dtype)
                 m.update({_corr_key(k): v for k, v in out.metrics.items()})
-            elif self.offpolicy_metrics is not None:
+            elif self.offpolicy_metrics is not None and not reuse:  # reuse: measured in the update
                 diag = self.offpolicy_metrics(
                     batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"]
                 )
@@ -190,6 +194,27 @@ class PolicyTrainer:
             m["critic/advantages/min"] = a.min().item()
             m["critic/rewards/mean"] = batch["token_level_rewards"].sum(-1).mean().item()
         return m
+
+    def reuses_log_probs(self, batch: Batch) -> bool:
+        """True when the old log-probs need no forward of their own: the update is exactly on-policy.
+
+        With one PPO epoch over one mini-batch there is one optimizer step, and every micro-batch
+        of it is evaluated with the weights the old log-probs would be computed with, so
+        ``old_log_probs == log_probs.detach()`` (ratio 1, the same loss and gradient). Not when a
+        part reads the old log-probs before the update (a rollout correction, bypass mode, a KL
+        penalty in the reward). The rollout-vs-trainer drift (``rollout_corr/*``) is then measured
+        on the update's forward.
+        """
+        st = self.settings
+        one_mini_batch = st.mini_batch_prompts is None or st.mini_batch_prompts * st.rollout_n >= len(batch)
+        return (
+            st.reuse_on_policy_log_probs
+            and st.ppo_epochs == 1
+            and one_mini_batch
+            and not self.bypass
+            and self.correction is None
+            and self.kl_penalty is None
+        )
 
     def mini_batches(self, batch: Batch, epoch: int) -> list[Batch]:
         st = self.settings
@@ -219,6 +244,7 @@ class PolicyTrainer:
                             kl_loss=self.kl_loss,
                             kl_coef=st.kl_loss_coef if self.kl_loss is not None else 0.0,
                             entropy_coeff=st.entropy_coeff,
+                            offpolicy_metrics=self.offpolicy_metrics,
                         )
                         am = self.backend.update_policy(mb, obj)
                         metrics.append({**am, **obj.summary()})
