@@ -72,7 +72,7 @@ class PolicyLossCapabilities(Capabilities):
         False, help="ratios / weights per whole sequence (shown by rlzoo components)"
     )
     fixed_aggregation: str | None = param(
-        None, help="the loss_agg its paper fixes; validate refuses another algorithm.loss_agg"
+        None, help="the loss_agg its paper uses; validate prints a note when algorithm.loss_agg differs"
     )
     batch_statistics: bool = param(
         False,

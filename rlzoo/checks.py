@@ -14,7 +14,14 @@ from typing import Any
 from rlzoo.binding import range_problems
 from rlzoo.config import RecipeConfig, Selection
 
-__all__ = ["CONSISTENCY_RULES", "all_range_problems", "check_consistency", "missing_requirement"]
+__all__ = [
+    "CONSISTENCY_RULES",
+    "NOTICE_RULES",
+    "all_range_problems",
+    "check_consistency",
+    "check_notices",
+    "missing_requirement",
+]
 
 
 def all_range_problems(cfg: RecipeConfig) -> list[str]:
@@ -36,6 +43,17 @@ def all_range_problems(cfg: RecipeConfig) -> list[str]:
                 walk(getattr(obj, f.name), f"{path}.{f.name}" if path else f.name)
 
     walk(cfg, "")
+    return out
+
+
+def check_notices(cfg: RecipeConfig) -> list[str]:
+    """Findings of :data:`NOTICE_RULES`: a legal setting that departs from what a part declares."""
+    out: list[str] = []
+    for rule in NOTICE_RULES:
+        try:
+            out += rule(cfg)
+        except TypeError:
+            continue
     return out
 
 
@@ -88,14 +106,14 @@ def _critic_rule(cfg: RecipeConfig) -> list[str]:
     return []
 
 
-def _aggregation_rule(cfg: RecipeConfig) -> list[str]:
+def _aggregation_notice(cfg: RecipeConfig) -> list[str]:
     pl, agg = cfg.algorithm.policy_loss, cfg.algorithm.loss_agg
     if isinstance(pl, Selection) and isinstance(agg, Selection):
         fixed = pl.caps.fixed_aggregation
         if fixed and agg.name != fixed and fixed not in agg.component.aliases:
             return [
-                f"algorithm.loss_agg: policy loss {pl.name!r} fixes its aggregation to {fixed!r} (its paper), "
-                f"got {agg.name!r}; set algorithm.loss_agg={fixed}"
+                f"algorithm.loss_agg: policy loss {pl.name!r} is published with {fixed!r} aggregation "
+                f"(fixed_aggregation), this run uses {agg.name!r}; set algorithm.loss_agg={fixed} to match the paper"
             ]
     return []
 
@@ -134,7 +152,6 @@ CONSISTENCY_RULES: list[Any] = [
     _batch_rule,
     _data_rule,
     _critic_rule,
-    _aggregation_rule,
     _placement_rule,
     _logger_rule,
     _runner_rule,
@@ -159,3 +176,7 @@ def missing_requirement(sel: Selection) -> list[str]:
             f"pip install rlzoo[{extra}]"
         ]
     return []
+
+
+#: Rules whose findings are worth saying but not refusing (printed by ``bind_config``).
+NOTICE_RULES: list[Any] = [_aggregation_notice]

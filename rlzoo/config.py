@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -449,10 +450,13 @@ def bind_config(raw: Mapping[str, Any], pm: PluginManager | None = None) -> Reci
         _resolve_defaults(cfg, "", problems, pm)
         # ranges and cross-field rules too, in the same report: a rule whose inputs failed to
         # bind is skipped (their problem is already listed)
-        from rlzoo.checks import all_range_problems, check_consistency
+        from rlzoo.checks import all_range_problems, check_consistency, check_notices
 
         problems += all_range_problems(cfg)
         problems += check_consistency(cfg)
+        if not problems:
+            for note in check_notices(cfg):
+                print(f"rlzoo: note: {note}", file=sys.stderr, flush=True)
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)))
     return cfg  # type: ignore[no-any-return]
@@ -616,9 +620,9 @@ __all__ = [
     "compose_recipe",
     "find_recipe",
     "list_recipes",
-    "recipe_search_paths",
     "load_config",
     "mini_batches_per_step",
     "optimizer_steps",
     "part",
+    "recipe_search_paths",
 ]

@@ -187,6 +187,11 @@ def test_a_critic_needs_a_backend_that_can_train_one(pm: PluginManager) -> None:
         pm.unregister("nc")
 
 
-def test_a_loss_with_a_fixed_aggregation_refuses_another() -> None:
-    got = problems_of("algorithm.policy_loss=gspo", "algorithm.loss_agg=token-mean")
-    assert any("fixes its aggregation to 'seq-mean-token-mean'" in p for p in got)
+def test_a_loss_with_a_fixed_aggregation_notes_another(capsys: pytest.CaptureFixture[str]) -> None:
+    load_config("quickstart", ["algorithm.policy_loss=gspo", "algorithm.loss_agg=token-mean"])
+    err = capsys.readouterr().err
+    assert (
+        "rlzoo: note: algorithm.loss_agg: policy loss 'gspo' is published with 'seq-mean-token-mean'" in err
+    )
+    load_config("quickstart", ["algorithm.policy_loss=gspo", "algorithm.loss_agg=seq-mean-token-mean"])
+    assert "note:" not in capsys.readouterr().err
