@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -119,13 +121,19 @@ def cmd_validate(ns: argparse.Namespace) -> int:
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
+    import time
+
+    from rlzoo.console import print_summary, quiet_third_party_progress
+
+    quiet_third_party_progress()  # before transformers / datasets load anything
     from rlzoo.compose import build_run
 
     recipe, overrides = _split_recipe(ns.args, "quickstart")
+    start = time.perf_counter()
     run = build_run(recipe or "quickstart", overrides)
     summary = run.train()
-    if summary:
-        print(json.dumps(summary, indent=2, default=str))
+    if summary:  # the full summary is in the run directory (summary.json)
+        print_summary(summary, recipe=recipe or "quickstart", wall_s=time.perf_counter() - start)
     return 0
 
 
@@ -308,7 +316,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return int(ns.func(ns) or 0)
+        code = int(ns.func(ns) or 0)
+        sys.stdout.flush()  # a closed pipe (`rlzoo components --json | head`) surfaces here
+        return code
+    except BrokenPipeError:
+        # the reader went away, as with `| head`: stop quietly, as command-line tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except RlzooError as exc:
         print(f"rlzoo {ns.command}: error: {exc}", file=sys.stderr)
         return 2

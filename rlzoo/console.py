@@ -70,6 +70,16 @@ def _finite(x: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
+def _series(rows: list[dict[str, Any]], key: str) -> list[tuple[Any, float]]:
+    """``(step, value)`` of every row with a finite ``key``."""
+    out: list[tuple[Any, float]] = []
+    for r in rows:
+        v = _finite(r.get(key))
+        if v is not None:
+            out.append((r.get("step"), v))
+    return out
+
+
 def _fmt_seconds(s: float) -> str:
     if s < 60:
         return f"{s:.1f} s"
@@ -101,13 +111,11 @@ def summary_lines(
     rows = _read_metrics(run_dir / "metrics.jsonl")
     steps = summary.get("steps", rows[-1].get("step") if rows else 0)
     lines = [f"rlzoo: finished {steps} steps in {run_dir}"]
-    rewards = [(r.get("step"), _finite(r.get(REWARD_KEY))) for r in rows]
-    rewards = [(s, v) for s, v in rewards if v is not None]
+    rewards = _series(rows, REWARD_KEY)
     if rewards:
         (s0, r0), (s1, r1) = rewards[0], rewards[-1]
         lines.append(f"  reward ({REWARD_KEY}): {r0:.3f} at step {s0} -> {r1:.3f} at step {s1}")
-    vals = [(r.get("step"), _finite(r.get(VAL_KEY))) for r in rows]
-    vals = [(s, v) for s, v in vals if v is not None]
+    vals = _series(rows, VAL_KEY)
     if vals:
         best_step, best = max(vals, key=lambda sv: sv[1])
         first = vals[0][1]
