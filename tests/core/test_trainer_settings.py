@@ -32,6 +32,27 @@ def test_switching_the_train_backend_keeps_the_recipes_optimizer(switch: str) ->
     assert spec.micro_batch.size == 256 and spec.micro_batch.log_prob_size == 256
 
 
+def test_the_fsdp2_backend_built_from_the_switched_recipe_trains_at_its_lr() -> None:
+    """The backend the run builds (from the recipe's part and the spec) has AdamW at lr 3e-3."""
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    from rlzoo.models.tiny import tiny_qwen2_config
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    cfg = load_config("quickstart", ["trainer.backend=fsdp2", "trainer.backend.device=cpu"])
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_qwen2_config(64, attn_implementation="sdpa")).float()
+    sel = cfg.trainer.backend
+    be = sel.fn(sel.params, train_spec(cfg, 6, TOKENIZER), model=model)
+    try:
+        assert [g["lr"] for g in be.optimizer.param_groups] == [3e-3]
+        assert be.lr_at(0) == 3e-3  # constant schedule, no warmup (the recipe's)
+    finally:
+        be.shutdown()
+
+
 def test_optimizer_settings_are_validated_all_at_once() -> None:
     with pytest.raises(ConfigError) as e:
         load_config("quickstart", ["trainer.optim.lr=-1e-4", "trainer.micro_batch.size=0"])
