@@ -2,7 +2,7 @@
 
 ``fully_async`` and ``one_step_off`` are registered from :mod:`rlzoo.runners`; their code lives in
 :mod:`rlzoo.runners.fully_async` and :mod:`rlzoo.runners.one_step_off` and is imported only when a
-run uses them. ``check(params, cfg)`` is called by :func:`rlzoo.config.check_consistency`, so
+run uses them. ``check(params, cfg)`` is called by :func:`rlzoo.checks.check_consistency`, so
 ``rlzoo validate`` reports every problem with the knobs before any model loads.
 
 Units (the same as verl's fully-async trainer, whose knob names we keep):
