@@ -30,7 +30,7 @@ class MegatronParams:
     """megatron-core trainer: GPTModel built from an HF Qwen2 / Qwen2.5 config, TP / PP / DP, CPU offload.
 
     Needs the ``[megatron]`` extra and CUDA GPUs (NCCL); ``device: cpu`` runs it on a gloo group on
-    the CPU in fp32 without the distributed optimizer (tests, debugging). Runs SPMD in every rank of a
+    the CPU (tests, debugging; see :mod:`rlzoo.backends.megatron.cpu`). Runs SPMD in every rank of a
     torch.distributed world of ``tp × pp × dp`` ranks (it starts a one-process group when none is
     initialised). The HF checkpoint is converted on load (fused QKV with GQA interleaving, gate/up
     fused into ``linear_fc1``, TP slices, padded vocab-parallel embeddings) and back on
@@ -49,7 +49,7 @@ class MegatronParams:
 
     device: str = param(
         "cuda",
-        help="'cuda' (NCCL group, one GPU per rank) or 'cpu' (gloo group, fp32, no distributed optimizer: tests, debugging)",
+        help="'cuda' (NCCL group, one GPU per rank) or 'cpu' (gloo group on the CPU: tests, debugging)",
     )
     tensor_model_parallel_size: int = param(1, help="TP: ranks each layer's matrices are split over")
     pipeline_model_parallel_size: int = param(1, help="PP: stages the layers are split over (equal split)")
@@ -93,11 +93,6 @@ class MegatronParams:
             problems.append(f"dtype must be 'bfloat16' or 'float32', got {self.dtype!r}")
         if self.device not in ("cuda", "cpu"):
             problems.append(f"device must be 'cuda' or 'cpu', got {self.device!r}")
-        if self.device == "cpu" and (self.dtype != "float32" or self.use_distributed_optimizer):
-            problems.append(
-                "device 'cpu' needs dtype 'float32' and use_distributed_optimizer false (megatron-core's "
-                "bf16 and distributed optimizers only wrap CUDA tensors)"
-            )
         if self.sequence_parallel and self.tensor_model_parallel_size == 1:
             problems.append("sequence_parallel needs tensor_model_parallel_size > 1")
         if self.sequence_parallel and self.layer_spec != "te":

@@ -9,6 +9,8 @@ gloo group. :func:`cpu_device` is the context every call of a ``device: cpu`` ba
 - a :class:`~torch.overrides.TorchFunctionMode` that rewrites a CUDA device (``"cuda"``,
   ``"cuda:N"``, ``torch.device("cuda")``, a bare index) in factory functions and ``Tensor.to`` to
   the CPU, and makes ``Tensor.cuda()`` a no-op;
+- ``Tensor.type()`` naming a CPU tensor as its CUDA type (``torch.cuda.FloatTensor``: megatron's
+  optimizers and grad clipping assert on those names);
 - ``torch.cuda.current_device`` answering 0 (an index the mode maps to the CPU) and
   ``torch.cuda.synchronize`` / ``torch.cuda.empty_cache`` doing nothing (CPU work is synchronous).
 
@@ -47,6 +49,9 @@ class _CudaToCpu(TorchFunctionMode):
         kwargs = dict(kwargs or {})
         if func is torch.Tensor.cuda:
             return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)  # megatron checks types by name: 'torch.cuda.FloatTensor'
+            return name.replace("torch.", "torch.cuda.", 1) if not name.startswith("torch.cuda.") else name
         if "device" in kwargs and _is_cuda(kwargs["device"]):
             kwargs["device"] = _CPU
         if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):

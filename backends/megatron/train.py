@@ -123,6 +123,34 @@ def _require_psutil() -> None:
         ) from e
 
 
+def _init_torch_adam_state(optimizer: Any, step: int | None = None) -> None:
+    """Give a fresh torch ``Adam`` / ``AdamW`` inside a megatron optimizer its (zero) state; with
+    ``step``, set every param's Adam step count to it.
+
+    megatron-core's distributed optimizer, without Apex / Transformer Engine, reads every param's
+    ``step`` when it builds the sharded state dict to load into (``DistributedOptimizer.state_dict``),
+    and a fresh optimizer has none: this fills in what the load then overwrites. Its
+    ``dp_reshardable`` load restores the moments but leaves torch's per-param ``step`` at that
+    placeholder, so after a load the step is set from the checkpoint: the number of optimizer
+    steps taken (the policy version; a skipped step does not step Adam either).
+    """
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(opt, "optimizer", None)
+        if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+            continue
+        for group in inner.param_groups:
+            for p in group["params"]:
+                state = inner.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)  # torch keeps it on the CPU
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                if step is not None:
+                    state["step"] = torch.tensor(
+                        float(step), dtype=torch.float32, device=state["step"].device
+                    )
+
+
 def _load_hf_state_dict(path: str) -> dict[str, Tensor]:
     from safetensors.torch import load_file
 
@@ -717,6 +745,15 @@ class MegatronTrainBackend:
                 self._offload(self.actor_ddp)
 
     # -- checkpoints (megatron dist_checkpointing: every rank writes its shards) ------------------
+    def _ckpt_metadata(self) -> dict[str, Any]:
+        """How the distributed optimizer's state is laid out on disk. megatron-core 0.16's default
+        ('fully_sharded_model_space', deprecated) is refused by its own ``dist_checkpointing.save``
+        ("ShardedTensor.flattened_range is not supported"); 'dp_reshardable' saves each rank's
+        buffers in parallel (resume with the same TP / PP, any DP)."""
+        return (
+            {"distrib_optim_sharding_type": "dp_reshardable"} if self.params.use_distributed_optimizer else {}
+        )
+
     @_on_device
     def save_checkpoint(self, path: Path, extra_state: Mapping[str, Any]) -> None:
         import torch.distributed as dist
@@ -734,7 +771,8 @@ class MegatronTrainBackend:
             sd = ddp.module.sharded_state_dict(prefix="")
             (tmp / name).mkdir(parents=True, exist_ok=True)
             dist.barrier()
-            dist_checkpointing.save({"model": sd, "optimizer": opt.sharded_state_dict(sd)}, str(tmp / name))
+            osd = opt.sharded_state_dict(sd, metadata=self._ckpt_metadata())
+            dist_checkpointing.save({"model": sd, "optimizer": osd}, str(tmp / name))
             if self.params.param_offload:
                 self._offload(ddp)
         if dist.get_rank() == 0:
@@ -765,17 +803,20 @@ class MegatronTrainBackend:
         parts = [("actor", self.actor_ddp, self.optimizer)]
         if self.critic_ddp is not None:
             parts.append(("critic", self.critic_ddp, self.critic_optimizer))
+        steps = {"actor": int(meta["version"]), "critic": int(meta["critic_steps"])}
         for name, ddp, opt in parts:
             if self.params.param_offload:
                 self._onload(ddp)
             sd = ddp.module.sharded_state_dict(prefix="")
+            _init_torch_adam_state(opt)
             # is_loading=True: the optimizer's sharded state dict must be built for loading (it
             # allocates the state to load into); without it Adam's moments are silently not restored.
-            loaded = dist_checkpointing.load(
-                {"model": sd, "optimizer": opt.sharded_state_dict(sd, is_loading=True)}, str(path / name)
-            )
-            ddp.module.load_state_dict(loaded["model"], strict=False)
-            opt.load_state_dict(loaded["optimizer"])
+            osd = opt.sharded_state_dict(sd, is_loading=True, metadata=self._ckpt_metadata())
+            loaded = dist_checkpointing.load({"model": sd, "optimizer": osd}, str(path / name))
+            with torch.no_grad():  # fp32 + distributed optimizer: its main params are views of the weights
+                ddp.module.load_state_dict(loaded["model"], strict=False)
+                opt.load_state_dict(loaded["optimizer"])
+            _init_torch_adam_state(opt, step=steps[name])
             if self.params.param_offload:
                 self._offload(ddp)
         self.version = int(meta["version"])

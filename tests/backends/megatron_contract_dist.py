@@ -21,7 +21,7 @@ from rlzoo.testing.backends import TrainBackendContract, save_tiny_qwen2
 LAYOUTS = {
     "tp2": {"tensor_model_parallel_size": 2},
     "pp2": {"pipeline_model_parallel_size": 2},
-    "dp2": {},  # data parallel 2 (the distributed optimizer needs CUDA tensors: not on CPU)
+    "dp2": {"use_distributed_optimizer": True},  # data parallel 2, optimizer state sharded (ZeRO-1)
 }
 
 
