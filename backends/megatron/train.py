@@ -370,7 +370,7 @@ class MegatronTrainBackend:
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         p, optim = self.params, self.spec.optim
-        config = model.config  # this model's own copy (see _build)
+        config: Any = model.config  # this model's own copy (see _build)
         ddp = DistributedDataParallel(
             config,
             DistributedDataParallelConfig(
