@@ -197,8 +197,10 @@ def rlzoo_register_advantages(registry):  # type: ignore[no-untyped-def]
     registry.register("opo", f"{_IMPL}:opo", params=OPOParams, capabilities=group)
     registry.register("gpg", f"{_IMPL}:gpg", params=GPGParams, capabilities=group)
     registry.register("grpo_passk", f"{_IMPL}:grpo_passk", params=GRPOPassKParams, capabilities=group)
-    registry.register("gdpo", f"{_IMPL}:gdpo", params=GDPOParams, capabilities=group)
-    otb = {**group, "needs_old_log_probs": True}
+    registry.register(
+        "gdpo", f"{_IMPL}:gdpo", params=GDPOParams, capabilities={**group, "needs_reward_components": True}
+    )
+    otb = {**group, "needs_old_log_probs": True, "needs_sum_pi_squared": True}
     registry.register(
         "optimal_token_baseline",
         f"{_IMPL}:optimal_token_baseline",

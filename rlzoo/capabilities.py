@@ -60,6 +60,17 @@ class AdvantageCapabilities(Capabilities):
         False,
         help="reads inputs.old_log_probs (the log-probs of the sampling policy; the conformance suite passes them)",
     )
+    needs_sum_pi_squared: bool = param(
+        False,
+        help="reads inputs.sum_pi_squared [B, T] (sum over the vocabulary of pi^2 of the old policy): the "
+        "trainer asks the train backend for it in the old-log-prob forward; validate refuses a backend "
+        "without supplies_sum_pi_squared",
+    )
+    needs_reward_components: bool = param(
+        False,
+        help="reads inputs.reward_components [B, K]: the scorers' per-sample info values named by its "
+        "params' reward_keys (rlzoo.protocols.RewardComponentKeys); a missing key fails the first step",
+    )
 
 
 @dataclass(frozen=True)
@@ -124,6 +135,11 @@ class TrainBackendCapabilities(Capabilities):
     distributed: bool = param(False, help="spans processes (a torch.distributed group)")
     supports_critic: bool = param(
         False, help="can train a critic; validate refuses a needs_critic advantage without it"
+    )
+    supplies_sum_pi_squared: bool = param(
+        False,
+        help="implements rlzoo.protocols.SumPiSquaredSource (log-probs + sum_pi_squared in one forward); "
+        "validate refuses a needs_sum_pi_squared advantage without it",
     )
     requires: str | None = param(None, help="the optional distribution it needs (pip install rlzoo[EXTRA])")
     extra: str | None = param(None, help="the pip extra that installs `requires`")

@@ -106,6 +106,18 @@ def _critic_rule(cfg: RecipeConfig) -> list[str]:
     return []
 
 
+def _sum_pi_squared_rule(cfg: RecipeConfig) -> list[str]:
+    adv, tb = cfg.algorithm.advantage, cfg.trainer.backend
+    needs = isinstance(adv, Selection) and adv.caps.needs_sum_pi_squared
+    if needs and isinstance(tb, Selection) and not tb.caps.supplies_sum_pi_squared:
+        return [
+            f"trainer.backend: advantage {adv.name!r} needs sum_pi_squared (needs_sum_pi_squared: sum over "
+            f"the vocabulary of pi^2 at each response token), but train backend {tb.name!r} does not "
+            "compute it (supplies_sum_pi_squared is false); use a backend that does (native, fsdp2)"
+        ]
+    return []
+
+
 def _aggregation_notice(cfg: RecipeConfig) -> list[str]:
     pl, agg = cfg.algorithm.policy_loss, cfg.algorithm.loss_agg
     if isinstance(pl, Selection) and isinstance(agg, Selection):
@@ -152,6 +164,7 @@ CONSISTENCY_RULES: list[Any] = [
     _batch_rule,
     _data_rule,
     _critic_rule,
+    _sum_pi_squared_rule,
     _placement_rule,
     _logger_rule,
     _runner_rule,

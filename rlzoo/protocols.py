@@ -393,6 +393,31 @@ class TrainBackend(Protocol):
     def shutdown(self) -> None: ...
 
 
+@runtime_checkable
+class SumPiSquaredSource(Protocol):
+    """What a train backend that declares ``supplies_sum_pi_squared`` implements.
+
+    ``compute_log_probs_and_sum_pi_squared(batch)`` returns the actor's log-probs ``[B, T]`` (as
+    ``compute_log_probs(batch)`` gives them) and, from the same forward, ``sum_v pi_v^2`` ``[B, T]``
+    of the same distribution (``softmax(logits / temperature)``) at each response token; fp32, no
+    grad, zero on response padding. The policy trainer calls it instead of ``compute_log_probs`` for
+    the old log-probs when the advantage declares ``needs_sum_pi_squared``.
+    """
+
+    def compute_log_probs_and_sum_pi_squared(self, batch: Batch) -> tuple[Tensor, Tensor]: ...
+
+
+@runtime_checkable
+class RewardComponentKeys(Protocol):
+    """Params of an advantage that declares ``needs_reward_components``: the reward components it reads.
+
+    The policy trainer builds ``AdvantageInputs.reward_components [B, K]`` from each sample's reward
+    info (the scorer's dict, plus its ``score``) in ``reward_keys`` order; no keys: none are built.
+    """
+
+    reward_keys: Sequence[str]
+
+
 class Runner(Protocol):
     def run(self) -> dict[str, Any]: ...
 

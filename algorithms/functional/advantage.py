@@ -10,8 +10,10 @@ is undefined or arbitrary (see ``docs/components/advantage.md``):
   zero, gives 0 where verl raises or returns NaN.
 
 Group statistics use ``torch.unique(return_inverse=True)`` and segment sums (``index_add_``,
-``scatter_reduce_``): no Python loop over samples or groups. GAE and REINFORCE++ loop over the
-time axis only (a linear recurrence with resets), on contiguous ``[T, B]`` slices.
+``scatter_reduce_``): no Python loop over samples or groups, and no ``(groups n)`` reshape
+either, since group ids are arbitrary and groups may be uneven (filtered, partial or merged
+batches). GAE and REINFORCE++ loop over the time axis only (a linear recurrence with resets), on
+contiguous time-major ``[T, B]`` slices.
 
 Shapes: ``B`` responses, ``T`` response tokens, ``G`` distinct group ids.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from einops import rearrange
 from torch import Tensor
 
 from rlzoo.protocols import AdvantageInputs, AdvantageOutput
@@ -108,9 +111,8 @@ def gae(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
     values = inputs.values.to(rewards.dtype)  # [B, T]
     mask = inputs.response_mask.to(rewards.dtype)  # [B, T]
     gamma, lam = float(params.gamma), float(params.lam)
-    r_t = rewards.t().contiguous()  # [T, B]
-    v_t = values.t().contiguous()  # [T, B]
-    m_t = mask.t().contiguous()  # [T, B]
+    # time-major, so each step of the backward recurrence reads one contiguous row
+    r_t, v_t, m_t = (rearrange(x, "b t -> t b").contiguous() for x in (rewards, values, mask))  # [T, B]
     adv_t = torch.empty_like(r_t)  # [T, B]
     nextvalues = torch.zeros_like(r_t[0])  # [B]
     lastgaelam = torch.zeros_like(r_t[0])  # [B]
@@ -122,7 +124,7 @@ def gae(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
         nextvalues = v_t[t] * m + one_minus_m * nextvalues  # [B]
         lastgaelam = new * m + one_minus_m * lastgaelam  # [B]
         adv_t[t] = lastgaelam
-    advantages = adv_t.t()  # [B, T]
+    advantages = rearrange(adv_t, "t b -> b t")  # [B, T]
     returns = (advantages + values) * mask  # [B, T]
     if params.whiten:
         advantages = masked_whiten(advantages, mask)  # [B, T]
@@ -222,8 +224,7 @@ def reinforce_plus_plus(inputs: AdvantageInputs, params: Any) -> AdvantageOutput
     rewards = inputs.token_level_rewards
     mask = inputs.response_mask.to(rewards.dtype)  # [B, T]
     gamma = float(params.gamma)
-    r_t = rewards.t().contiguous()  # [T, B]
-    m_t = mask.t().contiguous()  # [T, B]
+    r_t, m_t = (rearrange(x, "b t -> t b").contiguous() for x in (rewards, mask))  # [T, B] time-major
     ret_t = torch.empty_like(r_t)  # [T, B]
     running = torch.zeros_like(r_t[0])  # [B]
     for t in range(r_t.shape[0] - 1, -1, -1):
@@ -233,7 +234,7 @@ def reinforce_plus_plus(inputs: AdvantageInputs, params: Any) -> AdvantageOutput
         # masked tokens (padding, tool observations) carry the running return through unchanged,
         # so an outcome reward reaches the tokens before an observation span (verl, and our gae)
         running = new * m + (1.0 - m) * running  # [B]
-    returns = ret_t.t()  # [B, T]
+    returns = rearrange(ret_t, "t b -> b t")  # [B, T]
     advantages = masked_whiten(returns, mask) * mask  # [B, T]
     return AdvantageOutput(advantages=advantages, returns=returns * mask)
 

@@ -73,5 +73,10 @@ def rlzoo_register_train_backends(registry):  # type: ignore[no-untyped-def]
         "fsdp2",
         "rlzoo.backends.fsdp2.train:FSDP2TrainBackend",
         params=FSDP2Params,
-        capabilities={"distributed": True, "devices": ["cpu", "cuda"], "supports_critic": True},
+        capabilities={
+            "distributed": True,
+            "devices": ["cpu", "cuda"],
+            "supports_critic": True,
+            "supplies_sum_pi_squared": True,
+        },
     )

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from einops import rearrange
 from torch import Tensor
 
 from rlzoo.batch import Batch
@@ -121,12 +122,14 @@ def pack(mb: Batch) -> Packed:
     T = mb["responses"].shape[1]
     flat_ids = ids[attn]  # [N] row-major: sample after sample
     pos = (attn.long().cumsum(-1) - 1)[attn]  # [N] 0.. per sequence
-    flat_index = attn.flatten().long().cumsum(0).view_as(attn) - 1  # [b, L] packed position of each token
+    # packed position of each token: sequences laid end to end, row after row
+    packed_pos = rearrange(attn.long(), "b l -> (b l)").cumsum(0) - 1  # [b*L]
+    flat_index = rearrange(packed_pos, "(b l) -> b l", b=attn.shape[0])  # [b, L]
     response_valid = attn[:, -T:]  # [b, T]
     token_at = flat_index[:, -T:][response_valid]  # [n]
     return Packed(
-        input_ids=flat_ids.unsqueeze(0),  # [1, N]
-        position_ids=pos.unsqueeze(0),  # [1, N]
+        input_ids=rearrange(flat_ids, "n -> 1 n"),  # one packed row [1, N]
+        position_ids=rearrange(pos, "n -> 1 n"),  # [1, N]
         predict_at=token_at - 1,  # [n]
         targets=flat_ids[token_at],  # [n]
         response_valid=response_valid,  # [b, T]

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from einops import rearrange
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -54,7 +55,13 @@ from rlzoo.backends.fsdp2 import FSDP2Params
 from rlzoo.backends.fsdp2.sharding import Packed, ShardPlan, pack, plan_shards, unpack
 from rlzoo.backends.native import checkpoint as ckpt
 from rlzoo.backends.native import common
-from rlzoo.backends.native.train import CriticModel, actor_log_probs, critic_values, token_log_probs
+from rlzoo.backends.native.train import (
+    CriticModel,
+    actor_log_probs,
+    actor_log_probs_and_sum_pi_squared,
+    critic_values,
+    token_log_probs,
+)
 from rlzoo.batch import Batch
 from rlzoo.protocols import Objective, TrainSpec
 
@@ -282,24 +289,40 @@ class FSDP2TrainBackend:
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (+ entropy) ``[b, T]`` of one micro-batch on the device; zero on padding."""
         if self.params.use_remove_padding:
-            pk: Packed = pack(mb)
-            logits = module(
-                input_ids=pk.input_ids,
-                position_ids=pk.position_ids,
-                use_cache=False,
-                logits_to_keep=pk.predict_at,
-            ).logits[0]  # [n, V]
+            logits, pk = self._packed_logits(module, mb)  # [1, n, V]
             lp, ent = token_log_probs(
-                logits.unsqueeze(0),
-                pk.targets.unsqueeze(0),
-                temperature=temperature,
-                with_entropy=with_entropy,
+                logits, rearrange(pk.targets, "n -> 1 n"), temperature=temperature, with_entropy=with_entropy
             )  # [1, n]
             return unpack(lp[0], pk.response_valid), None if ent is None else unpack(
                 ent[0], pk.response_valid
             )
         return actor_log_probs(
             module, mb, keep_arg=self._keep_arg, temperature=temperature, with_entropy=with_entropy
+        )
+
+    @staticmethod
+    def _packed_logits(module: nn.Module, mb: Batch) -> tuple[Tensor, Packed]:
+        """Logits ``[1, n, V]`` at the packed positions that predict ``mb``'s response tokens."""
+        pk: Packed = pack(mb)
+        logits = module(
+            input_ids=pk.input_ids,
+            position_ids=pk.position_ids,
+            use_cache=False,
+            logits_to_keep=pk.predict_at,
+        ).logits  # [1, n, V]
+        return logits, pk
+
+    def _actor_forward_sum_pi_squared(
+        self, module: nn.Module, mb: Batch, *, temperature: float
+    ) -> tuple[Tensor, Tensor]:
+        """Log-probs and ``sum_v pi_v^2`` ``[b, T]`` of one micro-batch from one forward; zero on padding."""
+        if self.params.use_remove_padding:
+            logits, pk = self._packed_logits(module, mb)  # [1, n, V]
+            lp, _ = token_log_probs(logits, rearrange(pk.targets, "n -> 1 n"), temperature=temperature)
+            sps = common.sum_pi_squared(logits, temperature=temperature)  # [1, n]
+            return unpack(lp[0], pk.response_valid), unpack(sps[0], pk.response_valid)
+        return actor_log_probs_and_sum_pi_squared(
+            module, mb, keep_arg=self._keep_arg, temperature=temperature
         )
 
     def _critic_forward(self, mb: Batch) -> Tensor:
@@ -368,6 +391,23 @@ class FSDP2TrainBackend:
         finally:
             module.train(was_training)
         return lp, ent
+
+    def compute_log_probs_and_sum_pi_squared(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """The actor's log-probs ``[B, T]`` (as :meth:`compute_log_probs`) and ``sum_v pi_v^2`` ``[B, T]``
+        from the same forward, on every rank (collective, no_grad; fp32, zero on response padding)."""
+        module = self.actor
+        was_training = module.training
+        module.eval()
+        try:
+            lp, sps = self._inference(
+                batch,
+                lambda mb: self._actor_forward_sum_pi_squared(module, mb, temperature=self.temperature),
+                second=True,
+            )
+        finally:
+            module.train(was_training)
+        assert sps is not None
+        return lp, sps
 
     def compute_values(self, batch: Batch) -> Tensor:
         """Critic values ``[B, T]`` on every rank (collective, no_grad; fp32, zero on padding)."""

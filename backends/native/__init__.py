@@ -17,7 +17,12 @@ def rlzoo_register_train_backends(registry):  # type: ignore[no-untyped-def]
         "native",
         "rlzoo.backends.native.train:NativeTrainBackend",
         params=NativeTrainParams,
-        capabilities={"devices": ["cpu", "cuda"], "supports_critic": True, "distributed": False},
+        capabilities={
+            "devices": ["cpu", "cuda"],
+            "supports_critic": True,
+            "distributed": False,
+            "supplies_sum_pi_squared": True,
+        },
     )
 
 

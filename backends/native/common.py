@@ -1,8 +1,8 @@
 """Plain helpers shared by the native and fsdp2 train backends (no process-group code here).
 
-Model loading, the temperature rule, the LR schedule and its checkpoint record, checkpoint
-metadata checks, the tokenizer saved next to an HF export, and the optimizer step that skips
-non-finite updates. Each backend keeps its own collectives around them.
+Model loading, the temperature rule, sum_pi_squared from logits, the LR schedule and its checkpoint
+record, checkpoint metadata checks, the tokenizer saved next to an HF export, and the optimizer step
+that skips non-finite updates. Each backend keeps its own collectives around them.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ __all__ = [
     "scheduled_lr",
     "select_model",
     "step_metrics",
+    "sum_pi_squared",
     "warmup_steps",
 ]
 
@@ -126,6 +127,29 @@ def select_model(model: str, actor: nn.Module, ref: nn.Module | None) -> nn.Modu
             raise ValueError("compute_log_probs(model='ref'): no reference model (spec.need_reference=False)")
         return ref
     raise ValueError(f"compute_log_probs: model must be 'actor' or 'ref', got {model!r}")
+
+
+# -- forward outputs ------------------------------------------------------------------------------
+def sum_pi_squared(logits: Tensor, *, temperature: float = 1.0, chunk_tokens: int = 1024) -> Tensor:
+    """``sum_v pi_v^2`` ``[B, T]`` of ``pi = softmax(logits / temperature)`` (``logits`` ``[B, T, V]``).
+
+    ``exp(logsumexp(2 z) - 2 logsumexp(z))`` with ``z = logits / temperature`` in fp32 (the form
+    verl's ``calculate_sum_pi_squared_from_logits`` uses; no softmax is materialised), over at most
+    ``chunk_tokens`` positions of one row at a time, so the extra memory is ``[chunk_tokens, V]``
+    (``logits`` may be a strided slice; it is not copied whole).
+    """
+    rows, width = logits.shape[0], logits.shape[1]
+    out = torch.empty((rows, width), dtype=torch.float32, device=logits.device)  # [B, T]
+    step = max(1, chunk_tokens)
+    for i in range(rows):
+        for start in range(0, width, step):
+            z = logits[i, start : start + step].float()  # [c, V]
+            if temperature != 1.0:
+                z = z / temperature
+            out[i, start : start + step] = torch.exp(
+                torch.logsumexp(2.0 * z, dim=-1) - 2.0 * torch.logsumexp(z, dim=-1)
+            )
+    return out
 
 
 # -- updates --------------------------------------------------------------------------------------

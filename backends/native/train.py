@@ -38,9 +38,11 @@ __all__ = [
     "CriticModel",
     "NativeTrainBackend",
     "actor_log_probs",
+    "actor_log_probs_and_sum_pi_squared",
     "critic_values",
     "lr_multiplier",
     "pad_response",
+    "response_logits",
     "token_log_probs",
     "trim",
 ]
@@ -172,13 +174,35 @@ def actor_log_probs(
             with_entropy=with_entropy,
         )  # [b, T_eff]
     else:
-        ids, attn, pos, t_eff, _ = trim(mb)
-        kw: dict[str, Any] = {"logits_to_keep": t_eff + 1} if keep_arg else {}
-        logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, **kw).logits
-        logits = logits[:, -(t_eff + 1) : -1]  # [b, T_eff, V]: position P-1+t predicts token t
-        targets = mb["responses"][:, :t_eff]  # [b, T_eff]
+        logits, targets = response_logits(module, mb, keep_arg=keep_arg)  # [b, T_eff, V], [b, T_eff]
         lp, ent = token_log_probs(logits, targets, temperature=temperature, with_entropy=with_entropy)
     return pad_response(lp, mb), None if ent is None else pad_response(ent, mb)  # [b, T]
+
+
+def response_logits(module: nn.Module, mb: Batch, *, keep_arg: bool) -> tuple[Tensor, Tensor]:
+    """Logits ``[b, T_eff, V]`` that predict the response tokens ``[b, T_eff]`` of a text micro-batch
+    (padded forward over the :func:`trim` columns; position ``P - 1 + t`` predicts token ``t``)."""
+    ids, attn, pos, t_eff, _ = trim(mb)
+    kw: dict[str, Any] = {"logits_to_keep": t_eff + 1} if keep_arg else {}
+    logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, **kw).logits
+    return logits[:, -(t_eff + 1) : -1], mb["responses"][:, :t_eff]
+
+
+def actor_log_probs_and_sum_pi_squared(
+    module: nn.Module, mb: Batch, *, keep_arg: bool, temperature: float, vision: bool = False
+) -> tuple[Tensor, Tensor]:
+    """Log-probs (as :func:`actor_log_probs`) and ``common.sum_pi_squared`` ``[b, T]`` of one text
+    micro-batch on the device, from one forward; zero on padding. ``vision``: refused (VL models
+    take their logits inside :func:`~rlzoo.backends.native.multimodal.vl_token_log_probs`)."""
+    if vision:
+        raise NotImplementedError(
+            "sum_pi_squared (advantages with needs_sum_pi_squared, e.g. optimal_token_baseline) is not "
+            "computed for vision-language models yet; use another advantage (e.g. grpo) with VL models"
+        )
+    logits, targets = response_logits(module, mb, keep_arg=keep_arg)  # [b, T_eff, V], [b, T_eff]
+    lp, _ = token_log_probs(logits, targets, temperature=temperature)
+    sps = common.sum_pi_squared(logits, temperature=temperature)  # [b, T_eff]
+    return pad_response(lp, mb), pad_response(sps, mb)  # [b, T]
 
 
 def critic_values(critic: nn.Module, mb: Batch) -> Tensor:
@@ -386,6 +410,30 @@ class NativeTrainBackend:
         out_device = batch["input_ids"].device
         entropy = torch.cat(ents).to(out_device) if with_entropy else None  # type: ignore[arg-type]
         return torch.cat(lps).to(out_device), entropy
+
+    @torch.no_grad()
+    def compute_log_probs_and_sum_pi_squared(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """The actor's log-probs ``[B, T]`` (as :meth:`compute_log_probs`) and ``sum_v pi_v^2``
+        ``[B, T]`` of the same distribution, from one forward per micro-batch
+        (:class:`rlzoo.protocols.SumPiSquaredSource`); fp32, zero on response padding."""
+        module = self.actor
+        was_training = module.training
+        module.eval()
+        lps, spss = [], []
+        for mb in batch.split(self.spec.micro_batch.log_prob_size):
+            with self._autocast():
+                lp, sps = actor_log_probs_and_sum_pi_squared(
+                    module,
+                    mb.to(self.device),
+                    keep_arg=self._keep_arg,
+                    temperature=self.temperature,
+                    vision=self._vl,
+                )
+            lps.append(lp)
+            spss.append(sps)
+        module.train(was_training)
+        out_device = batch["input_ids"].device
+        return torch.cat(lps).to(out_device), torch.cat(spss).to(out_device)
 
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> Tensor:

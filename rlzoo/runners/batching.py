@@ -121,6 +121,8 @@ def samples_to_batch(
         batch["failed"] = [bool(r.failed) for r in results]
         batch["score"] = [float(r.score) for r in results]
         batch["acc"] = [float(r.info.get("acc", r.score)) for r in results]
+        # what each scorer returned (its dict, with its score): advantages read reward components here
+        batch["reward_info"] = [{"score": float(r.score), **r.info} for r in results]
     return batch
 
 

@@ -24,7 +24,8 @@ from rlzoo.objective import (
     agg_context,
     apply_kl_penalty,
 )
-from rlzoo.protocols import AdvantageInputs, CorrectionInputs
+from rlzoo.protocols import AdvantageInputs, CorrectionInputs, RewardComponentKeys, SumPiSquaredSource
+from rlzoo.runners.rewards import reward_components
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,11 @@ class PolicyTrainer:
         correction_bypass: use the rollout log-probs as old log-probs (the correction's mode).
         offpolicy_metrics: ``fn(old, rollout, mask) -> metrics`` logged when no correction is selected.
         needs_reference / needs_critic: what the parts need computed.
+        advantage_reads_old_log_probs: the advantage reads old log-probs (or sum_pi_squared), so
+            they are computed before it even when the update is exactly on-policy.
+        needs_sum_pi_squared: the old-log-prob forward also gives ``sum_pi_squared`` (the backend
+            implements :class:`~rlzoo.protocols.SumPiSquaredSource`).
+        reward_keys: the reward components the advantage reads (``reward_components [B, K]``).
     """
 
     def __init__(
@@ -77,6 +83,9 @@ class PolicyTrainer:
         offpolicy_metrics: Callable[..., Mapping[str, Any]] | None = None,
         needs_reference: bool = False,
         needs_critic: bool = False,
+        advantage_reads_old_log_probs: bool = False,
+        needs_sum_pi_squared: bool = False,
+        reward_keys: tuple[str, ...] = (),
     ) -> None:
         self.backend = backend
         self.settings = settings
@@ -91,6 +100,15 @@ class PolicyTrainer:
         self.offpolicy_metrics = offpolicy_metrics
         self.needs_ref = needs_reference
         self.needs_critic = needs_critic
+        self.needs_sum_pi_squared = needs_sum_pi_squared
+        self.adv_reads_old = advantage_reads_old_log_probs or needs_sum_pi_squared
+        self.reward_keys = tuple(reward_keys)
+        if needs_sum_pi_squared and not isinstance(backend, SumPiSquaredSource):
+            raise TypeError(
+                f"advantage {advantage.name!r} needs sum_pi_squared (needs_sum_pi_squared), but the train "
+                f"backend {type(backend).__name__} has no compute_log_probs_and_sum_pi_squared "
+                "(capability supplies_sum_pi_squared); use trainer.backend=native or fsdp2"
+            )
         self.step_count = 0
 
     @classmethod
@@ -110,6 +128,15 @@ class PolicyTrainer:
             kl_loss_coef=alg.kl_loss_coef if alg.use_kl_loss else 0.0,
             value_clip=alg.value_clip,
         )
+        adv_caps = alg.advantage.caps
+        reward_keys: tuple[str, ...] = ()
+        if adv_caps.needs_reward_components:
+            if not isinstance(alg.advantage.params, RewardComponentKeys):
+                raise TypeError(
+                    f"advantage {alg.advantage.name!r} declares needs_reward_components, but its params "
+                    f"{type(alg.advantage.params).__name__} have no reward_keys (rlzoo.protocols.RewardComponentKeys)"
+                )
+            reward_keys = tuple(str(k) for k in alg.advantage.params.reward_keys)
         kl_ctrl: FixedKLController | AdaptiveKLController | None = None
         if alg.use_kl_in_reward:
             kc = alg.kl_ctrl
@@ -131,6 +158,9 @@ class PolicyTrainer:
             correction_bypass=corr is not None and corr.params.mode == "bypass",
             needs_reference=alg.use_kl_loss or alg.use_kl_in_reward,
             needs_critic=bool(alg.advantage.capability("needs_critic")),
+            advantage_reads_old_log_probs=adv_caps.needs_old_log_probs,
+            needs_sum_pi_squared=adv_caps.needs_sum_pi_squared,
+            reward_keys=reward_keys,
             **parts,
         )
 
@@ -141,7 +171,10 @@ class PolicyTrainer:
         reuse = self.reuses_log_probs(batch)
         m["actor/old_log_prob_skipped"] = float(reuse)
         with timer("old_log_prob"):
-            if self.bypass:
+            if self.needs_sum_pi_squared:  # one forward gives both (a SumPiSquaredSource, checked at init)
+                old, batch["sum_pi_squared"] = self.backend.compute_log_probs_and_sum_pi_squared(batch)
+                batch["old_log_probs"] = batch["rollout_log_probs"].clone() if self.bypass else old
+            elif self.bypass:
                 batch["old_log_probs"] = batch["rollout_log_probs"].clone()
             elif not reuse:  # reuse: the update's own forward gives them (PolicyObjective)
                 batch["old_log_probs"], _ = self.backend.compute_log_probs(batch)
@@ -183,6 +216,14 @@ class PolicyTrainer:
                 group_ids=batch["group_ids"],
                 values=batch.get("values"),
                 baseline_rewards=batch.get("baseline_rewards"),
+                old_log_probs=batch.get("old_log_probs"),
+                sum_pi_squared=batch.get("sum_pi_squared"),
+                rollout_is_weights=batch.get("rollout_is_weights"),
+                reward_components=(
+                    reward_components(batch, self.reward_keys, f"advantage {self.adv.name!r}")
+                    if self.reward_keys
+                    else None
+                ),
             )
             out_adv = self.adv(inputs)
             batch["advantages"], batch["returns"] = out_adv.advantages, out_adv.returns
@@ -202,8 +243,8 @@ class PolicyTrainer:
         of it is evaluated with the weights the old log-probs would be computed with, so
         ``old_log_probs == log_probs.detach()`` (ratio 1, the same loss and gradient). Not when a
         part reads the old log-probs before the update (a rollout correction, bypass mode, a KL
-        penalty in the reward). The rollout-vs-trainer drift (``rollout_corr/*``) is then measured
-        on the update's forward.
+        penalty in the reward, an advantage that reads old log-probs or sum_pi_squared). The
+        rollout-vs-trainer drift (``rollout_corr/*``) is then measured on the update's forward.
         """
         st = self.settings
         one_mini_batch = st.mini_batch_prompts is None or st.mini_batch_prompts * st.rollout_n >= len(batch)
@@ -214,6 +255,7 @@ class PolicyTrainer:
             and not self.bypass
             and self.correction is None
             and self.kl_penalty is None
+            and not self.adv_reads_old
         )
 
     def mini_batches(self, batch: Batch, epoch: int) -> list[Batch]:

@@ -6,6 +6,7 @@ import logging
 import math
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
+from numbers import Real
 from typing import Any
 
 from rlzoo.config import RecipeConfig, Selection
@@ -127,3 +128,53 @@ def keep_mask(
     ids: dict[str, int] = {}
     gids = torch.tensor([ids.setdefault(s.request_id, len(ids)) for s in samples], dtype=torch.long)  # [N]
     return [bool(k) for k in sample_filter(values, gids).tolist()]
+
+
+# ---------------------------------------------------------------------------------------------
+# Reward components (advantages that declare needs_reward_components, e.g. gdpo)
+# ---------------------------------------------------------------------------------------------
+def reward_components(batch: Any, keys: Sequence[str], who: str) -> Any:
+    """``[B, K]`` float32: each sample's reward info value under each of ``keys``, in that order.
+
+    The info is what the scorer returned (its dict, plus ``score``; ``batch["reward_info"]``). A
+    sample whose scoring failed gets 0 for a key it lacks; any other missing or non-numeric value is
+    an error naming the key and what the scorer returned (``who``: the part, for the message).
+    """
+    import torch
+
+    infos = batch.get("reward_info")
+    if infos is None:
+        raise ValueError(
+            f"{who}: reward_keys {list(keys)} need each sample's reward info, but the batch has no "
+            "reward_info (it was not collated from scored samples)"
+        )
+    failed = batch.get("failed") or [False] * len(infos)
+    uids = batch.get("uid") or [str(i) for i in range(len(infos))]
+    rows: list[list[float]] = []
+    for info, bad, uid in zip(infos, failed, uids):
+        row = []
+        for key in keys:
+            if key not in info:
+                if bad:
+                    row.append(0.0)
+                    continue
+                raise ValueError(
+                    f"{who}: reward key {key!r} (algorithm.advantage.reward_keys={list(keys)}) is not in "
+                    f"what the scorer returned for sample {uid}: {_shown(info)}. Name keys the scorer "
+                    "returns (its dict besides 'score', or 'score'), or set reward_keys=[] to use the "
+                    "outcome reward alone"
+                )
+            value = info[key]
+            value = value.item() if hasattr(value, "item") else value  # numpy / torch scalars
+            if not isinstance(value, Real):
+                raise ValueError(
+                    f"{who}: reward key {key!r} of sample {uid} is {info[key]!r}, not a number "
+                    f"(the scorer returned {_shown(info)})"
+                )
+            row.append(float(value))
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.float32).reshape(len(rows), len(keys))  # [B, K]
+
+
+def _shown(info: Mapping[str, Any]) -> str:
+    return "{" + ", ".join(f"{k!r}: {v!r}" for k, v in sorted(info.items())) + "}"

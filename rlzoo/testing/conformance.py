@@ -287,6 +287,16 @@ class AdvantageConformance(ComponentConformance):
             baseline_rewards=torch.randn(B, generator=g)
             if comp.capability("needs_greedy_baseline")
             else None,
+            # a softmax's log pi_t <= 0 and 1/V <= sum_v pi_v^2 <= 1 (masked positions: anything)
+            old_log_probs=-torch.rand(B, T, generator=g) * 3
+            if comp.capability("needs_old_log_probs")
+            else None,
+            sum_pi_squared=torch.rand(B, T, generator=g) * 0.9 + 0.05
+            if comp.capability("needs_sum_pi_squared")
+            else None,
+            reward_components=torch.randn(B, 2, generator=g)
+            if comp.capability("needs_reward_components")
+            else None,
         )
 
     def run(self, inputs: AdvantageInputs) -> Any:
@@ -343,6 +353,9 @@ class AdvantageConformance(ComponentConformance):
             group_ids=inputs.group_ids,
             values=None if inputs.values is None else F.pad(inputs.values, (0, 3)),
             baseline_rewards=inputs.baseline_rewards,
+            old_log_probs=None if inputs.old_log_probs is None else F.pad(inputs.old_log_probs, (0, 3)),
+            sum_pi_squared=None if inputs.sum_pi_squared is None else F.pad(inputs.sum_pi_squared, (0, 3)),
+            reward_components=inputs.reward_components,
         )
         out = self.run(padded)
         self._check_valid(padded, out)

@@ -355,9 +355,17 @@ EXPECTED_CAPS = {
     "opo": {"needs_group": True},
     "gpg": {"needs_group": True},
     "grpo_passk": {"needs_group": True},
-    "gdpo": {"needs_group": True},
-    "optimal_token_baseline": {"needs_group": True, "needs_old_log_probs": True},
-    "tir_optimal_token_baseline": {"needs_group": True, "needs_old_log_probs": True},
+    "gdpo": {"needs_group": True, "needs_reward_components": True},
+    "optimal_token_baseline": {
+        "needs_group": True,
+        "needs_old_log_probs": True,
+        "needs_sum_pi_squared": True,
+    },
+    "tir_optimal_token_baseline": {
+        "needs_group": True,
+        "needs_old_log_probs": True,
+        "needs_sum_pi_squared": True,
+    },
 }
 
 

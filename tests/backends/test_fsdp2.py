@@ -88,7 +88,12 @@ def test_registered_as_train_backend() -> None:
     target, kw = seen["fsdp2"]
     assert target == "rlzoo.backends.fsdp2.train:FSDP2TrainBackend"
     assert kw["params"] is FSDP2Params
-    assert kw["capabilities"] == {"distributed": True, "devices": ["cpu", "cuda"], "supports_critic": True}
+    assert kw["capabilities"] == {
+        "distributed": True,
+        "devices": ["cpu", "cuda"],
+        "supports_critic": True,
+        "supplies_sum_pi_squared": True,
+    }
     assert FSDP2Params.__doc__.splitlines()[0].strip()
 
 

@@ -187,6 +187,26 @@ def test_a_critic_needs_a_backend_that_can_train_one(pm: PluginManager) -> None:
         pm.unregister("nc")
 
 
+def test_sum_pi_squared_needs_a_backend_that_supplies_it(pm: PluginManager) -> None:
+    def rlzoo_register_train_backends(registry):  # type: ignore[no-untyped-def]
+        registry.register("no_sps", _fn, capabilities={"supports_critic": True})
+
+    pm.register(_plugin("rlzoo_register_train_backends", rlzoo_register_train_backends), "nsps")
+    try:
+        for adv in ("optimal_token_baseline", "tir_optimal_token_baseline"):
+            with pytest.raises(
+                ConfigError, match=rf"advantage '{adv}' needs sum_pi_squared.*train backend 'no_sps' does not"
+            ):
+                load_config("quickstart", [f"algorithm.advantage={adv}", "trainer.backend=no_sps"], pm=pm)
+        load_config("quickstart", ["algorithm.advantage=grpo", "trainer.backend=no_sps"], pm=pm)
+        for backend in ("native", "fsdp2"):  # the built-in backends that compute it
+            load_config(
+                "quickstart", ["algorithm.advantage=optimal_token_baseline", f"trainer.backend={backend}"]
+            )
+    finally:
+        pm.unregister("nsps")
+
+
 def test_a_loss_with_a_fixed_aggregation_notes_another(capsys: pytest.CaptureFixture[str]) -> None:
     load_config("quickstart", ["algorithm.policy_loss=gspo", "algorithm.loss_agg=token-mean"])
     err = capsys.readouterr().err

@@ -242,6 +242,13 @@ SWITCHES = [
     ["+algorithm.rollout_correction.name=seq_is", "+algorithm.rollout_correction.mode=bypass"],
     ["+algorithm.sample_filter.name=dynamic_sampling", "+algorithm.sample_filter.max_num_gen_batches=3"],
     ["reward.manager=batch"],
+    # need sum_pi_squared (+ old log-probs) from the train backend's old-log-prob forward
+    ["algorithm.advantage=optimal_token_baseline"],
+    ["algorithm.advantage=tir_optimal_token_baseline"],
+    ["algorithm.advantage=optimal_token_baseline", "+algorithm.rollout_correction.name=seq_is"],
+    # reward components from the scorer's dict ('acc', and its 'score')
+    ["algorithm.advantage=gdpo", "algorithm.advantage.reward_keys=[acc,score]"],
+    ["algorithm.advantage=gdpo"],
 ]
 
 
@@ -258,6 +265,21 @@ def test_quickstart_runs_with_any_part(tmp_path: Path, data_dir: Path, switch: l
     assert [r["step"] for r in recs] == [1, 2]
     for r in recs:
         assert r["actor/grad_norm"] is not None  # finite (None would mean NaN / inf)
+
+
+def test_gdpo_with_a_key_the_scorer_does_not_return_fails_on_the_first_step(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    """Which keys a scorer returns is known only once it has scored: the first step says which is missing."""
+    ovr = overrides(tmp_path, data_dir, **{"trainer.total_steps": 2, "trainer.val_before_train": "false"})
+    run = rlzoo.build_run(
+        "quickstart", [*ovr, "algorithm.advantage=gdpo", "algorithm.advantage.reward_keys=[acc,format]"]
+    )
+    with pytest.raises(
+        ValueError, match=r"reward key 'format'.*scorer returned.*'acc': .*'pred': .*'score': "
+    ):
+        run.train()
+    assert not [r for r in read_metrics(run.run_dir) if r["step"] > 0]  # no step was recorded
 
 
 def test_same_seed_same_curve(tmp_path: Path, data_dir: Path) -> None:
