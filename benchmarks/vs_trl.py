@@ -155,6 +155,7 @@ def run_trl(s: dict[str, Any], precision: str, steps: int) -> tuple[float, float
             max_grad_norm=1.0,
             weight_decay=0.01,
             num_iterations=1,
+            gradient_checkpointing=False,  # TRL's default is on; rlzoo does not recompute activations
             beta=0.0,
             epsilon=0.2,
             epsilon_high=0.28,
