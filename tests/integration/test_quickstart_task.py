@@ -36,7 +36,9 @@ def test_answers_depend_on_the_prompt_and_validation_is_held_out(data_dir: Path)
 
 def test_first_last_variant(tmp_path: Path) -> None:
     prompts = distinct_prompts("first_last", 2)
-    assert len(prompts) == 180 and (("first", "3", "7"), "3") in prompts and (("last", "3", "7"), "7") in prompts
+    assert (
+        len(prompts) == 180 and (("first", "3", "7"), "3") in prompts and (("last", "3", "7"), "7") in prompts
+    )
     with pytest.raises(ValueError, match="task must be"):
         QuickstartDataParams(task="middle")
 
