@@ -74,6 +74,11 @@ def attention_mask(attn: Tensor) -> Tensor:
     return ~allowed[:, None]  # [b, 1, S, S]
 
 
+#: what the backends of this process set up themselves (and so tear down when the last one shuts
+#: down): the process group, megatron's model-parallel state, and how many backends use them
+_OWNED: dict[str, Any] = {"group": False, "model_parallel": False, "users": 0}
+
+
 def _init_distributed(device: str) -> None:
     """A process group of the device's kind: NCCL on ``cuda`` (one GPU per rank), gloo on ``cpu``.
 
@@ -82,6 +87,7 @@ def _init_distributed(device: str) -> None:
     import torch.distributed as dist
 
     if not dist.is_initialized():
+        _OWNED["group"] = True
         backend = "nccl" if device == "cuda" else "gloo"
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             dist.init_process_group(backend, init_method="env://")
@@ -246,6 +252,9 @@ class MegatronTrainBackend:
         tp, pp = params.tensor_model_parallel_size, params.pipeline_model_parallel_size
         if not mpu.model_parallel_is_initialized():
             mpu.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+            _OWNED["model_parallel"] = True
+        _OWNED["users"] += 1
+        self._uses_owned_state = True
         _seed(spec.seed, params.device)
         self.mpu = mpu
         self.tp_rank, self.tp = mpu.get_tensor_model_parallel_rank(), tp
@@ -828,5 +837,17 @@ class MegatronTrainBackend:
     def shutdown(self) -> None:
         for attr in ("actor", "actor_ddp", "ref", "critic", "critic_ddp", "optimizer", "critic_optimizer"):
             setattr(self, attr, None)
+        if getattr(self, "_uses_owned_state", False):  # set once construction reached the group
+            self._uses_owned_state = False
+            _OWNED["users"] -= 1
+            if _OWNED["users"] == 0:  # the last backend out tears down what the backends set up
+                import torch.distributed as dist
+
+                if _OWNED["model_parallel"]:
+                    self.mpu.destroy_model_parallel()
+                    _OWNED["model_parallel"] = False
+                if _OWNED["group"] and dist.is_initialized():
+                    dist.destroy_process_group()
+                    _OWNED["group"] = False
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -248,3 +248,23 @@ def test_bf16_with_grad_clipping_and_distributed_optimizer(tmp_path: Path) -> No
         assert b.load_checkpoint(tmp_path / "ck") == {"k": 1}
     finally:
         b.shutdown()
+
+
+@pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core not installed")
+def test_shutdown_tears_down_the_group_it_started(tmp_path: Path) -> None:
+    """A backend that started the process group (and megatron's model-parallel state) tears both
+    down when the last backend using them shuts down, so the process is left as it was found
+    (before: the group leaked into every later test of the process)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+
+    if dist.is_initialized():
+        pytest.skip("a process group was started outside this test")
+    a = _backend(tmp_path)
+    b = _backend(tmp_path)  # shares the group a started
+    a.shutdown()
+    assert dist.is_initialized() and mpu.model_parallel_is_initialized()  # b still uses them
+    b.shutdown()
+    assert not dist.is_initialized()
+    assert not mpu.model_parallel_is_initialized()
+    b.shutdown()  # idempotent
