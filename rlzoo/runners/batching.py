@@ -156,9 +156,6 @@ def rollout_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     }
     if "acc" in batch:
         out["critic/acc/mean"] = sum(batch["acc"]) / max(len(batch), 1)
-    versions = batch.get("versions")
-    if versions:
-        spans = [max(v) - min(v) if v else 0 for v in versions]
-        out["rollout/partial_ratio"] = sum(1 for s in spans if s > 0) / len(spans)
-        out["rollout/version_span/max"] = float(max(spans))
+    # staleness and version spans are the loop's (rlzoo.runners.loop.version_metrics): they are
+    # counted in policy versions, which only the loop knows
     return out

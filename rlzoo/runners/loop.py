@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -114,6 +114,31 @@ class VersionMap:
     def of(self, backend_version: int) -> int:
         i = bisect.bisect_right(self._keys, int(backend_version)) - 1
         return self._vals[max(i, 0)]
+
+
+def version_metrics(versions: Sequence[Sequence[int]], versions_map: VersionMap) -> dict[str, float]:
+    """Staleness and partial-rollout metrics of a trained batch, in policy versions.
+
+    ``versions[i]``: the backend version that produced each token of sample ``i``. Staleness of a
+    sample: the current policy version minus the version of its oldest token. Version span: how
+    many policy versions its tokens cover (> 0: a partial rollout resumed across a weight push).
+    """
+    now = versions_map.current
+    per_sample = [now - versions_map.of(min(v)) if v else 0 for v in versions]
+    spans = []
+    for v in versions:
+        pv = {versions_map.of(x) for x in set(v)}
+        spans.append(max(pv) - min(pv) if pv else 0)
+    n = max(len(per_sample), 1)
+    return {
+        "staleness/mean": sum(per_sample) / n,
+        "staleness/max": float(max(per_sample, default=0)),
+        "staleness/min": float(min(per_sample, default=0)),
+        "staleness/stale_ratio": sum(1 for x in per_sample if x > 0) / n,
+        "rollout/partial_ratio": sum(1 for x in spans if x > 0) / max(len(spans), 1),
+        "rollout/version_span/mean": sum(spans) / max(len(spans), 1),
+        "rollout/version_span/max": float(max(spans, default=0)),
+    }
 
 
 def is_due(step: int, freq: int, total: int) -> bool:
@@ -218,23 +243,10 @@ class TrainLoop:
         """Per sample: current policy version minus the version of its oldest token (measured)."""
         versions = batch.get("versions") or []
         now = self.versions.current
-        per_sample = [now - self.versions.of(min(v)) if v else 0 for v in versions]
-        for st in per_sample:
-            self.staleness_hist[st] = self.staleness_hist.get(st, 0) + 1
-        n = max(len(per_sample), 1)
-        spans = []
         for v in versions:
-            pv = {self.versions.of(x) for x in set(v)}
-            spans.append(max(pv) - min(pv) if pv else 0)
-        return {
-            "staleness/mean": sum(per_sample) / n,
-            "staleness/max": float(max(per_sample, default=0)),
-            "staleness/min": float(min(per_sample, default=0)),
-            "staleness/stale_ratio": sum(1 for x in per_sample if x > 0) / n,
-            "rollout/partial_ratio": sum(1 for x in spans if x > 0) / max(len(spans), 1),
-            "rollout/version_span/mean": sum(spans) / max(len(spans), 1),
-            "rollout/version_span/max": float(max(spans, default=0)),
-        }
+            st = now - self.versions.of(min(v)) if v else 0
+            self.staleness_hist[st] = self.staleness_hist.get(st, 0) + 1
+        return version_metrics(versions, self.versions)
 
     def _perf(self, batch: Batch | None, timer: PhaseTimer, wall: float) -> dict[str, float]:
         out = timer.metrics()

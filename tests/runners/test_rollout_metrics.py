@@ -89,8 +89,25 @@ def test_rollout_metrics_match_their_definitions() -> None:
     assert m["response_length/min"] == 1.0
     assert m["prompt_length/mean"] == pytest.approx((2 + 2 + 3 + 3) / 4)  # 2.5
     assert m["reward/failed"] == 1.0  # sample 3's scorer failed
-    # sample 1's tokens came from policy versions 3 and 4: one of four spans versions
-    assert m["rollout/partial_ratio"] == pytest.approx(0.25)
+    assert "rollout/partial_ratio" not in m  # one place: the loop's version_metrics
+
+
+def test_version_metrics_match_their_definitions() -> None:
+    from rlzoo.runners.loop import VersionMap, version_metrics
+
+    vm = VersionMap(10, 0)  # backend version 10 is policy version 0
+    vm.push(12)  # policy 1
+    vm.push(15)  # policy 2 (current)
+    # tokens' backend versions per sample: fresh; from policies 0 and 1 (a partial rollout); policy 1;
+    # empty
+    m = version_metrics([[15, 15], [10, 12, 12], [13], []], vm)
+    # staleness = 2 - policy of the oldest token: 0, 2, 1, 0
+    assert m["staleness/mean"] == pytest.approx((0 + 2 + 1 + 0) / 4)
+    assert m["staleness/max"] == 2.0 and m["staleness/min"] == 0.0
+    assert m["staleness/stale_ratio"] == pytest.approx(2 / 4)
+    # spans in policy versions: 0, 1 (policies 0..1), 0, 0
+    assert m["rollout/partial_ratio"] == pytest.approx(1 / 4)
+    assert m["rollout/version_span/mean"] == pytest.approx(1 / 4)
     assert m["rollout/version_span/max"] == 1.0
 
 
