@@ -31,6 +31,8 @@ from rlzoo.protocols import CorrectionInputs, CorrectionOutput
 
 # the mismatch diagnostics (and their exponent bound) are logged by the core's policy trainer too
 from rlzoo.runners.mismatch import SAFETY_BOUND, offpolicy_metrics
+from rlzoo.runners.mismatch import masked_max as _masked_max
+from rlzoo.runners.mismatch import masked_mean as _masked_mean
 
 __all__ = [
     "RS_CRITERIA",
@@ -55,18 +57,6 @@ def _check_mode(params: Any) -> str:
     if mode not in MODES:
         raise ValueError(f"rollout_correction mode must be one of {MODES}, got {mode!r}")
     return str(mode)
-
-
-def _masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    if dim is None:
-        return (x * mask).sum() / mask.sum().clamp(min=1)
-    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
-
-
-def _masked_max(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    filled = x.masked_fill(mask <= 0, -torch.inf)
-    out = filled.amax() if dim is None else filled.amax(dim)
-    return torch.where(torch.isinf(out) & (out < 0), torch.zeros_like(out), out)
 
 
 def _masked_min(x: Tensor, mask: Tensor) -> Tensor:
