@@ -753,6 +753,84 @@ class MegatronTrainBackend:
             if self.params.param_offload:
                 self._offload(self.actor_ddp)
 
+    def export_hf(self, path: str | Path) -> None:
+        """Write the actor as a standard HF folder (``save_pretrained``: safetensors + config.json +
+        the base model's tokenizer) to ``path``. Collective: every rank calls it, rank 0 writes.
+
+        The tensors are :meth:`_export_hf`'s (TP / PP gathered, vocabulary padding dropped). Rank 0
+        builds the base model's HF class from its config on the meta device and loads them with
+        strict name and shape checks; tied embeddings are tied again, so ``lm_head.weight`` is
+        written exactly when the base config unties it. A vision-language base keeps its vision
+        tower from the base checkpoint (this backend trains the text decoder only). A failure on
+        rank 0 is raised on every rank.
+        """
+        import torch.distributed as dist
+
+        state = self._export_hf()
+        error: list[str | None] = [None]
+        if dist.get_rank() == 0:
+            try:
+                with ckpt.atomic_dir(Path(path), {"format": "hf"}) as tmp:
+                    self._hf_model(state).save_pretrained(str(tmp))
+                    common.save_tokenizer(None, self.spec, tmp)
+            except Exception as e:
+                error[0] = f"{type(e).__name__}: {e}"
+                raise
+            finally:
+                del state
+                dist.broadcast_object_list(error, src=0)  # the other ranks wait here, and learn the outcome
+        else:
+            del state
+            dist.broadcast_object_list(error, src=0)
+            if error[0] is not None:
+                raise RuntimeError(f"export_hf failed on rank 0: {error[0]}")
+
+    def _hf_model(self, state: Mapping[str, Tensor]) -> nn.Module:
+        """The base model's HF class holding ``state`` (full HF-named tensors of the text decoder)."""
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from rlzoo.models.processor import has_vision_config
+
+        trust = self.spec.trust_remote_code
+        cfg = AutoConfig.from_pretrained(self.spec.model_path, trust_remote_code=trust)
+        auto: Any = AutoModelForCausalLM
+        vision = has_vision_config(self.spec.model_path, trust)
+        if vision:
+            from transformers import AutoModelForImageTextToText
+
+            auto = AutoModelForImageTextToText
+        with torch.device("meta"):
+            model = auto.from_config(cfg, trust_remote_code=trust, dtype=self.dtype)
+        expected = set(model.state_dict())
+        copies: dict[int, Tensor] = {}  # on the CPU, owning their storage; a tied pair stays one tensor
+        tensors: dict[str, Tensor] = {}
+        for name, t in state.items():
+            if name not in expected and name.startswith("model."):  # VL: the decoder is model.language_model
+                name = "model.language_model." + name[len("model.") :]
+            if id(t) not in copies:
+                copies[id(t)] = t.detach().to("cpu", copy=True)
+            tensors[name] = copies[id(t)]
+        if vision:  # not trained here: the base checkpoint's vision tower
+            rest = sorted(k for k in expected - set(tensors) if "visual." in k)
+            if rest:
+                base = auto.from_pretrained(self.spec.model_path, trust_remote_code=trust, dtype=self.dtype)
+                base_sd = base.state_dict()
+                tensors.update({k: base_sd[k].detach().clone() for k in rest})
+                del base, base_sd
+        missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
+        if missing or unexpected:
+            raise RuntimeError(
+                f"export_hf: the converted tensors do not match {type(model).__name__} of "
+                f"{self.spec.model_path}: missing {missing[:8]}, unexpected {unexpected[:8]}"
+            )
+        model.load_state_dict(tensors, strict=True, assign=True)  # raises on a shape mismatch
+        if self.dims.tie_word_embeddings:
+            model.tie_weights()
+        meta = [n for n, p in model.named_parameters() if p.is_meta]
+        if meta:
+            raise RuntimeError(f"export_hf: parameters left without weights: {meta[:8]}")
+        return model
+
     # -- checkpoints (megatron dist_checkpointing: every rank writes its shards) ------------------
     def _ckpt_metadata(self) -> dict[str, Any]:
         """How the distributed optimizer's state is laid out on disk. megatron-core 0.16's default

@@ -1,0 +1,144 @@
+"""``export_hf`` of the megatron train backend against the real megatron-core on CPU (gloo, fp32).
+
+The exported folder is loaded with plain transformers (``AutoModelForCausalLM.from_pretrained``) and
+its token log-probs, from a bare HF forward, must equal the backend's ``compute_log_probs`` after an
+update step: the conversion back to HF names (fused QKV / gate-up split, TP / PP gathered, vocabulary
+padding dropped, tied or untied ``lm_head``) is checked by the numbers of the model that loads, not
+by the code under test. TP=2 and PP=2 run in two gloo processes (``megatron_export_dist.py``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None,
+    reason="megatron-core not installed",
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def hf_log_probs(model: Any, batch: Any, temperature: float) -> torch.Tensor:
+    """log p(response token | prefix) under a bare HF forward, logits divided by ``temperature``."""
+    ids, attn = batch["input_ids"], batch["attention_mask"]  # [B, P + T]
+    T = batch["responses"].shape[1]
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits.float()  # [B, P+T, V]
+    logp = torch.log_softmax(logits[:, -T - 1 : -1] / temperature, dim=-1)  # [B, T, V]
+    return logp.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1) * batch["response_mask"]  # [B, T]
+
+
+def build(model_dir: Path, **params: Any) -> Any:
+    from rlzoo.backends.megatron import MegatronParams
+    from rlzoo.backends.megatron.train import MegatronTrainBackend
+    from rlzoo.protocols import OptimSettings, TrainSpec
+
+    spec = TrainSpec(
+        model_path=str(model_dir),
+        total_steps=10,
+        temperature=0.9,
+        optim=OptimSettings(lr=1e-2, grad_clip=0.0),
+    )
+    cpu = {"device": "cpu", "dtype": "float32", "use_distributed_optimizer": False}
+    return MegatronTrainBackend(MegatronParams(**{**cpu, **params}), spec)
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_export_loads_in_transformers_with_the_trainers_log_probs(tmp_path: Path, tie: bool) -> None:
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlzoo.export import export_model
+    from rlzoo.testing.backends import VOCAB, TokenMeanObjective, _random_batch, save_tiny_qwen2
+
+    src = save_tiny_qwen2(tmp_path / "base", seed=1, tie=tie)
+    batch = _random_batch(3)
+    be = build(src)
+    try:
+        assert be.vocab_padded > VOCAB  # 64 real rows padded to 128: the export must drop the padding
+        m = be.update_policy(batch, TokenMeanObjective(batch))
+        assert not m["actor/skipped_steps"] and be.version == 1
+        out = export_model(be, src, tmp_path / "final")
+        trainer_lp, _ = be.compute_log_probs(batch)
+        temperature = be.temperature
+    finally:
+        be.shutdown()
+
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    torch.testing.assert_close(hf_log_probs(model, batch, temperature), trainer_lp, atol=1e-5, rtol=0)
+    base = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    assert not torch.allclose(hf_log_probs(base, batch, temperature), trainer_lp, atol=1e-3)  # trained
+
+    # a standard folder: the base config (tying as it does), real vocabulary rows, tokenizer, generation
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == "qwen2" and cfg["tie_word_embeddings"] is tie and cfg["vocab_size"] == VOCAB
+    weights = load_file(out / "model.safetensors")
+    assert weights["model.embed_tokens.weight"].shape[0] == VOCAB
+    assert ("lm_head.weight" in weights) is not tie
+    if not tie:
+        assert weights["lm_head.weight"].shape[0] == VOCAB
+    assert set(weights) == set(load_file(src / "model.safetensors"))
+    assert not (out / "COMPLETE").exists() and (out / "generation_config.json").is_file()
+    assert AutoTokenizer.from_pretrained(out).get_vocab() == AutoTokenizer.from_pretrained(src).get_vocab()
+
+
+def test_a_mismatching_base_config_is_refused_before_writing(tmp_path: Path) -> None:
+    """Strict: tensors that do not fit the base model's class fail loudly and leave no folder."""
+    from rlzoo.testing.backends import save_tiny_qwen2
+
+    src = save_tiny_qwen2(tmp_path / "base")
+    be = build(src)
+    try:
+        state = be._export_hf()
+        state.pop("model.norm.weight")
+        with pytest.raises(RuntimeError, match=r"missing \['model.norm.weight'\]"):
+            be._hf_model(state)
+        state = be._export_hf()
+        state["model.embed_tokens.weight"] = torch.zeros(be.vocab_padded, be.dims.hidden_size)  # padded
+        with pytest.raises(RuntimeError, match="size mismatch"):
+            be._hf_model(state)
+    finally:
+        be.shutdown()
+    assert not (tmp_path / "final").exists()
+
+
+# -- TP=2 / PP=2: two gloo processes under torchrun; rank 0 loads the folder and compares ------------
+DIST_SCRIPT = Path(__file__).with_name("megatron_export_dist.py")
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("layout", ["tp2", "pp2"])
+def test_export_in_two_processes(layout: str, tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(DIST_SCRIPT),
+        layout,
+        str(tmp_path),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{layout}: torchrun failed ({proc.returncode}):\n{out[-6000:]}"
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["max_abs_diff"] <= 1e-5 and result["vocab_rows"] == 64, result
