@@ -69,7 +69,9 @@ def vocab_parallel_log_probs(
     entropy = None
     if with_entropy:
         probs = exp / sum_exp.unsqueeze(-1)  # [..., Vl]
-        weighted = torch.where(probs > 0, probs * shifted, torch.zeros_like(probs))  # [..., Vl], 0·(-inf) → 0
+        # 0·(-inf) → 0 for masked padding columns; -inf is replaced before the product, else its
+        # backward (d/dprobs = shifted) makes the gradient NaN even where the forward is masked
+        weighted = probs * torch.where(probs > 0, shifted, torch.zeros_like(shifted))  # [..., Vl]
         entropy = log_z - reduce_sum(weighted.sum(-1))  # [...]
     return log_probs, entropy
 
