@@ -142,3 +142,78 @@ def test_export_in_two_processes(layout: str, tmp_path: Path) -> None:
     assert proc.returncode == 0, f"{layout}: torchrun failed ({proc.returncode}):\n{out[-6000:]}"
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["max_abs_diff"] <= 1e-5 and result["vocab_rows"] == 64, result
+
+
+# -- a whole run: final/, export/step_K/ and `rlzoo export` from its checkpoints --------------------
+def test_a_megatron_run_exports_and_rlzoo_export_rebuilds_it(tmp_path: Path) -> None:
+    """The quickstart recipe trained by the megatron backend (CPU, 2 steps): ``final/`` loads in
+    plain transformers with the log-probs of the backend restored from the last checkpoint, and
+    ``rlzoo export`` (which rebuilds the backend from ``config.yaml``) writes the same weights as the
+    run did at each step."""
+    import torch.distributed as dist
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from rlzoo.cli import main
+    from rlzoo.compose import build_run
+    from rlzoo.data.tokenizer import load_tokenizer
+    from rlzoo.export import load_run_config
+    from rlzoo.runners.common import train_spec
+    from rlzoo.tasks._quickstart import prepare
+    from rlzoo.tasks.quickstart import QuickstartDataParams
+    from rlzoo.testing.backends import make_train_batch
+
+    if dist.is_initialized():
+        pytest.skip("a process group was started outside this test")
+    prepare(tmp_path / "data", QuickstartDataParams())
+    run_dir = tmp_path / "run"
+    overrides = [
+        "run.progress=false",
+        "run.loggers=[jsonl]",
+        "trainer.val_before_train=false",
+        f"data.dir={tmp_path / 'data'}",
+        "trainer.total_steps=2",
+        "trainer.save_freq=1",
+        "run.export_every=1",
+        f"run.output_dir={run_dir}",
+        "trainer.backend=megatron",
+        "trainer.backend.device=cpu",
+        "trainer.backend.dtype=float32",
+    ]
+    build_run("quickstart", overrides).train()
+    assert not dist.is_initialized()  # the run's backend tore down the group it started
+
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["actor/skipped_steps"] == 0.0 for r in rows if "actor/skipped_steps" in r)
+    final = load_file(run_dir / "final" / "model.safetensors")
+    assert all(torch.isfinite(v).all() for v in final.values())
+
+    # rlzoo export: checkpoint 1 → the run's export/step_1; the latest (2) → final/
+    for step, theirs in ((["--step", "1"], run_dir / "export" / "step_1"), ([], run_dir / "final")):
+        out = tmp_path / f"cli{len(step)}"
+        assert main(["export", str(run_dir), *step, "--out", str(out)]) == 0
+        mine, want = load_file(out / "model.safetensors"), load_file(theirs / "model.safetensors")
+        assert mine.keys() == want.keys()
+        for k in mine:
+            torch.testing.assert_close(mine[k], want[k], atol=0, rtol=0)
+    assert not dist.is_initialized()
+
+    # final/'s log-probs == the backend's after the last step (restored from checkpoint 2)
+    cfg = load_run_config(run_dir)
+    tok = load_tokenizer(run_dir / "final")
+    rng = torch.Generator().manual_seed(0)
+    V = len(tok)
+    prompts = [torch.randint(2, V, (n,), generator=rng).tolist() for n in (3, 5, 2)]
+    responses = [torch.randint(2, V, (n,), generator=rng).tolist() for n in (2, 1, 3)]
+    batch = make_train_batch(prompts, responses)
+    be = cfg.trainer.backend.fn(cfg.trainer.backend.params, train_spec(cfg, 2, tok))
+    try:
+        be.load_checkpoint(run_dir / "checkpoints" / "step_2")
+        trainer_lp, _ = be.compute_log_probs(batch)
+        temperature = be.temperature
+    finally:
+        be.shutdown()
+    model = AutoModelForCausalLM.from_pretrained(run_dir / "final", dtype=torch.float32).eval()
+    torch.testing.assert_close(hf_log_probs(model, batch, temperature), trainer_lp, atol=1e-5, rtol=0)
+    base = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32).eval()
+    assert not torch.allclose(hf_log_probs(base, batch, temperature), trainer_lp, atol=1e-4)
