@@ -119,6 +119,38 @@ def test_a_mismatching_base_config_is_refused_before_writing(tmp_path: Path) -> 
     assert not (tmp_path / "final").exists()
 
 
+def test_vision_language_export_keeps_the_vision_tower(tmp_path: Path) -> None:
+    """This backend trains a Qwen2.5-VL model's text decoder only: the export is the base model's
+    class with the trained decoder (under ``model.language_model``) and the base's vision tower."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText
+
+    from rlzoo.export import export_model
+    from rlzoo.models.tiny import build_tiny_qwen2_5_vl
+
+    src = tmp_path / "vl"
+    _, processor = build_tiny_qwen2_5_vl(src)
+    be = build(src)
+    try:
+        with torch.no_grad():  # move the decoder away from the base weights
+            for p in be.actor.parameters():
+                p.add_(0.01)
+        decoder = {k: v.clone() for k, v in be._export_hf().items()}
+        out = export_model(be, src, tmp_path / "final", tokenizer=processor.tokenizer, processor=processor)
+    finally:
+        be.shutdown()
+    mine, base = load_file(out / "model.safetensors"), load_file(src / "model.safetensors")
+    assert mine.keys() == base.keys()
+    vision = [k for k in mine if "visual." in k]
+    assert vision and all(torch.equal(mine[k], base[k]) for k in vision)
+    loaded = AutoModelForImageTextToText.from_pretrained(out).state_dict()
+    base_model = AutoModelForImageTextToText.from_pretrained(src).state_dict()
+    for name, t in decoder.items():
+        hf_name = name if name in loaded else "model.language_model." + name[len("model.") :]
+        torch.testing.assert_close(loaded[hf_name], t, atol=0, rtol=0)
+        assert not torch.equal(loaded[hf_name], base_model[hf_name])
+
+
 # -- TP=2 / PP=2: two gloo processes under torchrun; rank 0 loads the folder and compares ------------
 DIST_SCRIPT = Path(__file__).with_name("megatron_export_dist.py")
 
