@@ -24,9 +24,7 @@ import inspect
 import json
 import logging
 import os
-import socket
 from collections.abc import Callable, Iterator, Mapping
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +50,7 @@ from torch.distributed.fsdp import (
 from torch.distributed.tensor import DTensor
 
 from rlzoo.backends.fsdp2 import FSDP2Params
+from rlzoo.backends.fsdp2.collectives import acc_snapshot, ensure_process_group, merge_across_ranks
 from rlzoo.backends.fsdp2.sharding import Packed, ShardPlan, pack, plan_shards, unpack
 from rlzoo.backends.native import checkpoint as ckpt
 from rlzoo.backends.native import common
@@ -71,32 +70,6 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "rlzoo-fsdp2-train/1"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-# ---------------------------------------------------------------------------------------------
-# process group and sharding
-# ---------------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def ensure_process_group(device_type: str) -> bool:
-    """Initialise the default group unless one is; True when this call created it.
-
-    With ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` / ``MASTER_PORT`` in the environment (torchrun)
-    it joins that group (``env://``); otherwise it starts a one-process group on a free port.
-    Backend: nccl for CUDA, gloo for CPU.
-    """
-    if dist.is_initialized():
-        return False
-    backend = "nccl" if device_type == "cuda" else "gloo"
-    if all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
-        dist.init_process_group(backend, init_method="env://", timeout=timedelta(minutes=30))
-    else:
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
-    return True
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -446,7 +419,7 @@ class FSDP2TrainBackend:
     ) -> dict[str, float]:
         module.train()
         optimizer.zero_grad(set_to_none=True)
-        snapshot = _acc_snapshot(objective)
+        snapshot = acc_snapshot(objective)
         plan = self.plan(mini_batch, update=True)
         collected: dict[str, list[float]] = {}
         total_loss = torch.zeros((), device=self.device)
@@ -484,7 +457,7 @@ class FSDP2TrainBackend:
                 loss_value,
                 norm_value,
             )
-        metrics = _merge_across_ranks(collected, objective, snapshot)
+        metrics = merge_across_ranks(collected, objective, snapshot)
         metrics.update(
             common.step_metrics(
                 prefix,
@@ -608,52 +581,3 @@ class FSDP2TrainBackend:
             self._owns_group = False
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-
-
-# ---------------------------------------------------------------------------------------------
-# collective helpers
-# ---------------------------------------------------------------------------------------------
-def _acc_snapshot(objective: Any) -> tuple[dict[str, float], dict[str, int]] | None:
-    """What the objective's accumulator held before this update (None: it has none)."""
-    acc = getattr(objective, "acc", None)
-    if acc is None or not hasattr(acc, "sums") or not hasattr(acc, "means"):
-        return None
-    return dict(acc.sums), {k: len(v) for k, v in acc.means.items()}
-
-
-def _merge_across_ranks(
-    collected: dict[str, list[float]],
-    objective: Any,
-    snapshot: tuple[dict[str, float], dict[str, int]] | None,
-) -> dict[str, float]:
-    """Means of the per-micro-batch metrics over all ranks; merge the objective's accumulator.
-
-    :class:`rlzoo.objective.PolicyObjective` accumulates additive sums (already globally
-    normalised) and per-micro-batch means in ``objective.acc``; each rank saw only its shard, so
-    what this update added is summed (sums) or concatenated (means) over ranks, in place, so that
-    ``objective.summary()`` reads the same on every rank.
-    """
-    local: dict[str, Any] = {"collected": collected}
-    acc: Any = getattr(objective, "acc", None)
-    if snapshot is not None:
-        sums0, lens0 = snapshot
-        local["sums"] = {k: v - sums0.get(k, 0.0) for k, v in acc.sums.items()}
-        local["means"] = {k: list(v[lens0.get(k, 0) :]) for k, v in acc.means.items()}
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, local)
-    merged: dict[str, list[float]] = {}
-    for g in gathered:
-        for k, v in g["collected"].items():
-            merged.setdefault(k, []).extend(v)
-    if snapshot is not None:
-        sums0, lens0 = snapshot
-        for k in list(acc.sums):
-            acc.sums[k] = sums0.get(k, 0.0)
-        for k in list(acc.means):
-            del acc.means[k][lens0.get(k, 0) :]
-        for g in gathered:
-            for k, v in g["sums"].items():
-                acc.sums[k] += v
-            for k, v in g["means"].items():
-                acc.means[k].extend(v)
-    return {k: sum(v) / len(v) for k, v in merged.items() if v}
