@@ -96,13 +96,15 @@ class PolicyObjective:
     kl_coef: float = 0.0
     entropy_coeff: float = 0.0
     #: ``fn(old, rollout, mask) -> metrics`` (rollout-vs-trainer drift), used when the micro-batch
-    #: has no ``old_log_probs`` (an exactly on-policy update: they are this forward's, detached)
+    #: has no ``old_log_probs`` (an exactly on-policy update: they are this forward's, detached);
+    #: measured once over all micro-batches, in :meth:`summary`
     offpolicy_metrics: Any = None
 
     def __post_init__(self) -> None:
         self.agg = _bind(self.loss_agg, self.ctx)
         self.acc = _Accumulator()
         self.needs_entropy = True  # entropy is always reported as a metric; cheap next to the forward
+        self._drift: list[tuple[Tensor, Tensor, Tensor]] = []  # (old, rollout, mask) per micro-batch
 
     def __call__(
         self, mb: Batch, log_probs: torch.Tensor, entropy: torch.Tensor | None
@@ -112,8 +114,7 @@ class PolicyObjective:
         if old is None:  # exactly on-policy (the old-log-prob forward was skipped): pi_old = pi_theta
             old = log_probs.detach()
             if self.offpolicy_metrics is not None and "rollout_log_probs" in mb:
-                for k, v in self.offpolicy_metrics(old, mb["rollout_log_probs"], mask).items():
-                    self.acc.mean(k if k.startswith("rollout_corr/") else f"rollout_corr/{k}", v)
+                self._drift.append((old, mb["rollout_log_probs"], mask))
         inputs = PolicyLossInputs(
             log_probs=log_probs,  # [b, T]
             old_log_probs=old,  # [b, T]
@@ -142,6 +143,15 @@ class PolicyObjective:
         return loss, {}
 
     def summary(self) -> dict[str, float]:
+        if self._drift:  # the drift of the whole update, from one call (not one per micro-batch)
+            parts, self._drift = self._drift, []
+            width = max(p[0].shape[-1] for p in parts)
+            old, rollout, mask = (
+                torch.cat([torch.nn.functional.pad(p[i], (0, width - p[i].shape[-1])) for p in parts])
+                for i in range(3)
+            )  # [B, T] each; padded columns are masked out
+            for k, v in self.offpolicy_metrics(old, rollout, mask).items():
+                self.acc.mean(k if k.startswith("rollout_corr/") else f"rollout_corr/{k}", v)
         return self.acc.summary()
 
 

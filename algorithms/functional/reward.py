@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import functools
 import importlib
 import math
 import multiprocessing
@@ -171,6 +172,73 @@ def call_with_timeout(fn: Callable[[], Any], timeout: float | None) -> Any:
     return box["value"]
 
 
+class _SerialCalls:
+    """Runs ``fns[start:]`` one after another in one daemon thread, recording each outcome.
+
+    ``current`` is the index of the call in progress (``len(fns)`` when all are done) and
+    ``started_at`` its start; both change, and ``outcomes`` grows, under ``cv``. An abandoned
+    runner (its call ran late) records nothing more and stops after that call.
+    """
+
+    def __init__(self, fns: Sequence[Callable[[], Any]], start: int) -> None:
+        self.fns = fns
+        self.current = start
+        self.started_at = time.monotonic()
+        self.outcomes: dict[int, tuple[bool, Any]] = {}
+        self.abandoned = False
+        self.cv = threading.Condition()
+        threading.Thread(target=self._run, name="rlzoo-scorer", daemon=True).start()
+
+    def _run(self) -> None:
+        i = self.current
+        while i < len(self.fns):
+            try:
+                out: tuple[bool, Any] = (True, self.fns[i]())
+            except BaseException as e:  # handed to the caller
+                out = (False, e)
+            with self.cv:
+                if self.abandoned:
+                    return
+                self.outcomes[i] = out
+                i += 1
+                self.current, self.started_at = i, time.monotonic()
+                if i == len(self.fns):
+                    self.cv.notify()
+
+
+def call_each_with_timeout(fns: Sequence[Callable[[], Any]], timeout: float | None) -> list[tuple[bool, Any]]:
+    """``(True, fn())`` or ``(False, exception)`` for each of ``fns``, called in order; a call that
+    runs past ``timeout`` seconds (its own clock) gives ``(False, ScorerTimeout)``.
+
+    The calls run one after another in one daemon helper thread (None: no limit, in this thread),
+    so a batch costs one thread hand-off rather than one per call. A late call's thread is
+    abandoned, as in :func:`call_with_timeout`, and the calls after it go on in a new one.
+    """
+    if timeout is None:
+        out: list[tuple[bool, Any]] = []
+        for fn in fns:
+            try:
+                out.append((True, fn()))
+            except BaseException as e:
+                out.append((False, e))
+        return out
+    results: list[tuple[bool, Any]] = []
+    while len(results) < len(fns):
+        runner = _SerialCalls(fns, len(results))
+        with runner.cv:
+            while runner.current < len(fns):
+                left = runner.started_at + timeout - time.monotonic()
+                if left <= 0:  # call runner.current is late: fail it, go on without this thread
+                    runner.abandoned = True
+                    break
+                runner.cv.wait(left)
+            done = sorted(runner.outcomes.items())
+        results += [out for _, out in done]
+        if len(results) < len(fns):
+            results.append((False, ScorerTimeout(f"timed out after {timeout:g} s")))
+    return results
+
+
 def score_item(
     scorer: BoundScorerFn, item: RewardItem, failure_reward: float, timeout: float | None = None
 ) -> RewardResult:
@@ -197,7 +265,20 @@ class NaiveRewardManager:
         self.timeout: float | None = params.timeout
 
     def __call__(self, items: Sequence[RewardItem]) -> list[RewardResult]:
-        return [score_item(self.scorer, item, self.failure_reward, self.timeout) for item in items]
+        scorer = self.scorer
+        calls = [
+            functools.partial(scorer, it.response, it.ground_truth, it.data_source, it.extra_info)
+            for it in items
+        ]
+        return [self._result(out) for out in call_each_with_timeout(calls, self.timeout)]
+
+    def _result(self, outcome: tuple[bool, Any]) -> RewardResult:
+        ok, value = outcome
+        if ok:
+            return to_result(value, self.failure_reward)
+        if not isinstance(value, Exception):  # KeyboardInterrupt, SystemExit: not a scoring failure
+            raise value
+        return failed_result(_describe(value), self.failure_reward)
 
 
 def overlong_penalty(length: int, max_response_length: int, buffer_len: int, penalty_factor: float) -> float:

@@ -318,12 +318,15 @@ class NativeTrainBackend:
                     m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self._keep_arg = "logits_to_keep" in inspect.signature(self.actor.forward).parameters
 
+        # foreach: one multi-tensor step instead of a Python loop over the parameters (torch's
+        # default only on CUDA); the same arithmetic, bit for bit, and cheaper for many small tensors
         self.optimizer = torch.optim.AdamW(
             [p for p in self.actor.parameters() if p.requires_grad],
             lr=spec.optim.lr,
             betas=tuple(spec.optim.betas),  # type: ignore[arg-type]
             eps=spec.optim.eps,
             weight_decay=spec.optim.weight_decay,
+            foreach=True,
         )
         self.critic_optimizer: torch.optim.Optimizer | None = None
         if self.critic is not None:
@@ -333,6 +336,7 @@ class NativeTrainBackend:
                 betas=tuple(spec.optim.betas),  # type: ignore[arg-type]
                 eps=spec.optim.eps,
                 weight_decay=spec.optim.critic_weight_decay,
+                foreach=True,
             )
         self.warmup_steps = common.warmup_steps(spec)
 

@@ -77,21 +77,37 @@ def samples_to_batch(
     T = max(max((len(s.response_ids) for s in samples), default=1), 1)
     if max_response_length:
         T = min(T, max_response_length)
-    input_ids = torch.full((B, P + T), pad_token_id, dtype=torch.long)
-    attn = torch.zeros((B, P + T), dtype=torch.long)
-    rlp = torch.zeros((B, T), dtype=torch.float32)
-    scores = torch.zeros((B, T), dtype=torch.float32)
+    # rows as Python lists, then one tensor each: no per-sample tensor (the batch is small and many)
+    ids_rows: list[list[int]] = []
+    attn_rows: list[list[int]] = []
+    rlp_rows: list[list[float]] = []
+    score_rows: list[list[float]] = []
     for i, s in enumerate(samples):
         p = len(s.prompt_ids)
-        r = s.response_ids[:T]
-        input_ids[i, P - p : P] = torch.tensor(s.prompt_ids, dtype=torch.long)
-        attn[i, P - p : P] = 1
-        if r:
-            input_ids[i, P : P + len(r)] = torch.tensor(r, dtype=torch.long)
-            attn[i, P : P + len(r)] = 1
-            rlp[i, : len(r)] = torch.tensor(s.rollout_log_probs[: len(r)], dtype=torch.float32)
-            if results is not None:
-                scores[i, len(r) - 1] = float(results[i].reward)
+        r = list(s.response_ids[:T])
+        n = len(r)
+        lp = list(s.rollout_log_probs[:n])
+        if len(lp) != n:
+            raise ValueError(
+                f"sample {s.request_id}/{s.index}: {len(s.rollout_log_probs)} rollout log-probs for "
+                f"{len(s.response_ids)} response tokens (the rollout backend must give one per token)"
+            )
+        ids_rows.append([pad_token_id] * (P - p) + list(s.prompt_ids) + r + [pad_token_id] * (T - n))
+        attn_rows.append([0] * (P - p) + [1] * (p + n) + [0] * (T - n))
+        rlp_rows.append(lp + [0.0] * (T - n))
+        if results is not None:
+            row = [0.0] * T
+            if n:
+                row[n - 1] = float(results[i].reward)
+            score_rows.append(row)
+    input_ids = torch.tensor(ids_rows, dtype=torch.long).reshape(B, P + T)
+    attn = torch.tensor(attn_rows, dtype=torch.long).reshape(B, P + T)
+    rlp = torch.tensor(rlp_rows, dtype=torch.float32).reshape(B, T)
+    scores = (
+        torch.tensor(score_rows, dtype=torch.float32).reshape(B, T)
+        if results is not None
+        else torch.zeros((B, T), dtype=torch.float32)
+    )
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
     response_mask = attn[:, P:].clone()
     groups: dict[str, int] = {}

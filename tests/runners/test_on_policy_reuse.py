@@ -100,6 +100,20 @@ def test_skipped_forward_gives_the_same_update(tmp_path: Path) -> None:
     assert drift1 == pytest.approx(drift0, rel=0.2) and drift1 > 0  # a mean over micro-batches
 
 
+def test_reused_drift_is_measured_over_the_whole_batch(tmp_path: Path) -> None:
+    # micro-batches of 3, 3 and 2 rows: the drift of an exactly on-policy update is measured once
+    # over all of them, so it equals the separate forward's (whole-batch) drift, maxima included
+    one_mb = ("trainer.ppo_mini_batch_size=2", "trainer.ppo_epochs=1")
+    ms = []
+    for reuse in (False, True):
+        tr, be = _trainer(tmp_path, reuse, *one_mb)
+        ms.append(tr.step(_batch(be), timer=lambda name: _Null()))
+    keys = sorted(k for k in ms[0] if k.startswith("rollout_corr/"))
+    assert len(keys) == 16 and keys == sorted(k for k in ms[1] if k.startswith("rollout_corr/"))
+    for k in keys:
+        assert float(ms[1][k]) == pytest.approx(float(ms[0][k]), rel=1e-4, abs=1e-6), k
+
+
 @pytest.mark.parametrize(
     "extra",
     [
