@@ -65,6 +65,11 @@ The engine runs either driven by the caller (``generate`` / ``stream`` call :met
 background thread (:meth:`start`). ``submit`` is thread-safe and never waits for a step;
 finished samples go to a queue that ``stream`` / ``generate`` read. ``pause`` returns once no step
 is running; ``update_weights`` takes the step lock, so it always lands between two steps.
+``generate`` blocks its caller anyway, so it always drives the steps on the calling thread (the
+background loop stands by meanwhile; every running sequence still advances): no hand-off per call,
+and torch's intra-op thread team of the caller is the only one at work. With the background
+thread doing the steps while the caller trains, two OpenMP teams contend for the cores: on 2 cores
+a small model's training step took twice as long.
 """
 
 from __future__ import annotations
@@ -276,6 +281,7 @@ class NativeEngine:
         self._paused = False
         self._stop = False
         self._closed = False
+        self._drivers = 0  # generate() calls driving the steps themselves; the loop stands by
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.stats = {"steps": 0, "decode_forwards": 0, "prefill_forwards": 0, "tokens": 0, "recomputes": 0}
@@ -334,15 +340,21 @@ class NativeEngine:
         with self._cv:
             if self._paused:
                 raise RuntimeError("generate() while paused would never finish: call resume() first")
-        self.submit(requests)
+            self._drivers += 1  # this thread drives the steps (module docstring, Threads)
+        try:
+            self.submit(requests)
 
-        def next_sample() -> Sample | None:
-            s = self._next_sample(timeout=None, poll=POLL_S)
-            if s is None and self._closed:
-                raise RuntimeError("the engine was shut down during generate()")
-            return s
+            def next_sample() -> Sample | None:
+                s = self._next_sample(timeout=None, poll=POLL_S, drive=True)
+                if s is None and self._closed:
+                    raise RuntimeError("the engine was shut down during generate()")
+                return s
 
-        return collect_requested(requests, next_sample, self._out.put, self._count_delivered)
+            return collect_requested(requests, next_sample, self._out.put, self._count_delivered)
+        finally:
+            with self._cv:
+                self._drivers -= 1
+                self._cv.notify_all()  # the background loop takes over what is left
 
     def stream(self, timeout: float | None = None) -> Iterator[Sample]:
         """Yield finished samples as they complete, each exactly once.
@@ -485,7 +497,7 @@ class NativeEngine:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._stop and (self._paused or not self._has_work()):
+                while not self._stop and (self._paused or self._drivers or not self._has_work()):
                     self._cv.wait()
                 if self._stop:
                     return
@@ -502,14 +514,15 @@ class NativeEngine:
         if self._error is not None:
             raise RuntimeError("the native rollout engine thread failed") from self._error
 
-    def _next_sample(self, timeout: float | None, poll: float) -> Sample | None:
-        """The next finished sample, driving the engine when no thread does; None if none came."""
+    def _next_sample(self, timeout: float | None, poll: float, drive: bool = False) -> Sample | None:
+        """The next finished sample, driving the engine when no thread does (or ``drive``: the
+        caller drives it, the background loop standing by); None if none came."""
         try:
             return self._out.get_nowait()
         except queue.Empty:
             pass
         self._raise_if_failed()
-        if self._thread_alive():
+        if self._thread_alive() and not drive:
             wait = poll if timeout is None else max(0.0, min(poll, timeout))
             try:
                 return self._out.get(timeout=wait)

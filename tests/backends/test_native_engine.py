@@ -6,6 +6,7 @@ References are computed independently of the engine: a plain full forward of the
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -204,6 +205,38 @@ def test_stream_yields_every_sample_once(model):
     assert sorted(uids) == sorted(expected)  # each exactly once
     assert uids[-1] == "long/0"  # the short ones were not held back by the long one
     assert engine.num_pending() == 0
+
+
+def test_generate_drives_the_steps_on_the_calling_thread(model):
+    # generate() blocks its caller anyway: it steps the engine itself, the background loop standing
+    # by (no hand-off; one torch thread team at work: two made a small model's train step 2x slower)
+    engine = _engine(model, max_num_seqs=8)
+    engine.start()
+    callers: list[threading.Thread] = []
+    forward = model.forward
+
+    def recording_forward(*args, **kwargs):
+        callers.append(threading.current_thread())
+        return forward(*args, **kwargs)
+
+    model.forward = recording_forward
+    prompts = _prompts(4, seed=11)
+    try:
+        out = engine.generate(
+            [_req(f"g{i}", p, greedy=True, max_new_tokens=5) for i, p in enumerate(prompts)]
+        )
+        assert callers and set(callers) == {threading.current_thread()}
+        for req_prompt, s in zip(prompts, out):
+            assert s.response_ids == _reference_greedy(model, req_prompt, 5)
+        # afterwards the background loop runs submitted work again
+        callers.clear()
+        engine.submit([_req("bg", prompts[0], greedy=True, max_new_tokens=3)])
+        (s,) = list(engine.stream(timeout=30))
+        assert callers and threading.current_thread() not in callers
+        assert s.response_ids == _reference_greedy(model, prompts[0], 3)
+    finally:
+        del model.forward
+        engine.shutdown()
 
 
 def test_pause_resume_keeps_tokens(model):
