@@ -77,7 +77,7 @@ def export_model(
     if not isinstance(train_backend, HFExportable):
         raise RlzooError(
             f"the train backend {type(train_backend).__name__} cannot export an HF folder: it has no "
-            "export_hf(path) method (rlzoo.export.HFExportable); the native and fsdp2 backends have one"
+            "export_hf(path) method (rlzoo.export.HFExportable); the native, fsdp2 and megatron backends have one"
         )
     out = Path(out_dir).expanduser()
     staging = out.with_name(f".{out.name}.partial")

@@ -87,11 +87,13 @@ def _init_distributed(device: str) -> None:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        _OWNED["group"] = True
         backend = "nccl" if device == "cuda" else "gloo"
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            # the launcher's world (torchrun): it outlives any backend; never torn down here (a
+            # second init over the launcher's store after a teardown would wait forever)
             dist.init_process_group(backend, init_method="env://")
         else:
+            _OWNED["group"] = True
             from rlzoo.distributed.weight_sync import free_port
 
             dist.init_process_group(
@@ -616,6 +618,21 @@ class MegatronTrainBackend:
         """The LR of optimizer step ``step`` (0-based) of the actor or the critic (``trainer.optim``)."""
         return common.scheduled_lr(self.spec, self.warmup_steps, step, critic=critic)
 
+    def _grads_finite(self, ddp: Any) -> bool:
+        """Whether every rank's gradients are finite (megatron keeps them in ``main_grad``)."""
+        import torch.distributed as dist
+
+        grads = []
+        for p in ddp.parameters():
+            g = getattr(p, "main_grad", None)
+            g = p.grad if g is None else g
+            if g is not None:
+                grads.append(torch.isfinite(g).all())
+        bad = (~torch.stack(grads).all()).float() if grads else torch.zeros((), device=self.device)
+        bad = bad.reshape(1).to(self.device)
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        return not bool(bad.item())
+
     def _update(
         self,
         ddp: Any,
@@ -646,8 +663,13 @@ class MegatronTrainBackend:
             )
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            ok, grad_norm, _ = optimizer.step()
-            grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+            if self._grads_finite(ddp):
+                ok, grad_norm, _ = optimizer.step()
+                grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+            else:  # without a loss scaler (fp32) megatron's step would apply the NaNs: skip it here
+                ok, grad_norm = False, float("nan")
+                ddp.zero_grad_buffer()
+                optimizer.zero_grad()
             skipped = not ok or not math.isfinite(grad_norm)
             return {
                 f"{prefix}/loss": info["loss"],
@@ -918,7 +940,9 @@ class MegatronTrainBackend:
         if getattr(self, "_uses_owned_state", False):  # set once construction reached the group
             self._uses_owned_state = False
             _OWNED["users"] -= 1
-            if _OWNED["users"] == 0:  # the last backend out tears down what the backends set up
+            # the last backend out tears down what the backends set up, when that was a one-process
+            # group of their own (in a launcher's world the state stays for the next backend)
+            if _OWNED["users"] == 0 and _OWNED["group"]:
                 import torch.distributed as dist
 
                 if _OWNED["model_parallel"]:

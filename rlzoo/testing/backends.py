@@ -171,6 +171,14 @@ class TokenMeanObjective:
         return loss, {}
 
 
+class NonFiniteObjective(TokenMeanObjective):
+    """:class:`TokenMeanObjective` times NaN: every gradient is NaN (a step the backend must skip)."""
+
+    def __call__(self, mb: Any, log_probs: Any, entropy: Any) -> tuple[Any, dict[str, Any]]:
+        loss, info = super().__call__(mb, log_probs, entropy)
+        return loss * float("nan"), info
+
+
 # ---------------------------------------------------------------------------------------------
 # the base: availability and building
 # ---------------------------------------------------------------------------------------------
@@ -490,6 +498,20 @@ class TrainBackendContract(BackendContract):
             "log-probs of the exported weights",
             self.lp_atol,
         )
+
+    def test_non_finite_gradients_skip_the_step(self) -> None:
+        """A NaN loss is reported as a skipped step and leaves the weights as they were."""
+        self.require()
+        batch = _random_batch(5)
+        b = self.make()
+        try:
+            before, _ = b.compute_log_probs(batch)
+            m = b.update_policy(batch, NonFiniteObjective(batch))
+            after, _ = b.compute_log_probs(batch)
+        finally:
+            b.shutdown()
+        assert m["actor/skipped_steps"] == 1.0, m
+        self._close(after, before, "log-probs after a skipped (NaN) step", 0.0)
 
     def test_checkpoint_save_load_next_update_identical(self) -> None:
         self.require()
