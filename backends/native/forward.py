@@ -1,0 +1,110 @@
+"""Model calls of the native engine: forwards, prefills and a VL model's pixel / M-RoPE inputs.
+
+See the "Vision-language models" section of :mod:`rlzoo.backends.native.engine`'s docstring.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from rlzoo.backends.native.batch import _Seq
+
+
+class _ModelCalls:
+    """The engine's model calls (a mixin of :class:`~rlzoo.backends.native.engine.NativeEngine`)."""
+
+    model: nn.Module
+    device: torch.device
+    stats: dict[str, int]
+    _cache_kw: str | None
+    _keep_kw: str | None
+    _takes_mask: bool
+    _takes_pos: bool
+    _use_cache: bool
+    _vl: bool
+
+    def _forward(
+        self,
+        ids: Tensor,
+        mask: Tensor,
+        pos: Tensor,
+        cache: Any,
+        want_cache: bool,
+        extra: dict[str, Any] | None = None,
+    ) -> tuple[Tensor, Any]:
+        """Last-position logits [B, V] (float32) and the cache (None when unusable).
+
+        ``extra``: more keyword arguments of the model (a VL model's pixel inputs).
+        """
+        kw: dict[str, Any] = {"input_ids": ids, **(extra or {})}
+        if self._takes_mask:
+            kw["attention_mask"] = mask
+        if self._takes_pos:
+            kw["position_ids"] = pos
+        if self._cache_kw is not None:
+            kw["use_cache"] = want_cache
+            if want_cache and cache is not None:
+                kw[self._cache_kw] = cache
+        if self._keep_kw is not None:
+            kw[self._keep_kw] = 1
+        out = self.model(**kw)
+        if isinstance(out, Tensor):
+            logits, new_cache = out, None
+        elif isinstance(out, tuple):
+            logits, new_cache = out[0], None
+        else:
+            logits = out.logits
+            new_cache = getattr(out, "cache", None)
+            if new_cache is None:
+                new_cache = getattr(out, "past_key_values", None)
+        if want_cache and not self._cache_ok(new_cache):
+            self._use_cache = False  # e.g. sliding-window / linear-attention layers: recompute from now on
+            new_cache = None
+        logits = logits[:, -1].float()  # [B, V]
+        return logits, (new_cache if want_cache else None)
+
+    @staticmethod
+    def _cache_ok(cache: Any) -> bool:
+        """Whether the cache is one whose layers we can slice and concatenate per row/column."""
+        from transformers.cache_utils import DynamicCache, DynamicLayer
+
+        if not isinstance(cache, DynamicCache) or not hasattr(cache, "layers"):
+            return False
+        return all(type(layer) is DynamicLayer for layer in cache.layers)
+
+    def _prefill(
+        self, ctx_ids: Tensor, ctx_mask: Tensor, images: list[dict[str, Any] | None] | None = None
+    ) -> tuple[Any, Tensor | None]:
+        """The KV cache of left-padded contexts [b, P] (None if P == 0 or no cache is used) and,
+        for a VL model, the rows' M-RoPE ``rope_delta`` [b] (``images``: each row's pixel inputs)."""
+        deltas, pos, extra = None, None, None
+        if self._vl and ctx_ids.shape[1] > 0:
+            pos, deltas, extra = self._vl_inputs(ctx_ids, ctx_mask, images or [None] * len(ctx_ids))
+        if ctx_ids.shape[1] == 0 or not self._use_cache:
+            return None, deltas
+        if pos is None:
+            pos = (ctx_mask.cumsum(-1) - 1).clamp(min=0)  # [b, P]
+        self.stats["prefill_forwards"] += 1
+        _, cache = self._forward(ctx_ids, ctx_mask, pos, None, want_cache=True, extra=extra)
+        return cache, deltas
+
+    def _vl_inputs(
+        self, ids: Tensor, mask: Tensor, images: list[dict[str, Any] | None]
+    ) -> tuple[Tensor, Tensor, dict[str, Any]]:
+        """M-RoPE positions [3, b, L], ``rope_delta`` [b] and the pixel keyword arguments of a full
+        forward over the rows ``ids`` / ``mask`` [b, L], whose images are ``images`` (row order)."""
+        from rlzoo.backends.native.multimodal import collate_images, vl_forward_inputs
+
+        pixels = collate_images(images, device=self.device)
+        pos, deltas, extra = vl_forward_inputs(self.model, ids, mask, pixels)  # [3, b, L], [b, 1]
+        return pos, deltas.reshape(-1).to(device=self.device, dtype=torch.long), extra
+
+    @staticmethod
+    def _images(s: _Seq) -> dict[str, Any] | None:
+        """The pixel inputs of a sequence's prompt (None: text only)."""
+        mm = s.request.multi_modal
+        return mm if mm and "pixel_values" in mm else None
