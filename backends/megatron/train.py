@@ -20,6 +20,9 @@ passed; megatron's local ``DotProductAttention`` applies it. Left padding shifts
 positions, which rotary embeddings do not see (scores depend on position differences; padded keys
 are masked). With ``layer_spec='te'`` Transformer Engine's causal kernel may ignore the padding
 mask: use packed sequences (TODO: THD ``packed_seq_params``, as verl does) or the local spec.
+
+Sibling modules: :mod:`.parallel` (process group, seeding, owned-state teardown), :mod:`.hf`
+(HF load / export), :mod:`.offload`, :mod:`.checkpoint` (dist-checkpointing save / load).
 """
 
 from __future__ import annotations
@@ -27,10 +30,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import json
 import logging
 import math
-import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -38,21 +39,20 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rlzoo.backends.megatron import MegatronParams
+from rlzoo.backends.megatron import MegatronParams, checkpoint, hf, parallel
+from rlzoo.backends.megatron import offload as _offload
 from rlzoo.backends.megatron.convert import (
     ModelDims,
     gpt_model_kwargs,
     hf_to_mcore,
-    mcore_to_hf,
-    merge_tp,
     padded_vocab_size,
     shard_tp,
     split_pp,
-    stage_layers,
     transformer_config_kwargs,
 )
+from rlzoo.backends.megatron.hf import _load_hf_state_dict
+from rlzoo.backends.megatron.parallel import _init_distributed, _require_psutil, _seed
 from rlzoo.backends.megatron.vocab_parallel import tp_reductions, vocab_parallel_log_probs
-from rlzoo.backends.native import checkpoint as ckpt
 from rlzoo.backends.native import common
 from rlzoo.batch import Batch
 from rlzoo.protocols import Objective, TrainSpec
@@ -60,7 +60,6 @@ from rlzoo.protocols import Objective, TrainSpec
 __all__ = ["MegatronTrainBackend", "attention_mask"]
 
 logger = logging.getLogger(__name__)
-CHECKPOINT_FORMAT = "rlzoo-megatron-train/1"
 
 
 def attention_mask(attn: Tensor) -> Tensor:
@@ -72,108 +71,6 @@ def attention_mask(attn: Tensor) -> Tensor:
     causal = torch.ones(S, S, dtype=torch.bool, device=attn.device).tril()  # [S, S]
     allowed = causal[None] & attn.bool()[:, None, :]  # [b, S, S]
     return ~allowed[:, None]  # [b, 1, S, S]
-
-
-#: what the backends of this process set up themselves (and so tear down when the last one shuts
-#: down): the process group, megatron's model-parallel state, and how many backends use them
-_OWNED: dict[str, Any] = {"group": False, "model_parallel": False, "users": 0}
-
-
-def _init_distributed(device: str) -> None:
-    """A process group of the device's kind: NCCL on ``cuda`` (one GPU per rank), gloo on ``cpu``.
-
-    Joins ``torchrun``'s world (``RANK`` / ``WORLD_SIZE`` set) or starts a one-process group.
-    """
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        backend = "nccl" if device == "cuda" else "gloo"
-        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            # the launcher's world (torchrun): it outlives any backend; never torn down here (a
-            # second init over the launcher's store after a teardown would wait forever)
-            dist.init_process_group(backend, init_method="env://")
-        else:
-            _OWNED["group"] = True
-            from rlzoo.distributed.weight_sync import free_port
-
-            dist.init_process_group(
-                backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
-            )
-    if device == "cuda":
-        torch.cuda.set_device(
-            int(os.environ.get("LOCAL_RANK", dist.get_rank() % max(1, torch.cuda.device_count())))
-        )
-
-
-def _seed(seed: int, device: str) -> None:
-    """Megatron's RNG tracker. On CPU there is no CUDA generator to fork: the no-op tracker is used
-    (its ``fork()`` is a null context), which is exact here because every dropout is 0 and the
-    weights are loaded from the checkpoint, never initialised at random."""
-    from megatron.core import tensor_parallel
-
-    torch.manual_seed(seed)
-    if device == "cuda":
-        tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
-    else:
-        from megatron.core.tensor_parallel.random import initialize_rng_tracker
-
-        initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
-
-
-def _require_psutil() -> None:
-    """megatron-core's checkpoint writer imports psutil in a worker; without it a save hangs."""
-    try:
-        import psutil  # noqa: F401
-    except ImportError as e:
-        raise ImportError(
-            "the 'megatron' train backend needs psutil (megatron-core's dist_checkpointing writer hangs "
-            "without it): pip install 'rlzoo[megatron]' or pip install psutil"
-        ) from e
-
-
-def _init_torch_adam_state(optimizer: Any, step: int | None = None) -> None:
-    """Give a fresh torch ``Adam`` / ``AdamW`` inside a megatron optimizer its (zero) state; with
-    ``step``, set every param's Adam step count to it.
-
-    megatron-core's distributed optimizer, without Apex / Transformer Engine, reads every param's
-    ``step`` when it builds the sharded state dict to load into (``DistributedOptimizer.state_dict``),
-    and a fresh optimizer has none: this fills in what the load then overwrites. Its
-    ``dp_reshardable`` load restores the moments but leaves torch's per-param ``step`` at that
-    placeholder, so after a load the step is set from the checkpoint: the number of optimizer
-    steps taken (the policy version; a skipped step does not step Adam either).
-    """
-    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
-        inner = getattr(opt, "optimizer", None)
-        if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
-            continue
-        for group in inner.param_groups:
-            for p in group["params"]:
-                state = inner.state[p]
-                if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32)  # torch keeps it on the CPU
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                if step is not None:
-                    state["step"] = torch.tensor(
-                        float(step), dtype=torch.float32, device=state["step"].device
-                    )
-
-
-def _load_hf_state_dict(path: str) -> dict[str, Tensor]:
-    from safetensors.torch import load_file
-
-    files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {path!r}")
-    out: dict[str, Tensor] = {}
-    for f in files:
-        out.update(load_file(str(f), device="cpu"))
-    # Qwen2.5-VL checkpoints (transformers >= 4.52): the text decoder lives under model.language_model.
-    return {
-        k.replace("model.language_model.", "model."): v
-        for k, v in out.items()
-        if not k.startswith("model.visual.")
-    }
 
 
 class _ValueHead(nn.Module):
@@ -252,10 +149,7 @@ class MegatronTrainBackend:
         self.warmup_steps = common.warmup_steps(spec)
         _init_distributed(params.device)
         tp, pp = params.tensor_model_parallel_size, params.pipeline_model_parallel_size
-        if not mpu.model_parallel_is_initialized():
-            mpu.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
-            _OWNED["model_parallel"] = True
-        _OWNED["users"] += 1
+        parallel.claim_owned(mpu, tp, pp)
         self._uses_owned_state = True
         _seed(spec.seed, params.device)
         self.mpu = mpu
@@ -417,35 +311,12 @@ class MegatronTrainBackend:
         config.no_sync_func = ddp.no_sync
         return ddp, optimizer
 
-    # -- offload (storage resize keeps the DDP buffer views valid, as verl does) -----------------
+    # -- offload (:mod:`.offload`) -----------------------------------------------------------------
     def _offload(self, ddp: Any, grads: bool = True) -> None:
-        """Copy the weights (and gradient buffers) to CPU and free their device storage.
-
-        With the distributed optimizer DDP keeps all weights in one contiguous ``param_data``
-        buffer per dtype; without it ``param_data`` is None and each parameter owns its storage,
-        so the parameters are offloaded one by one.
-        """
-        cuda = self.device.type == "cuda"
-        saved = []
-        for buf in getattr(ddp, "buffers", []):
-            parts = [buf.param_data] if buf.param_data is not None else [p.data for p in buf.params]
-            if grads and self.params.grad_offload and buf.grad_data is not None:
-                parts.append(buf.grad_data)
-            for t in parts:
-                if t.untyped_storage().size() > 0:
-                    cpu = t.detach().to("cpu", copy=True)  # copy: on a CPU run .to() would alias
-                    saved.append((t, cpu.pin_memory() if cuda else cpu, t.untyped_storage().size()))
-                    t.untyped_storage().resize_(0)
-        if cuda:
-            torch.cuda.synchronize()
-        self._offloaded[id(ddp)] = saved
+        _offload.offload(self, ddp, grads)
 
     def _onload(self, ddp: Any) -> None:
-        for t, cpu, size in self._offloaded.pop(id(ddp), []):
-            t.untyped_storage().resize_(size)
-            t.copy_(cpu, non_blocking=True)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
+        _offload.onload(self, ddp)
 
     # -- forward ----------------------------------------------------------------------------------
     def _dp_slice(self, batch: Batch) -> tuple[Batch, list[int]]:
@@ -715,223 +586,29 @@ class MegatronTrainBackend:
 
     # -- weights ----------------------------------------------------------------------------------
     def _stage_full(self, module: nn.Module) -> dict[str, Tensor]:
-        """This PP stage's tensors, TP shards gathered (on every TP rank)."""
-        import torch.distributed as dist
-
-        group = self.mpu.get_tensor_model_parallel_group()
-        local = {k: v for k, v in module.state_dict().items() if not k.endswith("_extra_state")}
-        shards: list[dict[str, Tensor]] = [{} for _ in range(self.tp)]
-        for name, t in local.items():
-            parts = [torch.empty_like(t) for _ in range(self.tp)]
-            dist.all_gather(parts, t.contiguous(), group=group)
-            for r in range(self.tp):
-                shards[r][name] = parts[r]
-        return merge_tp(shards)
+        return hf.stage_full(self, module)
 
     def export_weights(self) -> Iterator[tuple[str, Tensor]]:
         yield from self._export_hf().items()
 
     @_on_device
     def _export_hf(self) -> dict[str, Tensor]:
-        """Full HF-named tensors of the actor (vocab unpadded), on every rank. Collective (SPMD).
-
-        Gathers TP shards per stage and broadcasts each PP stage's tensors to every stage, then
-        converts with :func:`.convert.mcore_to_hf`. Memory: one full copy of the model on the GPU
-        of every rank while it is iterated (TODO: stream layer by layer for very large models).
-        """
-        import torch.distributed as dist
-
-        if self.params.param_offload:
-            self._onload(self.actor_ddp)
-        try:
-            mine = self._stage_full(self.actor)
-            spans = stage_layers(self.dims.num_layers, self.pp)
-            full: dict[str, Tensor] = {}
-            for s in range(self.pp):
-                names = [sorted(mine)] if s == self.pp_rank else [None]
-                if self.pp > 1:
-                    src = dist.get_global_rank(self.mpu.get_pipeline_model_parallel_group(), s)
-                    dist.broadcast_object_list(
-                        names, src=src, group=self.mpu.get_pipeline_model_parallel_group()
-                    )
-                for name in names[0] or []:
-                    t = mine[name] if s == self.pp_rank else None
-                    if self.pp > 1:
-                        meta = [(tuple(t.shape), t.dtype) if t is not None else None]
-                        dist.broadcast_object_list(
-                            meta, src=src, group=self.mpu.get_pipeline_model_parallel_group()
-                        )
-                        if t is None:
-                            t = torch.empty(meta[0][0], dtype=meta[0][1], device=self.device)
-                        dist.broadcast(t, src=src, group=self.mpu.get_pipeline_model_parallel_group())
-                    if name.startswith("decoder.layers."):
-                        rest = name[len("decoder.layers.") :]
-                        local_idx, tail = rest.split(".", 1)
-                        name = f"decoder.layers.{int(local_idx) + spans[s].start}.{tail}"
-                    full[name] = t  # type: ignore[assignment]
-            hf = mcore_to_hf(full, self.dims, layer_spec=self.params.layer_spec)
-            return {name: t.detach() for name, t in hf.items()}
-        finally:
-            if self.params.param_offload:
-                self._offload(self.actor_ddp)
+        return hf.export_tensors(self)
 
     def export_hf(self, path: str | Path) -> None:
-        """Write the actor as a standard HF folder (``save_pretrained``: safetensors + config.json +
-        the base model's tokenizer) to ``path``. Collective: every rank calls it, rank 0 writes.
-
-        The tensors are :meth:`_export_hf`'s (TP / PP gathered, vocabulary padding dropped). Rank 0
-        builds the base model's HF class from its config on the meta device and loads them with
-        strict name and shape checks; tied embeddings are tied again, so ``lm_head.weight`` is
-        written exactly when the base config unties it. A vision-language base keeps its vision
-        tower from the base checkpoint (this backend trains the text decoder only). A failure on
-        rank 0 is raised on every rank.
-        """
-        import torch.distributed as dist
-
-        state = self._export_hf()
-        error: list[str | None] = [None]
-        if dist.get_rank() == 0:
-            try:
-                with ckpt.atomic_dir(Path(path), {"format": "hf"}) as tmp:
-                    self._hf_model(state).save_pretrained(str(tmp))
-                    common.save_tokenizer(None, self.spec, tmp)
-            except Exception as e:
-                error[0] = f"{type(e).__name__}: {e}"
-                raise
-            finally:
-                del state
-                dist.broadcast_object_list(error, src=0)  # the other ranks wait here, and learn the outcome
-        else:
-            del state
-            dist.broadcast_object_list(error, src=0)
-            if error[0] is not None:
-                raise RuntimeError(f"export_hf failed on rank 0: {error[0]}")
+        hf.export_hf(self, path)
 
     def _hf_model(self, state: Mapping[str, Tensor]) -> nn.Module:
-        """The base model's HF class holding ``state`` (full HF-named tensors of the text decoder)."""
-        from transformers import AutoConfig, AutoModelForCausalLM
+        return hf.hf_model(self, state)
 
-        from rlzoo.models.processor import has_vision_config
-
-        trust = self.spec.trust_remote_code
-        cfg = AutoConfig.from_pretrained(self.spec.model_path, trust_remote_code=trust)
-        auto: Any = AutoModelForCausalLM
-        vision = has_vision_config(self.spec.model_path, trust)
-        if vision:
-            from transformers import AutoModelForImageTextToText
-
-            auto = AutoModelForImageTextToText
-        with torch.device("meta"):
-            model = auto.from_config(cfg, trust_remote_code=trust, dtype=self.dtype)
-        expected = set(model.state_dict())
-        copies: dict[int, Tensor] = {}  # on the CPU, owning their storage; a tied pair stays one tensor
-        tensors: dict[str, Tensor] = {}
-        for name, t in state.items():
-            if name not in expected and name.startswith("model."):  # VL: the decoder is model.language_model
-                name = "model.language_model." + name[len("model.") :]
-            if id(t) not in copies:
-                copies[id(t)] = t.detach().to("cpu", copy=True)
-            tensors[name] = copies[id(t)]
-        if vision:  # not trained here: the base checkpoint's vision tower
-            rest = sorted(k for k in expected - set(tensors) if "visual." in k)
-            if rest:
-                base = auto.from_pretrained(self.spec.model_path, trust_remote_code=trust, dtype=self.dtype)
-                base_sd = base.state_dict()
-                tensors.update({k: base_sd[k].detach().clone() for k in rest})
-                del base, base_sd
-        missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
-        if missing or unexpected:
-            raise RuntimeError(
-                f"export_hf: the converted tensors do not match {type(model).__name__} of "
-                f"{self.spec.model_path}: missing {missing[:8]}, unexpected {unexpected[:8]}"
-            )
-        model.load_state_dict(tensors, strict=True, assign=True)  # raises on a shape mismatch
-        if self.dims.tie_word_embeddings:
-            model.tie_weights()
-        meta = [n for n, p in model.named_parameters() if p.is_meta]
-        if meta:
-            raise RuntimeError(f"export_hf: parameters left without weights: {meta[:8]}")
-        return model
-
-    # -- checkpoints (megatron dist_checkpointing: every rank writes its shards) ------------------
-    def _ckpt_metadata(self) -> dict[str, Any]:
-        """How the distributed optimizer's state is laid out on disk. megatron-core 0.16's default
-        ('fully_sharded_model_space', deprecated) is refused by its own ``dist_checkpointing.save``
-        ("ShardedTensor.flattened_range is not supported"); 'dp_reshardable' saves each rank's
-        buffers in parallel (resume with the same TP / PP, any DP)."""
-        return (
-            {"distrib_optim_sharding_type": "dp_reshardable"} if self.params.use_distributed_optimizer else {}
-        )
-
+    # -- checkpoints (:mod:`.checkpoint`) ------------------------------------------------------------
     @_on_device
     def save_checkpoint(self, path: Path, extra_state: Mapping[str, Any]) -> None:
-        import torch.distributed as dist
-        from megatron.core import dist_checkpointing
-
-        path = Path(path)
-        extra = json.loads(json.dumps(dict(extra_state)))
-        parts = [("actor", self.actor_ddp, self.optimizer)]
-        if self.critic_ddp is not None:
-            parts.append(("critic", self.critic_ddp, self.critic_optimizer))
-        tmp = path.with_name(path.name + ".tmp")
-        for name, ddp, opt in parts:
-            if self.params.param_offload:
-                self._onload(ddp)
-            sd = ddp.module.sharded_state_dict(prefix="")
-            (tmp / name).mkdir(parents=True, exist_ok=True)
-            dist.barrier()
-            osd = opt.sharded_state_dict(sd, metadata=self._ckpt_metadata())
-            dist_checkpointing.save({"model": sd, "optimizer": osd}, str(tmp / name))
-            if self.params.param_offload:
-                self._offload(ddp)
-        if dist.get_rank() == 0:
-            meta = {
-                "format": CHECKPOINT_FORMAT,
-                "version": self.version,
-                "critic_steps": self.critic_steps,
-                "has_critic": self.critic_ddp is not None,
-                "extra_state": extra,
-            }
-            (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-            ckpt.save_tree(ckpt.rng_state(), tmp, "rng")
-            (tmp / "COMPLETE").write_text(json.dumps({"format": CHECKPOINT_FORMAT}))
-            if path.exists():
-                import shutil
-
-                shutil.rmtree(path)
-            tmp.rename(path)
-        dist.barrier()
+        checkpoint.save_checkpoint(self, path, extra_state)
 
     @_on_device
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
-        from megatron.core import dist_checkpointing
-
-        path = Path(path)
-        ckpt.require_complete(path)
-        meta = json.loads((path / "meta.json").read_text())
-        parts = [("actor", self.actor_ddp, self.optimizer)]
-        if self.critic_ddp is not None:
-            parts.append(("critic", self.critic_ddp, self.critic_optimizer))
-        steps = {"actor": int(meta["version"]), "critic": int(meta["critic_steps"])}
-        for name, ddp, opt in parts:
-            if self.params.param_offload:
-                self._onload(ddp)
-            sd = ddp.module.sharded_state_dict(prefix="")
-            _init_torch_adam_state(opt)
-            # is_loading=True: the optimizer's sharded state dict must be built for loading (it
-            # allocates the state to load into); without it Adam's moments are silently not restored.
-            osd = opt.sharded_state_dict(sd, is_loading=True, metadata=self._ckpt_metadata())
-            loaded = dist_checkpointing.load({"model": sd, "optimizer": osd}, str(path / name))
-            with torch.no_grad():  # fp32 + distributed optimizer: its main params are views of the weights
-                ddp.module.load_state_dict(loaded["model"], strict=False)
-                opt.load_state_dict(loaded["optimizer"])
-            _init_torch_adam_state(opt, step=steps[name])
-            if self.params.param_offload:
-                self._offload(ddp)
-        self.version = int(meta["version"])
-        self.critic_steps = int(meta["critic_steps"])
-        ckpt.set_rng_state(ckpt.load_tree(path, "rng"))
-        return dict(meta["extra_state"])
+        return checkpoint.load_checkpoint(self, path)
 
     @_on_device
     def shutdown(self) -> None:
@@ -939,17 +616,6 @@ class MegatronTrainBackend:
             setattr(self, attr, None)
         if getattr(self, "_uses_owned_state", False):  # set once construction reached the group
             self._uses_owned_state = False
-            _OWNED["users"] -= 1
-            # the last backend out tears down what the backends set up, when that was a one-process
-            # group of their own (in a launcher's world the state stays for the next backend)
-            if _OWNED["users"] == 0 and _OWNED["group"]:
-                import torch.distributed as dist
-
-                if _OWNED["model_parallel"]:
-                    self.mpu.destroy_model_parallel()
-                    _OWNED["model_parallel"] = False
-                if _OWNED["group"] and dist.is_initialized():
-                    dist.destroy_process_group()
-                    _OWNED["group"] = False
+            parallel.release_owned(self.mpu)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
