@@ -95,27 +95,35 @@ def _data_rule(cfg: RecipeConfig) -> list[str]:
     return []
 
 
-def _critic_rule(cfg: RecipeConfig) -> list[str]:
+def _backend_serves_advantage(cfg: RecipeConfig, needs: str, supplies: str, message: str) -> list[str]:
+    """An advantage that declares capability ``needs`` runs only on a train backend declaring ``supplies``."""
     adv, tb = cfg.algorithm.advantage, cfg.trainer.backend
-    needs = isinstance(adv, Selection) and adv.caps.needs_critic
-    if needs and isinstance(tb, Selection) and not tb.caps.supports_critic:
-        return [
-            f"trainer.backend: advantage {adv.name!r} needs a critic (needs_critic), but train backend "
-            f"{tb.name!r} cannot train one (supports_critic is false)"
-        ]
+    if not (isinstance(adv, Selection) and getattr(adv.caps, needs)):
+        return []
+    if isinstance(tb, Selection) and not getattr(tb.caps, supplies):
+        return [message.format(adv=adv.name, tb=tb.name)]
     return []
+
+
+def _critic_rule(cfg: RecipeConfig) -> list[str]:
+    return _backend_serves_advantage(
+        cfg,
+        "needs_critic",
+        "supports_critic",
+        "trainer.backend: advantage {adv!r} needs a critic (needs_critic), but train backend {tb!r} cannot "
+        "train one (supports_critic is false)",
+    )
 
 
 def _sum_pi_squared_rule(cfg: RecipeConfig) -> list[str]:
-    adv, tb = cfg.algorithm.advantage, cfg.trainer.backend
-    needs = isinstance(adv, Selection) and adv.caps.needs_sum_pi_squared
-    if needs and isinstance(tb, Selection) and not tb.caps.supplies_sum_pi_squared:
-        return [
-            f"trainer.backend: advantage {adv.name!r} needs sum_pi_squared (needs_sum_pi_squared: sum over "
-            f"the vocabulary of pi^2 at each response token), but train backend {tb.name!r} does not "
-            "compute it (supplies_sum_pi_squared is false); use a backend that does (native, fsdp2)"
-        ]
-    return []
+    return _backend_serves_advantage(
+        cfg,
+        "needs_sum_pi_squared",
+        "supplies_sum_pi_squared",
+        "trainer.backend: advantage {adv!r} needs sum_pi_squared (needs_sum_pi_squared: sum over the "
+        "vocabulary of pi^2 at each response token), but train backend {tb!r} does not compute it "
+        "(supplies_sum_pi_squared is false); use a backend that does (native, fsdp2)",
+    )
 
 
 def _aggregation_notice(cfg: RecipeConfig) -> list[str]:
