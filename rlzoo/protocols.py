@@ -372,9 +372,6 @@ class TrainSpec:
 class Objective(Protocol):
     """Per micro-batch objective built by :mod:`rlzoo.objective` from the selected parts."""
 
-    #: the train backend computes per-token entropy in the forward and passes it (else None)
-    needs_entropy: bool
-
     def __call__(
         self, micro_batch: Batch, log_probs: Tensor, entropy: Tensor | None
     ) -> tuple[Tensor, dict[str, Any]]: ...

@@ -196,7 +196,7 @@ def optimizer_step(
 def policy_update(backend: Any, mini_batch: Any, objective: Any) -> dict[str, float]:
     """``backend.update_policy``: one actor step through ``backend._update`` at ``lr_at(version)``;
     ``version`` counts the steps not skipped."""
-    needs_entropy = objective.needs_entropy
+    needs_entropy = bool(getattr(objective, "needs_entropy", False))
     temp = backend.temperature
 
     def forward(mb: Any) -> tuple[Tensor, Tensor | None]:
