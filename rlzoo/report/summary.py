@@ -52,6 +52,15 @@ def _part(cfg: Mapping[str, Any], dotted: str, params: Sequence[str] = ()) -> st
     return f"{sel.get('name')}" + (f" ({', '.join(shown)})" if shown else "")
 
 
+def _optim(cfg: Mapping[str, Any]) -> str | None:
+    """``lr=..., schedule, warmup`` of ``trainer.optim`` (the one home of the learning rate)."""
+    optim = _get(cfg, "trainer.optim")
+    if not isinstance(optim, Mapping):
+        return None
+    keys = ("lr", "lr_scheduler", "warmup_steps", "warmup_ratio", "weight_decay", "grad_clip")
+    return ", ".join(f"{k}={_fmt_value(optim[k])}" for k in keys if k in optim) or None
+
+
 def _fmt_value(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:g}"
@@ -76,7 +85,8 @@ def config_highlights(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
             "placement",
             lambda: _placement(cfg),
         ),
-        ("train backend", lambda: _part(cfg, "trainer.backend", ("dtype", "lr", "fsdp_size", "offload"))),
+        ("train backend", lambda: _part(cfg, "trainer.backend", ("dtype", "fsdp_size", "offload"))),
+        ("optimizer", lambda: _optim(cfg)),
         ("rollout backend", lambda: _part(cfg, "rollout.backend")),
         ("advantage", lambda: _part(cfg, "algorithm.advantage", ("norm_by_std", "gamma", "lam"))),
         ("policy loss", lambda: _part(cfg, "algorithm.policy_loss", ("clip_ratio_low", "clip_ratio_high"))),

@@ -333,3 +333,19 @@ def series_records(run_dir: Path) -> list[dict[str, Any]]:
     from rlzoo.metrics import read_metrics
 
     return read_metrics(run_dir)
+
+
+def test_summary_shows_the_learning_rate_from_trainer_optim() -> None:
+    """The learning rate lives in ``trainer.optim`` (it moved out of the backend's params): the
+    summary's highlights read it from there (they read ``trainer.backend.lr`` and never showed it)."""
+    from rlzoo.report.summary import config_highlights
+
+    cfg = {
+        "trainer": {
+            "backend": {"name": "native", "dtype": "float32"},
+            "optim": {"lr": 3e-3, "lr_scheduler": "cosine", "warmup_steps": 5},
+        }
+    }
+    rows = dict(config_highlights(cfg))
+    assert rows["optimizer"] == "lr=0.003, lr_scheduler=cosine, warmup_steps=5"
+    assert "lr" not in rows["train backend"]
