@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlzoo.errors import RlzooError
-from rlzoo.from_verl.shell import Command, parse_command, parse_value
+from rlzoo.from_verl.shell import Command, parse_command, parse_overrides, parse_value, read_script
 from rlzoo.from_verl.table import (
     ACT,
     CRIT,
@@ -40,6 +39,7 @@ class Conversion:
     skipped: list[tuple[str, Any, str]] = field(default_factory=list)
     manual: list[tuple[str, Any, str]] = field(default_factory=list)
     unmappable: list[tuple[str, Any, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the shell reader did not run, and where
 
     def set(self, rlzoo_key: str, value: Any, verl_key: str, verl_value: Any, note: str = "") -> None:
         node = self.recipe
@@ -66,6 +66,9 @@ class Conversion:
         if self.skipped:
             lines.append("not needed in rlzoo:")
             lines += [f"  {k} = {v!r}  ->  ({why})" for k, v, why in self.skipped]
+        if self.notes:
+            lines.append("read from the script without running it:")
+            lines += [f"  {n}" for n in self.notes]
         if self.manual:
             lines.append("MANUAL STEPS (rlzoo has no key for these; also in the recipe header):")
             lines += [f"  {k} = {v!r}  ->  {why}" for k, v, why in self.manual]
@@ -118,7 +121,7 @@ def convert(command: Command) -> Conversion:
         runner = "fully_async" if any(k.startswith("async_training.") for k in given) else "sync"
     if command.config_name and "megatron" in command.config_name and ACT + "strategy" not in given:
         keys[ACT + "strategy"] = "megatron"
-    conv = Conversion()
+    conv = Conversion(notes=list(command.notes))
     conv.recipe["runner"] = {"name": runner}
     rules = {k: _rule(k) for k in keys}
     conv.unmappable += [(k, keys[k], "no rule") for k, r in rules.items() if r is None]
@@ -444,14 +447,25 @@ def render(conv: Conversion, source: str) -> str:
     return "\n".join(head) + "\n" + yaml.safe_dump(recipe, sort_keys=False, default_flow_style=False)
 
 
-def from_verl(source: str | Sequence[str], out: str | Path | None = None) -> tuple[Conversion, str]:
-    """Read a script path or override words, convert, optionally write ``out``; returns (conversion, yaml)."""
+def from_verl(
+    source: str | Sequence[str], out: str | Path | None = None, fixed: Mapping[str, str] | None = None
+) -> tuple[Conversion, str]:
+    """Read a script path or override words, convert, optionally write ``out``; returns (conversion, yaml).
+    ``fixed``: shell variables given with ``--env`` (the script's own assignments to them are skipped)."""
     words = [source] if isinstance(source, str) else list(source)
-    if len(words) == 1 and Path(words[0]).is_file():
-        text, label = Path(words[0]).read_text(), words[0]
+    if len(words) == 1 and "=" not in words[0]:
+        path = Path(words[0])
+        if not path.is_file():
+            what = "is a directory" if path.is_dir() else "does not exist"
+            raise RlzooError(
+                f"from-verl: {words[0]} {what}; give a verl launch script (.sh) or verl's key=value overrides"
+            )
+        label = words[0]
+        command = parse_command(read_script(path.read_bytes(), label), fixed=fixed)
     else:
-        text, label = " ".join(shlex.quote(w) for w in words), "<overrides>"
-    conv = convert(parse_command(text))
+        label = "<overrides>"
+        command = parse_overrides(words)
+    conv = convert(command)
     yaml_text = render(conv, label)
     if out is not None:
         Path(out).write_text(yaml_text)

@@ -11,8 +11,15 @@ import yaml
 from rlzoo.cli import main
 from rlzoo.config import load_config
 from rlzoo.errors import RlzooError
-from rlzoo.from_verl import TABLE, VERL_DEFAULTS, convert, from_verl, parse_command, table_markdown
-from rlzoo.from_verl.shell import _expand, _words
+from rlzoo.from_verl import (
+    TABLE,
+    VERL_DEFAULTS,
+    convert,
+    from_verl,
+    parse_command,
+    parse_overrides,
+    table_markdown,
+)
 
 SCRIPTS = Path(__file__).parent / "verl_scripts"
 ENV = {"HOME": "/home/u", "DATA_HOME": "/data"}
@@ -24,6 +31,10 @@ def _fixed_env(monkeypatch):
         monkeypatch.setenv(k, v)
     for k in ("MODEL_PATH", "TRAIN_FILE", "TEST_FILE", "NNODES", "NGPUS_PER_NODE", "HF_MODEL_PATH"):
         monkeypatch.delenv(k, raising=False)
+
+
+def ov(text: str):
+    return parse_overrides(text.split())
 
 
 def convert_script(name: str, tmp_path: Path):
@@ -153,16 +164,14 @@ def test_verl_example_gsm8k_ppo_with_critic(tmp_path):
 
 
 def test_overrides_alone_and_verl_defaults():
-    conv = convert(parse_command("algorithm.adv_estimator=grpo data.train_batch_size=64", ENV))
+    conv = convert(ov("algorithm.adv_estimator=grpo data.train_batch_size=64"))
     assert conv.recipe["runner"] == {"name": "sync"}
     assert conv.get("data.train_batch_size") == 64
     assert conv.get("rollout.n") == 1 and conv.get("data.max_response_length") == 512  # verl defaults
     assert conv.get("trainer.total_epochs") == 30
     tagged = [m for m in conv.mapped if m[0] == "data.max_response_length"]
     assert tagged and "verl default" in tagged[0][4]
-    conv = convert(
-        parse_command("async_training.require_batches=2 actor_rollout_ref.actor.ppo_mini_batch_size=8")
-    )
+    conv = convert(ov("async_training.require_batches=2 actor_rollout_ref.actor.ppo_mini_batch_size=8"))
     assert conv.recipe["runner"]["name"] == "fully_async" and conv.get("data.train_batch_size") == 16
 
 
@@ -173,20 +182,19 @@ def test_unmappable_keys_fail_with_the_full_list():
     assert "2 verl key(s) cannot be mapped" in msg and "foo.bar" in msg and "sglang" in msg
     with pytest.raises(RlzooError, match="Ulysses"):
         from_verl(["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"])
-    with pytest.raises(RlzooError, match="no `python -m verl"):
-        parse_command("echo hello")
+    with pytest.raises(RlzooError, match="found no verl launch"):
+        parse_command("echo hello", ENV)
 
 
 def test_rollout_correction_and_filter_groups_mapping():
     conv = convert(
-        parse_command(
+        ov(
             "algorithm.rollout_correction.rollout_is=token algorithm.rollout_correction.rollout_is_threshold=2.0 "
             "algorithm.rollout_correction.rollout_rs=token_k1,seq_mean_k3 "
             "algorithm.rollout_correction.rollout_rs_threshold=0.5_2.0,0.01 "
             "algorithm.rollout_correction.rollout_token_veto_threshold=1e-4 "
             "algorithm.filter_groups.enable=True algorithm.filter_groups.metric=acc "
             "algorithm.filter_groups.max_num_gen_batches=10",
-            ENV,
         )
     )
     assert conv.get("algorithm.rollout_correction") == {
@@ -204,7 +212,7 @@ def test_rollout_correction_and_filter_groups_mapping():
         "max_num_gen_batches": 10,
     }
     icepop = convert(
-        parse_command(
+        ov(
             "algorithm.rollout_correction.rollout_is=token algorithm.rollout_correction.rollout_is_threshold=0.5_5.0"
         )
     )
@@ -213,7 +221,7 @@ def test_rollout_correction_and_filter_groups_mapping():
 
 def test_policy_loss_params_only_where_the_loss_declares_them():
     conv = convert(
-        parse_command(
+        ov(
             "actor_rollout_ref.actor.policy_loss.loss_mode=gspo actor_rollout_ref.actor.clip_ratio_c=10.0 "
             "actor_rollout_ref.actor.clip_ratio_low=3e-4 actor_rollout_ref.actor.clip_ratio_high=4e-4"
         )
@@ -225,21 +233,11 @@ def test_policy_loss_params_only_where_the_loss_declares_them():
     }
     assert any(k.endswith("clip_ratio_c") and "has no clip_ratio_c" in why for k, _, why in conv.skipped)
     dro = convert(
-        parse_command(
+        ov(
             "actor_rollout_ref.actor.policy_loss.loss_mode=dro actor_rollout_ref.actor.policy_loss.dro_beta=0.2"
         )
     )
     assert dro.get("algorithm.policy_loss.beta") == 0.2
-
-
-def test_shell_expansion():
-    env = {"A": "x", "N": "3", "EMPTY": ""}
-    assert _expand('${A:-d}/${B:-"$A-def"}/${EMPTY:-e}/${EMPTY-f}', env) == "x/x-def/e/"
-    assert _expand("$((N * (2 + 1)))-$((1024 * 8))", env) == "9-8192"
-    assert _words("a=\"$A b\" c='$A' d=$A $@ e # comment", env) == ["a=x b", "c=$A", "d=x", "e"]
-    script = 'X=1\nif [ "$X" = "1" ]; then\n  Y=yes\nelse\n  Y=no\nfi\npython3 -m verl.trainer.main_ppo \\\n  trainer.experiment_name=$Y'
-    cmd = parse_command(script, {})
-    assert cmd.entry == "verl.trainer.main_ppo" and cmd.overrides == [("trainer.experiment_name", "yes")]
 
 
 def test_cli_writes_a_recipe_validate_accepts(tmp_path, capsys):
