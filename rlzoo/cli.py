@@ -219,7 +219,8 @@ EXAMPLES: dict[str, str] = {
 EXAMPLES["from-verl"] = """\
   rlzoo from-verl run_qwen2-7b.sh --out recipes/grpo_qwen2.yaml     # a verl launch script
   rlzoo from-verl run_dapo.sh --env NNODES=2 --env CKPTS_DIR=/ckpt  # fix variables it reads / computes
-  rlzoo from-verl algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=8 data.train_batch_size=64
+  rlzoo from-verl algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=8 data.train_batch_size=64 \
+      actor_rollout_ref.actor.ppo_mini_batch_size=16                  # or verl's overrides alone
   rlzoo validate recipes/grpo_qwen2.yaml                             # then check / train it"""
 
 

@@ -13,6 +13,7 @@ from rlzoo.from_verl.table import (
     ACT,
     CRIT,
     ENTRY_POINTS,
+    NO_ULYSSES,
     REF,
     ROLL,
     VERL_DEFAULTS,
@@ -23,6 +24,7 @@ from rlzoo.from_verl.table import (
     Skip,
     To,
     _fsdp,
+    _off,
     _rule,
 )
 
@@ -137,19 +139,24 @@ def convert(command: Command) -> Conversion:
                 continue
             conv.set(rule.key, out, k, v, ", ".join(x for x in (tag, rule.note) if x))
         elif isinstance(rule, Skip):
-            conv.skipped.append((k, v, rule.why))
+            if rule.when is None or rule.when(v):
+                conv.skipped.append((k, v, rule.why))
+            else:
+                conv.unmappable.append((k, v, rule.otherwise))
         elif isinstance(rule, Manual):
             conv.manual.append((k, v, rule.why))
         elif isinstance(rule, Rule):
             later[k] = v
-    _assemble(conv, later, runner, given)
+    _assemble(conv, later, runner, given, keys)
     if conv.unmappable:
         rows = "\n".join(f"  {k} = {v!r}: {why}" for k, v, why in conv.unmappable)
         raise RlzooError(f"from-verl: {len(conv.unmappable)} verl key(s) cannot be mapped:\n{rows}")
     return conv
 
 
-def _assemble(conv: Conversion, v: dict[str, Any], runner: str, given: Mapping[str, Any]) -> None:
+def _assemble(
+    conv: Conversion, v: dict[str, Any], runner: str, given: Mapping[str, Any], keys_all: Mapping[str, Any]
+) -> None:
     """The rules that read several verl keys at once."""
     backend = conv.get("trainer.backend.name", "fsdp2")
     take = v.pop
@@ -215,11 +222,17 @@ def _assemble(conv: Conversion, v: dict[str, Any], runner: str, given: Mapping[s
             offload,
             "fsdp2 offloads both together",
         )
-    for key in (ACT + "ulysses_sequence_parallel_size", REF + "ulysses_sequence_parallel_size"):
+    for key in (
+        ACT + "ulysses_sequence_parallel_size",
+        REF + "ulysses_sequence_parallel_size",
+        CRIT + "ulysses_sequence_parallel_size",
+    ):
         if key in v and take(key) not in (1, None):
-            bad(key, given.get(key), "rlzoo has no Ulysses sequence parallelism")
+            bad(key, given.get(key), NO_ULYSSES)
         elif key in given:
             conv.skipped.append((key, given[key], "1: no sequence parallelism, as rlzoo"))
+    _feature_groups(conv, v, given, bad)
+    _critic_schedule(conv, v, keys_all, bad)
     crit = take(CRIT + "strategy", None)
     if crit is not None and _fsdp(crit) != backend:
         bad(
@@ -369,6 +382,82 @@ def _assemble(conv: Conversion, v: dict[str, Any], runner: str, given: Mapping[s
         bad(k, take(k), "no rule for this combination")
 
 
+def _feature_groups(
+    conv: Conversion, v: dict[str, Any], given: Mapping[str, Any], bad: Callable[[str, Any, str], None]
+) -> None:
+    """Keys read together with a switch: LoRA (lora_rank), multi-turn, MTP, sandbox fusion."""
+    groups = (
+        (
+            R + "model.lora_rank",
+            (
+                R + "model.lora_alpha",
+                R + "model.target_modules",
+                R + "model.exclude_modules",
+                R + "model.lora.",
+            ),
+            "LoRA is off (lora_rank=0)",
+        ),
+        (ROLL + "multi_turn.enable", (ROLL + "multi_turn.",), "multi-turn is off"),
+        ("reward_model.sandbox_fusion.url", ("reward_model.sandbox_fusion.",), "no sandbox"),
+    )
+    for switch, members, why in groups:
+        on = not _off(given.get(switch))
+        for k in [k for k in v if k.startswith(members) and k != switch]:
+            val = v.pop(k)
+            if on:
+                conv.skipped.append((k, val, f"read with {switch} (refused above)"))
+            else:
+                conv.skipped.append((k, val, why))
+    mtp = [k for k in v if k.startswith(R + "model.mtp.")]
+    enabled = any(not _off(given.get(k)) for k in mtp if k.endswith((".enable", ".enable_train")))
+    for k in mtp:
+        val = v.pop(k)
+        if enabled and k.endswith(".enable"):
+            bad(k, val, "rlzoo has no multi-token prediction (MTP) heads")
+        else:
+            conv.skipped.append(
+                (k, val, "multi-token prediction is off" if not enabled else "read with mtp.enable")
+            )
+
+
+def _critic_schedule(
+    conv: Conversion, v: dict[str, Any], keys: Mapping[str, Any], bad: Callable[[str, Any, str], None]
+) -> None:
+    """verl gives the critic its own LR schedule; rlzoo's critic shares trainer.optim's (its lr, weight
+    decay and clip are its own). Equal values are not needed; different ones are refused."""
+    verl_optim_defaults = {
+        "lr_warmup_steps_ratio": 0.0,
+        "lr_warmup_steps": -1,
+        "warmup_style": "constant",
+        "lr_scheduler_type": "constant",
+        "min_lr_ratio": 0.0,
+        "betas": [0.9, 0.999],
+    }
+    for name, default in verl_optim_defaults.items():
+        key = CRIT + "optim." + name
+        if key not in v:
+            continue
+        val = v.pop(key)
+        actor = keys.get(ACT + "optim." + name, default)
+        same = val == actor or (isinstance(val, (list, tuple)) and list(val) == list(actor))
+        if (
+            name == "lr_warmup_steps"
+            and (int(val) if val is not None else -1) <= 0
+            and (int(actor) if actor is not None else -1) <= 0
+        ):
+            same = True
+        if same:
+            conv.skipped.append(
+                (key, val, f"same as the actor's ({actor!r}); rlzoo's critic shares trainer.optim's schedule")
+            )
+        else:
+            bad(
+                key,
+                val,
+                f"rlzoo's critic shares the actor's LR schedule (actor: {actor!r}); set both to one value",
+            )
+
+
 def _correction(
     conv: Conversion, rc: dict[str, Any], v: dict[str, Any], bad: Callable[[str, Any, str], None]
 ) -> None:
@@ -381,6 +470,19 @@ def _correction(
     use_rollout = v.pop(ACT + "use_rollout_log_probs", None)
     async_rollout = v.pop("async_training.use_rollout_log_probs", None)
     bypass = bypass or bool(use_rollout) or bool(async_rollout)
+    prox_key = "async_training.compute_prox_log_prob"
+    if prox_key in v:
+        prox = v.pop(prox_key)
+        if prox and bypass:
+            bad(
+                prox_key,
+                prox,
+                "with rollout log-probs as old log-probs (bypass): rlzoo takes old log-probs from the "
+                "trainer (decoupled) or from the rollout (bypass), not both",
+            )
+        else:
+            why = "the trainer recomputes old log-probs (correction mode decoupled)" if prox else "off"
+            conv.skipped.append((prox_key, prox, why))
     is_, is_thr = rc.pop("rollout_is", None), rc.pop("rollout_is_threshold", 2.0)
     rs, rs_thr = rc.pop("rollout_rs", None), rc.pop("rollout_rs_threshold", None)
     norm = bool(rc.pop("rollout_is_batch_normalize", False))
@@ -388,8 +490,21 @@ def _correction(
     loss_type = rc.pop("loss_type", "ppo_clip")
     for k, val in rc.items():
         bad(f"{key}.{k}", val, "not a verl 0.9.1 rollout_correction option rlzoo maps")
-    if loss_type != "ppo_clip":
-        bad(f"{key}.loss_type", loss_type, "rlzoo's bypass mode keeps the selected policy loss (ppo_clip)")
+    if loss_type != "ppo_clip" and bypass:
+        bad(
+            f"{key}.loss_type",
+            loss_type,
+            "rlzoo has no REINFORCE loss with explicit pi/pi_rollout weights in bypass mode (its bypass "
+            "mode keeps the selected policy loss, whose ratio corrects); use loss_type=ppo_clip, or "
+            "bypass_mode=false (rollout_is weights multiply the loss)",
+        )
+    elif f"{key}.loss_type" in label.split(" + "):
+        why = (
+            "ppo_clip: the selected policy loss, as rlzoo"
+            if loss_type == "ppo_clip"
+            else "read in bypass mode only"
+        )
+        conv.skipped.append((f"{key}.loss_type", loss_type, why))
     part: dict[str, Any]
     if rs:
         if rs_thr is None:
@@ -420,6 +535,9 @@ def _correction(
     elif bypass:
         part = {"name": "none"}
     else:
+        for k in label.split(" + ") if label else []:
+            if not k.endswith(".loss_type"):
+                conv.skipped.append((k, None, "off: no rollout_is / rollout_rs and no bypass, as verl"))
         return
     if veto is not None:
         part["token_veto_threshold"] = float(veto)
