@@ -692,13 +692,23 @@ class _Interp:
     # -- expansion ----------------------------------------------------------------------------
     def expand(self, raw: str, line: int, split: bool = True, assignment: bool = False) -> list[str]:
         """``raw`` word -> fields: quotes removed, ``$...`` expanded, unquoted expansions split."""
+        whole = re.fullmatch(rf'"\$(@|\{{@\}}|\{{({_NAME})\[@\]\}})"', raw)
+        if whole and split:  # "$@" / "${arr[@]}": one field per element, none when empty
+            if whole.group(2) is None:
+                self.note_args(line)
+                return []
+            return list(self.get_array(whole.group(2), line))
         # pieces: (text, splittable); None marks a field boundary (quoted "${arr[@]}")
         pieces: list[tuple[str, bool] | None] = []
         quoted_any = False
         i, n = 0, len(raw)
-        if raw.startswith("~") and (len(raw) == 1 or raw[1] == "/"):
+        # a leading ~, or one right after the = of an assignment-like word (NAME=~/x), is $HOME
+        m = re.match(_NAME + "=", raw) if not assignment else None
+        tilde_at = m.end() if m else 0
+        if raw[tilde_at : tilde_at + 1] == "~" and raw[tilde_at + 1 : tilde_at + 2] in ("", "/", ":"):
+            pieces.append((raw[:tilde_at], False))
             pieces.append((self.get_scalar("HOME", line), False))
-            i = 1
+            i = tilde_at + 1
         while i < n:
             c = raw[i]
             if c == "\\":
@@ -984,7 +994,8 @@ class _Interp:
 
 def _short(text: str) -> str:
     text = " ".join(text.split())
-    return "`" + (text if len(text) <= 60 else text[:57] + "...") + "`"
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return text if text.startswith("`") else f"`{text}`"
 
 
 def _launch_error(origin: Unknown, word: str) -> RlzooError:
