@@ -350,10 +350,13 @@ def _assemble(
     eng = {k.rsplit(".", 1)[1]: str(take(k)) for k in eng_keys}
     if eng:
         conv.set("rollout.backend.engine_kwargs", eng, " + ".join(eng_keys), eng)
-    # reward model
-    rm = take("reward_model.enable", None)
-    if rm:
-        bad("reward_model.enable", rm, "rlzoo has no learned reward model; scorers are rule-based")
+    _reward_model(conv, v, given, bad)
+    if (
+        any(k.startswith("reward_model.overlong_buffer.") for k in given)
+        and conv.get("reward.manager.max_response_length") is None
+    ):  # recipe.dapo: the buffer's max_resp_len is data.max_response_length
+        m = conv.get("data.max_response_length")
+        conv.set("reward.manager.max_response_length", m, "data.max_response_length", m, "as recipe/dapo")
     # DAPO dynamic sampling
     if take(A + "filter_groups.enable", False):
         fkeys = " + ".join(k for k in given if k.startswith(A + "filter_groups."))
@@ -420,6 +423,92 @@ def _feature_groups(
             )
 
 
+#: reward_model.* keys that only size or place verl's reward-model worker
+_RM_PERF = (
+    "reward_model.model.use_remove_padding",
+    "reward_model.model.use_fused_kernels",
+    "reward_model.model.fsdp_config.",
+    "reward_model.rollout.",
+    "reward_model.strategy",
+    "reward_model.use_dynamic_bsz",
+    "reward_model.forward_max_token_len_per_gpu",
+    "reward_model.enable_resource_pool",
+    "reward_model.n_gpus_per_node",
+    "reward_model.nnodes",
+    "reward_model.ulysses_sequence_parallel_size",
+    "reward_model.megatron.",
+)
+
+
+def _reward_model(
+    conv: Conversion, v: dict[str, Any], given: Mapping[str, Any], bad: Callable[[str, Any, str], None]
+) -> None:
+    """``reward_model.enable=True`` -> the ``reward_model`` reward manager (verl's learned reward model:
+    its score replaces the rule-based one, as verl's naive manager returns ``rm_scores``)."""
+    rm_keys = [k for k in v if k.startswith("reward_model.") and k != "reward_model.enable"]
+    enabled = bool(v.pop("reward_model.enable", False))
+    if not enabled:
+        for k in rm_keys:
+            conv.skipped.append((k, v.pop(k), "the reward model is off (reward_model.enable=False)"))
+        if "reward_model.enable" in given:
+            conv.skipped.append(("reward_model.enable", False, "off, as rlzoo's default"))
+        return
+    manager = conv.get("reward.manager.name", conv.get("reward.manager"))
+    if isinstance(manager, str) and manager != "naive":
+        bad(
+            "reward_model.reward_manager",
+            manager,
+            f"a learned reward model with verl's {manager!r} manager: rlzoo's reward_model manager scores "
+            "with the model alone (it has no overlong buffer or other shaping)",
+        )
+        return
+    path = v.pop("reward_model.model.path", None)
+    if path is None:
+        bad("reward_model.model.path", None, "the reward model's path is required with reward_model.enable")
+        return
+    part: dict[str, Any] = {"name": "reward_model", "path": str(path)}
+    used = ["reward_model.enable", "reward_model.model.path"]
+    for key, param in (
+        ("reward_model.micro_batch_size_per_gpu", "batch_size"),
+        ("reward_model.micro_batch_size", "batch_size"),
+        ("reward_model.max_length", "max_length"),
+        ("reward_model.model.trust_remote_code", "trust_remote_code"),
+    ):
+        if key in v and (val := v.pop(key)) is not None:
+            part[param] = val
+            used.append(key)
+    policy = str(given.get(R + "model.path", conv.get("model.path")))
+    tokenizer = v.pop("reward_model.model.input_tokenizer", policy)
+    if "reward_model.model.input_tokenizer" in given:
+        used.append("reward_model.model.input_tokenizer")
+    if tokenizer is not None and str(tokenizer) != str(path):
+        conv.manual.append(
+            (
+                "reward_model.model.input_tokenizer",
+                tokenizer,
+                "verl decodes each response and renders (prompt, response) with the reward model's own chat "
+                "template; rlzoo's reward_model manager reads the prompt as the policy's template rendered it, "
+                "then the response: set reward.manager.params.response_suffix to the reward model's "
+                "end-of-turn text and compare a few scores with verl's",
+            )
+        )
+    conv.set(
+        "reward.manager", part, " + ".join(used), path, "a learned reward model; its score is the reward"
+    )
+    for k in [k for k in v if k.startswith("reward_model.model.override_config.")]:
+        conv.manual.append(
+            (k, v.pop(k), "rlzoo has no model-config override: edit the reward model's config.json")
+        )
+    for k in [k for k in v if k.startswith(_RM_PERF)]:
+        conv.skipped.append((k, v.pop(k), _PERF_RM))
+    ext = v.pop("reward_model.model.external_lib", None)
+    if ext is not None:
+        bad("reward_model.model.external_lib", ext, "rlzoo loads reward models with transformers only")
+
+
+_PERF_RM = "performance only: sizes / places verl's reward-model worker; rlzoo's runs in the reward manager"
+
+
 def _critic_schedule(
     conv: Conversion, v: dict[str, Any], keys: Mapping[str, Any], bad: Callable[[str, Any, str], None]
 ) -> None:
@@ -477,8 +566,9 @@ def _correction(
             bad(
                 prox_key,
                 prox,
-                "with rollout log-probs as old log-probs (bypass): rlzoo takes old log-probs from the "
-                "trainer (decoupled) or from the rollout (bypass), not both",
+                "with use_rollout_log_probs: verl recomputes old log-probs with the weights of the last "
+                "parameter sync; rlzoo's come from the trainer's current weights (decoupled) or from the "
+                "rollout (bypass)",
             )
         else:
             why = "the trainer recomputes old log-probs (correction mode decoupled)" if prox else "off"

@@ -1290,6 +1290,8 @@ def parse_value(raw: str) -> Any:
     import yaml
 
     s = raw.strip()
+    if len(s) >= 2 and s[0] == s[-1] and s[0] in "'\"":  # Hydra's quoted string: always a string
+        return s[1:-1].replace("\\" + s[0], s[0])
     if s.lower() in ("null", "none", "~"):
         return None
     if s in ("True", "true", "False", "false"):

@@ -299,6 +299,7 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     ),
     ACT + "megatron.virtual_pipeline_model_parallel_size": Skip(_PERF + "interleaved pipeline schedule"),
     ACT + "megatron.use_dist_checkpointing": Skip("rlzoo converts HF <-> Megatron weights itself"),
+    ACT + "megatron.vanilla_mbridge": Skip("rlzoo converts HF <-> Megatron weights itself"),
     ACT + "megatron.dist_checkpointing_path": Skip("rlzoo converts HF <-> Megatron weights itself"),
     ACT + "megatron.override_transformer_config.*": Skip(
         _PERF + "Megatron kernel fusions, recompute and pipeline layering; rlzoo's megatron backend sets "
@@ -347,6 +348,9 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     ROLL + "enable_prefix_caching": To("rollout.backend.enable_prefix_caching"),
     ROLL + "enable_chunked_prefill": Skip(_PERF + "vLLM's V1 engine chunks prefills by default"),
     ROLL + "engine_kwargs.vllm.*": Rule("rollout.backend.engine_kwargs"),
+    ROLL + "engine_kwargs.sglang.*": Skip("read by the SGLang engine only"),
+    ROLL + "data_parallel_size": Skip(_PERF + "vLLM engine replicas"),
+    ROLL + "expert_parallel_size": Skip(_PERF + "vLLM expert parallelism"),
     ROLL + "free_cache_engine": Skip(_PERF + "rlzoo's vLLM backend manages its KV cache"),
     ROLL + "load_format": Skip(
         "how verl's vLLM first loads weights (dummy: random, then the trainer's are pushed); rlzoo's vLLM "
@@ -443,6 +447,19 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     "reward_model.overlong_buffer.len": To("reward.manager.overlong_buffer_len"),
     "reward_model.overlong_buffer.penalty_factor": To("reward.manager.penalty_factor"),
     "reward_model.overlong_buffer.log": Skip(_LOG + "rlzoo always logs the penalty"),
+    "reward_model.model.*": Rule("read with reward_model.enable: the reward_model manager's path / params"),
+    "reward_model.micro_batch_size_per_gpu": Rule("reward_model manager's batch_size"),
+    "reward_model.micro_batch_size": Rule("reward_model manager's batch_size"),
+    "reward_model.max_length": Rule("reward_model manager's max_length"),
+    "reward_model.rollout.*": Rule(
+        "performance only: serving the reward model (read with reward_model.enable)"
+    ),
+    "reward_model.strategy": Rule("performance only (read with reward_model.enable)"),
+    "reward_model.use_dynamic_bsz": Rule("performance only (read with reward_model.enable)"),
+    "reward_model.forward_max_token_len_per_gpu": Rule("performance only (read with reward_model.enable)"),
+    "reward_model.enable_resource_pool": Rule("performance only (read with reward_model.enable)"),
+    "reward_model.n_gpus_per_node": Rule("performance only (read with reward_model.enable)"),
+    "reward_model.nnodes": Rule("performance only (read with reward_model.enable)"),
     "reward_model.use_reward_loop": Skip("verl's reward-loop implementation switch"),
     "reward_model.num_workers": Skip(_PERF + "verl's reward worker count"),
     "reward_model.launch_reward_fn_async": Skip(_PERF + "rlzoo's reward managers overlap scoring themselves"),
