@@ -134,7 +134,7 @@ def convert(command: Command) -> Conversion:
         if isinstance(rule, To):
             try:
                 out = rule.how(v) if rule.how else v
-            except ValueError as e:
+            except (ValueError, TypeError) as e:
                 conv.unmappable.append((k, v, str(e)))
                 continue
             conv.set(rule.key, out, k, v, ", ".join(x for x in (tag, rule.note) if x))

@@ -100,6 +100,12 @@ def _one(v: Any) -> bool:
     return v in (None, 1, "null")
 
 
+def _betas(v: Any) -> list[float]:
+    if not (isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v)):
+        raise ValueError(f"betas {v!r}: expected two numbers, e.g. [0.9,0.999]")
+    return [float(x) for x in v]
+
+
 def _positive_or_none(v: Any) -> Any:
     return None if v is None or (isinstance(v, (int, float)) and v <= 0) else v
 
@@ -208,7 +214,7 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     # actor: optimizer and batching (shared trainer settings)
     ACT + "optim.lr": To("trainer.optim.lr"),
     ACT + "optim.weight_decay": To("trainer.optim.weight_decay"),
-    ACT + "optim.betas": To("trainer.optim.betas", list),
+    ACT + "optim.betas": To("trainer.optim.betas", _betas),
     ACT + "optim.lr_warmup_steps": To("trainer.optim.warmup_steps", lambda v: max(int(v), 0)),
     ACT + "optim.lr_warmup_steps_ratio": To("trainer.optim.warmup_ratio"),
     ACT + "optim.warmup_style": To("trainer.optim.lr_scheduler"),
