@@ -47,7 +47,7 @@ def convert_script(name: str, tmp_path: Path):
 
 
 def assert_every_key_accounted_for(conv, script: str) -> None:
-    cmd = parse_command(script, ENV)
+    cmd = parse_command(script)  # the environment the conversion saw (ENV + the test's own)
     report = conv.report()
     missing = [k for k, _ in cmd.overrides if k not in report]
     assert not missing, f"verl keys not in the report: {missing}"
@@ -318,6 +318,7 @@ def test_vl_multiline_value_and_unused_substitution(tmp_path):
     assert cfg.data.truncation == "filter" and cfg.algorithm.kl_loss_coef == 0.01
     assert any("HOSTNAME_NOW not known" in n for n in conv.notes)
     assert "command substitution" in conv.report()
+    assert_every_key_accounted_for(conv, script)
 
 
 def test_one_step_off_split_pools(tmp_path):
@@ -344,6 +345,7 @@ def test_policy_losses_cispo_gspo_gmpo_sapo(tmp_path, monkeypatch, loss, params)
         assert getattr(cfg.algorithm.policy_loss.params, name) == pytest.approx(value)
     if loss in ("gspo", "geo_mean"):
         assert cfg.algorithm.loss_agg.name == "seq-mean-token-mean"
+    assert_every_key_accounted_for(conv, script)
 
 
 def test_rollout_correction_bypass_and_loss_type(tmp_path, monkeypatch):
@@ -352,6 +354,7 @@ def test_rollout_correction_bypass_and_loss_type(tmp_path, monkeypatch):
     assert rc.name == "rejection" and rc.params.mode == "bypass"
     assert rc.params.criteria == "token_k1,seq_max_k2"  # the escaped Hydra quotes are gone
     assert "algorithm.rollout_correction.loss_type" in {k for k, _, _ in conv.skipped}
+    assert_every_key_accounted_for(conv, script)
     monkeypatch.setenv("LOSS_TYPE", "reinforce")
     with pytest.raises(
         RlzooError, match=r"no REINFORCE loss with explicit pi/pi_rollout weights in bypass mode"
