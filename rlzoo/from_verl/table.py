@@ -169,6 +169,7 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     R + "model.fused_kernel_options.*": Skip(_PERF + "options of the fused kernels"),
     R + "model.use_shm": Skip(_PERF + "verl copies the model to /dev/shm before loading it"),
     R + "model.use_liger": Skip(_PERF + "Liger fused kernels"),
+    R + "model.enable_activation_offload": Skip(_PERF + "activations offloaded to the CPU in backward"),
     R + "model.lora_rank": Skip("LoRA is off (lora_rank=0)", _off, _NO_LORA),
     R + "model.lora_alpha": Rule("read with lora_rank"),
     R + "model.target_modules": Rule("read with lora_rank"),
@@ -259,6 +260,7 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     ),
     ACT + "fsdp_config.wrap_policy.*": Skip(_PERF + "rlzoo's fsdp2 shards each decoder layer"),
     ACT + "fsdp_config.reshard_after_forward": To("trainer.backend.reshard_after_forward"),
+    ACT + "fsdp_config.model_dtype": To("model.dtype", _dtype),
     ACT + "fsdp_config.mixed_precision.param_dtype": Skip(
         "bf16 compute: rlzoo's fsdp2 mixed_precision (on by default) computes in bf16",
         lambda v: str(v) in ("bf16", "bfloat16"),
@@ -368,6 +370,12 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     ROLL + "skip_tokenizer_init": Skip(_PERF + "rlzoo's vLLM backend passes token ids"),
     ROLL + "disable_log_stats": Skip(_LOG + "vLLM statistics logging"),
     ROLL + "prometheus.*": Skip(_LOG + "vLLM metrics server"),
+    ROLL + "trace.*": Skip(_LOG + "rollout tracing"),
+    ROLL + "over_sample_rate": Skip(
+        "0: every request is kept",
+        lambda v: v in (0, 0.0, None),
+        "rlzoo has no rollout over-sampling (verl aborts the slowest requests of a batch)",
+    ),
     ROLL + "enable_rollout_routing_replay": Skip(
         "off", _off, "rlzoo has no MoE router replay (rollout routing is not sent to the trainer)"
     ),
@@ -525,6 +533,13 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     ),
     "data.custom_cls.name": Skip("read with data.custom_cls.path"),
     "data.video_key": Skip("rlzoo reads the images column of its parquet schema"),
+    "data.sampler.class_path": Skip(
+        "verl's default sampler",
+        _off,
+        "a custom prompt sampler (e.g. a curriculum): rlzoo reads prompts in "
+        "(shuffled) order and has no sampler part",
+    ),
+    "data.sampler.class_name": Skip("read with data.sampler.class_path"),
     "rollout.nnodes": To("placement.rollout.nnodes"),
     "rollout.n_gpus_per_node": To("placement.rollout.n_gpus_per_node"),
     "rollout.total_rollout_steps": To("runner.total_rollout_steps"),

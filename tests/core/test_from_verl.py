@@ -437,6 +437,7 @@ SAMPLE: dict[str, object] = {
     "critic.strategy": "fsdp",
     "actor_rollout_ref.rollout.name": "vllm",
     "actor_rollout_ref.model.torch_dtype": "bf16",
+    "actor_rollout_ref.actor.fsdp_config.model_dtype": "fp32",
     "trainer.logger": "['console']",
     "actor_rollout_ref.actor.optim.betas": "[0.9,0.95]",
     "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": "bf16",
