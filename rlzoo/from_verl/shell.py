@@ -2,24 +2,21 @@
 
 Why not a bash parser from PyPI: ``bashlex`` 0.18 (the maintained one) rejects arrays (``A=(x y)``),
 ``[[ ... ]]`` tests and ``$((...))`` arithmetic, and splits ``${X:-"${HOME}/m"}`` at the inner
-``}``; verl's own scripts use all four. So this is a small reader of its own, in three steps:
+``}``; verl's own scripts use all four. So the reader is rlzoo's own, in two modules:
+:mod:`rlzoo.from_verl.bash_syntax` turns the text into commands (loops, ``case``, functions,
+subshells, here-documents are refused there, with their line), and this module gives them meaning:
+it runs assignments (``X=...``, ``export``, ``declare``, arrays, ``unset``), evaluates ``[ ]`` /
+``[[ ]]`` / ``test`` conditions, expands words (``${X:-d}`` and friends, ``$((...))``, arrays,
+field splitting) and stops at the first verl launch: ``python3 -m MOD``, ``torchrun ... -m MOD``,
+``ray job submit ... -- python3 -m MOD``.
 
-1. :func:`_lex`: characters -> words (raw text, quotes kept), operators and array assignments,
-   each with its line number. Quotes, ``$(...)``, ``${...}``, ``$((...))`` and backticks nest;
-   ``\\`` + newline joins lines; ``#`` starts a comment at a word's start.
-2. :class:`_Parser`: tokens -> simple commands, ``&&`` / ``||`` lists, pipelines and
-   ``if / elif / else / fi``. Loops, ``case``, functions, subshells, here-documents, ``source`` and
-   ``eval`` are refused: "unsupported shell construct at line N: ...".
-3. :class:`_Interp`: runs assignments (``X=...``, ``export``, ``declare``, arrays, ``unset``),
-   evaluates ``[ ]`` / ``[[ ]]`` / ``test`` conditions, expands words (``${X:-d}`` and friends,
-   ``$((...))``, arrays, field splitting) and stops at the first verl launch: ``python3 -m MOD``,
-   ``torchrun ... -m MOD``, ``ray job submit ... -- python3 -m MOD``.
-
-Nothing is executed. A command substitution (``$(...)`` or backticks) is never run: the variable it
-feeds is marked unresolved, reported, and an error names it if the launch uses it (pass the value with
-``--env NAME=VALUE``, which fixes ``NAME`` and skips the script's own assignments to it). A test of
-the file system (``-d``, ``-f``) or of a command's exit status, whose answer depends on the machine the
-script runs on, is refused when its answer matters. Every error is a :class:`ShellError`.
+Nothing is executed. A command substitution (``$(...)`` or backquotes) is never run: the variable it
+feeds is marked unknown, reported, and an error names it if the launch uses it (pass the value with
+``--env NAME=VALUE``, which fixes ``NAME`` and skips the script's own assignments to it). A launch
+argument that reads an unset variable is refused the same way. A test of the file system (``-d``,
+``-f``) or of a command's exit status, whose answer depends on the machine the script runs on, is
+refused when its answer matters. ``source``, ``eval``, ``read`` and ``exit`` before the launch are
+refused. Every error is a :class:`~rlzoo.errors.RlzooError` (:class:`ShellError` for a construct).
 """
 
 from __future__ import annotations
@@ -34,14 +31,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlzoo.errors import RlzooError
-
-
-class ShellError(RlzooError):
-    """The script uses shell that this reader does not follow (never guessed)."""
-
-    def __init__(self, line: int, what: str) -> None:
-        super().__init__(f"from-verl: unsupported shell construct at line {line}: {what}")
-        self.line = line
+from rlzoo.from_verl.bash_syntax import (
+    ASSIGN,
+    NAME,
+    AndOr,
+    If,
+    Pipeline,
+    ShellError,
+    Simple,
+    Tok,
+    parse,
+    skip_quoted,
+)
 
 
 class _Unresolved(Exception):
@@ -62,361 +63,8 @@ class Unknown:
     why: str
 
 
-_MAX_DEPTH = 40
-_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
-_OPS = ("&&", "||", ";;", "|&", ";", "&", "|", "(", ")")
-_REDIR = re.compile(r"(\d*)(<<<|<<-|<<|<>|>>|>\||<&|>&|&>>|&>|<|>)")
-
-
 # ---------------------------------------------------------------------------------------------
-# 1. lexer
-# ---------------------------------------------------------------------------------------------
-@dataclass
-class Tok:
-    kind: str  # "word" | "op" | "redir" | "nl" | "array"
-    text: str
-    line: int
-    items: list[tuple[str, int]] = field(default_factory=list)  # array elements (raw, line)
-
-
-def _skip_quoted(s: str, i: int, line: int, depth: int = 0) -> int:
-    """Index after the quoted / substituted unit starting at ``s[i]`` (', ", `, $(, $((, ${)."""
-    if depth > _MAX_DEPTH:
-        raise ShellError(line, "nesting deeper than 40 levels")
-    ch = s[i]
-    if ch == "'":
-        j = s.find("'", i + 1)
-        if j < 0:
-            raise ShellError(line, "a single quote (') is never closed")
-        return j + 1
-    if ch == "`":
-        j = i + 1
-        while j < len(s) and s[j] != "`":
-            j += 2 if s[j] == "\\" else 1
-        if j >= len(s):
-            raise ShellError(line, "a backquote (`) is never closed")
-        return j + 1
-    if ch == '"':
-        j = i + 1
-        while j < len(s) and s[j] != '"':
-            if s[j] == "\\":
-                j += 2
-            elif s[j] == "`" or (s[j] == "$" and s[j + 1 : j + 2] in ("(", "{")):
-                j = _skip_quoted(s, j, line, depth + 1)
-            else:
-                j += 1
-        if j >= len(s):
-            raise ShellError(line, 'a double quote (") is never closed')
-        return j + 1
-    # $( $(( ${
-    opener, closer = ("{", "}") if s[i + 1] == "{" else ("(", ")")
-    level, j = 0, i + 1
-    while j < len(s):
-        c = s[j]
-        if c == "\\":
-            j += 2
-            continue
-        if c in "'\"`":
-            j = _skip_quoted(s, j, line, depth + 1)
-            continue
-        if c == "$" and s[j + 1 : j + 2] in ("(", "{"):
-            j = _skip_quoted(s, j, line, depth + 1)
-            continue
-        if c == opener:
-            level += 1
-        elif c == closer:
-            level -= 1
-            if level == 0:
-                return j + 1
-        j += 1
-    raise ShellError(line, f"{s[i : i + 2]!r} is never closed")
-
-
-def _lex(src: str) -> list[Tok]:
-    toks: list[Tok] = []
-    i, line, n = 0, 1, len(src)
-    while i < n:
-        ch = src[i]
-        if ch == "\\" and src[i + 1 : i + 2] == "\n":
-            i, line = i + 2, line + 1
-        elif ch in " \t\r":
-            i += 1
-        elif ch == "\n":
-            toks.append(Tok("nl", "\n", line))
-            i, line = i + 1, line + 1
-        elif ch == "#":
-            while i < n and src[i] != "\n":
-                i += 1
-        elif m := _REDIR.match(src, i):
-            if src[m.end() : m.end() + 1] == "(" and m.group(2) in ("<", ">"):
-                raise ShellError(line, f"process substitution {m.group(2)}( ... )")
-            toks.append(Tok("redir", m.group(0), line))
-            i = m.end()
-        elif ch in ";&|()":
-            op = next(o for o in _OPS if src.startswith(o, i))
-            toks.append(Tok("op", op, line))
-            i += len(op)
-        else:
-            start, start_line = i, line
-            while i < n:
-                c = src[i]
-                if c == "\\" and src[i + 1 : i + 2] == "\n":
-                    i, line = i + 2, line + 1
-                elif c == "\\":
-                    line += src[i + 1 : i + 2] == "\n"
-                    i += 2
-                elif c in "'\"`" or (c == "$" and src[i + 1 : i + 2] in ("(", "{")):
-                    j = _skip_quoted(src, i, line)
-                    line += src.count("\n", i, j)
-                    i = j
-                elif c in " \t\r\n;&|()<>":
-                    break
-                else:
-                    i += 1
-            raw = src[start:i].replace("\\\n", "")
-            if i < n and src[i] == "(" and re.fullmatch(_NAME + r"\+?=", raw):
-                items, i, line = _lex_array(src, i + 1, line)
-                toks.append(Tok("array", raw, start_line, items))
-            elif i < n and src[i] in "<>" and raw.isdigit():
-                m = _REDIR.match(src, start)
-                assert m is not None
-                toks.append(Tok("redir", m.group(0), start_line))
-                i = m.end()
-            else:
-                toks.append(Tok("word", raw, start_line))
-    toks.append(Tok("nl", "\n", line))
-    return toks
-
-
-def _lex_array(src: str, i: int, line: int) -> tuple[list[tuple[str, int]], int, int]:
-    """The elements of ``NAME=( ... )`` (newlines and comments allowed inside)."""
-    sub: list[tuple[str, int]] = []
-    start_line = line
-    while True:
-        while i < len(src) and src[i] in " \t\r\n":
-            line += src[i] == "\n"
-            i += 1
-        if i >= len(src):
-            raise ShellError(start_line, "an array ( ... ) is never closed")
-        if src[i] == ")":
-            return sub, i + 1, line
-        if src[i] == "#":
-            while i < len(src) and src[i] != "\n":
-                i += 1
-            continue
-        if src[i] in ";&|(<>":
-            raise ShellError(line, f"{src[i]!r} inside an array ( ... )")
-        start, wline = i, line
-        while i < len(src) and src[i] not in " \t\r\n;&|()<>":
-            if src[i] == "\\":
-                line += src[i + 1 : i + 2] == "\n"
-                i += 2
-            elif src[i] in "'\"`" or (src[i] == "$" and src[i + 1 : i + 2] in ("(", "{")):
-                j = _skip_quoted(src, i, line)
-                line += src.count("\n", i, j)
-                i = j
-            else:
-                i += 1
-        sub.append((src[start:i].replace("\\\n", ""), wline))
-
-
-# ---------------------------------------------------------------------------------------------
-# 2. parser
-# ---------------------------------------------------------------------------------------------
-@dataclass
-class Simple:
-    line: int
-    assigns: list[Tok]  # word tokens NAME=... / NAME+=... and array tokens
-    words: list[Tok]
-
-
-@dataclass
-class Pipeline:
-    line: int
-    negate: bool
-    cmds: list[Simple | If]
-
-
-@dataclass
-class AndOr:
-    line: int
-    items: list[tuple[str, Pipeline]]  # (connector before it: "" | "&&" | "||", pipeline)
-
-
-@dataclass
-class If:
-    line: int
-    clauses: list[tuple[list[AndOr], list[AndOr]]]  # (condition, body)
-    orelse: list[AndOr] | None
-
-
-_ASSIGN = re.compile(rf"({_NAME})(\+?)=")
-_REFUSED_WORDS = {
-    "for": "a for loop",
-    "while": "a while loop",
-    "until": "an until loop",
-    "case": "a case statement",
-    "select": "a select loop",
-    "function": "a function definition",
-    "{": "a { ... } group",
-    "}": "a { ... } group",
-    "do": "a loop body",
-    "done": "a loop end",
-    "esac": "a case end",
-}
-_RESERVED_END = {"then", "elif", "else", "fi"}
-
-
-class _Parser:
-    def __init__(self, toks: list[Tok]) -> None:
-        self.toks, self.i = toks, 0
-
-    def peek(self) -> Tok:
-        return self.toks[self.i]
-
-    def at_word(self, *words: str) -> bool:
-        t = self.peek()
-        return t.kind == "word" and t.text in words
-
-    def skip_newlines(self) -> None:
-        while self.peek().kind == "nl" or (self.peek().kind == "op" and self.peek().text == ";"):
-            if self.i >= len(self.toks) - 1:
-                return
-            self.i += 1
-
-    def parse_list(self, stops: set[str]) -> list[AndOr]:
-        out: list[AndOr] = []
-        while True:
-            self.skip_newlines()
-            t = self.peek()
-            if self.i >= len(self.toks) - 1 and t.kind == "nl":
-                if stops:
-                    raise ShellError(t.line, f"the script ends before {' / '.join(sorted(stops))}")
-                return out
-            if t.kind == "word" and t.text in stops:
-                return out
-            if t.kind == "word" and t.text in _RESERVED_END:
-                raise ShellError(t.line, f"{t.text!r} without a matching if")
-            out.append(self.and_or())
-            t = self.peek()
-            if t.kind == "op" and t.text == "&":
-                self.i += 1  # background: read it as if it ran in order
-            elif t.kind == "op" and t.text == ";;":
-                raise ShellError(t.line, "';;' (a case statement)")
-            elif (
-                t.kind != "nl"
-                and not (t.kind == "op" and t.text == ";")
-                and not (t.kind == "word" and t.text in stops)
-            ):
-                raise ShellError(t.line, f"unexpected {t.text!r}")
-
-    def and_or(self) -> AndOr:
-        line = self.peek().line
-        items = [("", self.pipeline())]
-        while self.peek().kind == "op" and self.peek().text in ("&&", "||"):
-            op = self.peek().text
-            self.i += 1
-            while self.peek().kind == "nl" and self.i < len(self.toks) - 1:
-                self.i += 1
-            items.append((op, self.pipeline()))
-        return AndOr(line, items)
-
-    def pipeline(self) -> Pipeline:
-        line = self.peek().line
-        negate = False
-        if self.at_word("!"):
-            negate, self.i = True, self.i + 1
-        cmds = [self.command()]
-        while self.peek().kind == "op" and self.peek().text in ("|", "|&"):
-            self.i += 1
-            while self.peek().kind == "nl" and self.i < len(self.toks) - 1:
-                self.i += 1
-            cmds.append(self.command())
-        return Pipeline(line, negate, cmds)
-
-    def command(self) -> Simple | If:
-        t = self.peek()
-        if t.kind == "word" and t.text == "if":
-            return self.if_()
-        if t.kind == "word" and t.text in _REFUSED_WORDS:
-            raise ShellError(t.line, f"{_REFUSED_WORDS[t.text]} ({t.text!r})")
-        if t.kind == "op" and t.text == "(":
-            raise ShellError(t.line, "a subshell or arithmetic command ( ... )")
-        if t.kind == "op" or t.kind == "nl":
-            raise ShellError(t.line, f"expected a command, found {t.text.strip() or 'end of line'!r}")
-        cmd = Simple(t.line, [], [])
-        in_test = False
-        while True:
-            t = self.peek()
-            if t.kind == "nl":
-                if in_test:
-                    raise ShellError(t.line, "a [[ test is never closed with ]]")
-                break
-            if in_test:  # inside [[ ]]: && || ( ) < > are the test's own operators
-                cmd.words.append(Tok("word", t.text, t.line) if t.kind != "word" else t)
-                self.i += 1
-                if t.kind == "word" and t.text == "]]":
-                    in_test = False
-                continue
-            if t.kind == "op":
-                if t.text == "(":
-                    raise ShellError(t.line, "a function definition name() { ... }")
-                break
-            if t.kind == "redir":
-                if t.text.lstrip("0123456789").startswith("<<"):
-                    raise ShellError(t.line, f"a here-document ({t.text})")
-                self.i += 1
-                nxt = self.peek()
-                if nxt.kind != "word":
-                    raise ShellError(t.line, f"redirection {t.text!r} without a target")
-                self.i += 1
-                continue
-            if t.kind == "array":
-                if cmd.words and cmd.words[0].text not in (
-                    "export",
-                    "declare",
-                    "typeset",
-                    "local",
-                    "readonly",
-                ):
-                    raise ShellError(t.line, f"an array assignment as an argument of {cmd.words[0].text!r}")
-                (cmd.words if cmd.words else cmd.assigns).append(t)
-                self.i += 1
-                continue
-            if not cmd.words and _ASSIGN.match(t.text):
-                cmd.assigns.append(t)
-            else:
-                if not cmd.words and t.text in _RESERVED_END | {"if"} | set(_REFUSED_WORDS):
-                    break
-                cmd.words.append(t)
-                if len(cmd.words) == 1 and t.text == "[[":
-                    in_test = True
-            self.i += 1
-        return cmd
-
-    def if_(self) -> If:
-        line = self.peek().line
-        clauses: list[tuple[list[AndOr], list[AndOr]]] = []
-        orelse: list[AndOr] | None = None
-        self.i += 1  # if
-        while True:
-            cond = self.parse_list({"then"})
-            self.i += 1  # then
-            body = self.parse_list({"elif", "else", "fi"})
-            clauses.append((cond, body))
-            word = self.peek().text
-            self.i += 1
-            if word == "elif":
-                continue
-            if word == "else":
-                orelse = self.parse_list({"fi"})
-                self.i += 1
-            break
-        return If(line, clauses, orelse)
-
-
-# ---------------------------------------------------------------------------------------------
-# 3. interpreter: assignments, tests, expansion, the launch
+# the interpreter: assignments, tests, expansion, the launch
 # ---------------------------------------------------------------------------------------------
 Value = str | list[str] | Unknown
 
@@ -531,9 +179,9 @@ class _Interp:
             return self.test(cmd)
         if name in ("export", "declare", "typeset", "local", "readonly"):
             for t in cmd.words[1:]:
-                if t.kind == "array" or _ASSIGN.match(t.text):
+                if t.kind == "array" or ASSIGN.match(t.text):
                     self.assign(t)
-                elif not t.text.startswith("-") and not re.fullmatch(_NAME, t.text):
+                elif not t.text.startswith("-") and not re.fullmatch(NAME, t.text):
                     raise ShellError(t.line, f"{name} {t.text!r}")
             return True
         if name == "unset":
@@ -611,7 +259,7 @@ class _Interp:
             self.vars[name] = base + items
             self._set_taint(name)
             return
-        m = _ASSIGN.match(t.text)
+        m = ASSIGN.match(t.text)
         assert m is not None
         name, append, raw = m.group(1), m.group(2) == "+", t.text[m.end() :]
         if name in self.fixed:
@@ -692,7 +340,7 @@ class _Interp:
     # -- expansion ----------------------------------------------------------------------------
     def expand(self, raw: str, line: int, split: bool = True, assignment: bool = False) -> list[str]:
         """``raw`` word -> fields: quotes removed, ``$...`` expanded, unquoted expansions split."""
-        whole = re.fullmatch(rf'"\$(@|\{{@\}}|\{{({_NAME})\[@\]\}})"', raw)
+        whole = re.fullmatch(rf'"\$(@|\{{@\}}|\{{({NAME})\[@\]\}})"', raw)
         if whole and split:  # "$@" / "${arr[@]}": one field per element, none when empty
             if whole.group(2) is None:
                 self.note_args(line)
@@ -703,7 +351,7 @@ class _Interp:
         quoted_any = False
         i, n = 0, len(raw)
         # a leading ~, or one right after the = of an assignment-like word (NAME=~/x), is $HOME
-        m = re.match(_NAME + "=", raw) if not assignment else None
+        m = re.match(NAME + "=", raw) if not assignment else None
         tilde_at = m.end() if m else 0
         if raw[tilde_at : tilde_at + 1] == "~" and raw[tilde_at + 1 : tilde_at + 2] in ("", "/", ":"):
             pieces.append((raw[:tilde_at], False))
@@ -721,7 +369,7 @@ class _Interp:
                 pieces.append((raw[i + 1 : j], False))
                 quoted_any, i = True, j + 1
             elif c == '"':
-                j = _skip_quoted(raw, i, line)
+                j = skip_quoted(raw, i, line)
                 pieces += self.expand_dq(raw[i + 1 : j - 1], line)
                 quoted_any, i = True, j
             elif c in "$`":
@@ -801,20 +449,20 @@ class _Interp:
     def dollar(self, s: str, i: int, line: int, quoted: bool = False) -> tuple[int, str | list[str]]:
         """Expand the ``$...`` (or backquote) at ``s[i]``: (end index, value or array fields)."""
         if s[i] == "`" or (s.startswith("$(", i) and not s.startswith("$((", i)):
-            j = _skip_quoted(s, i, line)
+            j = skip_quoted(s, i, line)
             why = f"the command substitution {_short(s[i:j])} (rlzoo runs no commands)"
             raise _Unresolved(Unknown("", line, why))
         if s.startswith("$((", i):
-            j = _skip_quoted(s, i, line)
+            j = skip_quoted(s, i, line)
             if not s[:j].endswith("))"):
                 raise ShellError(line, f"{_short(s[i:j])}: an arithmetic expansion must end with ))")
             return j, str(self.arith(s[i + 3 : j - 2], line))
         if s.startswith("${", i):
-            j = _skip_quoted(s, i, line)
+            j = skip_quoted(s, i, line)
             return j, self.braced(s[i + 2 : j - 1], line, quoted)
         if s[i + 1 : i + 2] in ("'", '"') and not quoted:
             raise ShellError(line, f"the {s[i : i + 2]}...{s[i + 1]} quoting")
-        m = re.match(rf"\$({_NAME}|[0-9@*#?$!-])", s[i:])
+        m = re.match(rf"\$({NAME}|[0-9@*#?$!-])", s[i:])
         if m is None:
             return i + 1, "$"
         name = m.group(1)
@@ -840,15 +488,15 @@ class _Interp:
     def braced(self, body: str, line: int, quoted: bool) -> str | list[str]:
         if body.startswith("#") and len(body) > 1:
             name = body[1:]
-            m = re.fullmatch(rf"({_NAME})\[[@*]\]", name)
+            m = re.fullmatch(rf"({NAME})\[[@*]\]", name)
             if m:
                 return str(len(self.get_array(m.group(1), line)))
-            if re.fullmatch(_NAME + "|[0-9]+", name):
+            if re.fullmatch(NAME + "|[0-9]+", name):
                 return str(len(self.get_scalar(name, line)))
             raise ShellError(line, f"${{{body}}}")
         if body.startswith("!"):
             raise ShellError(line, f"${{{body}}} (indirect expansion)")
-        m = re.fullmatch(rf"({_NAME})\[([^\]]*)\]", body)
+        m = re.fullmatch(rf"({NAME})\[([^\]]*)\]", body)
         if m:
             if m.group(1) == "BASH_SOURCE" and "BASH_SOURCE" not in self.vars:
                 raise _Unresolved(Unknown("", line, "${BASH_SOURCE[...]} (the script's own path)"))
@@ -858,7 +506,7 @@ class _Interp:
                 return arr if (idx == "@" or not quoted) else " ".join(arr)
             k = self.arith(idx, line)
             return arr[k] if -len(arr) <= k < len(arr) else ""
-        m = re.fullmatch(rf"({_NAME}|[0-9]+)(.*)", body, re.S)
+        m = re.fullmatch(rf"({NAME}|[0-9]+)(.*)", body, re.S)
         if m is None:
             raise ShellError(line, f"${{{body}}}")
         name, rest = m.group(1), m.group(2)
@@ -887,7 +535,7 @@ class _Interp:
                 )
             default = self.expand_word(word, line)
             if op.endswith("="):
-                if name in self.fixed or not re.fullmatch(_NAME, name):
+                if name in self.fixed or not re.fullmatch(NAME, name):
                     raise ShellError(line, f"${{{body}}} assigns to {name}")
                 self.vars[name] = default
             return default
@@ -953,7 +601,7 @@ class _Interp:
             return f"({text})"
 
         text = re.sub(
-            rf"\$\{{({_NAME})\}}|\$({_NAME})|\b({_NAME})\b",
+            rf"\$\{{({NAME})\}}|\$({NAME})|\b({NAME})\b",
             lambda m: value_of(next(g for g in m.groups() if g)),
             expr,
         )
@@ -1238,7 +886,7 @@ def parse_script(
     text = text.replace("\r\n", "\n")
     interp = _Interp(dict(os.environ if env is None else env), dict(fixed or {}))
     try:
-        body = _Parser(_lex(text)).parse_list(set())
+        body = parse(text)
         interp.run(body)
     except RecursionError:
         raise ShellError(1, "nesting too deep to read") from None
