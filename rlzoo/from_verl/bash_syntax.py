@@ -11,6 +11,7 @@ backquotes nest; ``\\`` + newline joins lines; ``#`` starts a comment at a word'
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from rlzoo.errors import RlzooError
@@ -196,7 +197,7 @@ class Simple:
 class Pipeline:
     line: int
     negate: bool
-    cmds: list[Simple | If]
+    cmds: list[Simple | If | Case | FuncDef]
 
 
 @dataclass
@@ -212,14 +213,26 @@ class If:
     orelse: list[AndOr] | None
 
 
+@dataclass
+class Case:
+    line: int
+    word: Tok
+    items: list[tuple[list[Tok], list[AndOr]]]  # (patterns, body)
+
+
+@dataclass
+class FuncDef:
+    line: int
+    name: str
+    body: list[AndOr]
+
+
 ASSIGN = re.compile(rf"({NAME})(\+?)=")
 _REFUSED_WORDS = {
     "for": "a for loop",
     "while": "a while loop",
     "until": "an until loop",
-    "case": "a case statement",
     "select": "a select loop",
-    "function": "a function definition",
     "{": "a { ... } group",
     "}": "a { ... } group",
     "do": "a loop body",
@@ -246,6 +259,21 @@ class Parser:
                 return
             self.i += 1
 
+    def parse_one(self) -> list[AndOr]:
+        """The next top-level command (with what ends it)."""
+        t = self.peek()
+        if t.kind == "word" and t.text in _RESERVED_END:
+            raise ShellError(t.line, f"{t.text!r} without a matching if")
+        ao = self.and_or()
+        t = self.peek()
+        if t.kind == "op" and t.text == "&":
+            self.i += 1
+        elif t.kind == "op" and t.text == ";;":
+            raise ShellError(t.line, "';;' outside a case statement")
+        elif t.kind != "nl" and not (t.kind == "op" and t.text == ";"):
+            raise ShellError(t.line, f"unexpected {t.text!r}")
+        return [ao]
+
     def parse_list(self, stops: set[str]) -> list[AndOr]:
         out: list[AndOr] = []
         while True:
@@ -255,7 +283,7 @@ class Parser:
                 if stops:
                     raise ShellError(t.line, f"the script ends before {' / '.join(sorted(stops))}")
                 return out
-            if t.kind == "word" and t.text in stops:
+            if (t.kind == "word" or t.text == ";;") and t.text in stops:
                 return out
             if t.kind == "word" and t.text in _RESERVED_END:
                 raise ShellError(t.line, f"{t.text!r} without a matching if")
@@ -264,7 +292,9 @@ class Parser:
             if t.kind == "op" and t.text == "&":
                 self.i += 1  # background: read it as if it ran in order
             elif t.kind == "op" and t.text == ";;":
-                raise ShellError(t.line, "';;' (a case statement)")
+                if ";;" in stops:
+                    return out
+                raise ShellError(t.line, "';;' outside a case statement")
             elif (
                 t.kind != "nl"
                 and not (t.kind == "op" and t.text == ";")
@@ -296,10 +326,26 @@ class Parser:
             cmds.append(self.command())
         return Pipeline(line, negate, cmds)
 
-    def command(self) -> Simple | If:
+    def command(self) -> Simple | If | Case | FuncDef:
         t = self.peek()
         if t.kind == "word" and t.text == "if":
             return self.if_()
+        if t.kind == "word" and t.text == "case":
+            return self.case()
+        if t.kind == "word" and t.text == "function":
+            self.i += 1
+            name = self.peek()
+            if name.kind != "word" or not re.fullmatch(r"[\w.:-]+", name.text):
+                raise ShellError(t.line, "`function` without a name")
+            self.i += 1
+            if self.peek().kind == "op" and self.peek().text == "(":
+                self.expect_op(")", after="(")
+            return self.function_body(name)
+        nxt = self.toks[self.i + 1] if self.i + 1 < len(self.toks) else t
+        if t.kind == "word" and nxt.kind == "op" and nxt.text == "(":
+            self.i += 1
+            self.expect_op(")", after="(")
+            return self.function_body(t)
         if t.kind == "word" and t.text in _REFUSED_WORDS:
             raise ShellError(t.line, f"{_REFUSED_WORDS[t.text]} ({t.text!r})")
         if t.kind == "op" and t.text == "(":
@@ -322,10 +368,12 @@ class Parser:
                 continue
             if t.kind == "op":
                 if t.text == "(":
-                    raise ShellError(t.line, "a function definition name() { ... }")
+                    raise ShellError(
+                        t.line, f"'(' after {cmd.words[-1].text if cmd.words else 'an assignment'!r}"
+                    )
                 break
             if t.kind == "redir":
-                if t.text.lstrip("0123456789").startswith("<<"):
+                if t.text.lstrip("0123456789") in ("<<", "<<-"):  # a here-string (<<<) is a redirection
                     raise ShellError(t.line, f"a here-document ({t.text})")
                 self.i += 1
                 nxt = self.peek()
@@ -376,7 +424,82 @@ class Parser:
             break
         return If(line, clauses, orelse)
 
+    def expect_op(self, op: str, after: str) -> None:
+        """Consume ``after`` (the current token) and then ``op``."""
+        self.i += 1
+        t = self.peek()
+        if t.kind != "op" or t.text != op:
+            raise ShellError(
+                t.line, f"expected {op!r} after {after!r}, found {t.text.strip() or 'end of line'!r}"
+            )
+        self.i += 1
 
-def parse(text: str) -> list[AndOr]:
-    """The script's commands, in order."""
-    return Parser(lex(text)).parse_list(set())
+    def function_body(self, name: Tok) -> FuncDef:
+        """``{ list; }`` after ``name()`` / ``function name``."""
+        while self.peek().kind == "nl" and self.i < len(self.toks) - 1:
+            self.i += 1
+        t = self.peek()
+        if not (t.kind == "word" and t.text == "{"):
+            raise ShellError(t.line, f"a function body other than {{ ... }} for {name.text!r}")
+        self.i += 1
+        body = self.parse_list({"}"})
+        self.i += 1  # }
+        return FuncDef(name.line, name.text, body)
+
+    def case(self) -> Case:
+        line = self.peek().line
+        self.i += 1  # case
+        word = self.peek()
+        if word.kind != "word":
+            raise ShellError(line, "`case` without a word")
+        self.i += 1
+        while self.peek().kind == "nl" and self.i < len(self.toks) - 1:
+            self.i += 1
+        if not self.at_word("in"):
+            raise ShellError(self.peek().line, "`case WORD` without `in`")
+        self.i += 1
+        items: list[tuple[list[Tok], list[AndOr]]] = []
+        while True:
+            self.skip_newlines()
+            t = self.peek()
+            if t.kind == "word" and t.text == "esac":
+                self.i += 1
+                return Case(line, word, items)
+            if self.i >= len(self.toks) - 1:
+                raise ShellError(line, "a case statement without esac")
+            if t.kind == "op" and t.text == "(":
+                self.i += 1
+            patterns: list[Tok] = []
+            while True:
+                t = self.peek()
+                if t.kind != "word":
+                    raise ShellError(
+                        t.line, f"a case pattern expected, found {t.text.strip() or 'end of line'!r}"
+                    )
+                patterns.append(t)
+                self.i += 1
+                t = self.peek()
+                if t.kind == "op" and t.text == "|":
+                    self.i += 1
+                    continue
+                if t.kind == "op" and t.text == ")":
+                    self.i += 1
+                    break
+                raise ShellError(
+                    t.line, f"a case pattern must end with ')', found {t.text.strip() or 'end of line'!r}"
+                )
+            body = self.parse_list({";;", "esac"})
+            items.append((patterns, body))
+            if self.peek().kind == "op" and self.peek().text == ";;":
+                self.i += 1
+
+
+def parse(text: str) -> Iterator[AndOr]:
+    """The script's top-level commands, in order, each read when the one before it has run (as bash
+    reads a script): a construct this parser refuses after the launch never stops the reader."""
+    p = Parser(lex(text))
+    while True:
+        p.skip_newlines()
+        if p.i >= len(p.toks) - 1 and p.peek().kind == "nl":
+            return
+        yield from p.parse_one()

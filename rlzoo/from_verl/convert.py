@@ -77,6 +77,31 @@ class Conversion:
         return "\n".join(lines)
 
 
+#: keys whose value must be an integer (the combined rules compute with them)
+INTEGER_KEYS = (
+    "data.train_batch_size",
+    "trainer.nnodes",
+    "trainer.n_gpus_per_node",
+    "rollout.nnodes",
+    "rollout.n_gpus_per_node",
+    "async_training.require_batches",
+    ACT + "ppo_mini_batch_size",
+    ACT + "ppo_micro_batch_size",
+    ACT + "ppo_micro_batch_size_per_gpu",
+    ACT + "ppo_max_token_len_per_gpu",
+    REF + "log_prob_micro_batch_size",
+    REF + "log_prob_micro_batch_size_per_gpu",
+    ROLL + "log_prob_micro_batch_size",
+    ROLL + "log_prob_micro_batch_size_per_gpu",
+    "reward_model.micro_batch_size_per_gpu",
+    "reward_model.micro_batch_size",
+)
+
+
+def _is_int(v: Any) -> bool:
+    return v is None or (isinstance(v, int) and not isinstance(v, bool))
+
+
 def _declared(kind: str, name: str) -> set[str] | None:
     """Param names a registered part declares (None when the name is unknown: validate says so)."""
     import dataclasses
@@ -113,6 +138,7 @@ def convert(command: Command) -> Conversion:
     keys = dict(VERL_DEFAULTS)
     given = {k: parse_value(v) for k, v in command.overrides}
     keys.update(given)
+    wrong_type = [(k, keys.pop(k)) for k in INTEGER_KEYS if k in keys and not _is_int(keys[k])]
     if runner is None:
         if command.entry is not None and not command.entry.startswith(("verl.", "recipe.")):
             raise RlzooError(f"from-verl: {command.entry!r} is not a verl entry point")
@@ -124,6 +150,7 @@ def convert(command: Command) -> Conversion:
     if command.config_name and "megatron" in command.config_name and ACT + "strategy" not in given:
         keys[ACT + "strategy"] = "megatron"
     conv = Conversion(notes=list(command.notes))
+    conv.unmappable += [(k, v, "expected an integer") for k, v in wrong_type]
     conv.recipe["runner"] = {"name": runner}
     rules = {k: _rule(k) for k in keys}
     conv.unmappable += [(k, keys[k], "no rule") for k, r in rules.items() if r is None]
@@ -147,7 +174,12 @@ def convert(command: Command) -> Conversion:
             conv.manual.append((k, v, rule.why))
         elif isinstance(rule, Rule):
             later[k] = v
-    _assemble(conv, later, runner, given, keys)
+    try:
+        _assemble(conv, later, runner, given, keys)
+    except (TypeError, ValueError, ArithmeticError) as e:  # a value of a type verl would reject too
+        raise RlzooError(
+            f"from-verl: a verl value has a type this key cannot have ({e}); check the script"
+        ) from None
     if conv.unmappable:
         rows = "\n".join(f"  {k} = {v!r}: {why}" for k, v, why in conv.unmappable)
         raise RlzooError(f"from-verl: {len(conv.unmappable)} verl key(s) cannot be mapped:\n{rows}")

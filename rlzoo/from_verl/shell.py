@@ -26,7 +26,7 @@ import fnmatch
 import operator
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,8 @@ from rlzoo.from_verl.bash_syntax import (
     ASSIGN,
     NAME,
     AndOr,
+    Case,
+    FuncDef,
     If,
     Pipeline,
     ShellError,
@@ -43,6 +45,13 @@ from rlzoo.from_verl.bash_syntax import (
     parse,
     skip_quoted,
 )
+
+
+class _Return(Exception):
+    """``return`` inside a function."""
+
+
+_MAX_CALLS = 50
 
 
 class _Unresolved(Exception):
@@ -111,13 +120,16 @@ class _Interp:
         # variables whose value read an unset variable: bash reads "" there, a launch must not
         self.taint: dict[str, Unknown] = {}
         self.hits: list[Unknown] = []  # unset variables the current expansion read
+        self.functions: dict[str, FuncDef] = {}
+        self.positional: list[list[str]] = []  # the arguments of each function call in progress
+        self.saved_locals: list[dict[str, Value | None]] = []  # outer values of each call's `local`s
 
     # -- statements ---------------------------------------------------------------------------
-    def run(self, body: Sequence[AndOr]) -> None:
-        for ao in body:
+    def run(self, body: Iterable[AndOr]) -> None:
+        for ao in body:  # checked after each command: the script's text after the launch is never read
+            self.and_or(ao)
             if self.launch is not None:
                 return
-            self.and_or(ao)
 
     def and_or(self, ao: AndOr) -> bool | None:
         status: bool | None = True
@@ -125,7 +137,7 @@ class _Interp:
             if (conn == "&&" and status is False) or (conn == "||" and status is True):
                 continue
             if conn == "||" and status is None:
-                if _assigns_or_launches(pipe):
+                if _assigns_or_launches(pipe, self.functions):
                     raise ShellError(
                         pipe.line,
                         "`a || b` where b sets variables or launches, after a command whose success "
@@ -141,7 +153,15 @@ class _Interp:
     def pipeline(self, pipe: Pipeline) -> bool | None:
         status: bool | None = None
         for cmd in pipe.cmds:
-            status = self.if_(cmd) if isinstance(cmd, If) else self.simple(cmd)
+            if isinstance(cmd, If):
+                status = self.if_(cmd)
+            elif isinstance(cmd, Case):
+                status = self.case(cmd)
+            elif isinstance(cmd, FuncDef):
+                self.functions[cmd.name] = cmd
+                status = True
+            else:
+                status = self.simple(cmd)
             if self.launch is not None:
                 return True
         if pipe.negate and status is not None:
@@ -167,6 +187,35 @@ class _Interp:
             self.run(node.orelse)
         return True
 
+    def case(self, node: Case) -> bool:
+        try:
+            value = self.expand(node.word.text, node.word.line, split=False)[0]
+        except _Unresolved as e:
+            raise ShellError(node.line, f"a case on {e.origin.why}") from None
+        for patterns, body in node.items:
+            if any(re.fullmatch(self.pattern(p.text, p.line), value, re.S) for p in patterns):
+                self.run(body)
+                return True
+        return True
+
+    def call(self, fn: FuncDef, args: list[str], line: int) -> bool:
+        if len(self.positional) >= _MAX_CALLS:
+            raise ShellError(line, f"function calls nested deeper than {_MAX_CALLS} ({fn.name!r})")
+        self.positional.append(args)
+        self.saved_locals.append({})
+        try:
+            self.run(fn.body)
+        except _Return:
+            pass
+        finally:
+            self.positional.pop()
+            for name, old in self.saved_locals.pop().items():
+                if old is None:
+                    self.vars.pop(name, None)
+                else:
+                    self.vars[name] = old
+        return True
+
     def simple(self, cmd: Simple) -> bool | None:
         if not cmd.words:
             for t in cmd.assigns:
@@ -177,6 +226,25 @@ class _Interp:
         name = head[0] if head else ""
         if name in ("[", "[[", "test"):
             return self.test(cmd)
+        if name in self.functions:
+            fn_words, _ = self.expand_words(cmd.words[1:])
+            if any(not isinstance(w, str) for w in fn_words):
+                raise ShellError(cmd.line, f"{name!r} is called with a value rlzoo does not know")
+            return self.call(self.functions[name], [str(w) for w in fn_words], cmd.line)
+        if name == "return":
+            if not self.positional:
+                raise ShellError(cmd.line, "`return` outside a function")
+            raise _Return
+        if name == "local" and self.saved_locals:
+            for t in cmd.words[1:]:
+                m = re.match(NAME, t.text.rstrip("=").rstrip("+")) if not t.text.startswith("-") else None
+                if m and m.group(0) not in self.saved_locals[-1]:
+                    old = self.vars.get(m.group(0))
+                    self.saved_locals[-1][m.group(0)] = old
+        if name == "shift":
+            if self.positional and self.positional[-1]:
+                self.positional[-1] = self.positional[-1][1:]
+            return True
         if name in ("export", "declare", "typeset", "local", "readonly"):
             for t in cmd.words[1:]:
                 if t.kind == "array" or ASSIGN.match(t.text):
@@ -200,7 +268,6 @@ class _Interp:
             "let",
             "getopts",
             "alias",
-            "shift",
         ):
             hint = (
                 "it reads another file: inline its variables, or pass them with --env NAME=VALUE"
@@ -335,7 +402,7 @@ class _Interp:
             except _Unresolved as e:
                 fix = f"; pass it with --env {e.origin.var}=VALUE" if e.origin.var else ""
                 raise ShellError(t.line, f"the test reads {e.origin.why}{fix}") from None
-        return _TestEval(items, double, cmd.line).run()
+        return _TestEval(items, double, cmd.line, self.pattern).run()
 
     # -- expansion ----------------------------------------------------------------------------
     def expand(self, raw: str, line: int, split: bool = True, assignment: bool = False) -> list[str]:
@@ -343,6 +410,8 @@ class _Interp:
         whole = re.fullmatch(rf'"\$(@|\{{@\}}|\{{({NAME})\[@\]\}})"', raw)
         if whole and split:  # "$@" / "${arr[@]}": one field per element, none when empty
             if whole.group(2) is None:
+                if self.positional:
+                    return list(self.positional[-1])
                 self.note_args(line)
                 return []
             return list(self.get_array(whole.group(2), line))
@@ -468,10 +537,13 @@ class _Interp:
         name = m.group(1)
         j = i + len(m.group(0))
         if name in ("@", "*"):
+            if self.positional:
+                args = self.positional[-1]
+                return j, list(args) if name == "@" else " ".join(args)
             self.note_args(line)
             return j, [] if name == "@" and quoted else ""
         if name == "#":
-            return j, "0"
+            return j, str(len(self.positional[-1])) if self.positional else "0"
         if name in ("?", "$", "!", "-"):
             raise ShellError(line, f"${name} (a value from running commands)")
         if name == "0" and "0" not in self.vars:
@@ -512,12 +584,26 @@ class _Interp:
         name, rest = m.group(1), m.group(2)
         if rest == "":
             return self.get_scalar(name, line)
-        op_m = re.match(r"(:?[-=+?])|(##|#|%%|%|\^\^|,,|\^|,)", rest)
+        op_m = re.match(r"(:?[-=+?])|(##|#|%%|%|\^\^|,,|\^|,|//|/#|/%|/)", rest)
         if op_m is None:
             raise ShellError(line, f"${{{body}}}")
         op, word = op_m.group(0), rest[op_m.end() :]
+        if op.startswith("/"):  # ${X/pattern/replacement} and friends
+            text = self.get_scalar(name, line)
+            cut = re.search(r"(?<!\\)/", word)
+            pat_raw, rep_raw = (word[: cut.start()], word[cut.end() :]) if cut else (word, "")
+            regex = self.pattern(pat_raw, line)
+            if not regex:
+                return text
+            replacement = self.expand_word(rep_raw, line)
+            if op == "/#":
+                regex = "^(?:" + regex + ")"
+            elif op == "/%":
+                regex = "(?:" + regex + ")$"
+            # bash takes the longest match at each position, as a greedy regex does
+            return re.sub(regex, lambda _m: replacement, text, count=0 if op == "//" else 1, flags=re.S)
         if op in ("-", ":-", "=", ":=", "+", ":+", "?", ":?"):
-            value = self.vars.get(name)
+            value = self.lookup(name)
             if isinstance(value, Unknown):
                 raise _Unresolved(value)
             if isinstance(value, list):
@@ -559,12 +645,63 @@ class _Interp:
                 return text[:k]
         return text
 
+    def pattern(self, raw: str, line: int) -> str:
+        """A glob word (case pattern, ``[[ x == pattern ]]``) as a regular expression: unquoted ``*``,
+        ``?`` and ``[...]`` match, quoted text is literal."""
+        out: list[str] = []
+        i, n = 0, len(raw)
+        while i < n:
+            c = raw[i]
+            if c == "\\":
+                out.append(re.escape(raw[i + 1 : i + 2]))
+                i += 2
+            elif c == "'":
+                j = raw.find("'", i + 1)
+                if j < 0:
+                    raise ShellError(line, "a single quote (') is never closed")
+                out.append(re.escape(raw[i + 1 : j]))
+                i = j + 1
+            elif c == '"':
+                j = skip_quoted(raw, i, line)
+                text = "".join(p[0] for p in self.expand_dq(raw[i + 1 : j - 1], line) if p is not None)
+                out.append(re.escape(text))
+                i = j
+            elif c in "$`":
+                j, value = self.dollar(raw, i, line)
+                text = " ".join(value) if isinstance(value, list) else value
+                out.append(fnmatch.translate(text).removeprefix("(?s:").removesuffix(")\\Z"))
+                i = j
+            elif c == "*":
+                out.append(".*")
+                i += 1
+            elif c == "?":
+                out.append(".")
+                i += 1
+            elif c == "[" and "]" in raw[i + 2 :]:
+                j = raw.index("]", i + 2)
+                body = raw[i + 1 : j]
+                neg = body[:1] in ("!", "^")
+                out.append("[" + ("^" if neg else "") + body[1 if neg else 0 :].replace("\\", "\\\\") + "]")
+                i = j + 1
+            else:
+                out.append(re.escape(c))
+                i += 1
+        return "".join(out)
+
     def expand_word(self, word: str, line: int) -> str:
         """The word after ``:-`` etc.: quotes removed and expanded, not split."""
         return self.expand(word, line, split=False)[0] if word else ""
 
+    def lookup(self, name: str) -> Value | None:
+        """A variable's value; inside a function ``1``, ``2``, ... are the call's arguments."""
+        if self.positional and name.isdigit() and name != "0":
+            args = self.positional[-1]
+            k = int(name) - 1
+            return args[k] if k < len(args) else ""
+        return self.vars.get(name)
+
     def get_scalar(self, name: str, line: int) -> str:
-        value = self.vars.get(name)
+        value = self.lookup(name)
         if isinstance(value, Unknown):
             raise _Unresolved(value)
         if name in self.taint:
@@ -652,9 +789,11 @@ def _launch_error(origin: Unknown, word: str) -> RlzooError:
     return RlzooError(f"from-verl: the verl launch reads {origin.why} (line {origin.line}){where}; {fix}")
 
 
-def _assigns_or_launches(pipe: Pipeline) -> bool:
+def _assigns_or_launches(pipe: Pipeline, functions: Mapping[str, FuncDef]) -> bool:
     for c in pipe.cmds:
-        if isinstance(c, If) or c.assigns or (c.words and c.words[0].text in ("export", "declare", "unset")):
+        if not isinstance(c, Simple) or c.assigns:
+            return True
+        if c.words and c.words[0].text in ("export", "declare", "unset", "local", *functions):
             return True
         if any(re.search(r"python|torchrun|ray", t.text) for t in c.words):
             return True
@@ -699,8 +838,15 @@ class _TestEval:
         "-ge": operator.ge,
     }
 
-    def __init__(self, items: list[tuple[str, Tok]], double: bool, line: int) -> None:
+    def __init__(
+        self,
+        items: list[tuple[str, Tok]],
+        double: bool,
+        line: int,
+        pattern: Callable[[str, int], str],
+    ) -> None:
         self.items, self.double, self.line, self.i = items, double, line, 0
+        self.pattern = pattern  # raw word -> regex, for [[ x == pattern ]]
 
     def run(self) -> bool:
         if not self.items:
@@ -759,9 +905,9 @@ class _TestEval:
                     raise ShellError(self.line, f"{a!r} {b} {c!r}: not integers") from None
                 return bool(self._INT[b](x, y))
             if b in ("=", "=="):
-                return self.match(a, c)
+                return self.match(a, c, self.items[self.i - 1][1])
             if b == "!=":
-                return not self.match(a, c)
+                return not self.match(a, c, self.items[self.i - 1][1])
             if b == "=~":
                 if not self.double:
                     raise ShellError(self.line, "=~ outside [[ ]]")
@@ -785,9 +931,9 @@ class _TestEval:
         self.i += 1
         return a != ""
 
-    def match(self, value: str, pattern: str) -> bool:
-        if self.double and any(ch in pattern for ch in "*?["):
-            return fnmatch.fnmatchcase(value, pattern)
+    def match(self, value: str, pattern: str, tok: Tok) -> bool:
+        if self.double:  # the right side is a pattern: unquoted * ? [...] match
+            return re.fullmatch(self.pattern(tok.text, tok.line), value, re.S) is not None
         return value == pattern
 
 

@@ -3,10 +3,13 @@ with the same algorithm, batch, async and placement knobs; every verl key accoun
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlzoo.cli import main
 from rlzoo.config import load_config
@@ -530,3 +533,21 @@ def test_a_bad_value_says_what_would_be_right():
 def test_an_unknown_key_is_the_only_no_rule():
     with pytest.raises(RlzooError, match=r"foo.bar = 1: no rule"):
         convert(ov("foo.bar=1"))
+
+
+_VALUES = st.one_of(
+    st.integers(-3, 10**6).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(str),
+    st.sampled_from(
+        ["True", "False", "null", "/x", "", "[1,2]", "['a']", "{a: 1}", "0.5_2.0", "token", "'q'"]
+    ),
+    st.text(max_size=8),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(sorted(TABLE)), _VALUES), max_size=8))
+def test_any_values_of_known_keys_give_a_result_or_its_own_error(pairs):
+    command = parse_overrides([f"{k.replace('.*', '.sub')}={v}" for k, v in pairs])
+    with contextlib.suppress(RlzooError):  # anything else (TypeError, ...) fails the test
+        convert(command)

@@ -162,6 +162,25 @@ python3 -m verl.trainer.main_ppo a=$A b=$B c=$C c2=$C d=$D e=$E n=$NAME dir=$DIR
     ]
 
 
+def test_pattern_substitution():
+    script = """
+CFG="actor.a=1 actor.b=2"
+P=/data/a.b.c
+python3 -m verl.trainer.main_ppo "${CFG//actor./critic.}" "${CFG/actor/ref}" ${P/#\\/data/\\/mnt} ${P/%.c/.d} \\
+    ${P//./_} ${P//[ab]/X} "${P/*a/Z}" ${P//q/r}
+"""
+    assert same_as_bash(script)[1:] == [
+        "critic.a=1 critic.b=2",
+        "ref.a=1 actor.b=2",
+        "/mnt/a.b.c",
+        "/data/a.b.d",
+        "/data/a_b_c",
+        "/dXtX/X.X.c",
+        "Z.b.c",
+        "/data/a.b.c",
+    ]
+
+
 def test_arithmetic():
     script = """
 max_prompt_length=$((1024 * 2))
@@ -218,6 +237,39 @@ mkdir -p /tmp && cd . && torchrun --nnodes 1 --nproc_per_node=8 --standalone -m 
     # python3 commands that run no verl module are passed over (data preparation)
     script = "python3 examples/data_preprocess/gsm8k.py --local_dir x\npython3 -m verl.trainer.main_ppo c=3\n"
     assert rlzoo_launch(script) == ["verl.trainer.main_ppo", "c=3"]
+
+
+def test_functions_and_case():
+    script = """
+add_to_path() {
+    local dir="$1"
+    case ":$PYTHONPATH:" in
+        *":$dir:"*) ;;
+        "") export PYTHONPATH="$dir" ;;
+        *) export PYTHONPATH="$dir:$PYTHONPATH" ;;
+    esac
+    COUNT=$#
+}
+function pick {
+    case "$1" in
+        fsdp|fsdp2) STRATEGY=fsdp2 ;;
+        megatron) STRATEGY=megatron ;;
+        *) STRATEGY=unknown; return ;;
+    esac
+    CHOSE=yes
+}
+dir=outer
+PYTHONPATH=/a
+add_to_path /repo extra
+add_to_path /repo
+pick megatron
+pick other
+MODE="x*y"
+if [[ "x-y" == $MODE ]]; then M1=glob; fi
+if [[ "x-y" == "$MODE" ]]; then M2=literal; else M2=no; fi
+python3 -m verl.trainer.main_ppo p=$PYTHONPATH d=$dir c=$COUNT s=$STRATEGY chose=$CHOSE m=$M1$M2
+"""
+    assert same_as_bash(script)[1:] == ["p=/repo:/a", "d=outer", "c=1", "s=unknown", "chose=yes", "m=globno"]
 
 
 def test_dollar_at_is_empty_and_noted():
@@ -282,9 +334,11 @@ python3 -m verl.trainer.main_ppo trainer.resume_mode=$RESUME
     [
         ("for x in a b; do\n  echo $x\ndone\n", 1, "a for loop"),
         ("A=1\nwhile true; do :; done\n", 2, "a while loop"),
-        ('case "$X" in\n a) Y=1 ;;\nesac\n', 1, "a case statement"),
-        ("setup() {\n  X=1\n}\n", 1, "a function definition"),
-        ("function setup {\n  X=1\n}\n", 1, "a function definition"),
+        ("{ X=1; }\n", 1, "a { ... } group"),
+        ("f() ( X=1 )\n", 1, "a function body other than { ... }"),
+        ('case "$X" in\n a) Y=1 ;;\n', 3, "a case pattern must end with ')'"),  # no esac
+        ('case "$(uname)" in\n a) Y=1 ;;\nesac\n', 1, "a case on the command substitution"),
+        ("return 1\n", 1, "`return` outside a function"),
         ("cat <<EOF\nhello\nEOF\n", 1, "a here-document"),
         ("source ./env.sh\n", 1, "`source`: it reads another file"),
         (". ./env.sh\n", 1, "`.`: it reads another file"),
@@ -292,7 +346,7 @@ python3 -m verl.trainer.main_ppo trainer.resume_mode=$RESUME
         ("(cd x && ls)\n", 1, "a subshell"),
         ("diff <(ls a) <(ls b)\n", 1, "process substitution"),
         ('X="never closed\n', 1, "never closed"),
-        ("X=${Y/a/b}\n", 1, "${Y/a/b}"),
+        ("X=${Y@Q}\n", 1, "${Y@Q}"),
         ("X=$'\\n'\n", 1, "quoting"),
         ("A=1\nelse\n", 2, "'else' without a matching if"),
         ("if [ a = a ]; then\n X=1\n", 4, "the script ends before elif / else / fi"),
@@ -305,6 +359,11 @@ def test_unsupported_constructs_say_where_and_what(script, line, what):
         parse_command(script + "python3 -m verl.trainer.main_ppo a=1\n", ENV)
     assert str(e.value).startswith(f"from-verl: unsupported shell construct at line {line}: ")
     assert what in str(e.value)
+
+
+def test_what_follows_the_launch_is_never_read():
+    script = "X=1\npython3 -m verl.trainer.main_ppo a=$X\nfor f in *; do rm $f; done\ncat <<EOF\n"
+    assert rlzoo_launch(script) == ["verl.trainer.main_ppo", "a=1"]
 
 
 def test_no_launch_says_what_it_looked_for():
