@@ -3,8 +3,10 @@
 :func:`lex` turns characters into words (raw text, quotes kept), operators, redirections and array
 assignments, each with its line number; quotes, ``$(...)``, ``${...}``, ``$((...))`` and
 backquotes nest; ``\\`` + newline joins lines; ``#`` starts a comment at a word's start.
-:class:`Parser` turns tokens into simple commands, ``&&`` / ``||`` lists, pipelines and
-``if / elif / else / fi``. What it does not read is a :class:`ShellError` naming the line.
+:class:`Parser` turns tokens into simple commands, ``&&`` / ``||`` lists, pipelines,
+``if / elif / else / fi``, ``case ... esac`` and function definitions; :func:`parse` yields the
+top-level commands one at a time. Loops, ``{ ...; }`` groups, subshells and here-documents are a
+:class:`ShellError` naming the line.
 :mod:`rlzoo.from_verl.shell` gives the commands their meaning.
 """
 

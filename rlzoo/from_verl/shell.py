@@ -3,12 +3,12 @@
 Why not a bash parser from PyPI: ``bashlex`` 0.18 (the maintained one) rejects arrays (``A=(x y)``),
 ``[[ ... ]]`` tests and ``$((...))`` arithmetic, and splits ``${X:-"${HOME}/m"}`` at the inner
 ``}``; verl's own scripts use all four. So the reader is rlzoo's own, in two modules:
-:mod:`rlzoo.from_verl.bash_syntax` turns the text into commands (loops, ``case``, functions,
-subshells, here-documents are refused there, with their line), and this module gives them meaning:
-it runs assignments (``X=...``, ``export``, ``declare``, arrays, ``unset``), evaluates ``[ ]`` /
-``[[ ]]`` / ``test`` conditions, expands words (``${X:-d}`` and friends, ``$((...))``, arrays,
-field splitting) and stops at the first verl launch: ``python3 -m MOD``, ``torchrun ... -m MOD``,
-``ray job submit ... -- python3 -m MOD``.
+:mod:`rlzoo.from_verl.bash_syntax` turns the text into commands (loops, subshells and
+here-documents are refused there, with their line), and this module gives them meaning: it runs
+assignments (``X=...``, ``export``, ``declare``, ``local``, arrays, ``unset``), evaluates ``[ ]`` /
+``[[ ]]`` / ``test`` conditions and ``case`` patterns, calls functions, expands words (``${X:-d}``
+and friends, ``$((...))``, arrays, field splitting) and stops at the first verl launch:
+``python3 -m MOD``, ``torchrun ... -m MOD``, ``ray job submit ... -- python3 -m MOD``.
 
 Nothing is executed. A command substitution (``$(...)`` or backquotes) is never run: the variable it
 feeds is marked unknown, reported, and an error names it if the launch uses it (pass the value with

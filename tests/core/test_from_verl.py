@@ -551,3 +551,21 @@ def test_any_values_of_known_keys_give_a_result_or_its_own_error(pairs):
     command = parse_overrides([f"{k.replace('.*', '.sub')}={v}" for k, v in pairs])
     with contextlib.suppress(RlzooError):  # anything else (TypeError, ...) fails the test
         convert(command)
+
+
+def test_cli_env_fixes_a_variable_and_prints_what_was_not_run(tmp_path, capsys):
+    script = tmp_path / "run.sh"
+    script.write_text(
+        "NOW=$(date +%s)\nHOST=`hostname`\n"
+        "python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=4 "
+        "data.train_batch_size=8 actor_rollout_ref.actor.ppo_mini_batch_size=8 trainer.experiment_name=run_$NOW\n"
+    )
+    out = tmp_path / "r.yaml"
+    assert main(["from-verl", str(script), "--out", str(out)]) != 0
+    assert "--env NOW=VALUE" in capsys.readouterr().err
+    assert main(["from-verl", str(script), "--env", "NOW=42", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "trainer.experiment_name = 'run_42'  ->  run.name = 'run_42'" in printed
+    assert "read from the script without running it:" in printed and "HOST not known" in printed
+    assert main(["from-verl", str(script), "--env", "NOW"]) != 0
+    assert "--env 'NOW': expected NAME=VALUE" in capsys.readouterr().err
