@@ -414,7 +414,7 @@ def _assemble(
         bad,
     )
     for k in list(v):
-        bad(k, take(k), "no rule for this combination")
+        bad(k, take(k), "no combined rule read this key (a converter bug: please report it)")
 
 
 def _feature_groups(
