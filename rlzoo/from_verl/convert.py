@@ -520,7 +520,7 @@ def _reward_model(
                 tokenizer,
                 "verl decodes each response and renders (prompt, response) with the reward model's own chat "
                 "template; rlzoo's reward_model manager reads the prompt as the policy's template rendered it, "
-                "then the response: set reward.manager.params.response_suffix to the reward model's "
+                "then the response: set reward.manager.response_suffix to the reward model's "
                 "end-of-turn text and compare a few scores with verl's",
             )
         )
