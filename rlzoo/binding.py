@@ -161,13 +161,18 @@ def bind_dataclass(
                 kwargs[key] = out
                 continue
         kwargs[key] = coerce(value, hints.get(key, Any), sub, problems)
-    for name, f in fields.items():
-        if name in kwargs:
-            continue
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            sub = f"{path}.{name}" if path else name
-            problems.append(f"{sub}: required by {what} but missing")
-            return None
+    missing = [
+        name
+        for name, f in fields.items()
+        if name not in kwargs
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    for name in missing:  # every one of them, not only the first
+        sub = f"{path}.{name}" if path else name
+        problems.append(f"{sub}: required by {what} but missing")
+    if missing:
+        return None
     try:
         return cls(**kwargs)
     except Exception as exc:  # __post_init__ validation of the dataclass itself

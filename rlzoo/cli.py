@@ -218,14 +218,22 @@ EXAMPLES: dict[str, str] = {
 # -- from-verl: a verl launch script (or its overrides) -> an rlzoo recipe -------------------------
 EXAMPLES["from-verl"] = """\
   rlzoo from-verl run_qwen2-7b.sh --out recipes/grpo_qwen2.yaml     # a verl launch script
-  rlzoo from-verl algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=8 data.train_batch_size=64
+  rlzoo from-verl run_dapo.sh --env NNODES=2 --env CKPTS_DIR=/ckpt  # fix variables it reads / computes
+  rlzoo from-verl algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=8 data.train_batch_size=64 \
+      actor_rollout_ref.actor.ppo_mini_batch_size=16                  # or verl's overrides alone
   rlzoo validate recipes/grpo_qwen2.yaml                             # then check / train it"""
 
 
 def cmd_from_verl(ns: argparse.Namespace) -> int:
     from rlzoo.from_verl import from_verl
 
-    conv, text = from_verl(ns.source, ns.out)
+    fixed: dict[str, str] = {}
+    for item in ns.env or []:
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            raise RlzooError(f"from-verl: --env {item!r}: expected NAME=VALUE")
+        fixed[name] = value
+    conv, text = from_verl(ns.source, ns.out, fixed=fixed)
     print(conv.report())
     if ns.out:
         print(f"wrote {ns.out}; check it with: rlzoo validate {ns.out}")
@@ -291,6 +299,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = _sub(sub, "from-verl", "turn a verl launch script (or its key=value overrides) into an rlzoo recipe")
     s.add_argument("source", nargs="+", metavar="SCRIPT_OR_ARGS", help="a verl .sh script, or verl overrides")
     s.add_argument("--out", help="write the recipe here (default: print it)")
+    s.add_argument(
+        "--env",
+        action="append",
+        metavar="NAME=VALUE",
+        help="fix a shell variable of the script (e.g. one it sets with $(...), which rlzoo never runs)",
+    )
     s.set_defaults(func=cmd_from_verl)
 
     s = _sub(sub, "export", "write a checkpoint of a run as a standard Hugging Face model folder")

@@ -445,21 +445,50 @@ def bind_config(raw: Mapping[str, Any], pm: PluginManager | None = None) -> Reci
     raw = dict(raw)
     raw.pop("hydra", None)
     cfg = bind_dataclass(RecipeConfig, raw, "", problems, what="the recipe", custom=custom)
+    probe = cfg
+    if cfg is None and _missing_required(RecipeConfig, raw):
+        # a required section is missing (reported above): bind again with placeholders for it, so
+        # that the rest of the recipe is checked in this same report, not in a second round
+        probe = bind_dataclass(RecipeConfig, _with_placeholders(RecipeConfig, raw), "", [], custom=custom)
     # defaults that were not given in the recipe are still mappings: resolve them too
-    if cfg is not None:
-        _resolve_defaults(cfg, "", problems, pm)
+    if probe is not None:
+        _resolve_defaults(probe, "", problems if cfg is not None else [], pm)
         # ranges and cross-field rules too, in the same report: a rule whose inputs failed to
         # bind is skipped (their problem is already listed)
         from rlzoo.checks import all_range_problems, check_consistency, check_notices
 
-        problems += all_range_problems(cfg)
-        problems += check_consistency(cfg)
+        problems += all_range_problems(probe)
+        problems += check_consistency(probe)
         if not problems:
-            for note in check_notices(cfg):
+            for note in check_notices(probe):
                 print(f"rlzoo: note: {note}", file=sys.stderr, flush=True)
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)))
     return cfg  # type: ignore[no-any-return]
+
+
+def _missing_required(cls: type, raw: Mapping[str, Any]) -> bool:
+    return any(
+        f.name not in raw and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        for f in dataclasses.fields(cls)
+        if f.init
+    )
+
+
+def _with_placeholders(cls: type, raw: Mapping[str, Any]) -> dict[str, Any]:
+    """``raw`` with every missing required field filled by a placeholder (a nested dataclass's own
+    required fields too): only to run the remaining checks of a recipe already known to be invalid."""
+    out = dict(raw)
+    for f in dataclasses.fields(cls):
+        if not f.init or f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+            continue
+        value = out.get(f.name)
+        typ = f.type if isinstance(f.type, type) else globals().get(str(f.type))
+        if isinstance(typ, type) and dataclasses.is_dataclass(typ):
+            out[f.name] = _with_placeholders(typ, value if isinstance(value, Mapping) else {})
+        elif f.name not in out:
+            out[f.name] = "<missing>"
+    return out
 
 
 def _resolve_defaults(obj: Any, path: str, problems: list[str], pm: PluginManager) -> None:

@@ -45,6 +45,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlzoo.algorithms.filters",
     "rlzoo.algorithms.scorers",
     "rlzoo.algorithms.reward",
+    "rlzoo.algorithms.reward_model",
     "rlzoo.data.builtin",
     "rlzoo.backends.native",
     "rlzoo.backends.fsdp2",

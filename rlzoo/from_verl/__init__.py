@@ -17,7 +17,7 @@ backend code; part names and params are checked through the plugin registry by `
 """
 
 from rlzoo.from_verl.convert import Conversion, convert, from_verl, render
-from rlzoo.from_verl.shell import Command, parse_command, parse_value
+from rlzoo.from_verl.shell import Command, ShellError, parse_command, parse_overrides, parse_value
 from rlzoo.from_verl.table import ENTRY_POINTS, TABLE, VERL_DEFAULTS, table_markdown
 
 __all__ = [
@@ -26,9 +26,11 @@ __all__ = [
     "VERL_DEFAULTS",
     "Command",
     "Conversion",
+    "ShellError",
     "convert",
     "from_verl",
     "parse_command",
+    "parse_overrides",
     "parse_value",
     "render",
     "table_markdown",

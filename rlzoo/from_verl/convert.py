@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlzoo.errors import RlzooError
-from rlzoo.from_verl.shell import Command, parse_command, parse_value
+from rlzoo.from_verl.shell import Command, parse_command, parse_overrides, parse_value, read_script
 from rlzoo.from_verl.table import (
     ACT,
     CRIT,
     ENTRY_POINTS,
+    NO_ULYSSES,
     REF,
     ROLL,
     VERL_DEFAULTS,
@@ -24,6 +24,7 @@ from rlzoo.from_verl.table import (
     Skip,
     To,
     _fsdp,
+    _off,
     _rule,
 )
 
@@ -40,6 +41,7 @@ class Conversion:
     skipped: list[tuple[str, Any, str]] = field(default_factory=list)
     manual: list[tuple[str, Any, str]] = field(default_factory=list)
     unmappable: list[tuple[str, Any, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the shell reader did not run, and where
 
     def set(self, rlzoo_key: str, value: Any, verl_key: str, verl_value: Any, note: str = "") -> None:
         node = self.recipe
@@ -66,10 +68,38 @@ class Conversion:
         if self.skipped:
             lines.append("not needed in rlzoo:")
             lines += [f"  {k} = {v!r}  ->  ({why})" for k, v, why in self.skipped]
+        if self.notes:
+            lines.append("read from the script without running it:")
+            lines += [f"  {n}" for n in self.notes]
         if self.manual:
             lines.append("MANUAL STEPS (rlzoo has no key for these; also in the recipe header):")
             lines += [f"  {k} = {v!r}  ->  {why}" for k, v, why in self.manual]
         return "\n".join(lines)
+
+
+#: keys whose value must be an integer (the combined rules compute with them)
+INTEGER_KEYS = (
+    "data.train_batch_size",
+    "trainer.nnodes",
+    "trainer.n_gpus_per_node",
+    "rollout.nnodes",
+    "rollout.n_gpus_per_node",
+    "async_training.require_batches",
+    ACT + "ppo_mini_batch_size",
+    ACT + "ppo_micro_batch_size",
+    ACT + "ppo_micro_batch_size_per_gpu",
+    ACT + "ppo_max_token_len_per_gpu",
+    REF + "log_prob_micro_batch_size",
+    REF + "log_prob_micro_batch_size_per_gpu",
+    ROLL + "log_prob_micro_batch_size",
+    ROLL + "log_prob_micro_batch_size_per_gpu",
+    "reward_model.micro_batch_size_per_gpu",
+    "reward_model.micro_batch_size",
+)
+
+
+def _is_int(v: Any) -> bool:
+    return v is None or (isinstance(v, int) and not isinstance(v, bool))
 
 
 def _declared(kind: str, name: str) -> set[str] | None:
@@ -108,6 +138,7 @@ def convert(command: Command) -> Conversion:
     keys = dict(VERL_DEFAULTS)
     given = {k: parse_value(v) for k, v in command.overrides}
     keys.update(given)
+    wrong_type = [(k, keys.pop(k)) for k in INTEGER_KEYS if k in keys and not _is_int(keys[k])]
     if runner is None:
         if command.entry is not None and not command.entry.startswith(("verl.", "recipe.")):
             raise RlzooError(f"from-verl: {command.entry!r} is not a verl entry point")
@@ -118,7 +149,8 @@ def convert(command: Command) -> Conversion:
         runner = "fully_async" if any(k.startswith("async_training.") for k in given) else "sync"
     if command.config_name and "megatron" in command.config_name and ACT + "strategy" not in given:
         keys[ACT + "strategy"] = "megatron"
-    conv = Conversion()
+    conv = Conversion(notes=list(command.notes))
+    conv.unmappable += [(k, v, "expected an integer") for k, v in wrong_type]
     conv.recipe["runner"] = {"name": runner}
     rules = {k: _rule(k) for k in keys}
     conv.unmappable += [(k, keys[k], "no rule") for k, r in rules.items() if r is None]
@@ -129,24 +161,34 @@ def convert(command: Command) -> Conversion:
         if isinstance(rule, To):
             try:
                 out = rule.how(v) if rule.how else v
-            except ValueError as e:
+            except (ValueError, TypeError) as e:
                 conv.unmappable.append((k, v, str(e)))
                 continue
             conv.set(rule.key, out, k, v, ", ".join(x for x in (tag, rule.note) if x))
         elif isinstance(rule, Skip):
-            conv.skipped.append((k, v, rule.why))
+            if rule.when is None or rule.when(v):
+                conv.skipped.append((k, v, rule.why))
+            else:
+                conv.unmappable.append((k, v, rule.otherwise))
         elif isinstance(rule, Manual):
             conv.manual.append((k, v, rule.why))
         elif isinstance(rule, Rule):
             later[k] = v
-    _assemble(conv, later, runner, given)
+    try:
+        _assemble(conv, later, runner, given, keys)
+    except (TypeError, ValueError, ArithmeticError) as e:  # a value of a type verl would reject too
+        raise RlzooError(
+            f"from-verl: a verl value has a type this key cannot have ({e}); check the script"
+        ) from None
     if conv.unmappable:
         rows = "\n".join(f"  {k} = {v!r}: {why}" for k, v, why in conv.unmappable)
         raise RlzooError(f"from-verl: {len(conv.unmappable)} verl key(s) cannot be mapped:\n{rows}")
     return conv
 
 
-def _assemble(conv: Conversion, v: dict[str, Any], runner: str, given: Mapping[str, Any]) -> None:
+def _assemble(
+    conv: Conversion, v: dict[str, Any], runner: str, given: Mapping[str, Any], keys_all: Mapping[str, Any]
+) -> None:
     """The rules that read several verl keys at once."""
     backend = conv.get("trainer.backend.name", "fsdp2")
     take = v.pop
@@ -212,11 +254,17 @@ def _assemble(conv: Conversion, v: dict[str, Any], runner: str, given: Mapping[s
             offload,
             "fsdp2 offloads both together",
         )
-    for key in (ACT + "ulysses_sequence_parallel_size", REF + "ulysses_sequence_parallel_size"):
+    for key in (
+        ACT + "ulysses_sequence_parallel_size",
+        REF + "ulysses_sequence_parallel_size",
+        CRIT + "ulysses_sequence_parallel_size",
+    ):
         if key in v and take(key) not in (1, None):
-            bad(key, given.get(key), "rlzoo has no Ulysses sequence parallelism")
+            bad(key, given.get(key), NO_ULYSSES)
         elif key in given:
             conv.skipped.append((key, given[key], "1: no sequence parallelism, as rlzoo"))
+    _feature_groups(conv, v, given, bad)
+    _critic_schedule(conv, v, keys_all, bad)
     crit = take(CRIT + "strategy", None)
     if crit is not None and _fsdp(crit) != backend:
         bad(
@@ -334,10 +382,13 @@ def _assemble(conv: Conversion, v: dict[str, Any], runner: str, given: Mapping[s
     eng = {k.rsplit(".", 1)[1]: str(take(k)) for k in eng_keys}
     if eng:
         conv.set("rollout.backend.engine_kwargs", eng, " + ".join(eng_keys), eng)
-    # reward model
-    rm = take("reward_model.enable", None)
-    if rm:
-        bad("reward_model.enable", rm, "rlzoo has no learned reward model; scorers are rule-based")
+    _reward_model(conv, v, given, bad)
+    if (
+        any(k.startswith("reward_model.overlong_buffer.") for k in given)
+        and conv.get("reward.manager.max_response_length") is None
+    ):  # recipe.dapo: the buffer's max_resp_len is data.max_response_length
+        m = conv.get("data.max_response_length")
+        conv.set("reward.manager.max_response_length", m, "data.max_response_length", m, "as recipe/dapo")
     # DAPO dynamic sampling
     if take(A + "filter_groups.enable", False):
         fkeys = " + ".join(k for k in given if k.startswith(A + "filter_groups."))
@@ -363,7 +414,169 @@ def _assemble(conv: Conversion, v: dict[str, Any], runner: str, given: Mapping[s
         bad,
     )
     for k in list(v):
-        bad(k, take(k), "no rule for this combination")
+        bad(k, take(k), "no combined rule read this key (a converter bug: please report it)")
+
+
+def _feature_groups(
+    conv: Conversion, v: dict[str, Any], given: Mapping[str, Any], bad: Callable[[str, Any, str], None]
+) -> None:
+    """Keys read together with a switch: LoRA (lora_rank), multi-turn, MTP, sandbox fusion."""
+    groups = (
+        (
+            R + "model.lora_rank",
+            (
+                R + "model.lora_alpha",
+                R + "model.target_modules",
+                R + "model.exclude_modules",
+                R + "model.lora.",
+            ),
+            "LoRA is off (lora_rank=0)",
+        ),
+        (ROLL + "multi_turn.enable", (ROLL + "multi_turn.",), "multi-turn is off"),
+        ("reward_model.sandbox_fusion.url", ("reward_model.sandbox_fusion.",), "no sandbox"),
+    )
+    for switch, members, why in groups:
+        on = not _off(given.get(switch))
+        for k in [k for k in v if k.startswith(members) and k != switch]:
+            val = v.pop(k)
+            if on:
+                conv.skipped.append((k, val, f"read with {switch} (refused above)"))
+            else:
+                conv.skipped.append((k, val, why))
+    mtp = [k for k in v if k.startswith(R + "model.mtp.")]
+    enabled = any(not _off(given.get(k)) for k in mtp if k.endswith((".enable", ".enable_train")))
+    for k in mtp:
+        val = v.pop(k)
+        if enabled and k.endswith(".enable"):
+            bad(k, val, "rlzoo has no multi-token prediction (MTP) heads")
+        else:
+            conv.skipped.append(
+                (k, val, "multi-token prediction is off" if not enabled else "read with mtp.enable")
+            )
+
+
+#: reward_model.* keys that only size or place verl's reward-model worker
+_RM_PERF = (
+    "reward_model.model.use_remove_padding",
+    "reward_model.model.use_fused_kernels",
+    "reward_model.model.fsdp_config.",
+    "reward_model.rollout.",
+    "reward_model.strategy",
+    "reward_model.use_dynamic_bsz",
+    "reward_model.forward_max_token_len_per_gpu",
+    "reward_model.enable_resource_pool",
+    "reward_model.n_gpus_per_node",
+    "reward_model.nnodes",
+    "reward_model.ulysses_sequence_parallel_size",
+    "reward_model.megatron.",
+)
+
+
+def _reward_model(
+    conv: Conversion, v: dict[str, Any], given: Mapping[str, Any], bad: Callable[[str, Any, str], None]
+) -> None:
+    """``reward_model.enable=True`` -> the ``reward_model`` reward manager (verl's learned reward model:
+    its score replaces the rule-based one, as verl's naive manager returns ``rm_scores``)."""
+    rm_keys = [k for k in v if k.startswith("reward_model.") and k != "reward_model.enable"]
+    enabled = bool(v.pop("reward_model.enable", False))
+    if not enabled:
+        for k in rm_keys:
+            conv.skipped.append((k, v.pop(k), "the reward model is off (reward_model.enable=False)"))
+        if "reward_model.enable" in given:
+            conv.skipped.append(("reward_model.enable", False, "off, as rlzoo's default"))
+        return
+    manager = conv.get("reward.manager.name", conv.get("reward.manager"))
+    if isinstance(manager, str) and manager != "naive":
+        bad(
+            "reward_model.reward_manager",
+            manager,
+            f"a learned reward model with verl's {manager!r} manager: rlzoo's reward_model manager scores "
+            "with the model alone (it has no overlong buffer or other shaping)",
+        )
+        return
+    path = v.pop("reward_model.model.path", None)
+    if path is None:
+        bad("reward_model.model.path", None, "the reward model's path is required with reward_model.enable")
+        return
+    part: dict[str, Any] = {"name": "reward_model", "path": str(path)}
+    used = ["reward_model.enable", "reward_model.model.path"]
+    for key, param in (
+        ("reward_model.micro_batch_size_per_gpu", "batch_size"),
+        ("reward_model.micro_batch_size", "batch_size"),
+        ("reward_model.max_length", "max_length"),
+        ("reward_model.model.trust_remote_code", "trust_remote_code"),
+    ):
+        if key in v and (val := v.pop(key)) is not None:
+            part[param] = val
+            used.append(key)
+    policy = str(given.get(R + "model.path", conv.get("model.path")))
+    tokenizer = v.pop("reward_model.model.input_tokenizer", policy)
+    if "reward_model.model.input_tokenizer" in given:
+        used.append("reward_model.model.input_tokenizer")
+    if tokenizer is not None and str(tokenizer) != str(path):
+        conv.manual.append(
+            (
+                "reward_model.model.input_tokenizer",
+                tokenizer,
+                "verl decodes each response and renders (prompt, response) with the reward model's own chat "
+                "template; rlzoo's reward_model manager reads the prompt as the policy's template rendered it, "
+                "then the response: set reward.manager.response_suffix to the reward model's "
+                "end-of-turn text and compare a few scores with verl's",
+            )
+        )
+    conv.set(
+        "reward.manager", part, " + ".join(used), path, "a learned reward model; its score is the reward"
+    )
+    for k in [k for k in v if k.startswith("reward_model.model.override_config.")]:
+        conv.manual.append(
+            (k, v.pop(k), "rlzoo has no model-config override: edit the reward model's config.json")
+        )
+    for k in [k for k in v if k.startswith(_RM_PERF)]:
+        conv.skipped.append((k, v.pop(k), _PERF_RM))
+    ext = v.pop("reward_model.model.external_lib", None)
+    if ext is not None:
+        bad("reward_model.model.external_lib", ext, "rlzoo loads reward models with transformers only")
+
+
+_PERF_RM = "performance only: sizes / places verl's reward-model worker; rlzoo's runs in the reward manager"
+
+
+def _critic_schedule(
+    conv: Conversion, v: dict[str, Any], keys: Mapping[str, Any], bad: Callable[[str, Any, str], None]
+) -> None:
+    """verl gives the critic its own LR schedule; rlzoo's critic shares trainer.optim's (its lr, weight
+    decay and clip are its own). Equal values are not needed; different ones are refused."""
+    verl_optim_defaults = {
+        "lr_warmup_steps_ratio": 0.0,
+        "lr_warmup_steps": -1,
+        "warmup_style": "constant",
+        "lr_scheduler_type": "constant",
+        "min_lr_ratio": 0.0,
+        "betas": [0.9, 0.999],
+    }
+    for name, default in verl_optim_defaults.items():
+        key = CRIT + "optim." + name
+        if key not in v:
+            continue
+        val = v.pop(key)
+        actor = keys.get(ACT + "optim." + name, default)
+        same = val == actor or (isinstance(val, (list, tuple)) and list(val) == list(actor))
+        if (
+            name == "lr_warmup_steps"
+            and (int(val) if val is not None else -1) <= 0
+            and (int(actor) if actor is not None else -1) <= 0
+        ):
+            same = True
+        if same:
+            conv.skipped.append(
+                (key, val, f"same as the actor's ({actor!r}); rlzoo's critic shares trainer.optim's schedule")
+            )
+        else:
+            bad(
+                key,
+                val,
+                f"rlzoo's critic shares the actor's LR schedule (actor: {actor!r}); set both to one value",
+            )
 
 
 def _correction(
@@ -378,6 +591,20 @@ def _correction(
     use_rollout = v.pop(ACT + "use_rollout_log_probs", None)
     async_rollout = v.pop("async_training.use_rollout_log_probs", None)
     bypass = bypass or bool(use_rollout) or bool(async_rollout)
+    prox_key = "async_training.compute_prox_log_prob"
+    if prox_key in v:
+        prox = v.pop(prox_key)
+        if prox and bypass:
+            bad(
+                prox_key,
+                prox,
+                "with use_rollout_log_probs: verl recomputes old log-probs with the weights of the last "
+                "parameter sync; rlzoo's come from the trainer's current weights (decoupled) or from the "
+                "rollout (bypass)",
+            )
+        else:
+            why = "the trainer recomputes old log-probs (correction mode decoupled)" if prox else "off"
+            conv.skipped.append((prox_key, prox, why))
     is_, is_thr = rc.pop("rollout_is", None), rc.pop("rollout_is_threshold", 2.0)
     rs, rs_thr = rc.pop("rollout_rs", None), rc.pop("rollout_rs_threshold", None)
     norm = bool(rc.pop("rollout_is_batch_normalize", False))
@@ -385,8 +612,21 @@ def _correction(
     loss_type = rc.pop("loss_type", "ppo_clip")
     for k, val in rc.items():
         bad(f"{key}.{k}", val, "not a verl 0.9.1 rollout_correction option rlzoo maps")
-    if loss_type != "ppo_clip":
-        bad(f"{key}.loss_type", loss_type, "rlzoo's bypass mode keeps the selected policy loss (ppo_clip)")
+    if loss_type != "ppo_clip" and bypass:
+        bad(
+            f"{key}.loss_type",
+            loss_type,
+            "rlzoo has no REINFORCE loss with explicit pi/pi_rollout weights in bypass mode (its bypass "
+            "mode keeps the selected policy loss, whose ratio corrects); use loss_type=ppo_clip, or "
+            "bypass_mode=false (rollout_is weights multiply the loss)",
+        )
+    elif f"{key}.loss_type" in label.split(" + "):
+        why = (
+            "ppo_clip: the selected policy loss, as rlzoo"
+            if loss_type == "ppo_clip"
+            else "read in bypass mode only"
+        )
+        conv.skipped.append((f"{key}.loss_type", loss_type, why))
     part: dict[str, Any]
     if rs:
         if rs_thr is None:
@@ -417,6 +657,9 @@ def _correction(
     elif bypass:
         part = {"name": "none"}
     else:
+        for k in label.split(" + ") if label else []:
+            if not k.endswith(".loss_type"):
+                conv.skipped.append((k, None, "off: no rollout_is / rollout_rs and no bypass, as verl"))
         return
     if veto is not None:
         part["token_veto_threshold"] = float(veto)
@@ -444,14 +687,25 @@ def render(conv: Conversion, source: str) -> str:
     return "\n".join(head) + "\n" + yaml.safe_dump(recipe, sort_keys=False, default_flow_style=False)
 
 
-def from_verl(source: str | Sequence[str], out: str | Path | None = None) -> tuple[Conversion, str]:
-    """Read a script path or override words, convert, optionally write ``out``; returns (conversion, yaml)."""
+def from_verl(
+    source: str | Sequence[str], out: str | Path | None = None, fixed: Mapping[str, str] | None = None
+) -> tuple[Conversion, str]:
+    """Read a script path or override words, convert, optionally write ``out``; returns (conversion, yaml).
+    ``fixed``: shell variables given with ``--env`` (the script's own assignments to them are skipped)."""
     words = [source] if isinstance(source, str) else list(source)
-    if len(words) == 1 and Path(words[0]).is_file():
-        text, label = Path(words[0]).read_text(), words[0]
+    if len(words) == 1 and "=" not in words[0]:
+        path = Path(words[0])
+        if not path.is_file():
+            what = "is a directory" if path.is_dir() else "does not exist"
+            raise RlzooError(
+                f"from-verl: {words[0]} {what}; give a verl launch script (.sh) or verl's key=value overrides"
+            )
+        label = words[0]
+        command = parse_command(read_script(path.read_bytes(), label), fixed=fixed)
     else:
-        text, label = " ".join(shlex.quote(w) for w in words), "<overrides>"
-    conv = convert(parse_command(text))
+        label = "<overrides>"
+        command = parse_overrides(words)
+    conv = convert(command)
     yaml_text = render(conv, label)
     if out is not None:
         Path(out).write_text(yaml_text)

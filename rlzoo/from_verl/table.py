@@ -22,9 +22,12 @@ class To:
 
 @dataclass(frozen=True)
 class Skip:
-    """No rlzoo setting is needed: the reason is printed."""
+    """No rlzoo setting is needed: the reason is printed. With ``when``, only for values it accepts;
+    any other value is refused with ``otherwise`` (the feature rlzoo lacks, named plainly)."""
 
     why: str
+    when: Callable[[Any], bool] | None = None
+    otherwise: str = ""
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,15 @@ def _truncation(v: Any) -> str:
     return str(v)
 
 
+def _path(v: Any) -> str:
+    """A path as verl opens it: a leading ``~`` is the user's home (HF hub names pass through)."""
+    import os
+
+    return os.path.expanduser(str(v))
+
+
 def _files(v: Any) -> list[str]:
-    return [str(x) for x in v] if isinstance(v, (list, tuple)) else [str(v)]
+    return [_path(x) for x in v] if isinstance(v, (list, tuple)) else [_path(v)]
 
 
 def _loggers(v: Any) -> list[str]:
@@ -72,11 +82,48 @@ def _loggers(v: Any) -> list[str]:
     return [*names, "jsonl"] if "jsonl" not in names else names
 
 
+def _dtype(v: Any) -> str:
+    name = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32"}
+    name |= {"fp16": "float16", "float16": "float16", "float": "float32", "half": "float16"}
+    out = name.get(str(v).removeprefix("torch."))
+    if out is None:
+        raise ValueError(f"dtype {v!r}: rlzoo knows bfloat16, float32, float16")
+    return out
+
+
+def _off(v: Any) -> bool:
+    """False / None / 0 / "" / "null": the feature is off."""
+    return v in (None, False, 0, "", "null", "None", "none")
+
+
+def _one(v: Any) -> bool:
+    return v in (None, 1, "null")
+
+
+def _betas(v: Any) -> list[float]:
+    if not (isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v)):
+        raise ValueError(f"betas {v!r}: expected two numbers, e.g. [0.9,0.999]")
+    return [float(x) for x in v]
+
+
 def _positive_or_none(v: Any) -> Any:
     return None if v is None or (isinstance(v, (int, float)) and v <= 0) else v
 
 
 _PERF = "performance only: "
+_NO_LORA = (
+    "rlzoo has no LoRA adapters yet: it trains every weight (drop lora_rank to convert, and expect the "
+    "memory of full fine-tuning)"
+)
+_NO_MULTI_TURN = (
+    "rlzoo has no multi-turn tool rollout yet (verl's tool_config_path / interaction_config_path): "
+    "each sample is one prompt and one response"
+)
+NO_ULYSSES = (
+    "rlzoo has no Ulysses sequence parallelism: set it to 1; for long sequences use dynamic micro-batches "
+    "(use_dynamic_bsz=True -> trainer.micro_batch.max_tokens), gradient checkpointing and offload, or "
+    "the megatron backend's tensor parallelism"
+)
 _LOG = "logging / bookkeeping only: "
 A, R, ACT, REF, ROLL, CRIT = (
     "algorithm.",
@@ -107,7 +154,7 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     "data.image_key": Skip("rlzoo reads the images column of its parquet schema"),
     "data.trust_remote_code": To("model.trust_remote_code"),
     # model
-    R + "model.path": To("model.path"),
+    R + "model.path": To("model.path", _path),
     R + "model.trust_remote_code": To("model.trust_remote_code"),
     R + "model.enable_gradient_checkpointing": Rule("trainer.backend gradient_checkpointing (fsdp2)"),
     R + "model.use_remove_padding": Rule("trainer.backend.use_remove_padding (fsdp2)"),
@@ -115,6 +162,30 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
         "rlzoo has no model-config override: edit the model's config.json (e.g. max_position_embeddings)"
     ),
     R + "hybrid_engine": Rule("False -> placement.colocate=false"),
+    R + "model.torch_dtype": To("model.dtype", _dtype),
+    R + "model.use_fused_kernels": Skip(
+        _PERF + "fused log-prob / entropy kernels; rlzoo computes log-probs in chunks itself"
+    ),
+    R + "model.fused_kernel_options.*": Skip(_PERF + "options of the fused kernels"),
+    R + "model.use_shm": Skip(_PERF + "verl copies the model to /dev/shm before loading it"),
+    R + "model.use_liger": Skip(_PERF + "Liger fused kernels"),
+    R + "model.enable_activation_offload": Skip(_PERF + "activations offloaded to the CPU in backward"),
+    R + "model.lora_rank": Skip("LoRA is off (lora_rank=0)", _off, _NO_LORA),
+    R + "model.lora_alpha": Rule("read with lora_rank"),
+    R + "model.target_modules": Rule("read with lora_rank"),
+    R + "model.exclude_modules": Rule("read with lora_rank"),
+    R + "model.lora_adapter_path": Skip("no adapter to load", _off, _NO_LORA),
+    R + "model.lora.*": Rule("read with lora_rank"),
+    R + "model.mtp.*": Rule("multi-token prediction: off only (rlzoo has no MTP heads)"),
+    R + "model.external_lib": Skip(
+        "nothing to import",
+        _off,
+        "rlzoo loads models with transformers only; import the library in a plugin package instead",
+    ),
+    R + "nccl_timeout": Skip(
+        "infrastructure: torch.distributed's collective timeout (rlzoo's weight syncs: "
+        "placement.sync_timeout_s)"
+    ),
     # actor: algorithm
     ACT + "strategy": To("trainer.backend.name", _fsdp),
     ACT + "ppo_mini_batch_size": To("trainer.ppo_mini_batch_size"),
@@ -144,7 +215,7 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     # actor: optimizer and batching (shared trainer settings)
     ACT + "optim.lr": To("trainer.optim.lr"),
     ACT + "optim.weight_decay": To("trainer.optim.weight_decay"),
-    ACT + "optim.betas": To("trainer.optim.betas", list),
+    ACT + "optim.betas": To("trainer.optim.betas", _betas),
     ACT + "optim.lr_warmup_steps": To("trainer.optim.warmup_steps", lambda v: max(int(v), 0)),
     ACT + "optim.lr_warmup_steps_ratio": To("trainer.optim.warmup_ratio"),
     ACT + "optim.warmup_style": To("trainer.optim.lr_scheduler"),
@@ -158,6 +229,13 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     ACT + "ppo_micro_batch_size_per_gpu": Rule("trainer.micro_batch.size (without use_dynamic_bsz)"),
     ACT + "ppo_micro_batch_size": Rule("trainer.micro_batch.size = global / trainer GPUs"),
     ACT + "ulysses_sequence_parallel_size": Rule("1 only (rlzoo has no Ulysses sequence parallelism)"),
+    ACT + "optim.clip_grad": To("trainer.optim.grad_clip", note="megatron's name for grad_clip"),
+    ACT + "optim.lr_decay_style": To("trainer.optim.lr_scheduler", note="megatron's name for warmup_style"),
+    ACT + "optim.lr_warmup_init": Skip(
+        "0: warmup starts from 0, as rlzoo's",
+        lambda v: v in (0, 0.0, None),
+        "rlzoo's warmup starts from LR 0",
+    ),
     ACT + "fsdp_config.param_offload": Rule("fsdp2 offload"),
     ACT + "fsdp_config.optimizer_offload": Rule("fsdp2 offload"),
     ACT + "fsdp_config.grad_offload": Skip(_PERF + "fsdp2 offloads parameters and optimizer state together"),
@@ -172,6 +250,71 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     ),
     ACT + "megatron.use_mbridge": Skip("rlzoo converts HF <-> Megatron weights itself"),
     ACT + "checkpoint.*": Skip(_LOG + "rlzoo checkpoints the whole training state"),
+    ACT + "entropy_checkpointing": Skip(_PERF + "recomputes the entropy in backward; rlzoo chunks it"),
+    ACT + "entropy_from_logits_with_chunking": Skip(_PERF + "rlzoo computes entropy in chunks itself"),
+    ACT + "use_torch_compile": Skip(_PERF + "torch.compile of verl's log-prob kernels"),
+    ACT + "use_prefix_grouper": Skip(_PERF + "shares the forward of a group's common prompt"),
+    ACT + "fsdp_config.forward_prefetch": Skip(_PERF + "FSDP prefetch schedule"),
+    ACT + "fsdp_config.use_orig_params": Skip(
+        _PERF + "an FSDP1 flattening switch; rlzoo's FSDP2 shards per parameter"
+    ),
+    ACT + "fsdp_config.wrap_policy.*": Skip(_PERF + "rlzoo's fsdp2 shards each decoder layer"),
+    ACT + "fsdp_config.reshard_after_forward": To("trainer.backend.reshard_after_forward"),
+    ACT + "fsdp_config.model_dtype": To("model.dtype", _dtype),
+    ACT + "fsdp_config.mixed_precision.param_dtype": Skip(
+        "bf16 compute: rlzoo's fsdp2 mixed_precision (on by default) computes in bf16",
+        lambda v: str(v) in ("bf16", "bfloat16"),
+        "rlzoo's fsdp2 mixed precision computes in bf16 only; for fp32 compute set "
+        "trainer.backend.mixed_precision=false",
+    ),
+    ACT + "fsdp_config.mixed_precision.reduce_dtype": Skip(
+        "fp32 reduction, as rlzoo's fsdp2 mixed_precision",
+        lambda v: str(v) in ("fp32", "float32"),
+        "rlzoo's fsdp2 reduces gradients in fp32 only",
+    ),
+    ACT + "fsdp_config.mixed_precision.buffer_dtype": Skip(
+        "fp32 buffers, as rlzoo's fsdp2",
+        lambda v: str(v) in ("fp32", "float32"),
+        "rlzoo keeps buffers in fp32",
+    ),
+    ACT + "profiler.*": Skip(
+        _LOG + "profiler settings (rlzoo: run a step under nsys / torch.profiler yourself)"
+    ),
+    ACT + "freeze_vision_tower": Skip(
+        "the vision tower trains with the rest",
+        _off,
+        "rlzoo trains every weight: it cannot freeze the vision tower",
+    ),
+    ACT + "calculate_sum_pi_squared": Skip(
+        "off", _off, "rlzoo has no sum-of-pi-squared statistic (verl's optimal-baseline estimator input)"
+    ),
+    ACT + "router_replay.*": Skip(
+        "MoE router replay is off",
+        lambda v: _off(v) or str(v) == "disabled",
+        "rlzoo has no MoE router replay (the trainer re-routes tokens itself)",
+    ),
+    ACT + "megatron.context_parallel_size": Skip(
+        "1: no context parallelism",
+        _one,
+        "rlzoo's megatron backend has no context parallelism; use tensor "
+        "parallelism (trainer.backend.tensor_model_parallel_size) for long sequences",
+    ),
+    ACT + "megatron.expert_model_parallel_size": Skip(
+        "1: no expert parallelism", _one, "rlzoo's megatron backend has no expert parallelism"
+    ),
+    ACT + "megatron.expert_tensor_parallel_size": Skip(
+        "1: no expert parallelism", _one, "rlzoo's megatron backend has no expert parallelism"
+    ),
+    ACT + "megatron.virtual_pipeline_model_parallel_size": Skip(_PERF + "interleaved pipeline schedule"),
+    ACT + "megatron.use_dist_checkpointing": Skip("rlzoo converts HF <-> Megatron weights itself"),
+    ACT + "megatron.vanilla_mbridge": Skip("rlzoo converts HF <-> Megatron weights itself"),
+    ACT + "megatron.dist_checkpointing_path": Skip("rlzoo converts HF <-> Megatron weights itself"),
+    ACT + "megatron.override_transformer_config.*": Skip(
+        _PERF + "Megatron kernel fusions, recompute and pipeline layering; rlzoo's megatron backend sets "
+        "its own (activation recompute: trainer.backend.recompute_activations)"
+    ),
+    ACT + "megatron.override_ddp_config.*": Skip(_PERF + "Megatron DDP bucketing"),
+    ACT + "megatron.seed": Skip("rlzoo seeds every rank from run.seed"),
     # reference model
     REF + "fsdp_config.param_offload": To("trainer.backend.ref_offload"),
     REF + "megatron.param_offload": To("trainer.backend.ref_offload"),
@@ -188,6 +331,15 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
         _PERF + "log-prob forwards use trainer.micro_batch.log_prob_size"
     ),
     REF + "ulysses_sequence_parallel_size": Rule("1 only"),
+    REF + "strategy": Skip("the reference runs on the actor's train backend"),
+    REF + "megatron.*": Skip(_PERF + "the reference runs with the actor's parallelism"),
+    REF + "fsdp_config.*": Skip(
+        _PERF + "the reference follows the actor's FSDP settings (offload: ref_offload)"
+    ),
+    REF + "entropy_checkpointing": Skip(_PERF + "the reference computes no entropy"),
+    REF + "entropy_from_logits_with_chunking": Skip(_PERF + "the reference computes no entropy"),
+    REF + "use_torch_compile": Skip(_PERF + "torch.compile of verl's log-prob kernels"),
+    REF + "profiler.*": Skip(_LOG + "profiler settings"),
     # rollout
     ROLL + "name": To("rollout.backend.name", _rollout_name),
     ROLL + "mode": Skip("rlzoo's vLLM backend serves the loop asynchronously by itself"),
@@ -204,7 +356,33 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     ROLL + "enable_prefix_caching": To("rollout.backend.enable_prefix_caching"),
     ROLL + "enable_chunked_prefill": Skip(_PERF + "vLLM's V1 engine chunks prefills by default"),
     ROLL + "engine_kwargs.vllm.*": Rule("rollout.backend.engine_kwargs"),
+    ROLL + "engine_kwargs.sglang.*": Skip("read by the SGLang engine only"),
+    ROLL + "data_parallel_size": Skip(_PERF + "vLLM engine replicas"),
+    ROLL + "expert_parallel_size": Skip(_PERF + "vLLM expert parallelism"),
     ROLL + "free_cache_engine": Skip(_PERF + "rlzoo's vLLM backend manages its KV cache"),
+    ROLL + "load_format": Skip(
+        "how verl's vLLM first loads weights (dummy: random, then the trainer's are pushed); rlzoo's vLLM "
+        "backend loads model.path's weights, the same ones the trainer starts from"
+    ),
+    ROLL + "layered_summon": Skip(_PERF + "gathers LoRA weights layer by layer for the rollout"),
+    ROLL + "enable_sleep_mode": To("rollout.backend.enable_sleep_mode"),
+    ROLL + "multi_stage_wake_up": Skip(_PERF + "vLLM wake-up order"),
+    ROLL + "skip_tokenizer_init": Skip(_PERF + "rlzoo's vLLM backend passes token ids"),
+    ROLL + "disable_log_stats": Skip(_LOG + "vLLM statistics logging"),
+    ROLL + "prometheus.*": Skip(_LOG + "vLLM metrics server"),
+    ROLL + "trace.*": Skip(_LOG + "rollout tracing"),
+    ROLL + "over_sample_rate": Skip(
+        "0: every request is kept",
+        lambda v: v in (0, 0.0, None),
+        "rlzoo has no rollout over-sampling (verl aborts the slowest requests of a batch)",
+    ),
+    ROLL + "enable_rollout_routing_replay": Skip(
+        "off", _off, "rlzoo has no MoE router replay (rollout routing is not sent to the trainer)"
+    ),
+    ROLL + "update_weights_bucket_megabytes": To("placement.bucket_size_mb"),
+    ROLL + "agent.*": Skip(_PERF + "verl's agent-loop worker settings"),
+    ROLL + "multi_turn.enable": Skip("multi-turn is off", _off, _NO_MULTI_TURN),
+    ROLL + "multi_turn.*": Rule("read with multi_turn.enable (not needed when it is off)"),
     ROLL + "calculate_log_probs": Skip(
         "rlzoo's rollout backends always return the sampled tokens' log-probs"
     ),
@@ -223,7 +401,7 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     ROLL + "val_kwargs.do_sample": Rule("False -> rollout.val.temperature=0"),
     # critic (PPO with GAE)
     CRIT + "strategy": Rule("must equal the actor's strategy (one train backend)"),
-    CRIT + "model.path": To("model.critic_path"),
+    CRIT + "model.path": To("model.critic_path", _path),
     CRIT + "optim.lr": To("trainer.optim.critic_lr"),
     CRIT + "optim.weight_decay": To("trainer.optim.critic_weight_decay"),
     CRIT + "grad_clip": To("trainer.optim.critic_grad_clip"),
@@ -234,6 +412,25 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     CRIT + "model.enable_gradient_checkpointing": Skip(_PERF + "follows the actor's gradient_checkpointing"),
     CRIT + "model.use_remove_padding": Skip(_PERF + "follows the actor's use_remove_padding"),
     CRIT + "model.fsdp_config.*": Skip(_PERF + "the critic follows the actor's FSDP settings"),
+    CRIT + "model.trust_remote_code": Skip("the critic loads with model.trust_remote_code"),
+    CRIT + "model.override_config.*": Skip(_PERF + "the critic follows the actor's model config"),
+    CRIT + "megatron.*": Skip(_PERF + "the critic runs with the actor's megatron settings"),
+    CRIT + "optim.lr_warmup_steps_ratio": Rule("must equal the actor's warmup (one LR schedule)"),
+    CRIT + "optim.lr_warmup_steps": Rule("must equal the actor's warmup (one LR schedule)"),
+    CRIT + "optim.warmup_style": Rule("must equal the actor's schedule"),
+    CRIT + "optim.lr_scheduler_type": Rule("must equal the actor's schedule"),
+    CRIT + "optim.min_lr_ratio": Rule("must equal the actor's schedule"),
+    CRIT + "optim.betas": Rule("must equal the actor's (one AdamW setting)"),
+    CRIT + "ulysses_sequence_parallel_size": Rule("1 only"),
+    CRIT + "profiler.*": Skip(_LOG + "profiler settings"),
+    CRIT + "checkpoint.*": Skip(_LOG + "rlzoo checkpoints the whole training state"),
+    CRIT + "use_torch_compile": Skip(_PERF + "torch.compile"),
+    CRIT + "forward_micro_batch_size_per_gpu": Skip(
+        _PERF + "value forwards use trainer.micro_batch.log_prob_size"
+    ),
+    CRIT + "forward_max_token_len_per_gpu": Skip(
+        _PERF + "value forwards use trainer.micro_batch.log_prob_size"
+    ),
     # algorithm
     A + "adv_estimator": To("algorithm.advantage.name"),
     A + "gamma": Rule("algorithm.advantage.gamma (estimators that declare it)"),
@@ -253,12 +450,45 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     ),
     # reward
     "reward_model.reward_manager": To("reward.manager.name"),
-    "reward_model.enable": Rule("False only (rlzoo scores with rule-based scorers)"),
+    "reward_model.enable": Rule("True -> reward.manager: reward_model (a learned reward model)"),
     "reward_model.reward_kwargs.overlong_buffer_cfg.enable": To("reward.manager.enable"),
     "reward_model.reward_kwargs.overlong_buffer_cfg.len": To("reward.manager.overlong_buffer_len"),
     "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor": To("reward.manager.penalty_factor"),
     "reward_model.reward_kwargs.overlong_buffer_cfg.log": Skip(_LOG + "rlzoo always logs the penalty"),
     "reward_model.reward_kwargs.max_resp_len": To("reward.manager.max_response_length"),
+    # recipe/dapo's layout of the same overlong buffer (max_resp_len is data.max_response_length there)
+    "reward_model.overlong_buffer.enable": To("reward.manager.enable"),
+    "reward_model.overlong_buffer.len": To("reward.manager.overlong_buffer_len"),
+    "reward_model.overlong_buffer.penalty_factor": To("reward.manager.penalty_factor"),
+    "reward_model.overlong_buffer.log": Skip(_LOG + "rlzoo always logs the penalty"),
+    "reward_model.model.*": Rule("read with reward_model.enable: the reward_model manager's path / params"),
+    "reward_model.micro_batch_size_per_gpu": Rule("reward_model manager's batch_size"),
+    "reward_model.micro_batch_size": Rule("reward_model manager's batch_size"),
+    "reward_model.max_length": Rule("reward_model manager's max_length"),
+    "reward_model.rollout.*": Rule(
+        "performance only: serving the reward model (read with reward_model.enable)"
+    ),
+    "reward_model.strategy": Rule("performance only (read with reward_model.enable)"),
+    "reward_model.use_dynamic_bsz": Rule("performance only (read with reward_model.enable)"),
+    "reward_model.forward_max_token_len_per_gpu": Rule("performance only (read with reward_model.enable)"),
+    "reward_model.enable_resource_pool": Rule("performance only (read with reward_model.enable)"),
+    "reward_model.n_gpus_per_node": Rule("performance only (read with reward_model.enable)"),
+    "reward_model.nnodes": Rule("performance only (read with reward_model.enable)"),
+    "reward_model.use_reward_loop": Skip("verl's reward-loop implementation switch"),
+    "reward_model.num_workers": Skip(_PERF + "verl's reward worker count"),
+    "reward_model.launch_reward_fn_async": Skip(_PERF + "rlzoo's reward managers overlap scoring themselves"),
+    "reward_model.sandbox_fusion.url": Skip(
+        "no sandbox", _off, "rlzoo has no sandbox-fusion code-execution scorer (write a scorer plugin)"
+    ),
+    "reward_model.sandbox_fusion.*": Rule("read with sandbox_fusion.url"),
+    "custom_reward_function.path": Skip(
+        "verl's built-in scoring",
+        _off,
+        "a custom reward function file: rlzoo takes scorers as plugins "
+        "(register it with rlzoo_register_scorers and set reward.scorer)",
+    ),
+    "custom_reward_function.name": Skip("read with custom_reward_function.path"),
+    "custom_reward_function.reward_kwargs.*": Skip("read with custom_reward_function.path"),
     # trainer and placement
     "trainer.project_name": Skip(_LOG + "experiment tracker project"),
     "trainer.experiment_name": To("run.name"),
@@ -276,6 +506,40 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     "trainer.use_legacy_worker_impl": Skip("verl worker implementation switch"),
     "trainer.log_val_generations": Skip(_LOG + "rlzoo writes validation samples to the run directory"),
     "trainer.max_actor_ckpt_to_keep": To("trainer.max_checkpoints"),
+    "trainer.max_critic_ckpt_to_keep": Skip(
+        "rlzoo checkpoints actor and critic together (trainer.max_checkpoints)"
+    ),
+    "trainer.balance_batch": Skip(_PERF + "rlzoo's fsdp2 balances real-token counts across ranks itself"),
+    "trainer.resume_from_path": Skip(
+        "no verl checkpoint to resume",
+        _off,
+        "rlzoo cannot resume from a verl checkpoint (export it as a "
+        "Hugging Face model and start from model.path)",
+    ),
+    "trainer.del_local_ckpt_after_load": Skip(_LOG + "checkpoint housekeeping"),
+    "trainer.device": Skip("rlzoo places parts on GPUs when placement has them"),
+    "trainer.ray_wait_register_center_timeout": Skip("verl's Ray start-up timeout"),
+    "trainer.rollout_data_dir": Skip(_LOG + "rlzoo writes rollout samples to the run directory"),
+    "trainer.validation_data_dir": Skip(_LOG + "rlzoo writes validation samples to the run directory"),
+    "global_profiler.*": Skip(_LOG + "profiler settings"),
+    "ray_kwargs.*": Skip("Ray start-up settings (rlzoo: placement.address)"),
+    "data.filter_overlong_prompts_workers": Skip(_PERF + "processes that filter long prompts"),
+    "data.dataloader_num_workers": Skip(_PERF + "data loader processes"),
+    "data.custom_cls.path": Skip(
+        "verl's own dataset class",
+        _off,
+        "a custom dataset class: rlzoo reads parquet with its own schema "
+        "(write a dataset preparer plugin that writes that parquet)",
+    ),
+    "data.custom_cls.name": Skip("read with data.custom_cls.path"),
+    "data.video_key": Skip("rlzoo reads the images column of its parquet schema"),
+    "data.sampler.class_path": Skip(
+        "verl's default sampler",
+        _off,
+        "a custom prompt sampler (e.g. a curriculum): rlzoo reads prompts in "
+        "(shuffled) order and has no sampler part",
+    ),
+    "data.sampler.class_name": Skip("read with data.sampler.class_path"),
     "rollout.nnodes": To("placement.rollout.nnodes"),
     "rollout.n_gpus_per_node": To("placement.rollout.n_gpus_per_node"),
     "rollout.total_rollout_steps": To("runner.total_rollout_steps"),
@@ -286,11 +550,18 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     "async_training.require_batches": To("runner.require_batches"),
     "async_training.partial_rollout": To("runner.partial_rollout"),
     "async_training.use_rollout_log_probs": Rule("True -> old log-probs := rollout log-probs (mode bypass)"),
+    "async_training.compute_prox_log_prob": Rule(
+        "True: the trainer recomputes old log-probs (rlzoo does unless the correction mode is bypass)"
+    ),
+    "async_training.checkpoint_engine.*": Skip(_PERF + "verl's weight-sync engine"),
 }
 
 #: verl's defaults where rlzoo's differ (verl 0.9.1's ppo_trainer.yaml), applied before the
 #: script's overrides so the recipe runs the experiment verl would run.
 VERL_DEFAULTS: dict[str, Any] = {
+    R + "model.path": "~/models/deepseek-llm-7b-chat",
+    "data.train_files": "~/data/rlhf/gsm8k/train.parquet",
+    "data.val_files": "~/data/rlhf/gsm8k/test.parquet",
     A + "adv_estimator": "gae",
     "data.max_prompt_length": 512,
     "data.max_response_length": 512,
@@ -298,6 +569,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     "data.truncation": "error",
     ROLL + "name": "vllm",
     ROLL + "n": 1,
+    ROLL + "gpu_memory_utilization": 0.5,
     ACT + "strategy": "fsdp",
     ACT + "ppo_mini_batch_size": 256,
     ACT + "ppo_max_token_len_per_gpu": 16384,

@@ -63,3 +63,34 @@ def test_capability_driven_cross_check(pm: PluginManager) -> None:
     raw = {**MINIMAL_RECIPE, "rollout": {"n": 1}}  # grpo needs groups
     with pytest.raises(ConfigError, match=r"rollout.n: advantage 'grpo' is group-relative"):
         bind_config(raw, pm)
+
+
+def test_a_missing_required_section_does_not_hide_the_other_problems(pm: PluginManager) -> None:
+    # before: "model: required" alone, and the range / cross-field problems only in a second round
+    raw = {
+        "data": {"train_batch_size": 4, "train_files": []},
+        "trainer": {"ppo_mini_batch_size": 256},
+        "rollout": {"n": 0},
+    }
+    with pytest.raises(ConfigError) as e:
+        bind_config(raw, pm)
+    msg = str(e.value)
+    assert "model: required by the recipe but missing" in msg
+    assert "rollout.n: must be >= 1, got 0" in msg
+    assert "trainer.ppo_mini_batch_size: must divide data.train_batch_size (4), got 256" in msg
+    assert "<missing>" not in msg  # the placeholder that lets the checks run is never reported
+
+
+def test_every_missing_required_field_is_listed() -> None:
+    import dataclasses
+
+    from rlzoo.binding import bind_dataclass
+
+    @dataclasses.dataclass
+    class Two:
+        a: int
+        b: str
+
+    problems: list[str] = []
+    assert bind_dataclass(Two, {}, "x", problems) is None
+    assert problems == ["x.a: required by Two but missing", "x.b: required by Two but missing"]

@@ -3,16 +3,28 @@ with the same algorithm, batch, async and placement knobs; every verl key accoun
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlzoo.cli import main
 from rlzoo.config import load_config
 from rlzoo.errors import RlzooError
-from rlzoo.from_verl import TABLE, VERL_DEFAULTS, convert, from_verl, parse_command, table_markdown
-from rlzoo.from_verl.shell import _expand, _words
+from rlzoo.from_verl import (
+    TABLE,
+    VERL_DEFAULTS,
+    convert,
+    from_verl,
+    parse_command,
+    parse_overrides,
+    parse_value,
+    render,
+    table_markdown,
+)
 
 SCRIPTS = Path(__file__).parent / "verl_scripts"
 ENV = {"HOME": "/home/u", "DATA_HOME": "/data"}
@@ -26,6 +38,10 @@ def _fixed_env(monkeypatch):
         monkeypatch.delenv(k, raising=False)
 
 
+def ov(text: str):
+    return parse_overrides(text.split())
+
+
 def convert_script(name: str, tmp_path: Path):
     out = tmp_path / f"{name}.yaml"
     conv, text = from_verl(str(SCRIPTS / f"{name}.sh"), out)
@@ -34,7 +50,7 @@ def convert_script(name: str, tmp_path: Path):
 
 
 def assert_every_key_accounted_for(conv, script: str) -> None:
-    cmd = parse_command(script, ENV)
+    cmd = parse_command(script)  # the environment the conversion saw (ENV + the test's own)
     report = conv.report()
     missing = [k for k, _ in cmd.overrides if k not in report]
     assert not missing, f"verl keys not in the report: {missing}"
@@ -153,16 +169,14 @@ def test_verl_example_gsm8k_ppo_with_critic(tmp_path):
 
 
 def test_overrides_alone_and_verl_defaults():
-    conv = convert(parse_command("algorithm.adv_estimator=grpo data.train_batch_size=64", ENV))
+    conv = convert(ov("algorithm.adv_estimator=grpo data.train_batch_size=64"))
     assert conv.recipe["runner"] == {"name": "sync"}
     assert conv.get("data.train_batch_size") == 64
     assert conv.get("rollout.n") == 1 and conv.get("data.max_response_length") == 512  # verl defaults
     assert conv.get("trainer.total_epochs") == 30
     tagged = [m for m in conv.mapped if m[0] == "data.max_response_length"]
     assert tagged and "verl default" in tagged[0][4]
-    conv = convert(
-        parse_command("async_training.require_batches=2 actor_rollout_ref.actor.ppo_mini_batch_size=8")
-    )
+    conv = convert(ov("async_training.require_batches=2 actor_rollout_ref.actor.ppo_mini_batch_size=8"))
     assert conv.recipe["runner"]["name"] == "fully_async" and conv.get("data.train_batch_size") == 16
 
 
@@ -173,20 +187,19 @@ def test_unmappable_keys_fail_with_the_full_list():
     assert "2 verl key(s) cannot be mapped" in msg and "foo.bar" in msg and "sglang" in msg
     with pytest.raises(RlzooError, match="Ulysses"):
         from_verl(["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"])
-    with pytest.raises(RlzooError, match="no `python -m verl"):
-        parse_command("echo hello")
+    with pytest.raises(RlzooError, match="found no verl launch"):
+        parse_command("echo hello", ENV)
 
 
 def test_rollout_correction_and_filter_groups_mapping():
     conv = convert(
-        parse_command(
+        ov(
             "algorithm.rollout_correction.rollout_is=token algorithm.rollout_correction.rollout_is_threshold=2.0 "
             "algorithm.rollout_correction.rollout_rs=token_k1,seq_mean_k3 "
             "algorithm.rollout_correction.rollout_rs_threshold=0.5_2.0,0.01 "
             "algorithm.rollout_correction.rollout_token_veto_threshold=1e-4 "
             "algorithm.filter_groups.enable=True algorithm.filter_groups.metric=acc "
             "algorithm.filter_groups.max_num_gen_batches=10",
-            ENV,
         )
     )
     assert conv.get("algorithm.rollout_correction") == {
@@ -204,7 +217,7 @@ def test_rollout_correction_and_filter_groups_mapping():
         "max_num_gen_batches": 10,
     }
     icepop = convert(
-        parse_command(
+        ov(
             "algorithm.rollout_correction.rollout_is=token algorithm.rollout_correction.rollout_is_threshold=0.5_5.0"
         )
     )
@@ -213,7 +226,7 @@ def test_rollout_correction_and_filter_groups_mapping():
 
 def test_policy_loss_params_only_where_the_loss_declares_them():
     conv = convert(
-        parse_command(
+        ov(
             "actor_rollout_ref.actor.policy_loss.loss_mode=gspo actor_rollout_ref.actor.clip_ratio_c=10.0 "
             "actor_rollout_ref.actor.clip_ratio_low=3e-4 actor_rollout_ref.actor.clip_ratio_high=4e-4"
         )
@@ -225,21 +238,11 @@ def test_policy_loss_params_only_where_the_loss_declares_them():
     }
     assert any(k.endswith("clip_ratio_c") and "has no clip_ratio_c" in why for k, _, why in conv.skipped)
     dro = convert(
-        parse_command(
+        ov(
             "actor_rollout_ref.actor.policy_loss.loss_mode=dro actor_rollout_ref.actor.policy_loss.dro_beta=0.2"
         )
     )
     assert dro.get("algorithm.policy_loss.beta") == 0.2
-
-
-def test_shell_expansion():
-    env = {"A": "x", "N": "3", "EMPTY": ""}
-    assert _expand('${A:-d}/${B:-"$A-def"}/${EMPTY:-e}/${EMPTY-f}', env) == "x/x-def/e/"
-    assert _expand("$((N * (2 + 1)))-$((1024 * 8))", env) == "9-8192"
-    assert _words("a=\"$A b\" c='$A' d=$A $@ e # comment", env) == ["a=x b", "c=$A", "d=x", "e"]
-    script = 'X=1\nif [ "$X" = "1" ]; then\n  Y=yes\nelse\n  Y=no\nfi\npython3 -m verl.trainer.main_ppo \\\n  trainer.experiment_name=$Y'
-    cmd = parse_command(script, {})
-    assert cmd.entry == "verl.trainer.main_ppo" and cmd.overrides == [("trainer.experiment_name", "yes")]
 
 
 def test_cli_writes_a_recipe_validate_accepts(tmp_path, capsys):
@@ -254,3 +257,315 @@ def test_docs_show_the_mapping_table():
     doc = (Path(__file__).parents[2] / "docs" / "from-verl.md").read_text()
     assert table_markdown() in doc, "docs/from-verl.md is stale: paste rlzoo.from_verl.table_markdown()"
     assert set(VERL_DEFAULTS) <= set(TABLE)
+
+
+# ---------------------------------------------------------------------------------------------
+# the fixture set: verl-style scripts written for these tests (docs/from-verl.md lists them)
+# ---------------------------------------------------------------------------------------------
+def test_rloo_arrays_and_inert_keys(tmp_path):
+    conv, cfg, _raw, script = convert_script("rloo_gsm8k_arrays", tmp_path)
+    assert cfg.algorithm.advantage.name == "rloo" and cfg.rollout.n == 5
+    assert cfg.model.path == "/home/u/models/Qwen2-7B-Instruct" and cfg.model.dtype == "bfloat16"
+    assert cfg.data.train_files == ["/home/u/data/gsm8k/train.parquet"]
+    assert cfg.algorithm.use_kl_in_reward and cfg.algorithm.kl_penalty.name == "k1"
+    skipped = {k: why for k, _, why in conv.skipped}
+    for key in (
+        "actor_rollout_ref.model.use_fused_kernels",
+        "actor_rollout_ref.rollout.load_format",
+        "actor_rollout_ref.actor.entropy_checkpointing",
+        "actor_rollout_ref.actor.use_torch_compile",
+    ):
+        assert key in skipped, key
+    assert any("$@" in n for n in conv.notes)
+    assert_every_key_accounted_for(conv, script)
+
+
+def test_reinforce_pp_slurm_defaults_and_arithmetic(tmp_path):
+    conv, cfg, _raw, script = convert_script("reinforce_pp_math_slurm", tmp_path)
+    assert cfg.algorithm.advantage.name == "reinforce_plus_plus"
+    assert cfg.data.train_batch_size == 128 and cfg.data.max_response_length == 3072
+    assert cfg.trainer.micro_batch.max_tokens == (1024 + 3072) * 2
+    assert cfg.algorithm.kl_loss.name == "k2"  # verl's mse is k2
+    assert cfg.rollout.backend.params.gpu_memory_utilization == 0.6
+    assert_every_key_accounted_for(conv, script)
+    # the SLURM variables, when the job has them
+    conv, _ = from_verl(
+        str(SCRIPTS / "reinforce_pp_math_slurm.sh"),
+        fixed={"SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_ON_NODE": "4"},
+    )
+    assert conv.get("data.train_batch_size") == 256 and conv.get("placement.trainer.nnodes") == 2
+
+
+def test_remax_torchrun_pipe(tmp_path):
+    conv, cfg, _raw, script = convert_script("remax_seq_balance_torchrun", tmp_path)
+    assert cfg.algorithm.advantage.name == "remax" and cfg.trainer.backend.params.offload
+    assert cfg.trainer.micro_batch.max_tokens == 30000 and not cfg.trainer.val_before_train
+    assert "trainer.balance_batch" in {k for k, _, _ in conv.skipped}
+    assert_every_key_accounted_for(conv, script)
+
+
+def test_ppo_critic_megatron_if_elif(tmp_path):
+    conv, cfg, _raw, script = convert_script("ppo_critic_megatron", tmp_path)
+    tb = cfg.trainer.backend
+    assert tb.name == "megatron"  # --config-name='ppo_megatron_trainer.yaml'
+    assert (tb.params.tensor_model_parallel_size, tb.params.pipeline_model_parallel_size) == (2, 2)
+    assert cfg.algorithm.advantage.name == "gae" and cfg.trainer.optim.critic_lr == 1e-5
+    assert cfg.trainer.optim.grad_clip == 1.0  # megatron's clip_grad
+    assert "critic.optim.lr_warmup_steps_ratio" in {k for k, _, _ in conv.skipped}  # equals the actor's
+    assert_every_key_accounted_for(conv, script)
+
+
+def test_vl_multiline_value_and_unused_substitution(tmp_path):
+    conv, cfg, _raw, script = convert_script("grpo_vl_geo3k_multiline", tmp_path)
+    assert cfg.rollout.backend.params.engine_kwargs == {"disable_mm_preprocessor_cache": "True"}
+    assert cfg.data.truncation == "filter" and cfg.algorithm.kl_loss_coef == 0.01
+    assert any("HOSTNAME_NOW not known" in n for n in conv.notes)
+    assert "command substitution" in conv.report()
+    assert_every_key_accounted_for(conv, script)
+
+
+def test_one_step_off_split_pools(tmp_path):
+    conv, cfg, _raw, script = convert_script("one_step_off_grpo", tmp_path)
+    assert cfg.runner.name == "one_step_off" and cfg.placement.colocate is False
+    assert cfg.placement.rollout.n_gpus_per_node == 4 and cfg.trainer.micro_batch.max_tokens == 10240
+    assert_every_key_accounted_for(conv, script)
+
+
+@pytest.mark.parametrize(
+    ("loss", "params"),
+    [
+        ("cispo", {"clip_ratio_low": 10, "clip_ratio_high": 0.2}),
+        ("gspo", {"clip_ratio_low": 0.0003, "clip_ratio_high": 0.0004}),
+        ("geo_mean", {"clip_ratio_low": 0.4, "clip_ratio_high": 0.4}),
+        ("sapo", {"tau_pos": 1.0, "tau_neg": 1.05}),
+    ],
+)
+def test_policy_losses_cispo_gspo_gmpo_sapo(tmp_path, monkeypatch, loss, params):
+    monkeypatch.setenv("LOSS", loss)
+    conv, cfg, _raw, script = convert_script("cispo_gspo_gmpo_sapo", tmp_path)
+    assert cfg.algorithm.policy_loss.name == loss
+    for name, value in params.items():
+        assert getattr(cfg.algorithm.policy_loss.params, name) == pytest.approx(value)
+    if loss in ("gspo", "geo_mean"):
+        assert cfg.algorithm.loss_agg.name == "seq-mean-token-mean"
+    assert_every_key_accounted_for(conv, script)
+
+
+def test_rollout_correction_bypass_and_loss_type(tmp_path, monkeypatch):
+    conv, cfg, _raw, script = convert_script("rollout_correction_bypass", tmp_path)
+    rc = cfg.algorithm.rollout_correction
+    assert rc.name == "rejection" and rc.params.mode == "bypass"
+    assert rc.params.criteria == "token_k1,seq_max_k2"  # the escaped Hydra quotes are gone
+    assert "algorithm.rollout_correction.loss_type" in {k for k, _, _ in conv.skipped}
+    assert_every_key_accounted_for(conv, script)
+    monkeypatch.setenv("LOSS_TYPE", "reinforce")
+    with pytest.raises(
+        RlzooError, match=r"no REINFORCE loss with explicit pi/pi_rollout weights in bypass mode"
+    ):
+        from_verl(str(SCRIPTS / "rollout_correction_bypass.sh"))
+
+
+def test_reward_model_script(tmp_path):
+    conv, cfg, _raw, script = convert_script("ppo_reward_model", tmp_path)
+    mgr = cfg.reward.manager
+    assert mgr.name == "reward_model"
+    assert mgr.params.path == "/home/u/models/Skywork-Reward-V2-Llama-3.2-3B" and mgr.params.batch_size == 32
+    assert mgr.params.with_scorer == "off"  # verl's rm_scores replace the rule-based score
+    assert [k for k, _, _ in conv.manual] == ["reward_model.model.input_tokenizer"]
+    skipped = {k for k, _, _ in conv.skipped}
+    assert {"reward_model.rollout.gpu_memory_utilization", "reward_model.num_workers"} <= skipped
+    assert_every_key_accounted_for(conv, script)
+
+
+def test_dapo_recipe_through_ray_job_submit(tmp_path, monkeypatch):
+    monkeypatch.setenv("PWD", "/w")
+    conv, cfg, _raw, script = convert_script("dapo_recipe_ray_submit", tmp_path)
+    assert cfg.runner.name == "sync"  # recipe.dapo.main_dapo
+    rm = cfg.reward.manager
+    assert rm.name == "dapo"
+    assert (rm.params.enable, rm.params.overlong_buffer_len, rm.params.penalty_factor) == (True, 4096, 1.0)
+    assert rm.params.max_response_length == 8192  # recipe/dapo: data.max_response_length
+    assert cfg.algorithm.sample_filter.name == "dynamic_sampling"
+    assert cfg.model.path == "/home/u/verl/models/Qwen2.5-Math-7B"
+    assert cfg.run.dir == "/home/u/verl/ckpts/DAPO/DAPO-Qwen2.5-7B-Math"
+    assert ("trainer.resume_mode", "disable") in [(k, v) for k, v, _ in conv.skipped]  # else # comment
+    assert_every_key_accounted_for(conv, script)
+
+
+@pytest.mark.parametrize(
+    ("name", "fixed", "refusal"),
+    [
+        ("fully_async_ulysses", {}, r"rlzoo has no Ulysses sequence parallelism: set it to 1"),
+        ("grpo_lora", {}, r"lora_rank = 64: rlzoo has no LoRA adapters yet"),
+        (
+            "multiturn_tools",
+            {},
+            r"\$PROJECT_DIR, set from the command substitution `\$\(pwd\)`.*--env PROJECT_DIR=",
+        ),
+        (
+            "multiturn_tools",
+            {"PROJECT_DIR": "/w"},
+            r"multi_turn.enable = True: rlzoo has no multi-turn tool rollout",
+        ),
+        ("multiturn_tools", {"PROJECT_DIR": "/w"}, r"rollout engine 'sglang' has no rlzoo rollout backend"),
+    ],
+)
+def test_refusals_name_the_missing_feature(name, fixed, refusal):
+    with pytest.raises(RlzooError, match=refusal) as e:
+        from_verl(str(SCRIPTS / f"{name}.sh"), fixed=fixed)
+    assert "no rule" not in str(e.value)
+
+
+def test_help_example_validates(tmp_path):
+    from rlzoo.cli import EXAMPLES
+
+    line = next(x for x in EXAMPLES["from-verl"].replace("\\\n", " ").splitlines() if "adv_estimator" in x)
+    words = line.split("#")[0].split()[2:]
+    out = tmp_path / "help.yaml"
+    assert main(["from-verl", *words, "--out", str(out)]) == 0
+    assert main(["validate", str(out)]) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# every row of the table
+# ---------------------------------------------------------------------------------------------
+from rlzoo.from_verl.table import Manual, Rule, Skip, To  # noqa: E402
+
+#: a value each rule accepts, where 1 would not do (keys of TABLE; a `.*` row gets `.sub`)
+SAMPLE: dict[str, object] = {
+    "data.truncation": "left",
+    "data.train_files": "/d/t.parquet",
+    "data.val_files": "/d/v.parquet",
+    "actor_rollout_ref.actor.strategy": "fsdp2",
+    "critic.strategy": "fsdp",
+    "actor_rollout_ref.rollout.name": "vllm",
+    "actor_rollout_ref.model.torch_dtype": "bf16",
+    "actor_rollout_ref.actor.fsdp_config.model_dtype": "fp32",
+    "trainer.logger": "['console']",
+    "actor_rollout_ref.actor.optim.betas": "[0.9,0.95]",
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": "bf16",
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype": "fp32",
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype": "fp32",
+    "actor_rollout_ref.actor.router_replay.*": "disabled",
+    "actor_rollout_ref.actor.optim.lr_warmup_init": 0,
+    "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
+    "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
+    "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
+    "algorithm.adv_estimator": "grpo",
+    "algorithm.kl_penalty": "kl",
+    "reward_model.reward_manager": "naive",
+    "actor_rollout_ref.actor.optim.warmup_style": "constant",
+    "actor_rollout_ref.actor.optim.lr_scheduler_type": "constant",
+    "actor_rollout_ref.actor.optim.lr_decay_style": "constant",
+    "algorithm.kl_ctrl.type": "fixed",
+    "algorithm.rollout_correction.*": None,
+    "critic.optim.betas": "[0.9,0.95]",
+    "reward_model.enable": False,
+}
+#: the value of a Skip row with `when` that it refuses
+REFUSED = {"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": "fp32"}
+_OFF_FEATURES = [k for k, r in TABLE.items() if isinstance(r, Skip) and r.when is not None]
+
+
+def _row_key(key: str) -> str:
+    return key[:-2] + ".sub" if key.endswith(".*") else key
+
+
+def _report_of(key: str, value: object):
+    words = [f"{_row_key(key)}={value}"]
+    if key.startswith("critic.optim."):
+        words.append(f"actor_rollout_ref.actor.optim.{key.rsplit('.', 1)[1]}={value}")
+    return convert(ov(" ".join(words)))
+
+
+@pytest.mark.parametrize("key", [k for k, r in TABLE.items() if isinstance(r, To)])
+def test_every_to_row_sets_its_rlzoo_key(key):
+    rule = TABLE[key]
+    value = SAMPLE.get(key, 1)
+    conv = _report_of(key, value)
+    expected = rule.how(parse_value(str(value))) if rule.how else parse_value(str(value))
+    assert conv.get(rule.key) == expected
+    assert any(m[0] == _row_key(key) and m[2] == rule.key for m in conv.mapped)
+
+
+@pytest.mark.parametrize("key", [k for k, r in TABLE.items() if isinstance(r, Skip)])
+def test_every_not_needed_row_says_why(key):
+    rule = TABLE[key]
+    value = SAMPLE.get(key, 1)
+    if rule.when is not None and key not in SAMPLE:  # a value the row accepts
+        value = next(c for c in (0, 1, False, "null") if rule.when(parse_value(str(c))))
+    conv = _report_of(key, value)
+    assert (_row_key(key), parse_value(str(value)), rule.why) in conv.skipped
+
+
+@pytest.mark.parametrize("key", _OFF_FEATURES)
+def test_every_conditional_row_refuses_the_feature_by_name(key):
+    rule = TABLE[key]
+    value = REFUSED.get(key, "on_value")
+    with pytest.raises(RlzooError) as e:
+        _report_of(key, value)
+    assert rule.otherwise in str(e.value) and rule.otherwise and "no rule" not in rule.otherwise
+
+
+@pytest.mark.parametrize("key", [k for k, r in TABLE.items() if isinstance(r, Manual)])
+def test_every_manual_row_is_written_into_the_recipe(key):
+    conv = _report_of(key, 1)
+    assert [(k, why) for k, _, why in conv.manual] == [(_row_key(key), TABLE[key].why)]
+    assert "MANUAL STEP" in render(conv, "x")
+
+
+@pytest.mark.parametrize("key", [k for k, r in TABLE.items() if isinstance(r, Rule)])
+def test_every_combined_row_accounts_for_its_key(key):
+    value = SAMPLE.get(key, 1)
+    try:
+        conv = _report_of(key, value)
+    except RlzooError as e:  # a refusal must name what is missing, never "no rule"
+        assert _row_key(key) in str(e) and "no rule" not in str(e)
+        return
+    assert _row_key(key) in conv.report()
+
+
+def test_a_bad_value_says_what_would_be_right():
+    with pytest.raises(RlzooError, match=r"betas 1: expected two numbers, e.g. \[0.9,0.999\]"):
+        convert(ov("actor_rollout_ref.actor.optim.betas=1"))
+
+
+def test_an_unknown_key_is_the_only_no_rule():
+    with pytest.raises(RlzooError, match=r"foo.bar = 1: no rule"):
+        convert(ov("foo.bar=1"))
+
+
+_VALUES = st.one_of(
+    st.integers(-3, 10**6).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(str),
+    st.sampled_from(
+        ["True", "False", "null", "/x", "", "[1,2]", "['a']", "{a: 1}", "0.5_2.0", "token", "'q'"]
+    ),
+    st.text(max_size=8),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(sorted(TABLE)), _VALUES), max_size=8))
+def test_any_values_of_known_keys_give_a_result_or_its_own_error(pairs):
+    command = parse_overrides([f"{k.replace('.*', '.sub')}={v}" for k, v in pairs])
+    with contextlib.suppress(RlzooError):  # anything else (TypeError, ...) fails the test
+        convert(command)
+
+
+def test_cli_env_fixes_a_variable_and_prints_what_was_not_run(tmp_path, capsys):
+    script = tmp_path / "run.sh"
+    script.write_text(
+        "NOW=$(date +%s)\nHOST=`hostname`\n"
+        "python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=4 "
+        "data.train_batch_size=8 actor_rollout_ref.actor.ppo_mini_batch_size=8 trainer.experiment_name=run_$NOW\n"
+    )
+    out = tmp_path / "r.yaml"
+    assert main(["from-verl", str(script), "--out", str(out)]) != 0
+    assert "--env NOW=VALUE" in capsys.readouterr().err
+    assert main(["from-verl", str(script), "--env", "NOW=42", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "trainer.experiment_name = 'run_42'  ->  run.name = 'run_42'" in printed
+    assert "read from the script without running it:" in printed and "HOST not known" in printed
+    assert main(["from-verl", str(script), "--env", "NOW"]) != 0
+    assert "--env 'NOW': expected NAME=VALUE" in capsys.readouterr().err
