@@ -44,6 +44,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlzoo.algorithms.correction",
     "rlzoo.algorithms.filters",
     "rlzoo.algorithms.scorers",
+    "rlzoo.algorithms.agents",
     "rlzoo.algorithms.reward",
     "rlzoo.data.builtin",
     "rlzoo.backends.native",
