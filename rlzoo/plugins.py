@@ -54,6 +54,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlzoo.runners",
     "rlzoo.loggers",
     "rlzoo.tasks.quickstart",
+    "rlzoo.tasks.tools",
     "rlzoo.tasks.smollm2",
     "rlzoo.backends.simulated",
     "rlzoo.recipes",

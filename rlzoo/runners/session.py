@@ -32,6 +32,7 @@ from rlzoo.runners.inputs import (
     ensure_data,
     load_processor,
     load_tokenizer,
+    multi_turn_rollout,
     rollout_spec,
     train_spec,
 )
@@ -128,6 +129,8 @@ class Session:
             tb, train_spec(cfg, self.total_steps, self.tokenizer)
         )
         self.rollout = self.placement.rollout_backend(rb, self.rollout_spec)
+        if cfg.rollout.environment is not None:  # multi-turn: every batch source goes through it
+            self.rollout = multi_turn_rollout(cfg, self.rollout, self.tokenizer, self.rollout_spec)
         self.trainer = PolicyTrainer.from_config(cfg, self.train_backend, offpolicy_metrics=offpolicy_metrics)
         self.ckpt = CheckpointManager(self.run_dir, cfg.trainer.max_checkpoints)
         self.start_step = 0
