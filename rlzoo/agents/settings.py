@@ -34,13 +34,10 @@ class MultiTurnSettings:
         "string argument (tiny word-level models)",
     )
     env_timeout_s: float = param(
-        30.0, gt=0, help="seconds an environment's reset / step may take (past it: the trajectory fails)"
-    )
-    max_failed_steps: int = param(
-        3,
-        ge=0,
-        help="abort the run (with the last error) when every trajectory of this many consecutive "
-        "batches failed in its environment; 0: never abort (failures are still counted)",
+        30.0,
+        gt=0,
+        help="seconds an environment's reset / step may take; past it (or when it raises) the trajectory "
+        "fails, scored as a failed sample: reward/failed, and reward.max_failed_steps aborts the run",
     )
     concurrency: int = param(
         64, ge=1, help="environment / tool calls running at once (threads for sync ones)"

@@ -87,3 +87,31 @@ def check_sampled_ids_are_trained(samples: Sequence[Sample], rec: Recorder, batc
             assert rec.turns[k].prompt_ids == [*s.prompt_ids, *s.response_ids[:a]]
         most = max(most, len(turns))
     return most
+
+
+class ScriptedBackend:
+    """A rollout backend that "samples" scripted text: ``script(turn, prompt_text) -> text`` per
+    turn, encoded and closed with EOS (log-prob -1.0 a token, version 0). Deterministic, instant."""
+
+    def __init__(self, tokenizer: Any, script: Any, eos: int) -> None:
+        self.tok, self.script, self.eos = tokenizer, script, eos
+        self.version = 0
+        self._queue: list[Sample] = []
+
+    def submit(self, requests: Sequence[GenerationRequest]) -> None:
+        for r in requests:
+            turn = int(r.request_id.rsplit("#t", 1)[1])
+            text = self.script(turn, self.tok.decode(r.prompt_ids))
+            ids = [*self.tok(text, add_special_tokens=False)["input_ids"], self.eos][
+                : r.sampling.max_new_tokens
+            ]
+            reason = "stop" if ids[-1] == self.eos else "length"
+            self._queue.append(Sample.of_request(r, 0, ids, [-1.0] * len(ids), [0] * len(ids), reason))
+
+    def stream(self, timeout: float | None = None) -> Iterator[Sample]:
+        while self._queue:
+            yield self._queue.pop(0)
+
+    def pause(self) -> None: ...
+    def resume(self) -> None: ...
+    def shutdown(self) -> None: ...
