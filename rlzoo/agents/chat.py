@@ -124,5 +124,20 @@ class ChatTemplate:
         at = next(i for i in range(k) if i >= len(after) or after[i] != before[i])
         return at, self._show(before[at : at + 8]), self._show(after[at : at + 8])
 
+    def probe(self) -> None:
+        """Render a two-turn conversation once (user, assistant, tool result, user): a template that
+        cannot serve a multi-turn rollout fails here, before any model is loaded."""
+        conv: list[Message] = [{"role": "user", "content": "1"}, {"role": "assistant", "content": "2"}]
+        for new in ([{"role": "tool", "content": "3"}], [{"role": "user", "content": "4"}]):
+            try:
+                self.delta_ids(conv, new)
+            except TemplateTurnError:
+                raise
+            except Exception as exc:  # a template error (e.g. a role it refuses)
+                raise TemplateTurnError(
+                    f"the chat template cannot render a {new[0]['role']!r} message after an assistant turn: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+
     def _show(self, ids: Sequence[int]) -> str:
         return repr(self.tokenizer.decode(list(ids)))

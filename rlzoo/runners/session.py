@@ -123,6 +123,12 @@ class Session:
         self.reward_failures = RewardFailures(cfg.reward.max_failed_steps)  # rlzoo.failures (H5)
         self.placement = make_placement(cfg)
         self.rollout_spec = rollout_spec(cfg, self.tokenizer)
+        if (
+            cfg.rollout.environment is not None
+        ):  # a template that cannot do multi-turn fails before any model loads
+            from rlzoo.agents.chat import ChatTemplate
+
+            ChatTemplate(self.tokenizer, stop_ids=self.rollout_spec.eos_token_ids).probe()
         tb: Selection = cfg.trainer.backend
         rb: Selection = cfg.rollout.backend
         self.train_backend = self.placement.train_backend(

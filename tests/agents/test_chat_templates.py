@@ -199,3 +199,15 @@ def _with_template(tok: Any, template: str) -> Any:
     out = copy.copy(tok)
     out.chat_template = template
     return out
+
+
+def test_probe_refuses_a_template_before_any_model_loads(smollm2_tokenizer: Any) -> None:
+    eos = [smollm2_tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    ChatTemplate(smollm2_tokenizer, stop_ids=eos).probe()  # SmolLM2's serves
+    refuses_tools = _with_template(
+        smollm2_tokenizer,
+        "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tool role') }}{% endif %}"
+        "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",
+    )
+    with pytest.raises(TemplateTurnError, match="cannot render a 'tool' message"):
+        ChatTemplate(refuses_tools, stop_ids=eos).probe()

@@ -129,3 +129,17 @@ def test_environment_suite_catches_undeclared_tools() -> None:
     with pytest.raises(AssertionError, match="does not declare offers_tools"):
         Suite().test_tools_are_tools_with_unique_names()
     Suite().test_reset_gives_the_first_observation()  # the rest of it conforms
+
+
+def test_validate_rules_of_agent_settings() -> None:
+    from rlzoo.config import load_config
+    from rlzoo.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_config("quickstart", ["rollout.tools=[calc,calc]"])
+    assert "set rollout.environment" in str(err.value) and "calc given more than once" in str(err.value)
+    with pytest.raises(ConfigError, match="per_turn_max_tokens: 100 is more than the whole response budget"):
+        load_config("quickstart_tools", ["rollout.multi_turn.per_turn_max_tokens=100"])
+    with pytest.raises(ConfigError, match="tool_call_format must be one of hermes, plain"):
+        load_config("quickstart_tools", ["rollout.multi_turn.tool_call_format=json"])
+    load_config("quickstart_tools", [])
