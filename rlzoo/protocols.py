@@ -203,7 +203,9 @@ class AgentTurn:
     text: str
     turn: int  # 0-based index of the model turn in the trajectory
     finish_reason: str = "stop"  # "stop" | "length"
+    #: the tool calls the model made since the environment's last step (with their results)
     tool_calls: tuple[ToolCall, ...] = ()
+    tool_results: tuple[str, ...] = ()
 
 
 @runtime_checkable

@@ -105,6 +105,7 @@ class ToolArithmetic:
             [CalcTool(CalcParams(spaced_digits=params.spaced_digits))] if params.with_tool else []
         )
         self.answer: int | None = None
+        self.question = ""
 
     def tools(self) -> Sequence[Tool]:
         return self._tools
@@ -129,13 +130,23 @@ class ToolArithmetic:
                 else " Give the result as 'Answer: N'."
             )
             messages.append({"role": "system", "content": "Add the two numbers." + how})
-        messages.append({"role": "user", "content": f"{self._number(a)} + {self._number(b)}"})
+        self.question = f"{self._number(a)} + {self._number(b)}"
+        messages.append({"role": "user", "content": self.question})
         return EnvStep(messages=messages)
 
     def step(self, turn: AgentTurn) -> EnvStep:
         text = turn.text.split("Answer:")[-1]
         ok = self.answer is not None and _digits(text) == str(self.answer)
-        return EnvStep(messages=[], reward=1.0 if ok else 0.0, done=True, info={"acc": float(ok)})
+        reward = 1.0 if ok else 0.0
+        info = {"acc": float(ok)}
+        if self.params.call_credit > 0:
+            calls = [c for c in turn.tool_calls if c.name == "calc"]
+            said = str(calls[0].arguments.get("expression", "")).split() if calls else []
+            want = self.question.split()
+            share = sum(1 for x, y in zip(said, want) if x == y) / max(len(want), len(said))
+            reward += self.params.call_credit * share
+            info["call_match"] = share
+        return EnvStep(messages=[], reward=reward, done=True, info=info)
 
 
 def make_tool_arithmetic(params: ToolArithmeticParams) -> ToolArithmetic:

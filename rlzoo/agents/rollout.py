@@ -84,6 +84,8 @@ class _Traj:
     truncated: bool = False
     error: str | None = None
     env_info: dict[str, float] = field(default_factory=dict)
+    pending_calls: list[ToolCall] = field(default_factory=list)  # since the env's last step
+    pending_results: list[str] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -308,6 +310,8 @@ class MultiTurnRollout:
             traj.tool_calls += 1
             text, failed = await self._one_tool(traj, call)
             traj.tool_errors += int(failed)
+            traj.pending_calls.append(call)
+            traj.pending_results.append(text)
             messages.append({"role": "tool", "name": call.name, "content": text})
         for err in errors:
             traj.tool_errors += 1
@@ -447,7 +451,14 @@ class MultiTurnRollout:
                     return
                 self._spawn("tools", traj, self._tools_step(traj, calls, errors))
                 return
-            turn = AgentTurn(text=text, turn=traj.turns - 1, finish_reason=s.finish_reason)
+            turn = AgentTurn(
+                text=text,
+                turn=traj.turns - 1,
+                finish_reason=s.finish_reason,
+                tool_calls=tuple(traj.pending_calls),
+                tool_results=tuple(traj.pending_results),
+            )
+            traj.pending_calls, traj.pending_results = [], []
             self._spawn("step", traj, self._step(traj, turn))
 
     async def _tools_step(self, traj: _Traj, calls: list[ToolCall], errors: list[str]) -> EnvStep:

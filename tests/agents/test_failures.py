@@ -175,3 +175,18 @@ def test_agent_metrics_of_a_batch() -> None:
     # the reward sits on the last trained token
     last = [max(j for j, v in enumerate(row.tolist()) if v) for row in batch["response_mask"]]
     assert [float(batch["token_level_scores"][i, j]) for i, j in enumerate(last)] == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_the_environment_sees_the_turn_s_tool_calls_and_shapes_on_them() -> None:
+    """call_credit: the answer turn earns call_credit x the share of the question the calc call
+    repeated in place. By hand: "1 2 3 + 4 5 7" repeats 6 of the 7 words of "1 2 3 + 4 5 6"; the
+    answer 5 8 0 (what the tool said) is wrong: reward 0 + 0.5 * 6 / 7."""
+    script = {0: "calc 1 2 3 + 4 5 7", 1: "Answer: 5 8 0"}
+    (s,) = run(lambda t, _: script[t], lambda: ToolArithmetic(ToolArithmeticParams(call_credit=0.5)))
+    assert s.agent is not None
+    assert s.agent["reward"] == pytest.approx(0.5 * 6 / 7) and s.agent["env_info"][
+        "call_match"
+    ] == pytest.approx(6 / 7)
+    script = {0: "calc 1 2 3 + 4 5 6", 1: "Answer: 5 7 9"}
+    (s,) = run(lambda t, _: script[t], lambda: ToolArithmetic(ToolArithmeticParams(call_credit=0.5)))
+    assert s.agent is not None and s.agent["reward"] == pytest.approx(1.5)
