@@ -26,6 +26,7 @@ __all__ = [
     "AdvantageCapabilities",
     "Capabilities",
     "DatasetCapabilities",
+    "EnvironmentCapabilities",
     "KLCapabilities",
     "LoggerCapabilities",
     "PolicyLossCapabilities",
@@ -35,6 +36,7 @@ __all__ = [
     "RunnerCapabilities",
     "SampleFilterCapabilities",
     "ScorerCapabilities",
+    "ToolCapabilities",
     "TrainBackendCapabilities",
     "capability_record",
 ]
@@ -125,6 +127,23 @@ class SampleFilterCapabilities(Capabilities):
 
 
 @dataclass(frozen=True)
+class EnvironmentCapabilities(Capabilities):
+    offers_tools: bool = param(
+        False,
+        help="env.tools() may return tools the model calls (without it, tools() must be empty; the conformance suite checks)",
+    )
+    per_turn_rewards: bool = param(
+        False, help="step() returns a reward on intermediate turns, not only the last (shown)"
+    )
+    is_async: bool = param(False, help="reset / step are coroutines (shown; the rollout awaits either kind)")
+
+
+@dataclass(frozen=True)
+class ToolCapabilities(Capabilities):
+    is_async: bool = param(False, help="call() is a coroutine (shown; the rollout awaits either kind)")
+
+
+@dataclass(frozen=True)
 class DatasetCapabilities(Capabilities):
     modalities: tuple[str, ...] = param((), help="what the prompts hold: 'text', 'image'")
 
@@ -180,6 +199,8 @@ CAPABILITIES: Mapping[str, type[Capabilities]] = {
     "reward_manager": RewardManagerCapabilities,
     "scorer": ScorerCapabilities,
     "sample_filter": SampleFilterCapabilities,
+    "environment": EnvironmentCapabilities,
+    "tool": ToolCapabilities,
     "dataset": DatasetCapabilities,
     "train_backend": TrainBackendCapabilities,
     "rollout_backend": RolloutBackendCapabilities,

@@ -157,6 +157,34 @@ def _logger_rule(cfg: RecipeConfig) -> list[str]:
     return out
 
 
+def _agent_rule(cfg: RecipeConfig) -> list[str]:
+    """Tools and multi-turn settings act only in a multi-turn rollout; tool names must not repeat."""
+    out = []
+    if cfg.rollout.environment is None and cfg.rollout.tools:
+        out.append(
+            "rollout.tools: tools are called from a multi-turn rollout; set rollout.environment "
+            "(an environment part, e.g. tool_arithmetic) or remove rollout.tools"
+        )
+    names = [sel.name for sel in cfg.rollout.tools if isinstance(sel, Selection)]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        out.append(f"rollout.tools: {', '.join(repeated)} given more than once")
+    mt = cfg.rollout.multi_turn
+    if mt is None:  # did not bind: reported already
+        return out
+    per_turn = mt.per_turn_max_tokens
+    if (
+        cfg.rollout.environment is not None
+        and per_turn is not None
+        and per_turn > cfg.data.max_response_length
+    ):
+        out.append(
+            f"rollout.multi_turn.per_turn_max_tokens: {per_turn} is more than the whole response budget "
+            f"(data.max_response_length={cfg.data.max_response_length}), which counts every turn"
+        )
+    return out
+
+
 def _runner_rule(cfg: RecipeConfig) -> list[str]:
     runner = cfg.runner
     if isinstance(runner, Selection):
@@ -175,6 +203,7 @@ CONSISTENCY_RULES: list[Any] = [
     _sum_pi_squared_rule,
     _placement_rule,
     _logger_rule,
+    _agent_rule,
     _runner_rule,
 ]
 

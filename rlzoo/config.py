@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rlzoo.agents.settings import MultiTurnSettings
 from rlzoo.binding import bind_dataclass, coerce, field_types, to_plain
 from rlzoo.errors import ConfigError
 from rlzoo.plugins import PluginManager, get_plugin_manager
@@ -205,6 +206,16 @@ class RolloutSection:
     top_p: float = param(1.0, gt=0, le=1, help="nucleus sampling")
     top_k: int = param(-1, ge=-1, help="top-k sampling (-1 = off)")
     val: SamplingSection = param(SamplingSection(n=1, temperature=0.0), help="validation sampling")
+    environment: Any = part(
+        "environment",
+        None,
+        help="environment of a multi-turn rollout (None: single-turn prompt -> response)",
+        optional=True,
+    )
+    tools: list[Any] = parts("tool", [], help="tools the model may call, on top of the environment's")
+    multi_turn: MultiTurnSettings = param(
+        MultiTurnSettings(), help="limits and formats of multi-turn rollouts (when environment is set)"
+    )
 
 
 @dataclass

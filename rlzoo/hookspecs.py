@@ -14,7 +14,8 @@ a key the record does not declare is an error at registration. The calling conve
 kind are the Protocols in :mod:`rlzoo.protocols`. rlzoo calls every hook through pluggy's hook
 caller, so hook wrappers and ``tryfirst`` / ``trylast`` apply.
 
-Hooks are grouped by lifecycle: algorithm parts, reward parts, data, execution, configuration.
+Hooks are grouped by lifecycle: algorithm parts, reward parts, agent parts, data, execution,
+configuration.
 """
 
 from __future__ import annotations
@@ -126,6 +127,38 @@ def rlzoo_register_reward_managers(registry: Registrar) -> None:
     instances are called with a list of :class:`rlzoo.protocols.RewardItem` and return one
     :class:`rlzoo.protocols.RewardResult` per item. A scorer that raises or returns NaN must
     yield a failed result, not an exception. Selected by ``reward.manager.name``.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Agent parts (multi-turn rollouts)
+# ---------------------------------------------------------------------------------------------
+@hookspec
+def rlzoo_register_environments(registry: Registrar) -> None:
+    """Register environments (kind ``environment``): what a model acts in over several turns.
+
+    An environment is a factory ``factory(params) -> Environment`` called once per trajectory (see
+    :class:`rlzoo.protocols.Environment`). ``env.reset(row)`` receives the dataset row and returns
+    an :class:`rlzoo.protocols.EnvStep` whose ``messages`` are the first observation (the chat
+    messages the prompt is rendered from); ``env.step(turn)`` receives the model's turn (an
+    :class:`rlzoo.protocols.AgentTurn`: its text, read-only) and returns the next observation, an
+    optional per-turn reward, ``done`` and info. Either method may be ``async``: the multi-turn
+    rollout awaits it off the engine, so a slow environment holds only its own trajectory.
+    ``env.tools()`` lists the :class:`rlzoo.protocols.Tool` objects it offers the model. Selected
+    by ``rollout.environment``; its limits are ``rollout.multi_turn``.
+    """
+
+
+@hookspec
+def rlzoo_register_tools(registry: Registrar) -> None:
+    """Register tools (kind ``tool``): functions a model calls from its turn.
+
+    A tool is a factory ``factory(params) -> Tool`` (see :class:`rlzoo.protocols.Tool`): it has a
+    ``name``, a ``description``, a JSON schema of its arguments (``parameters``), a per-call
+    ``timeout_s`` and ``call(arguments) -> str`` (or an ``async`` one). A call that raises, times
+    out or gets arguments its schema refuses becomes an error observation the model reads, and is
+    counted (``agent/tool_errors``). Selected by ``rollout.tools`` (a list), on top of
+    the tools the environment offers.
     """
 
 

@@ -71,6 +71,18 @@ KINDS: tuple[Kind, ...] = (
         "algorithm.sample_filter",
     ),
     Kind(
+        "environment",
+        "rlzoo_register_environments",
+        "dataset row -> first observation; model turn -> next observation, reward, done (multi-turn)",
+        "rollout.environment",
+    ),
+    Kind(
+        "tool",
+        "rlzoo_register_tools",
+        "name + JSON-schema arguments -> text, with a timeout (called from a model's turn)",
+        "rollout.tools",
+    ),
+    Kind(
         "dataset",
         "rlzoo_register_datasets",
         "prepares a named dataset (hub name or local path) into rlzoo's parquet schema",

@@ -6,7 +6,7 @@ given in comments: ``B`` responses, ``T`` response tokens (padded), ``G`` groups
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -167,6 +167,77 @@ class RewardManager(Protocol):
 
 
 # ---------------------------------------------------------------------------------------------
+# agents: environments and tools (multi-turn rollouts)
+# ---------------------------------------------------------------------------------------------
+#: A chat message: ``{"role": "user" | "assistant" | "tool" | "system", "content": str, ...}``.
+Message = dict[str, Any]
+
+
+@dataclass
+class EnvStep:
+    """What an environment returns from ``reset`` (the first observation) and ``step``."""
+
+    messages: list[Message]  # appended to the conversation (reset: the whole prompt)
+    reward: float | None = None  # this turn's reward (None: none); the trajectory's is their sum
+    done: bool = False  # the episode ended: no further model turn
+    info: dict[str, Any] = field(default_factory=dict)  # numbers become agent/env/<key> metrics
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call parsed from a model's turn."""
+
+    name: str
+    arguments: dict[str, Any]
+    raw: str = ""  # the text it was parsed from
+
+
+@dataclass(frozen=True)
+class AgentTurn:
+    """The model's turn, as an environment reads it.
+
+    ``text`` is the sampled ids decoded for reading only: the trajectory keeps the sampled ids
+    themselves, never this text encoded again.
+    """
+
+    text: str
+    turn: int  # 0-based index of the model turn in the trajectory
+    finish_reason: str = "stop"  # "stop" | "length"
+    #: the tool calls the model made since the environment's last step (with their results)
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_results: tuple[str, ...] = ()
+
+
+@runtime_checkable
+class Tool(Protocol):
+    """A tool a model calls: ``call(arguments)`` returns text (or awaits it) within ``timeout_s``."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]  # JSON schema of the arguments ({"type": "object", ...})
+    timeout_s: float  # per call; a call past it is a tool error the model reads
+
+    def call(self, arguments: Mapping[str, Any]) -> str | Awaitable[str]: ...
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """One episode (the factory is called once per trajectory). Methods may be ``async``."""
+
+    def reset(self, row: Mapping[str, Any]) -> EnvStep | Awaitable[EnvStep]: ...
+    def step(self, turn: AgentTurn) -> EnvStep | Awaitable[EnvStep]: ...
+    def tools(self) -> Sequence[Tool]: ...
+
+
+class ToolFactory(Protocol):
+    def __call__(self, params: Any) -> Tool: ...
+
+
+class EnvironmentFactory(Protocol):
+    def __call__(self, params: Any) -> Environment: ...
+
+
+# ---------------------------------------------------------------------------------------------
 # rollout
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -203,6 +274,12 @@ class Sample:
     finish_reason: str  # "stop" | "length" | "abort"
     data: dict[str, Any] = field(default_factory=dict)
     multi_modal: dict[str, Any] | None = None
+    #: one per response token: 1 where the policy sampled it (trained), 0 where an environment or
+    #: a tool wrote it (multi-turn; see :mod:`rlzoo.agents`). None: every token was sampled.
+    loss_mask: list[int] | None = None
+    #: a multi-turn trajectory's record (turns, tool calls, errors, rewards, env time; see
+    #: :class:`rlzoo.agents.TrajectoryStats`); None for a single-turn sample.
+    agent: dict[str, Any] | None = None
 
     @classmethod
     def of_request(

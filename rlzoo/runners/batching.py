@@ -82,6 +82,7 @@ def samples_to_batch(
     attn_rows: list[list[int]] = []
     rlp_rows: list[list[float]] = []
     score_rows: list[list[float]] = []
+    mask_rows: list[list[int]] = []
     for i, s in enumerate(samples):
         p = len(s.prompt_ids)
         r = list(s.response_ids[:T])
@@ -95,10 +96,22 @@ def samples_to_batch(
         ids_rows.append([pad_token_id] * (P - p) + list(s.prompt_ids) + r + [pad_token_id] * (T - n))
         attn_rows.append([0] * (P - p) + [1] * (p + n) + [0] * (T - n))
         rlp_rows.append(lp + [0.0] * (T - n))
+        # trained tokens: the sampled ones (a multi-turn trajectory's observations are context only)
+        if s.loss_mask is None:
+            mask = [1] * n
+        else:
+            if len(s.loss_mask) != len(s.response_ids):
+                raise ValueError(
+                    f"sample {s.request_id}/{s.index}: {len(s.loss_mask)} loss-mask entries for "
+                    f"{len(s.response_ids)} response tokens (one per token)"
+                )
+            mask = [int(bool(m)) for m in s.loss_mask[:n]]
+        mask_rows.append(mask + [0] * (T - n))
         if results is not None:
             row = [0.0] * T
+            last = max((j for j in range(n) if mask[j]), default=n - 1)  # the last trained token
             if n:
-                row[n - 1] = float(results[i].reward)
+                row[last] = float(results[i].reward)
             score_rows.append(row)
     input_ids = torch.tensor(ids_rows, dtype=torch.long).reshape(B, P + T)
     attn = torch.tensor(attn_rows, dtype=torch.long).reshape(B, P + T)
@@ -109,7 +122,7 @@ def samples_to_batch(
         else torch.zeros((B, T), dtype=torch.float32)
     )
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-    response_mask = attn[:, P:].clone()
+    response_mask = torch.tensor(mask_rows, dtype=torch.long).reshape(B, T)  # 1 on sampled tokens
     groups: dict[str, int] = {}
     gids = torch.tensor([groups.setdefault(s.request_id, len(groups)) for s in samples], dtype=torch.long)
     batch = Batch(
@@ -131,6 +144,8 @@ def samples_to_batch(
             "finish_reason": [s.finish_reason for s in samples],
         },
     )
+    if any(s.agent is not None for s in samples):  # multi-turn trajectories' records (agent/* metrics)
+        batch["agent"] = [s.agent for s in samples]
     if any(s.multi_modal for s in samples):  # a VL trainer's pixel inputs, row by row (None: text)
         batch["multi_modal"] = [s.multi_modal for s in samples]
     if results is not None:
@@ -156,8 +171,9 @@ def clip_ratio(
 
 
 def rollout_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
-    resp_len = batch["response_mask"].sum(-1).float()  # [B]
-    prompt_len = (batch["attention_mask"].sum(-1) - batch["response_mask"].sum(-1)).float()  # [B]
+    resp_len = batch["response_mask"].sum(-1).float()  # [B] trained (sampled) tokens
+    P = batch["attention_mask"].shape[1] - batch["response_mask"].shape[1]
+    prompt_len = batch["attention_mask"][:, :P].sum(-1).float()  # [B]
     seq_scores = batch["token_level_scores"].sum(-1)  # [B]
     out = {
         "critic/score/mean": seq_scores.mean().item(),
@@ -172,6 +188,10 @@ def rollout_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     }
     if "acc" in batch:
         out["critic/acc/mean"] = sum(batch["acc"]) / max(len(batch), 1)
+    if "agent" in batch:
+        from rlzoo.agents.rollout import agent_metrics
+
+        out.update(agent_metrics(batch["agent"]))
     # staleness and version spans are the loop's (rlzoo.runners.loop.version_metrics): they are
     # counted in policy versions, which only the loop knows
     return out

@@ -156,7 +156,9 @@ def rollout_spec(cfg: RecipeConfig, tokenizer: Any) -> RolloutSpec:
         dtype=cfg.model.dtype,
         device=resolve_device(cfg.model.device),
         trust_remote_code=cfg.model.trust_remote_code,
-        max_prompt_length=cfg.data.max_prompt_length,
+        # multi-turn: each turn's prompt is the trajectory so far (prompt + earlier turns)
+        max_prompt_length=cfg.data.max_prompt_length
+        + (cfg.data.max_response_length if cfg.rollout.environment is not None else 0),
         max_response_length=cfg.data.max_response_length,
         eos_token_ids=eos_ids(tokenizer, expand(cfg.model.path)),
         pad_token_id=int(tokenizer.pad_token_id),
@@ -190,3 +192,24 @@ def build_datasets(cfg: RecipeConfig, tokenizer: Any, processor: Any = None) -> 
         )
     val = make(cfg.data.val_files) if cfg.data.val_files else None
     return train, val
+
+
+def multi_turn_rollout(cfg: RecipeConfig, inner: Any, tokenizer: Any, spec: RolloutSpec) -> Any:
+    """``inner`` wrapped in a :class:`rlzoo.agents.rollout.MultiTurnRollout` for
+    ``rollout.environment`` (one environment per trajectory), ``rollout.tools`` and
+    ``rollout.multi_turn``."""
+    from functools import partial
+
+    from rlzoo.agents.rollout import MultiTurnRollout
+
+    env = cfg.rollout.environment
+    tools = [sel.fn(sel.params) for sel in cfg.rollout.tools]
+    return MultiTurnRollout(
+        inner,
+        partial(env.fn, env.params),
+        tokenizer,
+        cfg.rollout.multi_turn,
+        max_response_length=cfg.data.max_response_length,
+        stop_ids=spec.eos_token_ids,
+        tools=tools,
+    )

@@ -53,10 +53,40 @@ def build_reward_manager(cfg: RecipeConfig) -> Any:
 
 
 def score_samples(reward_manager: Any, tokenizer: Any, samples: Sequence[Sample]) -> list[RewardResult]:
-    """Decode and score samples; a manager that raises marks the whole call failed, never the run."""
+    """Decode and score samples; a manager that raises marks the whole call failed, never the run.
+
+    A multi-turn trajectory (``sample.agent`` set) whose environment gave rewards is scored by them
+    (their sum; the environment's info numbers, e.g. ``acc``, are its info); one whose environment
+    failed is a failed result carrying the error (counted like a scorer failure: ``reward/failed``,
+    the failure streak). Otherwise the scorer judges the model's final turn.
+    """
+    env_results = [_env_result(s) for s in samples]
+    scored = [s for s, r in zip(samples, env_results) if r is None]
+    results = iter(_score(reward_manager, tokenizer, scored) if scored else [])
+    return [r if r is not None else next(results) for r in env_results]
+
+
+def _env_result(s: Sample) -> RewardResult | None:
+    rec = s.agent
+    if rec is None:
+        return None
+    if rec.get("error"):
+        return RewardResult(0.0, 0.0, True, {"error": f"environment: {rec['error']}"})
+    if rec.get("reward") is None:
+        return None
+    reward = float(rec["reward"])
+    info = dict(rec.get("env_info") or {})
+    return RewardResult(reward, reward, not math.isfinite(reward), info)
+
+
+def _score(reward_manager: Any, tokenizer: Any, samples: Sequence[Sample]) -> list[RewardResult]:
     items = [
         RewardItem(
-            response=tokenizer.decode(s.response_ids, skip_special_tokens=True),
+            response=(
+                str(s.agent["final_text"])
+                if s.agent is not None
+                else tokenizer.decode(s.response_ids, skip_special_tokens=True)
+            ),
             ground_truth=s.data.get("ground_truth"),
             data_source=str(s.data.get("data_source", "default")),
             prompt=str(s.data.get("prompt_text", "")),

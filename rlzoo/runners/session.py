@@ -32,6 +32,7 @@ from rlzoo.runners.inputs import (
     ensure_data,
     load_processor,
     load_tokenizer,
+    multi_turn_rollout,
     rollout_spec,
     train_spec,
 )
@@ -122,12 +123,20 @@ class Session:
         self.reward_failures = RewardFailures(cfg.reward.max_failed_steps)  # rlzoo.failures (H5)
         self.placement = make_placement(cfg)
         self.rollout_spec = rollout_spec(cfg, self.tokenizer)
+        if (
+            cfg.rollout.environment is not None
+        ):  # a template that cannot do multi-turn fails before any model loads
+            from rlzoo.agents.chat import ChatTemplate
+
+            ChatTemplate(self.tokenizer, stop_ids=self.rollout_spec.eos_token_ids).probe()
         tb: Selection = cfg.trainer.backend
         rb: Selection = cfg.rollout.backend
         self.train_backend = self.placement.train_backend(
             tb, train_spec(cfg, self.total_steps, self.tokenizer)
         )
         self.rollout = self.placement.rollout_backend(rb, self.rollout_spec)
+        if cfg.rollout.environment is not None:  # multi-turn: every batch source goes through it
+            self.rollout = multi_turn_rollout(cfg, self.rollout, self.tokenizer, self.rollout_spec)
         self.trainer = PolicyTrainer.from_config(cfg, self.train_backend, offpolicy_metrics=offpolicy_metrics)
         self.ckpt = CheckpointManager(self.run_dir, cfg.trainer.max_checkpoints)
         self.start_step = 0

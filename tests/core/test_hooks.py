@@ -51,6 +51,14 @@ class EveryHook:
         registry.register("every_reward_manager", _part)
 
     @rlzoo.hookimpl
+    def rlzoo_register_environments(self, registry):  # type: ignore[no-untyped-def]
+        registry.register("every_environment", _part)
+
+    @rlzoo.hookimpl
+    def rlzoo_register_tools(self, registry):  # type: ignore[no-untyped-def]
+        registry.register("every_tool", _part)
+
+    @rlzoo.hookimpl
     def rlzoo_register_datasets(self, registry):  # type: ignore[no-untyped-def]
         registry.register("every_dataset", _part)
 

@@ -128,6 +128,8 @@ def test_suite_for_every_kind() -> None:
         "rollout_correction",
         "sample_filter",
         "scorer",
+        "environment",
+        "tool",
         "reward_manager",
         "logger",
     }

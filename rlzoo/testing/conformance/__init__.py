@@ -20,13 +20,15 @@ The suites live in modules per kind family and are all re-exported here:
 :mod:`~rlzoo.testing.conformance.advantage` (``advantage``, ``sample_filter``),
 :mod:`~rlzoo.testing.conformance.losses` (``policy_loss``, ``loss_agg``, ``kl``,
 ``rollout_correction``), :mod:`~rlzoo.testing.conformance.rewards` (``scorer``,
-``reward_manager``) and :mod:`~rlzoo.testing.conformance.loggers` (``logger``).
+``reward_manager``), :mod:`~rlzoo.testing.conformance.agents` (``tool``, ``environment``) and
+:mod:`~rlzoo.testing.conformance.loggers` (``logger``).
 """
 
 from __future__ import annotations
 
 from rlzoo.kinds import KIND_BY_NAME
 from rlzoo.testing.conformance.advantage import AdvantageConformance, SampleFilterConformance
+from rlzoo.testing.conformance.agents import EnvironmentConformance, ToolConformance, tool_problems
 from rlzoo.testing.conformance.base import ComponentConformance, check_component, component_problems
 from rlzoo.testing.conformance.loggers import LoggerConformance
 from rlzoo.testing.conformance.losses import (
@@ -49,6 +51,7 @@ __all__ = [
     "SUITES",
     "AdvantageConformance",
     "ComponentConformance",
+    "EnvironmentConformance",
     "KLConformance",
     "LoggerConformance",
     "LossAggConformance",
@@ -57,6 +60,7 @@ __all__ = [
     "RolloutCorrectionConformance",
     "SampleFilterConformance",
     "ScorerConformance",
+    "ToolConformance",
     "check_component",
     "component_problems",
     "dict_scorer",
@@ -65,6 +69,7 @@ __all__ = [
     "stub_scorer",
     "suite_for",
     "token_mean_agg",
+    "tool_problems",
 ]
 
 
@@ -83,6 +88,8 @@ SUITES: dict[str, type[ComponentConformance]] = {
     "scorer": ScorerConformance,
     "reward_manager": RewardManagerConformance,
     "logger": LoggerConformance,
+    "environment": EnvironmentConformance,
+    "tool": ToolConformance,
 }
 
 

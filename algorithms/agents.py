@@ -1,0 +1,73 @@
+"""Built-in agent parts: the ``calc`` tool and the ``tool_arithmetic`` environment.
+
+Import-light: this module holds the params dataclasses and the registration only; the parts live
+in :mod:`rlzoo.algorithms.functional.agents` (pure Python as well, no torch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlzoo import hookimpl, param
+
+_IMPL = "rlzoo.algorithms.functional.agents"
+
+
+@dataclass(frozen=True)
+class CalcParams:
+    """Calculator: evaluates an arithmetic expression (integers, + - * / and parentheses).
+
+    The expression is parsed, never ``eval``'d: anything but integer literals, the four operators,
+    unary minus and parentheses is refused with an error the model reads. Whitespace between
+    digits is ignored, so a word-level tokenizer's ``1 2 3 + 4`` is ``123+4``. Division is exact
+    (a fraction prints as ``a/b``).
+    """
+
+    spaced_digits: bool = param(
+        False,
+        help="write the result digit by digit ('5 7 9'): for word-level tokenizers that know only digits",
+    )
+    max_chars: int = param(200, ge=1, help="longest expression accepted (longer: an error the model reads)")
+    timeout_s: float = param(2.0, gt=0, help="per-call timeout in seconds")
+
+
+@dataclass(frozen=True)
+class ToolArithmeticParams:
+    """Tool-use arithmetic: add two numbers, with or without the ``calc`` tool; one answer ends it.
+
+    ``reset(row)`` reads the row's ``extra_info`` (``a``, ``b``; written by the ``tool_arithmetic``
+    dataset) and asks for ``a + b``. With ``with_tool`` it offers ``calc`` (built with
+    ``spaced_digits`` as here), and says how to call it in the tool-call format of the recipe
+    (``plain``: a turn ``calc <expression>``). The first turn without a tool call is the answer:
+    reward 1.0 when its digits (the words after ``Answer:``, or the whole turn) equal ``a + b``,
+    else 0.0 (plus the ``call_credit`` shaping); the episode ends.
+    """
+
+    with_tool: bool = param(True, help="offer the calc tool (False: the same task without it)")
+    spaced_digits: bool = param(
+        True, help="numbers written digit by digit ('1 2 3'), for word-level tokenizers"
+    )
+    instructions: bool = param(
+        False, help="prepend a system message that explains the task and the tool (for instruct models)"
+    )
+    call_credit: float = param(
+        0.0,
+        ge=0,
+        help="shaping: reward of the answer turn plus call_credit x the share of the question's words "
+        "that the first calc call before it repeats in place (0: the answer alone is rewarded)",
+    )
+
+
+@hookimpl
+def rlzoo_register_tools(registry):  # type: ignore[no-untyped-def]
+    registry.register("calc", f"{_IMPL}:make_calc", params=CalcParams)
+
+
+@hookimpl
+def rlzoo_register_environments(registry):  # type: ignore[no-untyped-def]
+    registry.register(
+        "tool_arithmetic",
+        f"{_IMPL}:make_tool_arithmetic",
+        params=ToolArithmeticParams,
+        capabilities={"offers_tools": True},
+    )

@@ -1,0 +1,153 @@
+"""The built-in agent parts (registered in :mod:`rlzoo.algorithms.agents`): ``calc`` and
+``tool_arithmetic``. Pure Python."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from rlzoo.algorithms.agents import CalcParams, ToolArithmeticParams
+from rlzoo.protocols import AgentTurn, EnvStep, Tool
+
+__all__ = ["CalcTool", "ToolArithmetic", "evaluate", "make_calc", "make_tool_arithmetic", "spaced"]
+
+_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b}
+
+
+def _eval_node(node: ast.AST) -> Fraction:
+    if isinstance(node, ast.Expression):
+        return _eval_node(node.body)
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return Fraction(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = _eval_node(node.operand)
+        return -v if isinstance(node.op, ast.USub) else v
+    if isinstance(node, ast.BinOp):
+        a, b = _eval_node(node.left), _eval_node(node.right)
+        if isinstance(node.op, ast.Div):
+            if b == 0:
+                raise ValueError("division by zero")
+            return a / b
+        op = _OPS.get(type(node.op))
+        if op is not None:
+            return op(a, b)
+    raise ValueError(f"not allowed in an expression: {ast.dump(node)[:60]}")
+
+
+def evaluate(expression: str) -> Fraction:
+    """The value of an integer arithmetic expression; ValueError for anything else (never ``eval``)."""
+    text = re.sub(r"(?<=\d)\s+(?=\d)", "", expression.strip())  # "1 2 3" -> "123"
+    if not text:
+        raise ValueError("empty expression")
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError as exc:
+        raise ValueError(f"cannot parse {expression!r}: {exc.msg}") from None
+    return _eval_node(tree)
+
+
+def spaced(text: str) -> str:
+    """``'579'`` -> ``'5 7 9'`` (digits as separate words; other characters kept)."""
+    return " ".join(text.replace(" ", ""))
+
+
+def _show(value: Fraction) -> str:
+    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+
+
+@dataclass
+class CalcTool:
+    """The ``calc`` tool (see :class:`rlzoo.algorithms.agents.CalcParams`)."""
+
+    params: CalcParams
+    name: str = "calc"
+    description: str = "Evaluate an integer arithmetic expression (+, -, *, /, parentheses)."
+    parameters: Mapping[str, Any] = field(
+        default_factory=lambda: {
+            "type": "object",
+            "properties": {"expression": {"type": "string", "description": "e.g. 123 + 456"}},
+            "required": ["expression"],
+        }
+    )
+
+    @property
+    def timeout_s(self) -> float:
+        return self.params.timeout_s
+
+    def call(self, arguments: Mapping[str, Any]) -> str:
+        expression = arguments.get("expression")
+        if not isinstance(expression, str):
+            raise ValueError(f"calc needs a string 'expression', got {expression!r}")
+        if len(expression) > self.params.max_chars:
+            raise ValueError(f"expression longer than {self.params.max_chars} characters")
+        out = _show(evaluate(expression))
+        return spaced(out) if self.params.spaced_digits else out
+
+
+def make_calc(params: CalcParams) -> CalcTool:
+    return CalcTool(params)
+
+
+def _digits(text: str) -> str:
+    return re.sub(r"\D", "", text)
+
+
+class ToolArithmetic:
+    """The ``tool_arithmetic`` environment (see :class:`rlzoo.algorithms.agents.ToolArithmeticParams`)."""
+
+    def __init__(self, params: ToolArithmeticParams) -> None:
+        self.params = params
+        self._tools: list[Tool] = (
+            [CalcTool(CalcParams(spaced_digits=params.spaced_digits))] if params.with_tool else []
+        )
+        self.answer: int | None = None
+        self.question = ""
+
+    def tools(self) -> Sequence[Tool]:
+        return self._tools
+
+    def _number(self, n: int) -> str:
+        return spaced(str(n)) if self.params.spaced_digits else str(n)
+
+    def reset(self, row: Mapping[str, Any]) -> EnvStep:
+        info = row.get("extra_info") or {}
+        if "a" not in info or "b" not in info:
+            raise ValueError(
+                "tool_arithmetic needs the row's extra_info to hold 'a' and 'b' (the tool_arithmetic "
+                f"dataset writes them); got extra_info keys {sorted(info)}"
+            )
+        a, b = int(info["a"]), int(info["b"])
+        self.answer = a + b
+        messages: list[dict[str, Any]] = []
+        if self.params.instructions:
+            how = (
+                " You may call the calc tool; then give the result as 'Answer: N'."
+                if self.params.with_tool
+                else " Give the result as 'Answer: N'."
+            )
+            messages.append({"role": "system", "content": "Add the two numbers." + how})
+        self.question = f"{self._number(a)} + {self._number(b)}"
+        messages.append({"role": "user", "content": self.question})
+        return EnvStep(messages=messages)
+
+    def step(self, turn: AgentTurn) -> EnvStep:
+        text = turn.text.split("Answer:")[-1]
+        ok = self.answer is not None and _digits(text) == str(self.answer)
+        reward = 1.0 if ok else 0.0
+        info = {"acc": float(ok)}
+        if self.params.call_credit > 0:
+            calls = [c for c in turn.tool_calls if c.name == "calc"]
+            said = str(calls[0].arguments.get("expression", "")).split() if calls else []
+            want = self.question.split()
+            share = sum(1 for x, y in zip(said, want) if x == y) / max(len(want), len(said))
+            reward += self.params.call_credit * share
+            info["call_match"] = share
+        return EnvStep(messages=[], reward=reward, done=True, info=info)
+
+
+def make_tool_arithmetic(params: ToolArithmeticParams) -> ToolArithmetic:
+    return ToolArithmetic(params)

@@ -1,0 +1,99 @@
+"""Implementation of the tool-use arithmetic task (see :mod:`rlzoo.tasks.tools`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+DATA_SOURCE = "rlzoo/tool_arithmetic"
+WORDS = (*(str(d) for d in range(10)), "+", "calc", "Answer:")
+#: ``<|role|> content``; an assistant turn is closed by ``<eos>`` (the model's stop token), so a
+#: tool result or a user reply appends after the sampled ids as the template's delta
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} "
+    "{% if m['role'] == 'assistant' %}<eos> {% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def spaced(n: int) -> str:
+    return " ".join(str(n))
+
+
+def build_tokenizer() -> Any:
+    """Word-level tokenizer: digits, ``+``, ``calc``, ``Answer:``; roles incl. ``<|tool|>``."""
+    from rlzoo.models.tiny import build_tokenizer as build_word_tokenizer
+
+    return build_word_tokenizer(WORDS, CHAT_TEMPLATE, extra_special=("<|tool|>",))
+
+
+def pairs(n: int, digits: int, rng: random.Random, exclude: set[tuple[int, int]]) -> list[tuple[int, int]]:
+    lo, hi = 10 ** (digits - 1), 10**digits - 1
+    out: list[tuple[int, int]] = []
+    while len(out) < n:
+        p = (rng.randint(lo, hi), rng.randint(lo, hi))
+        if p not in exclude:
+            out.append(p)
+    return out
+
+
+def rows(ps: list[tuple[int, int]], split: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "data_source": DATA_SOURCE,
+            "prompt": [{"role": "user", "content": f"{spaced(a)} + {spaced(b)}"}],
+            "ability": "arithmetic",
+            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+            "extra_info": {"split": split, "index": i, "a": a, "b": b},
+        }
+        for i, (a, b) in enumerate(ps)
+    ]
+
+
+def prepare(out_dir: Path, params: Any) -> dict[str, Path]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlzoo.models.tiny import build_tiny_qwen2
+
+    out = Path(out_dir)
+    files = {"train": out / "train.parquet", "val": out / "val.parquet", "model": out / "model"}
+    stamp = out / "tool_arithmetic_params.json"
+    key = json.dumps(
+        {k: v for k, v in dataclasses.asdict(params).items() if k != "overwrite"}, sort_keys=True
+    )
+    fresh = stamp.exists() and stamp.read_text() == key
+    if not params.overwrite and fresh and all(p.exists() for p in files.values()):
+        return files
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(params.seed)
+    val = pairs(params.val_size, params.digits, rng, set())
+    train = pairs(params.train_size, params.digits, rng, set(val))
+    pq.write_table(pa.Table.from_pylist(rows(train, "train")), files["train"])
+    pq.write_table(pa.Table.from_pylist(rows(val, "val")), files["val"])
+    tok = build_tokenizer()
+    model, _ = build_tiny_qwen2(
+        tokenizer=tok,
+        hidden_size=params.hidden_size,
+        num_layers=params.num_layers,
+        max_position_embeddings=128,
+        seed=params.seed,
+    )
+    model.save_pretrained(files["model"], safe_serialization=True)
+    tok.save_pretrained(files["model"])
+    model.generation_config.save_pretrained(files["model"])
+    stamp.write_text(key)
+    return files
+
+
+def score(
+    response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any], params: Any
+) -> dict[str, Any]:
+    pred = re.sub(r"\D", "", response.split("Answer:")[-1])
+    acc = float(pred == str(ground_truth))
+    return {"score": acc, "acc": acc, "pred": pred}
