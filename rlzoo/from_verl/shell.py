@@ -3,11 +3,12 @@
 Why not a bash parser from PyPI: ``bashlex`` 0.18 (the maintained one) rejects arrays (``A=(x y)``),
 ``[[ ... ]]`` tests and ``$((...))`` arithmetic, and splits ``${X:-"${HOME}/m"}`` at the inner
 ``}``; verl's own scripts use all four. So the reader is rlzoo's own, in two modules:
-:mod:`rlzoo.from_verl.bash_syntax` turns the text into commands (loops, subshells and
-here-documents are refused there, with their line), and this module gives them meaning: it runs
+:mod:`rlzoo.from_verl.bash_syntax` turns the text into commands (``while`` loops, groups and
+subshells are refused there, with their line), and this module gives them meaning: it runs
 assignments (``X=...``, ``export``, ``declare``, ``local``, arrays, ``unset``), evaluates ``[ ]`` /
-``[[ ]]`` / ``test`` conditions and ``case`` patterns, calls functions, expands words (``${X:-d}``
-and friends, ``$((...))``, arrays, field splitting) and stops at the first verl launch:
+``[[ ]]`` / ``test`` conditions and ``case`` patterns, runs ``for`` loops and functions, expands
+words (``${X:-d}`` and friends, ``${X:off:len}``, ``$((...))``, arrays, field splitting) and stops at
+the first verl launch:
 ``python3 -m MOD``, ``torchrun ... -m MOD``, ``ray job submit ... -- python3 -m MOD``.
 
 Nothing is executed. A command substitution (``$(...)`` or backquotes) is never run: the variable it
@@ -15,8 +16,9 @@ feeds is marked unknown, reported, and an error names it if the launch uses it (
 ``--env NAME=VALUE``, which fixes ``NAME`` and skips the script's own assignments to it). A launch
 argument that reads an unset variable is refused the same way. A test of the file system (``-d``,
 ``-f``) or of a command's exit status, whose answer depends on the machine the script runs on, is
-refused when its answer matters. ``source``, ``eval``, ``read`` and ``exit`` before the launch are
-refused. Every error is a :class:`~rlzoo.errors.RlzooError` (:class:`ShellError` for a construct).
+refused when its answer matters. A ``for`` loop over a command substitution is followed only when
+its body only unsets variables: every variable set before it is then unknown after it. ``source``,
+``eval``, ``read`` and ``exit`` before the launch are refused. Every error is a :class:`~rlzoo.errors.RlzooError` (:class:`ShellError` for a construct).
 """
 
 from __future__ import annotations
