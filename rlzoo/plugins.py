@@ -46,6 +46,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlzoo.algorithms.scorers",
     "rlzoo.algorithms.reward",
     "rlzoo.algorithms.reward_model",
+    "rlzoo.algorithms.judge",
     "rlzoo.data.builtin",
     "rlzoo.backends.native",
     "rlzoo.backends.fsdp2",

@@ -1,0 +1,161 @@
+"""The ``judge`` reward manager (a generative judge): prompt rendering, score parsing, batching and
+failure counting with a stub rollout backend whose outputs are known, then end to end with the
+native engine serving a tiny random model built from a config (CPU, offline)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlzoo.errors import RlzooError
+from rlzoo.protocols import GenerationRequest, RewardItem, Sample
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+JUDGE_WORDS = (
+    "Score:",
+    "score=",
+    "great",
+    "bad",
+    "7",
+    "3",
+    "10",
+    "11",
+    "no",
+    "idea",
+    "Rate",
+    "Q:",
+    "A:",
+    "ref:",
+    "+",
+)
+
+
+def tokenizer() -> Any:
+    from rlzoo.models.tiny import WORDS, build_tokenizer
+
+    return build_tokenizer((*WORDS, *JUDGE_WORDS))
+
+
+class StubJudge:
+    """A rollout backend whose judge answers are fixed: the k-th prompt it sees gets ``answers[k]``."""
+
+    def __init__(self, tok: Any, answers: Sequence[str]) -> None:
+        self.tok, self.answers = tok, list(answers)
+        self.batches: list[list[GenerationRequest]] = []
+        self.seen = 0
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Sample]:
+        self.batches.append(list(requests))
+        out = []
+        for r in requests:
+            ids = self.tok(self.answers[self.seen], add_special_tokens=False)["input_ids"]
+            self.seen += 1
+            out.append(Sample.of_request(r, 0, ids, [0.0] * len(ids), [0] * len(ids), "stop"))
+        return out
+
+    def shutdown(self) -> None:
+        pass
+
+
+def judge(engine: Any = None, tok: Any = None, **params: Any) -> Any:
+    from rlzoo.config import bind_part
+    from rlzoo.plugins import get_plugin_manager
+
+    problems: list[str] = []
+    raw = {"name": "judge", "model": "stub", **params}
+    sel = bind_part("reward_manager", raw, "reward.manager", problems, get_plugin_manager())
+    assert not problems, problems
+    assert sel is not None
+    return sel.fn(sel.params, lambda *a: 1.0, engine=engine, tokenizer=tok)
+
+
+ITEMS = [
+    RewardItem(response="7", ground_truth="7", prompt="3 + 4", data_source="gsm8k"),
+    RewardItem(response="no idea", ground_truth="3", prompt="1 + 2"),
+    RewardItem(response="10", ground_truth="10", prompt="5 + 5"),
+]
+
+
+def test_rendering_batching_parsing_and_failure_count():
+    tok = tokenizer()
+    answers = ["great Score: 3 Score: 7", "bad", "score= 11", "Score: 10", "no idea"]
+    engine = StubJudge(tok, answers)
+    m = judge(
+        engine, tok, template="Rate Q: {prompt} A: {response} ref: {ground_truth}", batch_size=2, max_score=10
+    )
+    first = m(ITEMS)
+    # the template filled in, as one user turn of the judge's chat template (the tiny template)
+    prompts = [tok.decode(r.prompt_ids) for b in engine.batches for r in b]
+    assert prompts[0] == "<|user|> Rate Q: 3 + 4 A: 7 ref: 7 <|assistant|>"
+    assert [len(b) for b in engine.batches] == [2, 1]  # batch_size 2
+    assert all(
+        r.sampling.greedy and r.sampling.n == 1 for b in engine.batches for r in b
+    )  # greedy by default
+    # the last match counts; no match fails; a score above max_score fails
+    assert [(r.score, r.failed) for r in first] == [(7.0, False), (0.0, True), (0.0, True)]
+    assert "no score in the judge's output" in first[1].info["error"]
+    assert "score 11.0 is outside [None, 10.0]" in first[2].info["error"]
+    assert first[0].info["judge_output"] == "great Score: 3 Score: 7"
+    assert m.failed_outputs == 2
+    second = m(ITEMS[:2])
+    assert [(r.reward, r.failed) for r in second] == [(10.0, False), (0.0, True)]
+    assert m.failed_outputs == 3 and m.calls == 3
+
+
+def test_chat_off_failure_reward_and_long_prompts():
+    tok = tokenizer()
+    engine = StubJudge(tok, ["Score: 3", "bad"])
+    m = judge(engine, tok, template="{response}", chat=False, failure_reward=-1.0, max_prompt_length=1)
+    out = m(ITEMS[:3])
+    assert tok.decode(engine.batches[0][0].prompt_ids) == "7"  # the text as it is
+    assert [(r.reward, r.failed) for r in out] == [(3.0, False), (-1.0, True), (-1.0, True)]
+    assert "2 tokens, more than max_prompt_length=1" in out[1].info["error"]  # never sent
+    assert "no score" in out[2].info["error"]
+
+
+@pytest.mark.parametrize(
+    ("params", "error"),
+    [
+        ({"template": "{question}"}, r"names 'question'; it may name \{prompt\}"),
+        ({"template": "{prompt"}, r"judge template: .*literal braces"),
+        ({"score_pattern": "Score: \\d+"}, r"has no group"),
+        ({"score_pattern": "("}, r"judge score_pattern '\('"),
+    ],
+)
+def test_bad_params_are_refused_before_any_model_loads(params, error):
+    with pytest.raises(RlzooError, match=error):
+        judge(**params)
+
+
+@pytest.fixture(scope="module")
+def judge_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from rlzoo.models.tiny import build_tiny_qwen2
+
+    out = tmp_path_factory.mktemp("tiny_judge")
+    build_tiny_qwen2(out, tokenizer=tokenizer(), seed=3)
+    return out
+
+
+def test_native_engine_serves_the_judge(judge_path):
+    """A tiny random model says what it says: greedy, so twice the same; each output's score (or its
+    failure) is what the pattern finds in that output."""
+    m = judge(None, None, model=str(judge_path), max_new_tokens=6, batch_size=2, device="cpu")
+    try:
+        first = m(ITEMS)
+        again = m(ITEMS)
+    finally:
+        m.close()
+    outputs = [r.info["judge_output"] for r in first]
+    assert outputs == [r.info["judge_output"] for r in again]  # greedy: deterministic
+    for r, text in zip(first, outputs, strict=True):
+        found = re.findall(r"(?i)score\s*[:=]?\s*(-?\d+(?:\.\d+)?)", text)
+        assert r.failed == (not found)
+        assert r.score == (float(found[-1]) if found else 0.0)
+    assert m.failed_outputs == 2 * sum(r.failed for r in first)
+    assert m.calls == 4  # 3 items in batches of 2, twice
