@@ -6,6 +6,8 @@ rollout backend that serves the judge load when it first scores. See ``docs/comp
 
 from __future__ import annotations
 
+import re
+import string
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +59,29 @@ class JudgeParams:
     device: str = param("auto", help="'auto' (cuda when available), 'cpu', 'cuda' or 'cuda:N'")
     trust_remote_code: bool = param(False, help="passed to from_pretrained")
     failure_reward: float = param(0.0, help="reward of a sample whose judge output has no valid score")
+
+    def __post_init__(self) -> None:  # checked by `rlzoo validate`, before any model loads
+        check_template(self.template)
+        try:
+            groups = re.compile(self.score_pattern).groups
+        except re.error as e:
+            raise ValueError(f"score_pattern {self.score_pattern!r}: {e}") from None
+        if groups < 1:
+            raise ValueError(f"score_pattern {self.score_pattern!r} has no group: put the score in ( )")
+
+
+def check_template(template: str) -> None:
+    """Refuse a template naming a field the judge does not fill, or with unbalanced braces."""
+    try:
+        names = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as e:
+        raise ValueError(f"template: {e} (write {{{{ and }}}} for literal braces)") from None
+    bad = [n for n in names if n not in TEMPLATE_FIELDS]
+    if bad:
+        raise ValueError(
+            f"template names {', '.join(repr(b) for b in bad)}; it may name "
+            + ", ".join("{" + f + "}" for f in TEMPLATE_FIELDS)
+        )
 
 
 @hookimpl

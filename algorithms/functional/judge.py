@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import logging
 import re
-import string
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from rlzoo.algorithms.functional.reward import BoundScorerFn, failed_result
-from rlzoo.algorithms.judge import TEMPLATE_FIELDS
 from rlzoo.errors import RlzooError
 from rlzoo.protocols import (
     GenerationRequest,
@@ -30,20 +28,6 @@ from rlzoo.protocols import (
 log = logging.getLogger(__name__)
 
 
-def check_template(template: str) -> None:
-    """Refuse a template naming a field the judge does not fill, or with unbalanced braces."""
-    try:
-        names = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
-    except ValueError as e:
-        raise RlzooError(f"judge template: {e} (write {{{{ and }}}} for literal braces)") from None
-    bad = [n for n in names if n not in TEMPLATE_FIELDS]
-    if bad:
-        raise RlzooError(
-            f"judge template names {', '.join(repr(b) for b in bad)}; it may name "
-            + ", ".join("{" + f + "}" for f in TEMPLATE_FIELDS)
-        )
-
-
 class JudgeManager:
     """``manager(items) -> [RewardResult]``: the judge's parsed score for each item.
 
@@ -55,15 +39,7 @@ class JudgeManager:
     def __init__(
         self, params: Any, scorer: BoundScorerFn | None = None, *, engine: Any = None, tokenizer: Any = None
     ) -> None:
-        check_template(params.template)
-        try:
-            self.pattern = re.compile(params.score_pattern)
-        except re.error as e:
-            raise RlzooError(f"judge score_pattern {params.score_pattern!r}: {e}") from None
-        if self.pattern.groups < 1:
-            raise RlzooError(
-                f"judge score_pattern {params.score_pattern!r} has no group: put the score in ( )"
-            )
+        self.pattern = re.compile(params.score_pattern)  # checked by JudgeParams
         self.params = params
         self.engine: Any = engine
         self.tokenizer: Any = tokenizer

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from rlzoo.errors import RlzooError
 from rlzoo.protocols import GenerationRequest, RewardItem, Sample
 
 torch = pytest.importorskip("torch")
@@ -122,15 +121,21 @@ def test_chat_off_failure_reward_and_long_prompts():
 @pytest.mark.parametrize(
     ("params", "error"),
     [
-        ({"template": "{question}"}, r"names 'question'; it may name \{prompt\}"),
-        ({"template": "{prompt"}, r"judge template: .*literal braces"),
+        ({"template": "{question}"}, r"template names 'question'; it may name \{prompt\}"),
+        ({"template": "{prompt"}, r"template: .*literal braces"),
         ({"score_pattern": "Score: \\d+"}, r"has no group"),
-        ({"score_pattern": "("}, r"judge score_pattern '\('"),
+        ({"score_pattern": "("}, r"score_pattern '\('"),
     ],
 )
-def test_bad_params_are_refused_before_any_model_loads(params, error):
-    with pytest.raises(RlzooError, match=error):
-        judge(**params)
+def test_bad_params_are_validate_problems(params, error):
+    """`rlzoo validate` reports them: nothing loads."""
+    from rlzoo.config import bind_part
+    from rlzoo.plugins import get_plugin_manager
+
+    problems: list[str] = []
+    raw = {"name": "judge", "model": "m", **params}
+    bind_part("reward_manager", raw, "reward.manager", problems, get_plugin_manager())
+    assert len(problems) == 1 and re.search(error, problems[0]), problems
 
 
 @pytest.fixture(scope="module")
