@@ -50,9 +50,9 @@ class JudgeManager:
     def _load(self) -> None:
         p = self.params
         if self.tokenizer is None:
-            from transformers import AutoTokenizer
+            from rlzoo.data.tokenizer import load_tokenizer
 
-            self.tokenizer = AutoTokenizer.from_pretrained(
+            self.tokenizer = load_tokenizer(
                 p.tokenizer_path or p.model, trust_remote_code=p.trust_remote_code
             )
         if p.chat and not getattr(self.tokenizer, "chat_template", None):
@@ -148,6 +148,9 @@ class JudgeManager:
         requests: list[tuple[int, GenerationRequest]] = []
         for k, item in enumerate(items):
             ids = self.tokenizer(self.render(item), add_special_tokens=False)["input_ids"]
+            if not ids:
+                results[k] = failed_result("the judge prompt is empty", p.failure_reward)
+                continue
             if len(ids) > p.max_prompt_length:
                 results[k] = failed_result(
                     f"the judge prompt has {len(ids)} tokens, more than max_prompt_length={p.max_prompt_length}",

@@ -140,17 +140,34 @@ def test_bad_params_are_validate_problems(params, error):
 
 @pytest.fixture(scope="module")
 def judge_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rlzoo.models.tiny import build_tiny_qwen2
+    """A tiny Qwen2 from a config whose output head only has rows for "7" (+u) and "3" (-u): whatever
+    it reads, greedy decoding writes 7s or 3s, so its outputs hold scores to parse."""
+    import transformers
 
+    from rlzoo.models.tiny import tiny_qwen2_config
+
+    tok = tokenizer()
+    cfg = tiny_qwen2_config(
+        len(tok), tie_word_embeddings=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        head = model.lm_head.weight  # [V, H]
+        head.zero_()
+        u = torch.ones(head.shape[1])
+        head[tok.convert_tokens_to_ids("7")] = u
+        head[tok.convert_tokens_to_ids("3")] = -u
     out = tmp_path_factory.mktemp("tiny_judge")
-    build_tiny_qwen2(out, tokenizer=tokenizer(), seed=3)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
     return out
 
 
 def test_native_engine_serves_the_judge(judge_path):
-    """A tiny random model says what it says: greedy, so twice the same; each output's score (or its
-    failure) is what the pattern finds in that output."""
-    m = judge(None, None, model=str(judge_path), max_new_tokens=6, batch_size=2, device="cpu")
+    """The native engine serves the judge: the prompt goes in as the tokenizer from the model's folder
+    encodes it, greedy (twice the same), and each score is the last number of that output."""
+    m = judge(None, None, model=str(judge_path), max_new_tokens=4, batch_size=2, device="cpu")
     try:
         first = m(ITEMS)
         again = m(ITEMS)
@@ -158,9 +175,16 @@ def test_native_engine_serves_the_judge(judge_path):
         m.close()
     outputs = [r.info["judge_output"] for r in first]
     assert outputs == [r.info["judge_output"] for r in again]  # greedy: deterministic
-    for r, text in zip(first, outputs, strict=True):
-        found = re.findall(r"(?i)score\s*[:=]?\s*(-?\d+(?:\.\d+)?)", text)
-        assert r.failed == (not found)
-        assert r.score == (float(found[-1]) if found else 0.0)
-    assert m.failed_outputs == 2 * sum(r.failed for r in first)
+    for text in outputs:
+        assert re.fullmatch(r"[37]( [37]){3}", text), text  # 4 tokens of the head's two words
+    # the default pattern wants "score ..." before the number: none of these has it
+    assert all(r.failed for r in first) and m.failed_outputs == 6
     assert m.calls == 4  # 3 items in batches of 2, twice
+    # a pattern for a bare number: the last one is the score
+    m = judge(None, None, model=str(judge_path), max_new_tokens=4, device="cpu", score_pattern=r"(\d+)")
+    try:
+        scored = m(ITEMS)
+    finally:
+        m.close()
+    assert [r.score for r in scored] == [float(o.split()[-1]) for o in outputs]
+    assert not any(r.failed for r in scored) and m.failed_outputs == 0
