@@ -371,7 +371,12 @@ class _Interp:
             "alias",
         ):
             if name in ("source", "."):
-                hint = "it reads another file: inline its variables, or pass them with --env NAME=VALUE"
+                text = _short(" ".join(t.text for t in cmd.words))
+                hint = (
+                    f"{text} reads another file: inline its variables, or pass them with --env "
+                    "NAME=VALUE (if it only sets up the machine, e.g. a toolkit's set_env.sh, delete "
+                    "it from a copy of the script)"
+                )
             elif name == "eval":
                 text = _short(" ".join(t.text for t in cmd.words))
                 hint = (
