@@ -47,6 +47,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlzoo.algorithms.agents",
     "rlzoo.algorithms.reward",
     "rlzoo.algorithms.reward_model",
+    "rlzoo.algorithms.judge",
     "rlzoo.data.builtin",
     "rlzoo.backends.native",
     "rlzoo.backends.fsdp2",

@@ -2,11 +2,14 @@
 
 :func:`lex` turns characters into words (raw text, quotes kept), operators, redirections and array
 assignments, each with its line number; quotes, ``$(...)``, ``${...}``, ``$((...))`` and
-backquotes nest; ``\\`` + newline joins lines; ``#`` starts a comment at a word's start.
+backquotes nest; ``\\`` + newline joins lines; ``#`` starts a comment at a word's start; a here-document's
+body is passed over as the data it is. The text is lexed as the parser asks for it, so what follows
+the launch (even an unclosed quote) is never read.
 :class:`Parser` turns tokens into simple commands, ``&&`` / ``||`` lists, pipelines,
-``if / elif / else / fi``, ``case ... esac`` and function definitions; :func:`parse` yields the
-top-level commands one at a time. Loops, ``{ ...; }`` groups, subshells and here-documents are a
-:class:`ShellError` naming the line.
+``if / elif / else / fi``, ``case ... esac``, ``for NAME in ...; do ...; done`` and function
+definitions; :func:`parse` yields the top-level commands one at a time. ``while`` / ``until``
+loops, ``for ((...))``, ``{ ...; }`` groups and subshells are a :class:`ShellError` naming the
+line.
 :mod:`rlzoo.from_verl.shell` gives the commands their meaning.
 """
 
@@ -42,6 +45,7 @@ class Tok:
     text: str
     line: int
     items: list[tuple[str, int]] = field(default_factory=list)  # array elements (raw, line)
+    eof: bool = False  # the last token: the end of the script
 
 
 def skip_quoted(s: str, i: int, line: int, depth: int = 0) -> int:
@@ -97,9 +101,64 @@ def skip_quoted(s: str, i: int, line: int, depth: int = 0) -> int:
     raise ShellError(line, f"{s[i : i + 2]!r} is never closed")
 
 
-def lex(src: str) -> list[Tok]:
-    toks: list[Tok] = []
+def _word_end(src: str, i: int, line: int) -> tuple[int, int]:
+    """End index (and line) of the word starting at ``src[i]``: quotes and substitutions nest."""
+    n = len(src)
+    while i < n:
+        c = src[i]
+        if c == "\\" and src[i + 1 : i + 2] == "\n":
+            i, line = i + 2, line + 1
+        elif c == "\\":
+            line += src[i + 1 : i + 2] == "\n"
+            i += 2
+        elif c in "'\"`" or (c == "$" and src[i + 1 : i + 2] in ("(", "{")):
+            j = skip_quoted(src, i, line)
+            line += src.count("\n", i, j)
+            i = j
+        elif c in " \t\r\n;&|()<>":
+            break
+        else:
+            i += 1
+    return i, line
+
+
+# an unquoted here-document body is expanded by bash: these forms would set shell variables there
+_HEREDOC_ASSIGN = re.compile(r"\$\{" + NAME + r":?=|\$\(\(")
+
+
+def _heredoc_body(src: str, i: int, line: int, doc: tuple[str, bool, bool, int]) -> tuple[int, int]:
+    """Pass over a here-document body starting at ``src[i]``: (index, line) after its delimiter line.
+    As bash: a body never closed runs to the end of the script."""
+    delim, strip_tabs, quoted, start_line = doc
+    body_start = i
+    joined = False  # the previous line ended with \ (unquoted body): this line is its continuation
+    while i < len(src):
+        j = src.find("\n", i)
+        j = len(src) if j < 0 else j
+        text = src[i:j]
+        if not joined and (text.lstrip("\t") if strip_tabs else text) == delim:
+            end = j + 1 if j < len(src) else j
+            _check_heredoc(src[body_start:i], quoted, start_line)
+            return end, line + (j < len(src))
+        joined = not quoted and (len(text) - len(text.rstrip("\\"))) % 2 == 1
+        i, line = j + 1, line + 1
+    _check_heredoc(src[body_start:], quoted, start_line)
+    return len(src), line
+
+
+def _check_heredoc(body: str, quoted: bool, line: int) -> None:
+    if not quoted and (m := _HEREDOC_ASSIGN.search(body)):
+        raise ShellError(
+            line,
+            f"a here-document whose body holds {m.group(0)!r}: bash would expand it there, which "
+            "may set a variable (quote the delimiter, <<'EOF', if the body is plain data)",
+        )
+
+
+def lex(src: str) -> Iterator[Tok]:
+    """Tokens, made as they are asked for; the last is a ``nl`` token with ``eof`` set."""
     i, line, n = 0, 1, len(src)
+    heredocs: list[tuple[str, bool, bool, int]] = []  # bodies that start after this line
     while i < n:
         ch = src[i]
         if ch == "\\" and src[i + 1 : i + 2] == "\n":
@@ -107,50 +166,68 @@ def lex(src: str) -> list[Tok]:
         elif ch in " \t\r":
             i += 1
         elif ch == "\n":
-            toks.append(Tok("nl", "\n", line))
+            yield Tok("nl", "\n", line)
             i, line = i + 1, line + 1
+            for doc in heredocs:
+                i, line = _heredoc_body(src, i, line, doc)
+            heredocs = []
         elif ch == "#":
             while i < n and src[i] != "\n":
                 i += 1
         elif m := _REDIR.match(src, i):
             if src[m.end() : m.end() + 1] == "(" and m.group(2) in ("<", ">"):
                 raise ShellError(line, f"process substitution {m.group(2)}( ... )")
-            toks.append(Tok("redir", m.group(0), line))
             i = m.end()
+            if m.group(2) in ("<<", "<<-"):
+                while i < n and src[i] in " \t":
+                    i += 1
+                start = i
+                i, end_line = _word_end(src, i, line)
+                raw = src[start:i]
+                if not raw or end_line != line:
+                    raise ShellError(line, f"a here-document ({m.group(0)}) without a delimiter word")
+                quoted = any(q in raw for q in "'\"\\")
+                delim = re.sub(r"\\(.)|['\"]", r"\1", raw)
+                heredocs.append((delim, m.group(2) == "<<-", quoted, line))
+                yield Tok("redir", m.group(0), line)
+                yield Tok("word", raw, line)
+            else:
+                yield Tok("redir", m.group(0), line)
         elif ch in ";&|()":
             op = next(o for o in _OPS if src.startswith(o, i))
-            toks.append(Tok("op", op, line))
+            yield Tok("op", op, line)
             i += len(op)
         else:
             start, start_line = i, line
-            while i < n:
-                c = src[i]
-                if c == "\\" and src[i + 1 : i + 2] == "\n":
-                    i, line = i + 2, line + 1
-                elif c == "\\":
-                    line += src[i + 1 : i + 2] == "\n"
-                    i += 2
-                elif c in "'\"`" or (c == "$" and src[i + 1 : i + 2] in ("(", "{")):
-                    j = skip_quoted(src, i, line)
-                    line += src.count("\n", i, j)
-                    i = j
-                elif c in " \t\r\n;&|()<>":
-                    break
-                else:
-                    i += 1
+            i, line = _word_end(src, i, line)
             raw = src[start:i].replace("\\\n", "")
             if i < n and src[i] == "(" and re.fullmatch(NAME + r"\+?=", raw):
                 items, i, line = _lex_array(src, i + 1, line)
-                toks.append(Tok("array", raw, start_line, items))
+                yield Tok("array", raw, start_line, items)
             elif i < n and src[i] in "<>" and raw.isdigit():
-                m = _REDIR.match(src, start)
-                assert m is not None
-                toks.append(Tok("redir", m.group(0), start_line))
-                i = m.end()
+                i = start  # a numbered redirection (2>&1): read again as one
+                m2 = _REDIR.match(src, start)
+                assert m2 is not None
+                if m2.group(2) in ("<<", "<<-"):
+                    raise ShellError(start_line, f"a here-document on descriptor {raw}")
+                yield Tok("redir", m2.group(0), start_line)
+                i = m2.end()
             else:
-                toks.append(Tok("word", raw, start_line))
-    toks.append(Tok("nl", "\n", line))
-    return toks
+                yield Tok("word", raw, start_line)
+    yield Tok("nl", "\n", line, eof=True)
+
+
+class _Tokens:
+    """The lexer's tokens as a list that is filled only as far as the parser reads."""
+
+    def __init__(self, src: str) -> None:
+        self._gen = lex(src)
+        self._buf: list[Tok] = []
+
+    def __getitem__(self, k: int) -> Tok:
+        while len(self._buf) <= k and not (self._buf and self._buf[-1].eof):
+            self._buf.append(next(self._gen))
+        return self._buf[min(k, len(self._buf) - 1)]
 
 
 def _lex_array(src: str, i: int, line: int) -> tuple[list[tuple[str, int]], int, int]:
@@ -199,7 +276,7 @@ class Simple:
 class Pipeline:
     line: int
     negate: bool
-    cmds: list[Simple | If | Case | FuncDef]
+    cmds: list[Simple | If | Case | FuncDef | For]
 
 
 @dataclass
@@ -229,24 +306,32 @@ class FuncDef:
     body: list[AndOr]
 
 
+@dataclass
+class For:
+    line: int
+    var: str
+    words: list[Tok] | None  # None: `for NAME; do` (the arguments, "$@")
+    body: list[AndOr]
+
+
 ASSIGN = re.compile(rf"({NAME})(\+?)=")
+_LOOP_HINT = "rlzoo cannot know how often it runs; edit a copy of the script"
 _REFUSED_WORDS = {
-    "for": "a for loop",
-    "while": "a while loop",
-    "until": "an until loop",
-    "select": "a select loop",
+    "while": f"a while loop: {_LOOP_HINT}",
+    "until": f"an until loop: {_LOOP_HINT}",
+    "select": "a select loop (it reads the terminal)",
     "{": "a { ... } group",
     "}": "a { ... } group",
-    "do": "a loop body",
-    "done": "a loop end",
+    "do": "'do' outside a for loop",
+    "done": "'done' outside a for loop",
     "esac": "a case end",
 }
 _RESERVED_END = {"then", "elif", "else", "fi"}
 
 
 class Parser:
-    def __init__(self, toks: list[Tok]) -> None:
-        self.toks, self.i = toks, 0
+    def __init__(self, src: str) -> None:
+        self.toks, self.i = _Tokens(src), 0
 
     def peek(self) -> Tok:
         return self.toks[self.i]
@@ -257,7 +342,7 @@ class Parser:
 
     def skip_newlines(self) -> None:
         while self.peek().kind == "nl" or (self.peek().kind == "op" and self.peek().text == ";"):
-            if self.i >= len(self.toks) - 1:
+            if self.peek().eof:
                 return
             self.i += 1
 
@@ -281,7 +366,7 @@ class Parser:
         while True:
             self.skip_newlines()
             t = self.peek()
-            if self.i >= len(self.toks) - 1 and t.kind == "nl":
+            if t.eof:
                 if stops:
                     raise ShellError(t.line, f"the script ends before {' / '.join(sorted(stops))}")
                 return out
@@ -310,7 +395,7 @@ class Parser:
         while self.peek().kind == "op" and self.peek().text in ("&&", "||"):
             op = self.peek().text
             self.i += 1
-            while self.peek().kind == "nl" and self.i < len(self.toks) - 1:
+            while self.peek().kind == "nl" and not self.peek().eof:
                 self.i += 1
             items.append((op, self.pipeline()))
         return AndOr(line, items)
@@ -323,15 +408,17 @@ class Parser:
         cmds = [self.command()]
         while self.peek().kind == "op" and self.peek().text in ("|", "|&"):
             self.i += 1
-            while self.peek().kind == "nl" and self.i < len(self.toks) - 1:
+            while self.peek().kind == "nl" and not self.peek().eof:
                 self.i += 1
             cmds.append(self.command())
         return Pipeline(line, negate, cmds)
 
-    def command(self) -> Simple | If | Case | FuncDef:
+    def command(self) -> Simple | If | Case | FuncDef | For:
         t = self.peek()
         if t.kind == "word" and t.text == "if":
             return self.if_()
+        if t.kind == "word" and t.text == "for":
+            return self.for_()
         if t.kind == "word" and t.text == "case":
             return self.case()
         if t.kind == "word" and t.text == "function":
@@ -343,7 +430,7 @@ class Parser:
             if self.peek().kind == "op" and self.peek().text == "(":
                 self.expect_op(")", after="(")
             return self.function_body(name)
-        nxt = self.toks[self.i + 1] if self.i + 1 < len(self.toks) else t
+        nxt = self.toks[self.i + 1]
         if t.kind == "word" and nxt.kind == "op" and nxt.text == "(":
             self.i += 1
             self.expect_op(")", after="(")
@@ -375,8 +462,6 @@ class Parser:
                     )
                 break
             if t.kind == "redir":
-                if t.text.lstrip("0123456789") in ("<<", "<<-"):  # a here-string (<<<) is a redirection
-                    raise ShellError(t.line, f"a here-document ({t.text})")
                 self.i += 1
                 nxt = self.peek()
                 if nxt.kind != "word":
@@ -398,7 +483,7 @@ class Parser:
             if not cmd.words and ASSIGN.match(t.text):
                 cmd.assigns.append(t)
             else:
-                if not cmd.words and t.text in _RESERVED_END | {"if"} | set(_REFUSED_WORDS):
+                if not cmd.words and t.text in _RESERVED_END | {"if", "for"} | set(_REFUSED_WORDS):
                     break
                 cmd.words.append(t)
                 if len(cmd.words) == 1 and t.text == "[[":
@@ -426,6 +511,36 @@ class Parser:
             break
         return If(line, clauses, orelse)
 
+    def for_(self) -> For:
+        line = self.peek().line
+        self.i += 1  # for
+        t = self.peek()
+        if t.kind == "op" and t.text == "(":
+            raise ShellError(line, f"an arithmetic for loop `for (( ... ))`: {_LOOP_HINT}")
+        if t.kind != "word" or not re.fullmatch(NAME, t.text):
+            raise ShellError(line, "`for` without a variable name")
+        var = t.text
+        self.i += 1
+        while self.peek().kind == "nl" and not self.peek().eof:
+            self.i += 1
+        words: list[Tok] | None = None
+        if self.at_word("in"):
+            self.i += 1
+            words = []
+            while self.peek().kind == "word":
+                words.append(self.peek())
+                self.i += 1
+        t = self.peek()
+        if not (t.kind == "nl" or (t.kind == "op" and t.text == ";")):
+            raise ShellError(t.line, f"unexpected {t.text!r} in the for loop's list")
+        self.skip_newlines()
+        if not self.at_word("do"):
+            raise ShellError(self.peek().line, "`for ...` without `do`")
+        self.i += 1
+        body = self.parse_list({"done"})
+        self.i += 1  # done
+        return For(line, var, words, body)
+
     def expect_op(self, op: str, after: str) -> None:
         """Consume ``after`` (the current token) and then ``op``."""
         self.i += 1
@@ -438,7 +553,7 @@ class Parser:
 
     def function_body(self, name: Tok) -> FuncDef:
         """``{ list; }`` after ``name()`` / ``function name``."""
-        while self.peek().kind == "nl" and self.i < len(self.toks) - 1:
+        while self.peek().kind == "nl" and not self.peek().eof:
             self.i += 1
         t = self.peek()
         if not (t.kind == "word" and t.text == "{"):
@@ -455,7 +570,7 @@ class Parser:
         if word.kind != "word":
             raise ShellError(line, "`case` without a word")
         self.i += 1
-        while self.peek().kind == "nl" and self.i < len(self.toks) - 1:
+        while self.peek().kind == "nl" and not self.peek().eof:
             self.i += 1
         if not self.at_word("in"):
             raise ShellError(self.peek().line, "`case WORD` without `in`")
@@ -467,7 +582,7 @@ class Parser:
             if t.kind == "word" and t.text == "esac":
                 self.i += 1
                 return Case(line, word, items)
-            if self.i >= len(self.toks) - 1:
+            if t.eof:
                 raise ShellError(line, "a case statement without esac")
             if t.kind == "op" and t.text == "(":
                 self.i += 1
@@ -499,9 +614,9 @@ class Parser:
 def parse(text: str) -> Iterator[AndOr]:
     """The script's top-level commands, in order, each read when the one before it has run (as bash
     reads a script): a construct this parser refuses after the launch never stops the reader."""
-    p = Parser(lex(text))
+    p = Parser(text)
     while True:
         p.skip_newlines()
-        if p.i >= len(p.toks) - 1 and p.peek().kind == "nl":
+        if p.peek().eof:
             return
         yield from p.parse_one()

@@ -3,11 +3,12 @@
 Why not a bash parser from PyPI: ``bashlex`` 0.18 (the maintained one) rejects arrays (``A=(x y)``),
 ``[[ ... ]]`` tests and ``$((...))`` arithmetic, and splits ``${X:-"${HOME}/m"}`` at the inner
 ``}``; verl's own scripts use all four. So the reader is rlzoo's own, in two modules:
-:mod:`rlzoo.from_verl.bash_syntax` turns the text into commands (loops, subshells and
-here-documents are refused there, with their line), and this module gives them meaning: it runs
+:mod:`rlzoo.from_verl.bash_syntax` turns the text into commands (``while`` loops, groups and
+subshells are refused there, with their line), and this module gives them meaning: it runs
 assignments (``X=...``, ``export``, ``declare``, ``local``, arrays, ``unset``), evaluates ``[ ]`` /
-``[[ ]]`` / ``test`` conditions and ``case`` patterns, calls functions, expands words (``${X:-d}``
-and friends, ``$((...))``, arrays, field splitting) and stops at the first verl launch:
+``[[ ]]`` / ``test`` conditions and ``case`` patterns, runs ``for`` loops and functions, expands
+words (``${X:-d}`` and friends, ``${X:off:len}``, ``$((...))``, arrays, field splitting) and stops at
+the first verl launch:
 ``python3 -m MOD``, ``torchrun ... -m MOD``, ``ray job submit ... -- python3 -m MOD``.
 
 Nothing is executed. A command substitution (``$(...)`` or backquotes) is never run: the variable it
@@ -15,8 +16,9 @@ feeds is marked unknown, reported, and an error names it if the launch uses it (
 ``--env NAME=VALUE``, which fixes ``NAME`` and skips the script's own assignments to it). A launch
 argument that reads an unset variable is refused the same way. A test of the file system (``-d``,
 ``-f``) or of a command's exit status, whose answer depends on the machine the script runs on, is
-refused when its answer matters. ``source``, ``eval``, ``read`` and ``exit`` before the launch are
-refused. Every error is a :class:`~rlzoo.errors.RlzooError` (:class:`ShellError` for a construct).
+refused when its answer matters. A ``for`` loop over a command substitution is followed only when
+its body only unsets variables: every variable set before it is then unknown after it. ``source``,
+``eval``, ``read`` and ``exit`` before the launch are refused. Every error is a :class:`~rlzoo.errors.RlzooError` (:class:`ShellError` for a construct).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from rlzoo.from_verl.bash_syntax import (
     NAME,
     AndOr,
     Case,
+    For,
     FuncDef,
     If,
     Pipeline,
@@ -51,7 +54,16 @@ class _Return(Exception):
     """``return`` inside a function."""
 
 
+class _Break(Exception):
+    """``break`` (``again``: False) or ``continue`` (True) inside a for loop."""
+
+    def __init__(self, again: bool) -> None:
+        super().__init__()
+        self.again = again
+
+
 _MAX_CALLS = 50
+_MAX_ITERATIONS = 10_000
 
 
 class _Unresolved(Exception):
@@ -123,6 +135,7 @@ class _Interp:
         self.functions: dict[str, FuncDef] = {}
         self.positional: list[list[str]] = []  # the arguments of each function call in progress
         self.saved_locals: list[dict[str, Value | None]] = []  # outer values of each call's `local`s
+        self.loops = 0  # for loops in progress (break / continue)
 
     # -- statements ---------------------------------------------------------------------------
     def run(self, body: Iterable[AndOr]) -> None:
@@ -160,6 +173,8 @@ class _Interp:
             elif isinstance(cmd, FuncDef):
                 self.functions[cmd.name] = cmd
                 status = True
+            elif isinstance(cmd, For):
+                status = self.for_(cmd)
             else:
                 status = self.simple(cmd)
             if self.launch is not None:
@@ -186,6 +201,76 @@ class _Interp:
         if node.orelse is not None:
             self.run(node.orelse)
         return True
+
+    def for_(self, node: For) -> bool:
+        self.hits = []
+        try:
+            if node.words is None:  # `for X; do`: the arguments
+                items = list(self.positional[-1]) if self.positional else []
+                if not self.positional:
+                    self.note_args(node.line)
+            else:
+                items = [f for t in node.words for f in self.expand(t.text, t.line)]
+        except _Unresolved as e:
+            self.for_unknown(node, e.origin)
+            return True
+        hits = list(self.hits)
+        if len(items) > _MAX_ITERATIONS:
+            raise ShellError(node.line, f"a for loop over more than {_MAX_ITERATIONS} words")
+        self.loops += 1
+        try:
+            for k, item in enumerate(items):
+                if node.var in self.fixed:
+                    self.note_fixed(node.line, node.var, "the for loop's assignment")
+                else:
+                    self.vars[node.var] = item
+                    self.hits = hits
+                    self._set_taint(node.var)
+                try:
+                    self.run(node.body)
+                except _Break as b:
+                    if not b.again:
+                        break
+                if self.launch is not None:
+                    if len(items) > 1:
+                        self.notes.append(
+                            f"line {node.line}: the launch is in a for loop over {len(items)} words; "
+                            f"the first launch ({node.var}={item!r}, pass {k + 1}) is the one converted"
+                        )
+                    return True
+        finally:
+            self.loops -= 1
+        return True
+
+    def for_unknown(self, node: For, origin: Unknown) -> None:
+        """A for loop over words rlzoo cannot know: followed only when its body only unsets
+        variables; then every variable set now may be unset after it."""
+        only_unset = all(
+            len(ao.items) == 1
+            and all(
+                isinstance(c, Simple) and not c.assigns and c.words and c.words[0].text == "unset"
+                for c in ao.items[0][1].cmds
+            )
+            for ao in node.body
+        )
+        if not only_unset:
+            raise ShellError(
+                node.line,
+                f"a for loop over {origin.why}: rlzoo cannot know what it runs (edit a copy of the script)",
+            )
+        for name, value in list(self.vars.items()):
+            if name not in self.fixed and not isinstance(value, Unknown):
+                why = (
+                    f"${name}, which the for loop at line {node.line} may unset (it loops over {origin.why})"
+                )
+                self.vars[name] = Unknown(name, node.line, why)
+        self.notes.append(
+            f"line {node.line}: a for loop over {origin.why} unsets variables rlzoo cannot name: "
+            "a variable set before it is known after it only when the script sets it again or --env gives it"
+        )
+
+    def note_fixed(self, line: int, name: str, what: str) -> None:
+        self.notes.append(f"line {line}: {name} kept as given with --env ({what} skipped)")
 
     def case(self, node: Case) -> bool:
         try:
@@ -235,6 +320,12 @@ class _Interp:
             if not self.positional:
                 raise ShellError(cmd.line, "`return` outside a function")
             raise _Return
+        if name in ("break", "continue"):
+            if not self.loops:
+                raise ShellError(cmd.line, f"`{name}` outside a for loop")
+            if len(cmd.words) > 1 and cmd.words[1].text != "1":
+                raise ShellError(cmd.line, f"`{name} {cmd.words[1].text}` (more than one loop level)")
+            raise _Break(again=name == "continue")
         if name == "local" and self.saved_locals:
             for t in cmd.words[1:]:
                 m = re.match(NAME, t.text.rstrip("=").rstrip("+")) if not t.text.startswith("-") else None
@@ -254,9 +345,19 @@ class _Interp:
             return True
         if name == "unset":
             for t in cmd.words[1:]:
-                if not t.text.startswith("-"):
-                    self.vars.pop(t.text, None)
-                    self.taint.pop(t.text, None)
+                if t.text.startswith("-"):
+                    continue
+                try:
+                    target = self.expand(t.text, t.line, split=False)[0]
+                except _Unresolved as e:
+                    raise ShellError(
+                        t.line, f"`unset` of a name rlzoo does not know ({e.origin.why})"
+                    ) from None
+                if target in self.fixed:
+                    self.note_fixed(t.line, target, "the script's unset")
+                    continue
+                self.vars.pop(target, None)
+                self.taint.pop(target, None)
             return True
         if name in (
             "source",
@@ -269,11 +370,22 @@ class _Interp:
             "getopts",
             "alias",
         ):
-            hint = (
-                "it reads another file: inline its variables, or pass them with --env NAME=VALUE"
-                if name in ("source", ".")
-                else "it sets variables in a way rlzoo does not follow"
-            )
+            if name in ("source", "."):
+                text = _short(" ".join(t.text for t in cmd.words))
+                hint = (
+                    f"{text} reads another file: inline its variables, or pass them with --env "
+                    "NAME=VALUE (if it only sets up the machine, e.g. a toolkit's set_env.sh, delete "
+                    "it from a copy of the script)"
+                )
+            elif name == "eval":
+                text = _short(" ".join(t.text for t in cmd.words))
+                hint = (
+                    f"{text} runs text rlzoo cannot see, which may set any variable; if it only "
+                    "activates an environment (conda), delete it (and the `conda activate` after it) "
+                    "from a copy of the script"
+                )
+            else:
+                hint = "it sets variables from input rlzoo does not have; pass them with --env NAME=VALUE"
             raise ShellError(cmd.line, f"`{name}`: {hint}")
         if name in ("true", ":"):
             return True
@@ -295,12 +407,16 @@ class _Interp:
             self.other_python.append(f"line {cmd.line}: {_short(shown)}")
             return None
         args: list[str] = []
+        unknown: list[tuple[Unknown, str]] = []  # every value the launch needs, reported at once
         for w, origin in zip(words[start:], origins[start:], strict=True):
             if isinstance(w, Unknown):
-                raise _launch_error(w, "")
-            if origin is not None:
-                raise _launch_error(origin, w)
-            args.append(w)
+                unknown.append((w, ""))
+            elif origin is not None:
+                unknown.append((origin, w))
+            else:
+                args.append(w)
+        if unknown:
+            raise _launch_error(unknown)
         self.launch = Launch(module, args, cmd.line, self.notes)
         return True
 
@@ -407,14 +523,15 @@ class _Interp:
     # -- expansion ----------------------------------------------------------------------------
     def expand(self, raw: str, line: int, split: bool = True, assignment: bool = False) -> list[str]:
         """``raw`` word -> fields: quotes removed, ``$...`` expanded, unquoted expansions split."""
-        whole = re.fullmatch(rf'"\$(@|\{{@\}}|\{{({NAME})\[@\]\}})"', raw)
-        if whole and split:  # "$@" / "${arr[@]}": one field per element, none when empty
-            if whole.group(2) is None:
+        whole = re.fullmatch(r'"\$(@|\{[^{}"`$]*\})"', raw)
+        if whole and split:  # "$@" / "${arr[@]}" / "${@:2}": one field per element, none when empty
+            if whole.group(1) == "@":
                 if self.positional:
                     return list(self.positional[-1])
                 self.note_args(line)
                 return []
-            return list(self.get_array(whole.group(2), line))
+            value = self.braced(whole.group(1)[1:-1], line, quoted=True)
+            return value if isinstance(value, list) else [value]
         # pieces: (text, splittable); None marks a field boundary (quoted "${arr[@]}")
         pieces: list[tuple[str, bool] | None] = []
         quoted_any = False
@@ -558,6 +675,18 @@ class _Interp:
             self.notes.append(note)
 
     def braced(self, body: str, line: int, quoted: bool) -> str | list[str]:
+        if body[:1] in ("@", "*") and (len(body) == 1 or body[1] == ":"):  # ${@} ${@:2} ${*:1:2}
+            if self.positional:
+                args = list(self.positional[-1])
+            else:
+                self.note_args(line)
+                args = []
+            if body[1:]:  # the offset counts $0, the script's path
+                zero = self.vars.get("0", "\0$0")
+                args = self.slice([zero if isinstance(zero, str) else "\0$0", *args], body[2:], line)
+                if "\0$0" in args:
+                    raise _Unresolved(Unknown("0", line, f"${{{body}}} (it holds $0, the script's own path)"))
+            return args if (body[0] == "@" or not quoted) else " ".join(args)
         if body.startswith("#") and len(body) > 1:
             name = body[1:]
             m = re.fullmatch(rf"({NAME})\[[@*]\]", name)
@@ -568,6 +697,10 @@ class _Interp:
             raise ShellError(line, f"${{{body}}}")
         if body.startswith("!"):
             raise ShellError(line, f"${{{body}}} (indirect expansion)")
+        m = re.fullmatch(rf"({NAME})\[[@*]\]:(.*)", body, re.S)
+        if m:  # ${A[@]:offset:length}
+            sliced = self.slice(self.get_array(m.group(1), line), m.group(2), line)
+            return sliced if (body[len(m.group(1)) + 1] == "@" or not quoted) else " ".join(sliced)
         m = re.fullmatch(rf"({NAME})\[([^\]]*)\]", body)
         if m:
             if m.group(1) == "BASH_SOURCE" and "BASH_SOURCE" not in self.vars:
@@ -584,6 +717,8 @@ class _Interp:
         name, rest = m.group(1), m.group(2)
         if rest == "":
             return self.get_scalar(name, line)
+        if rest[:1] == ":" and rest[1:2] not in ("-", "=", "+", "?"):  # ${X:offset} ${X:offset:length}
+            return self.slice(self.get_scalar(name, line), rest[1:], line)
         op_m = re.match(r"(:?[-=+?])|(##|#|%%|%|\^\^|,,|\^|,|//|/#|/%|/)", rest)
         if op_m is None:
             raise ShellError(line, f"${{{body}}}")
@@ -644,6 +779,23 @@ class _Interp:
             if fnmatch.fnmatchcase(text[k:], pattern):
                 return text[:k]
         return text
+
+    def slice(self, seq: Any, spec: str, line: int) -> Any:
+        """bash's ``offset[:length]`` of a string or a list: a negative offset counts from the end;
+        a negative length is an end counted from the end."""
+        parts = spec.split(":", 1)
+        offset = self.arith(parts[0], line)
+        if offset < 0:
+            offset += len(seq)
+            if offset < 0:
+                return seq[:0]
+        if len(parts) == 1:
+            return seq[offset:]
+        length = self.arith(parts[1], line)
+        end = offset + length if length >= 0 else len(seq) + length
+        if length < 0 and (isinstance(seq, list) or end < offset):
+            raise ShellError(line, f"${{...:{spec}}}: substring expression < 0 (bash stops here too)")
+        return seq[offset:end]
 
     def pattern(self, raw: str, line: int) -> str:
         """A glob word (case pattern, ``[[ x == pattern ]]``) as a regular expression: unquoted ``*``,
@@ -731,8 +883,13 @@ class _Interp:
         if len(expr) > 2000:
             raise ShellError(line, "an arithmetic expression longer than 2000 characters")
 
+        empty: list[str] = []
+
         def value_of(var: str) -> str:
-            text = self.get_scalar(var, line).strip() or "0"
+            text = self.get_scalar(var, line).strip()
+            if not text:
+                empty.append(var)
+                text = "0"
             if not re.fullmatch(r"-?\d+", text):
                 raise ShellError(line, f"$(({_short(expr)})): {var}={text!r} is not an integer")
             return f"({text})"
@@ -754,7 +911,8 @@ class _Interp:
             if isinstance(node, ast.BinOp) and type(node.op) in _ARITH_OPS:
                 left, right = ev(node.left), ev(node.right)
                 if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:
-                    raise ShellError(line, f"$(({_short(expr)})): division by zero")
+                    why = f" ({', '.join(dict.fromkeys(empty))}: empty or unset here)" if empty else ""
+                    raise ShellError(line, f"$(({_short(expr)})): division by zero{why}; bash stops here too")
                 if isinstance(node.op, ast.Pow) and not 0 <= right <= 64:
                     raise ShellError(line, f"$(({_short(expr)})): exponent out of range")
                 if isinstance(node.op, (ast.Div, ast.FloorDiv)):  # bash truncates toward zero
@@ -783,10 +941,30 @@ def _short(text: str) -> str:
     return text if text.startswith("`") else f"`{text}`"
 
 
-def _launch_error(origin: Unknown, word: str) -> RlzooError:
-    where = f" (in the launch argument {_short(word)})" if word else ""
-    fix = f"pass its value with `--env {origin.var}=VALUE`" if origin.var else "edit the script"
-    return RlzooError(f"from-verl: the verl launch reads {origin.why} (line {origin.line}){where}; {fix}")
+def _launch_error(unknown: Sequence[tuple[Unknown, str]]) -> RlzooError:
+    """The error for launch arguments that read values rlzoo does not know: each once, with its fix."""
+    seen: dict[tuple[str, str], tuple[Unknown, str]] = {}
+    for origin, word in unknown:
+        seen.setdefault((origin.var, origin.why), (origin, word))
+
+    def what(origin: Unknown, word: str) -> str:
+        where = f" (in the launch argument {_short(word)})" if word else ""
+        return f"{origin.why} (line {origin.line}){where}"
+
+    items = list(seen.values())
+    names = list(dict.fromkeys(o.var for o, _ in items if o.var))
+    fix = " ".join(f"--env {n}=VALUE" for n in names)
+    if len(items) == 1:
+        origin, word = items[0]
+        fix = f"pass its value with `{fix}`" if origin.var else "edit the script"
+        return RlzooError(f"from-verl: the verl launch reads {what(origin, word)}; {fix}")
+    lines = "".join(f"\n  {what(o, w)}" for o, w in items)
+    fixes = f"pass their values with `{fix}`" if names else ""
+    if len(names) < len(items):
+        fixes += (" and " if fixes else "") + "edit the script for the rest"
+    return RlzooError(
+        f"from-verl: the verl launch reads {len(items)} values rlzoo does not know:{lines}\n{fixes}"
+    )
 
 
 def _assigns_or_launches(pipe: Pipeline, functions: Mapping[str, FuncDef]) -> bool:
@@ -926,7 +1104,8 @@ class _TestEval:
             raise ShellError(
                 self.line,
                 f"the file test {a} {b!r} depends on the machine the script runs on "
-                "(set the variables it tests with --env so that it is not needed, or edit the script)",
+                "(edit a copy of the script to keep the branch your machine takes, or set the variables "
+                "it tests with --env so that it is not needed)",
             )
         self.i += 1
         return a != ""
@@ -1037,7 +1216,7 @@ def parse_script(
     except RecursionError:
         raise ShellError(1, "nesting too deep to read") from None
     except _Unresolved as e:  # a value needed outside a launch (e.g. an array index)
-        raise _launch_error(e.origin, "") from None
+        raise _launch_error([(e.origin, "")]) from None
     if interp.launch is None:
         seen = (
             "; python commands that run no verl module: " + "; ".join(interp.other_python)
@@ -1056,7 +1235,10 @@ def parse_command(
 ) -> Command:
     """Parse a verl launch script into a :class:`Command`."""
     launch = parse_script(text, env, fixed)
-    cmd = parse_overrides(launch.args, module=launch.module)
+    try:
+        cmd = parse_overrides(launch.args, module=launch.module)
+    except RlzooError as e:
+        raise RlzooError(f"{e} (in the verl launch at line {launch.line})") from None
     cmd.notes = list(launch.notes)
     return cmd
 
@@ -1072,6 +1254,12 @@ def parse_overrides(words: Sequence[str], module: str | None = None) -> Command:
             if w.startswith(("--config-name", "-cn")):
                 config_name = value
             continue
+        if w.strip() == "" and w:
+            raise RlzooError(
+                f"from-verl: cannot read the argument {w!r}: a backslash before a space or a comment "
+                "is not a line continuation, so bash passes the space as an argument and ends the "
+                "command at that line (delete what follows the backslash)"
+            )
         if w.startswith("-") or "=" not in w or w.startswith("~"):
             raise RlzooError(f"from-verl: cannot read the argument {w!r} (expected key=value)")
         key, value = w.split("=", 1)

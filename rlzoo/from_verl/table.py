@@ -357,6 +357,8 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     ROLL + "enable_chunked_prefill": Skip(_PERF + "vLLM's V1 engine chunks prefills by default"),
     ROLL + "engine_kwargs.vllm.*": Rule("rollout.backend.engine_kwargs"),
     ROLL + "engine_kwargs.sglang.*": Skip("read by the SGLang engine only"),
+    ROLL + "engine_kwargs.trtllm.*": Skip("read by the TensorRT-LLM engine only"),
+    ROLL + "checkpoint_engine.*": Skip(_PERF + "verl's weight-sync engine"),
     ROLL + "data_parallel_size": Skip(_PERF + "vLLM engine replicas"),
     ROLL + "expert_parallel_size": Skip(_PERF + "vLLM expert parallelism"),
     ROLL + "free_cache_engine": Skip(_PERF + "rlzoo's vLLM backend manages its KV cache"),
@@ -532,6 +534,12 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
         "(write a dataset preparer plugin that writes that parquet)",
     ),
     "data.custom_cls.name": Skip("read with data.custom_cls.path"),
+    "data.apply_chat_template_kwargs.*": Skip(
+        "no chat-template arguments",
+        lambda v: v is None,
+        "rlzoo's recipes have no chat-template arguments (verl passes these to apply_chat_template, "
+        "e.g. reasoning_effort, enable_thinking)",
+    ),
     "data.video_key": Skip("rlzoo reads the images column of its parquet schema"),
     "data.sampler.class_path": Skip(
         "verl's default sampler",

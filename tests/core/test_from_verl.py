@@ -49,8 +49,8 @@ def convert_script(name: str, tmp_path: Path):
     return conv, cfg, yaml.safe_load(text), (SCRIPTS / f"{name}.sh").read_text()
 
 
-def assert_every_key_accounted_for(conv, script: str) -> None:
-    cmd = parse_command(script)  # the environment the conversion saw (ENV + the test's own)
+def assert_every_key_accounted_for(conv, script: str, fixed: dict[str, str] | None = None) -> None:
+    cmd = parse_command(script, fixed=fixed)  # the environment the conversion saw (ENV + the test's own)
     report = conv.report()
     missing = [k for k, _ in cmd.overrides if k not in report]
     assert not missing, f"verl keys not in the report: {missing}"
@@ -294,6 +294,22 @@ def test_reinforce_pp_slurm_defaults_and_arithmetic(tmp_path):
         fixed={"SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_ON_NODE": "4"},
     )
     assert conv.get("data.train_batch_size") == 256 and conv.get("placement.trainer.nnodes") == 2
+
+
+def test_loops_heredoc_and_slices(tmp_path):
+    script = SCRIPTS / "grpo_loops_heredoc_slices.sh"
+    # the loop over `$(env | awk ...)` may unset HOME, which the data paths read: asked for, not guessed
+    with pytest.raises(RlzooError, match=r"\$HOME, which the for loop at line 10 may unset.*--env HOME="):
+        from_verl(str(script))
+    out = tmp_path / "r.yaml"
+    conv, _ = from_verl(str(script), out, fixed={"HOME": "/home/u"})
+    cfg = load_config(str(out))
+    assert cfg.data.train_files == ["/home/u/data/gsm8k/train.parquet", "/home/u/data/math/train.parquet"]
+    assert cfg.data.val_files == ["/home/u/data/gsm8k/test.parquet"]
+    assert cfg.rollout.backend.params.tensor_parallel_size == 2  # ${1:-2}
+    assert cfg.run.name == "qwen2-7b-tp2"
+    assert any("$@" in n for n in conv.notes)
+    assert_every_key_accounted_for(conv, script.read_text(), fixed={"HOME": "/home/u"})
 
 
 def test_remax_torchrun_pipe(tmp_path):

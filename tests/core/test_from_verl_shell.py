@@ -319,6 +319,143 @@ python3 -m verl.trainer.main_ppo trainer.experiment_name=grpo_${NOW}
         parse_command("python3 -m verl.trainer.main_ppo trainer.experiment_name=$(whoami)\n", ENV)
 
 
+def test_for_loops_over_known_words():
+    script = """
+FILES=()
+for d in gsm8k math "two words"; do
+    if [ "$d" = math ]; then continue; fi
+    FILES+=("$HOME/data/$d.parquet")
+done
+for n in 1 2 3 4; do
+    N=$n
+    [ $n -ge 3 ] && break
+done
+f() { for a; do LAST=$a; done; }   # `for a; do`: the function's arguments
+f x y
+python3 -m verl.trainer.main_ppo "a=${FILES[*]}" b=${#FILES[@]} n=$N d=$d last=$LAST
+"""
+    assert same_as_bash(script)[1:] == [
+        "a=/home/u/data/gsm8k.parquet /home/u/data/two words.parquet",
+        "b=2",
+        "n=3",
+        "d=two",  # unquoted: split
+        "words",
+        "last=y",
+    ]
+
+
+def test_a_launch_inside_a_for_loop_converts_the_first_and_says_so():
+    script = "for lr in 1e-6 2e-6; do\n  python3 -m verl.trainer.main_ppo lr=$lr\ndone\n"
+    assert same_as_bash(script)[1:] == ["lr=1e-6"]
+    assert any(
+        "for loop over 2 words; the first launch (lr='1e-6'" in n for n in parse_script(script, ENV).notes
+    )
+
+
+def test_a_for_loop_over_a_command_substitution_that_only_unsets():
+    script = """
+for v in $(env | awk -F= '/^SLURM_/{print $1}'); do
+    unset "$v"
+done
+NODES=${NODES:-1}
+python3 -m verl.trainer.main_ppo trainer.nnodes=$NODES data.path=$HOME/d.parquet x=$SLURM_JOB_ID
+"""
+    # NODES was unset before the loop and stays unset; HOME and SLURM_JOB_ID may be unset by it:
+    # both are reported at once, each with its fix
+    env = {**ENV, "SLURM_JOB_ID": "7"}
+    with pytest.raises(RlzooError) as e:
+        parse_command(script, env)
+    msg = str(e.value)
+    assert "reads 2 values rlzoo does not know" in msg
+    assert "$HOME, which the for loop at line 2 may unset" in msg
+    assert "`--env HOME=VALUE --env SLURM_JOB_ID=VALUE`" in msg
+    cmd = parse_command(script, env, fixed={"HOME": "/h", "SLURM_JOB_ID": ""})
+    assert cmd.overrides == [("trainer.nnodes", "1"), ("data.path", "/h/d.parquet"), ("x", "")]
+    # what the script sets after the loop is known
+    assert rlzoo_launch(script.replace("NODES=", "HOME=/x\nSLURM_JOB_ID=1\nNODES="), env)[2:] == [
+        "data.path=/x/d.parquet",
+        "x=1",
+    ]
+
+
+def test_unset_keeps_a_variable_given_with_env():
+    cmd = parse_command(
+        "unset MODEL\npython3 -m verl.trainer.main_ppo m=$MODEL\n", ENV, fixed={"MODEL": "/m"}
+    )
+    assert cmd.overrides == [("m", "/m")]
+    assert any("MODEL kept as given with --env (the script's unset skipped)" in n for n in cmd.notes)
+
+
+def test_here_documents_are_data():
+    script = """
+cat > /dev/null <<EOF
+unquoted: $HOME "a quote ( never closed
+EOF
+cat > /dev/null <<'END' ; X=1
+it's quoted: $(never run) `either`
+END
+	cat > /dev/null <<-EOF
+	tabs are stripped before the delimiter with <<-
+	EOF
+cat >/dev/null <<A; cat >/dev/null <<"B"
+first body
+A
+second body
+B
+python3 -m verl.trainer.main_ppo x=$X y=after
+"""
+    assert same_as_bash(script)[1:] == ["x=1", "y=after"]
+    # a body never closed runs to the end of the script, as in bash
+    with pytest.raises(RlzooError, match="found no verl launch"):
+        parse_command("cat <<EOF\npython3 -m verl.trainer.main_ppo a=1\n", ENV)
+
+
+def test_slices_of_strings_arrays_and_arguments():
+    script = """
+X=abcdef
+A=(a b c d)
+f() { python3 -m verl.trainer.main_ppo "${@:2}" "s=${X:2} ${X: -2} ${X:1:2} ${X:1:-1} [${X: -10}]" \\
+      "a=${A[@]:1:2}|${A[*]: -1}" n=$# "${@:2:1}"; }
+f first k=1 k=2
+"""
+    assert same_as_bash(script)[1:] == [
+        "k=1",
+        "k=2",
+        "s=cdef ef bc bcde []",
+        "a=b",  # "${A[@]...}" inside a word: one field per element
+        "c|d",
+        "n=3",
+        "k=1",
+    ]
+    # at the top level "${@:2}" is empty (and said so); ${@:0} holds the script's own path
+    assert rlzoo_launch('python3 -m verl.trainer.main_ppo a=1 "${@:2}"\n') == ["verl.trainer.main_ppo", "a=1"]
+    with pytest.raises(RlzooError, match=r"\$\{@:0\} \(it holds \$0, the script's own path\)"):
+        parse_command('python3 -m verl.trainer.main_ppo "${@:0}"\n', ENV)
+    with pytest.raises(ShellError, match="substring expression < 0"):
+        parse_command("X=abc\nY=${X:2:-2}\n", ENV)
+
+
+def test_text_after_the_launch_is_never_lexed():
+    script = "python3 -m verl.trainer.main_ppo a=1\necho 'never closed\n"
+    assert same_as_bash(script)[1:] == ["a=1"]
+    script = "python3 -m verl.trainer.main_ppo a=1\nfor ((i=0;;)); do $((1/0)); done\ncat <<EOF\n${X:=1}\n"
+    assert rlzoo_launch(script)[1:] == ["a=1"]
+
+
+def test_refusals_say_what_to_do():
+    with pytest.raises(
+        ShellError, match=r"line 1: \$\(\(`8 / sp`\)\): division by zero \(sp: empty or unset"
+    ):
+        parse_command("N=$((8 / sp))\nsp=4\n", ENV)
+    with pytest.raises(
+        ShellError, match=r"`eval \"\$\(conda shell.bash hook\)\"` runs text rlzoo cannot see"
+    ):
+        parse_command('eval "$(conda shell.bash hook)"\nconda activate verl\n', ENV)
+    script = "python3 -m verl.trainer.main_ppo \\\n    a=1 \\  # a comment\n    b=2\n"
+    with pytest.raises(RlzooError, match=r"argument ' ': a backslash before a space.*launch at line 1"):
+        parse_command(script, ENV)
+
+
 def test_a_needed_file_test_is_refused_a_short_circuited_one_is_not():
     script = """
 CKPT=${CKPT:-/ckpt}
@@ -332,16 +469,19 @@ python3 -m verl.trainer.main_ppo trainer.resume_mode=$RESUME
 @pytest.mark.parametrize(
     ("script", "line", "what"),
     [
-        ("for x in a b; do\n  echo $x\ndone\n", 1, "a for loop"),
-        ("A=1\nwhile true; do :; done\n", 2, "a while loop"),
+        ("for ((i = 0; i < 2; i++)); do\n  echo $i\ndone\n", 1, "an arithmetic for loop"),
+        ("for x in $(ls); do\n  X=$x\ndone\n", 1, "a for loop over the command substitution `$(ls)`"),
+        ("for x in a; do break 2; done\n", 1, "`break 2` (more than one loop level)"),
+        ("continue\n", 1, "`continue` outside a for loop"),
+        ("A=1\nwhile true; do :; done\n", 2, "a while loop: rlzoo cannot know how often it runs"),
         ("{ X=1; }\n", 1, "a { ... } group"),
         ("f() ( X=1 )\n", 1, "a function body other than { ... }"),
         ('case "$X" in\n a) Y=1 ;;\n', 3, "a case pattern must end with ')'"),  # no esac
         ('case "$(uname)" in\n a) Y=1 ;;\nesac\n', 1, "a case on the command substitution"),
         ("return 1\n", 1, "`return` outside a function"),
-        ("cat <<EOF\nhello\nEOF\n", 1, "a here-document"),
-        ("source ./env.sh\n", 1, "`source`: it reads another file"),
-        (". ./env.sh\n", 1, "`.`: it reads another file"),
+        ("cat > f <<EOF\n${X:=1}\nEOF\n", 1, "a here-document whose body holds '${X:='"),
+        ("source ./env.sh\n", 1, "`source`: `source ./env.sh` reads another file"),
+        (". ./env.sh\n", 1, "`.`: `. ./env.sh` reads another file"),
         ('eval "$(conda shell.bash hook)"\n', 1, "`eval`"),
         ("(cd x && ls)\n", 1, "a subshell"),
         ("diff <(ls a) <(ls b)\n", 1, "process substitution"),
