@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from rlzoo.errors import RlzooError
@@ -115,13 +116,18 @@ def check_target_modules(model: nn.Module, settings: LoraSettings) -> None:
         )
 
 
-def apply_lora(model: nn.Module, settings: LoraSettings) -> Any:
+def apply_lora(model: nn.Module, settings: LoraSettings, *, seed: int = 0) -> Any:
     """Inject adapters into ``model`` in place and freeze everything else; returns the
     ``peft.PeftModel`` around it (its ``get_base_model()`` is ``model``). Target modules are
-    checked first (:func:`check_target_modules`)."""
+    checked first (:func:`check_target_modules`). The adapters' ``A`` are drawn from ``seed``
+    alone (the global RNG streams are left as they were), so every backend built from the same
+    settings and seed starts from the same adapters."""
     peft = _require_peft()
     check_target_modules(model, settings)
-    wrapped = peft.get_peft_model(model, peft_config(settings), adapter_name=ADAPTER_NAME)
+    devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        wrapped = peft.get_peft_model(model, peft_config(settings), adapter_name=ADAPTER_NAME)
     assert wrapped.get_base_model() is model  # injected in place: names and forward unchanged
     return wrapped
 

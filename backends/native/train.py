@@ -310,7 +310,7 @@ class NativeTrainBackend:
         # LoRA: adapters injected into the actor in place (after the critic copied a clean base)
         self._lora: Any = None
         if spec.lora is not None:
-            self._lora = lora.apply_lora(self.actor, spec.lora)
+            self._lora = lora.apply_lora(self.actor, spec.lora, seed=spec.seed)
             self.actor.to(device=self.device, dtype=self.dtype)
             if spec.need_reference:
                 self.ref = lora.AdaptersOff(self._lora)
