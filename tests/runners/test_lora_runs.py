@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlzoo.errors import RlzooError
 from rlzoo.metrics import read_metrics
 from rlzoo.plugins import PluginManager
 
@@ -102,3 +103,34 @@ def test_a_resumed_lora_run_continues_exactly(
     for step in (3, 4):
         for k in keys:
             assert resumed[step][k] == pytest.approx(full[step][k], rel=1e-5, abs=1e-7), (step, k)
+
+    # rlzoo export writes the merged model (adapter/ inside), or with --adapter the adapter alone
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from rlzoo.cli import main
+
+    assert main(["export", str(a_dir), "--step", "2", "--out", str(tmp_path / "merged")]) == 0
+    assert main(["export", str(a_dir), "--step", "2", "--adapter", "--out", str(tmp_path / "adapter")]) == 0
+    assert (tmp_path / "merged" / "adapter" / "adapter_config.json").is_file()
+    assert not list((tmp_path / "adapter").glob("config.json"))  # the adapter only, no model
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    adapted = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(quickstart_dir / "model"), tmp_path / "adapter"
+    )
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            merged(input_ids=ids).logits, adapted(input_ids=ids).logits, atol=1e-5, rtol=0
+        )
+    assert main(["export", str(a_dir), "--adapter", "--out", str(tmp_path / "merged")]) == 2  # not empty
+
+
+def test_export_adapter_of_a_full_fine_tuning_run_is_refused(
+    pm: PluginManager, quickstart_dir: Path, tmp_path: Path
+) -> None:
+    from rlzoo.export import export_checkpoint
+
+    build(pm, "quickstart", quickstart_dir, tmp_path / "run", "trainer.total_steps=1").train()
+    with pytest.raises(RlzooError, match=r"no trainer\.lora"):
+        export_checkpoint(tmp_path / "run", tmp_path / "out", adapter=True)
