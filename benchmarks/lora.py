@@ -44,7 +44,7 @@ def child(row: str, ns: argparse.Namespace) -> dict[str, Any]:
     """One benchmark row in this process; returns its numbers."""
     if ns.threads:
         torch.set_num_threads(ns.threads)
-    s = vs_trl.settings("smollm2")
+    s = vs_trl.settings(ns.model)
     lora = row.endswith("lora")
     out: dict[str, Any] = {"row": row}
     if row.startswith("rlzoo"):
@@ -99,6 +99,7 @@ def trainable_params(model_dir: Path, rank: int | None) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS[:3]))
+    ap.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2", help="tiny: a smoke test")
     ap.add_argument("--steps", type=int, default=5, help="batches per row (2 warm-up cycles are not counted)")
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--kl", type=float, default=0.001, help="KL coefficient (0: no reference policy)")
@@ -109,16 +110,18 @@ def main() -> None:
     if ns.child:
         print("RESULT " + json.dumps(child(ns.child, ns)), flush=True)
         return
-    s = vs_trl.settings("smollm2")
+    s = vs_trl.settings(ns.model)
     if not (s["dir"] / "train.parquet").exists():
         import rlzoo
 
-        comp = rlzoo.get_plugin_manager().get("dataset", "smollm2_arith")
+        comp = rlzoo.get_plugin_manager().get(
+            "dataset", "smollm2_arith" if ns.model == "smollm2" else "quickstart"
+        )
         comp.load()(s["dir"], comp.default_params())
     results = []
     for row in ns.rows:
         args = [sys.executable, __file__, "--child", row, "--steps", str(ns.steps), "--rank", str(ns.rank)]
-        args += ["--kl", str(ns.kl), "--precision", ns.precision]
+        args += ["--kl", str(ns.kl), "--precision", ns.precision, "--model", ns.model]
         if ns.threads:
             args += ["--threads", str(ns.threads)]
         proc = subprocess.run(args, capture_output=True, text=True, env=os.environ.copy())
@@ -132,7 +135,7 @@ def main() -> None:
 
 def print_table(results: list[dict[str, Any]], ns: argparse.Namespace, model_dir: Path) -> None:
     print(
-        f"\nSmolLM2-135M, {vs_trl.PROMPTS} prompts x {vs_trl.N} samples, {ns.precision}, KL {ns.kl}, "
+        f"\n{ns.model}, {vs_trl.PROMPTS} prompts x {vs_trl.N} samples, {ns.precision}, KL {ns.kl}, "
         f"LoRA r={ns.rank} all-linear; median step cycle over {ns.steps} batches, load {os.getloadavg()[0]:.1f}"
     )
     print(f"{'row':<11} {'s/batch':>8} {'tok/s':>7} {'peak RSS':>9} {'trainable':>11} {'bytes/push':>12}")
@@ -147,13 +150,13 @@ def print_table(results: list[dict[str, Any]], ns: argparse.Namespace, model_dir
         f, lo = by["rlzoo-full"], by["rlzoo-lora"]
         print(
             f"rlzoo LoRA vs full: {f['sec'] / lo['sec']:.2f}x s/batch, "
-            f"{(f['peak_rss'] - lo['peak_rss']) / 2**20:.0f} MB less peak RSS, "
+            f"peak RSS {(lo['peak_rss'] - f['peak_rss']) / 2**20:+.0f} MB, "
             f"{f['push_bytes'] / lo['push_bytes']:.0f}x fewer bytes per push"
         )
     if "rlzoo-lora" in by and "trl-lora" in by:
         print(f"rlzoo LoRA vs TRL LoRA: {by['trl-lora']['sec'] / by['rlzoo-lora']['sec']:.2f}x per batch")
     merged = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
-    print(f"merged model (what TRL+vLLM sends per push, fp32 safetensors): {merged / 1e6:.0f} MB")
+    print(f"merged model (what TRL+vLLM sends per push, fp32 safetensors): {merged / 1e6:.1f} MB")
 
 
 if __name__ == "__main__":
