@@ -178,8 +178,8 @@ class Session:
 
     def send_weights(self, version: int) -> int | None:
         """``rollout.update_weights(train_backend.export_weights(), version)``; the bytes pushed when
-        the export is a local stream of tensors (a whole model, or only a LoRA adapter), None when it
-        is a handle the rollout side moves itself (Ray: reported as ``weight_sync/bytes``)."""
+        the export is a local stream of tensors (a whole model, or only a LoRA adapter); for a Ray
+        handle the rollout group moves itself, the bytes its sync reports (``last_sync``), if any."""
         from rlzoo.distributed.worker_group import WeightHandle
 
         exported = self.train_backend.export_weights()
@@ -188,7 +188,8 @@ class Session:
             self.rollout.update_weights(counter, version)
             return counter.bytes
         self.rollout.update_weights(exported, version)
-        return None
+        report = getattr(self.rollout, "last_sync", None)  # rlzoo.distributed.worker_group.RolloutGroup
+        return int(report["bytes"]) if isinstance(report, dict) and "bytes" in report else None
 
     def train_requests(
         self, items: Sequence[dict[str, Any]], step: int, attempt: int, *, greedy: bool = False
