@@ -148,7 +148,10 @@ class FSDP2TrainBackend:
             )
             critic = CriticModel(backbone.to(self.dtype), int(backbone.config.hidden_size))
         # LoRA: adapters injected in place before sharding (FSDP2 shards frozen and trainable alike)
-        self._lora: Any = None if spec.lora is None else lora.apply_lora(model, spec.lora, seed=spec.seed)
+        self._lora: Any = None
+        if spec.lora is not None:  # peft makes the adapters fp32 under a bf16 base: one dtype for FSDP2
+            self._lora = lora.apply_lora(model, spec.lora, seed=spec.seed)
+            model = model.to(dtype=self.dtype)
         if params.gradient_checkpointing:
             m: Any
             for m in (model, critic.backbone if critic is not None else None):

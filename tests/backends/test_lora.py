@@ -174,6 +174,15 @@ def test_ppo_critic_is_fully_trained_beside_a_lora_actor():
     assert losses[-1] < losses[0]
 
 
+def test_bfloat16_weights_train_bfloat16_adapters():
+    be = lora_backend(dtype="bfloat16")
+    assert {p.dtype for p in be.actor.parameters()} == {torch.bfloat16}  # one dtype, as without LoRA
+    before = {n: t.clone() for n, t in be.export_weights()}
+    trained(be, steps=1)
+    after = dict(be.export_weights())
+    assert any(not torch.equal(before[n], after[n]) for n in before)
+
+
 def test_unknown_target_modules_are_refused_with_the_models_module_names():
     with pytest.raises(RlzooError, match=r"\['qproj'\].*'q_proj'.*'v_proj'"):
         lora_backend(lora_settings=LoraSettings(target_modules=("qproj", "v_proj")))
