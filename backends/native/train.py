@@ -269,7 +269,8 @@ class NativeTrainBackend:
         ``critic_backbone`` overrides the critic's backbone (default: loaded from
         ``spec.critic_model_path``, or the actor's base model copied when ``model`` is given and
         no critic path is). ``tokenizer`` is saved by :meth:`export_hf` (default: loaded from
-        ``spec.model_path`` when it has one).
+        ``spec.model_path`` when it has one). With ``spec.lora`` the adapters are injected into
+        the actor (``model`` too, when given) in place (:func:`rlzoo.lora.apply_lora`).
         """
         self.params = params
         self.spec = spec

@@ -51,3 +51,13 @@ def test_a_train_backend_without_supports_lora_is_refused() -> None:
 def test_a_rollout_backend_without_supports_lora_is_refused() -> None:
     text = "\n".join(problems_of("trainer.lora.rank=8", "rollout.backend=simulated"))
     assert "trainer.lora: rollout backend 'simulated' cannot apply LoRA adapter pushes" in text
+
+
+def test_the_megatron_backend_refuses_lora_when_built_directly() -> None:
+    pytest.importorskip("megatron.core")
+    from rlzoo.backends.megatron import MegatronParams
+    from rlzoo.backends.megatron.train import MegatronTrainBackend
+    from rlzoo.protocols import TrainSpec
+
+    with pytest.raises(ValueError, match="not supported; use the native or fsdp2"):
+        MegatronTrainBackend(MegatronParams(device="cpu"), TrainSpec(model_path="", lora=LoraSettings()))
