@@ -97,11 +97,17 @@ def rlzoo_overrides(s: dict[str, Any], precision: str, steps: int, out: str) -> 
     return o
 
 
-def run_rlzoo(s: dict[str, Any], precision: str, steps: int) -> tuple[float, float, dict[str, float]]:
+def run_rlzoo(
+    s: dict[str, Any], precision: str, steps: int, extra: tuple[str, ...] = (), records: list | None = None
+) -> tuple[float, float, dict[str, float]]:
+    """``extra``: more recipe overrides (benchmarks/lora.py: trainer.lora, the KL term); ``records``:
+    a list that receives the run's metrics rows."""
     with tempfile.TemporaryDirectory() as tmp:
-        run = rlzoo.build_run(s["recipe"], rlzoo_overrides(s, precision, steps, f"{tmp}/run"))
+        run = rlzoo.build_run(s["recipe"], [*rlzoo_overrides(s, precision, steps, f"{tmp}/run"), *extra])
         run.train()
         recs = [r for r in read_metrics(run.run_dir) if r["step"] > 0 and "timing_s/step" in r]
+        if records is not None:
+            records.extend(recs)
     # cycle k: from the end of batch k-1 (its metrics row) to the end of batch k; not the first
     # (warm-up) nor the last (the end-of-run checkpoint and export)
     cycles = [b["time"] - a["time"] for a, b in itertools.pairwise(recs)][1:-1]
@@ -117,7 +123,10 @@ def run_rlzoo(s: dict[str, Any], precision: str, steps: int) -> tuple[float, flo
     return sec, toks / sec, phases
 
 
-def run_trl(s: dict[str, Any], precision: str, steps: int) -> tuple[float, float]:
+def run_trl(
+    s: dict[str, Any], precision: str, steps: int, *, peft_config: Any = None, beta: float = 0.0
+) -> tuple[float, float]:
+    """``peft_config``: a ``peft.LoraConfig`` (TRL trains that adapter); ``beta``: its KL coefficient."""
     import datasets
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -174,7 +183,7 @@ def run_trl(s: dict[str, Any], precision: str, steps: int) -> tuple[float, float
             weight_decay=0.01,
             num_iterations=1,
             gradient_checkpointing=False,  # TRL's default is on; rlzoo does not recompute activations
-            beta=0.0,
+            beta=beta,
             epsilon=0.2,
             epsilon_high=0.28,
             loss_type="dapo",
@@ -194,6 +203,7 @@ def run_trl(s: dict[str, Any], precision: str, steps: int) -> tuple[float, float
             train_dataset=ds,
             processing_class=tok,
             callbacks=[clock],
+            peft_config=peft_config,
         )
         trainer.train()
     times, tokens = clock.times[1:] or clock.times, clock.tokens[1:] or clock.tokens  # cycle 1: warm-up

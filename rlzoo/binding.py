@@ -49,6 +49,9 @@ def coerce(value: Any, tp: Any, path: str, problems: list[str]) -> Any:
                 return None
             problems.append(f"{path}: must not be null (expected {_type_name(tp)})")
             return None
+        options = [a for a in args if a is not _NONE]
+        if len(options) == 1:  # X | None: X's own problems say more than "expected X | null"
+            return coerce(value, options[0], path, problems)
         for arg in args:
             if arg is _NONE:
                 continue

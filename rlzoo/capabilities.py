@@ -160,6 +160,9 @@ class TrainBackendCapabilities(Capabilities):
         help="implements rlzoo.protocols.SumPiSquaredSource (log-probs + sum_pi_squared in one forward); "
         "validate refuses a needs_sum_pi_squared advantage without it",
     )
+    supports_lora: bool = param(
+        False, help="trains LoRA adapters (trainer.lora); validate refuses trainer.lora without it"
+    )
     requires: str | None = param(None, help="the optional distribution it needs (pip install rlzoo[EXTRA])")
     extra: str | None = param(None, help="the pip extra that installs `requires`")
 
@@ -170,6 +173,10 @@ class RolloutBackendCapabilities(Capabilities):
         False, help="pauses requests at a weight sync and resumes them (fully_async checks)"
     )
     supports_streaming: bool = param(False, help="yields samples as they finish (fully_async checks)")
+    supports_lora: bool = param(
+        False,
+        help="applies LoRA adapter pushes (RolloutSpec.lora); validate refuses trainer.lora without it",
+    )
     devices: tuple[str, ...] = param((), help="devices it generates on (shown by rlzoo components)")
     distributed: bool = param(False, help="spans processes")
     requires: str | None = param(None, help="the optional distribution it needs")

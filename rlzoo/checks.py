@@ -126,6 +126,35 @@ def _sum_pi_squared_rule(cfg: RecipeConfig) -> list[str]:
     )
 
 
+def _lora_rule(cfg: RecipeConfig) -> list[str]:
+    """``trainer.lora`` needs a train backend that trains adapters and a rollout backend that applies them."""
+    if cfg.trainer.lora is None:
+        return []
+    out = []
+    tb, rb = cfg.trainer.backend, cfg.rollout.backend
+    if isinstance(tb, Selection) and not tb.caps.supports_lora:
+        able = _names_with(tb, "supports_lora")
+        out.append(
+            f"trainer.lora: train backend {tb.name!r} cannot train LoRA adapters (supports_lora is false); "
+            f"use one that can ({able}) or remove trainer.lora for full fine-tuning"
+        )
+    if isinstance(rb, Selection) and not rb.caps.supports_lora:
+        able = _names_with(rb, "supports_lora")
+        out.append(
+            f"trainer.lora: rollout backend {rb.name!r} cannot apply LoRA adapter pushes (supports_lora is "
+            f"false); use one that can ({able}) or remove trainer.lora"
+        )
+    return out
+
+
+def _names_with(sel: Selection, capability: str) -> str:
+    """The registered parts of ``sel``'s kind that declare ``capability`` true, comma-separated."""
+    from rlzoo.plugins import get_plugin_manager
+
+    names = [c.name for c in get_plugin_manager().registry(sel.kind) if getattr(c.caps, capability, False)]
+    return ", ".join(sorted(names)) or "none registered"
+
+
 def _aggregation_notice(cfg: RecipeConfig) -> list[str]:
     pl, agg = cfg.algorithm.policy_loss, cfg.algorithm.loss_agg
     if isinstance(pl, Selection) and isinstance(agg, Selection):
@@ -201,6 +230,7 @@ CONSISTENCY_RULES: list[Any] = [
     _data_rule,
     _critic_rule,
     _sum_pi_squared_rule,
+    _lora_rule,
     _placement_rule,
     _logger_rule,
     _agent_rule,

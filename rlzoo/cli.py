@@ -7,7 +7,7 @@ rlzoo plugins [--all] [--json]                       list plugins, versions, hoo
 rlzoo recipes [--json]                               list recipes on the search path
 rlzoo prepare NAME [--out DIR] [key=value ...]       prepare a dataset into rlzoo's parquet schema
 rlzoo plot RUN_DIR [RUN_DIR ...]                     learning curves (PNG) and a Markdown summary
-rlzoo export RUN_DIR [--step N] --out DIR           a checkpoint as a standard Hugging Face folder
+rlzoo export RUN_DIR [--step N] [--adapter] --out DIR  a checkpoint as a standard HF folder (or LoRA adapter)
 rlzoo from-verl SCRIPT_OR_ARGS [--out FILE]         a verl launch script (or its overrides) as a recipe
 """
 
@@ -174,7 +174,7 @@ def cmd_plot(ns: argparse.Namespace) -> int:
 def cmd_export(ns: argparse.Namespace) -> int:
     from rlzoo.export import export_checkpoint
 
-    print(export_checkpoint(Path(ns.run_dir), Path(ns.out), step=ns.step))
+    print(export_checkpoint(Path(ns.run_dir), Path(ns.out), step=ns.step, adapter=ns.adapter))
     return 0
 
 
@@ -211,6 +211,7 @@ EXAMPLES: dict[str, str] = {
     "export": """\
   rlzoo export runs/quickstart-20250101-120000 --out models/quickstart           # latest checkpoint
   rlzoo export runs/quickstart-20250101-120000 --step 50 --out models/step50
+  rlzoo export runs/lora-run --adapter --out models/adapter       # a trainer.lora run: the PEFT adapter only
       # then: AutoModelForCausalLM.from_pretrained("models/step50")""",
 }
 
@@ -311,6 +312,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (rlzoo train prints it)")
     s.add_argument("--step", type=int, help="checkpoint step (default: the latest checkpoint)")
     s.add_argument("--out", required=True, help="output folder (config, tokenizer, safetensors weights)")
+    s.add_argument(
+        "--adapter",
+        action="store_true",
+        help="a trainer.lora run: write only its LoRA adapter (a PEFT folder) instead of the merged model",
+    )
     s.set_defaults(func=cmd_export)
     return p
 

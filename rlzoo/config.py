@@ -34,7 +34,7 @@ from rlzoo.agents.settings import MultiTurnSettings
 from rlzoo.binding import bind_dataclass, coerce, field_types, to_plain
 from rlzoo.errors import ConfigError
 from rlzoo.plugins import PluginManager, get_plugin_manager
-from rlzoo.protocols import MicroBatchSettings, OptimSettings, StepPlan
+from rlzoo.protocols import LoraSettings, MicroBatchSettings, OptimSettings, StepPlan
 from rlzoo.recipe_files import find_recipe, list_recipes, notice_shadowing, recipe_search_paths
 from rlzoo.registry import Component, param
 
@@ -232,6 +232,11 @@ class TrainerSection:
     )
     micro_batch: MicroBatchSettings = param(
         MicroBatchSettings(), help="micro-batch sizes of forwards / updates, shared by every train backend"
+    )
+    lora: LoraSettings | None = param(
+        None,
+        help="train LoRA adapters on the actor instead of all its weights ({rank, alpha, dropout, "
+        "target_modules}; needs the train backend's supports_lora); null: full fine-tuning. docs/lora.md",
     )
     shuffle_mini_batches: bool = param(False, help="shuffle samples before splitting into mini-batches")
     critic_warmup: int = param(0, ge=0, help="steps that train only the critic")

@@ -214,11 +214,15 @@ def load_run_config(run_dir: str | Path) -> Any:
     return load_config(strip(yaml.safe_load((Path(run_dir) / "config.yaml").read_text())))
 
 
-def export_checkpoint(run_dir: str | Path, out_dir: str | Path, *, step: int | None = None) -> Path:
+def export_checkpoint(
+    run_dir: str | Path, out_dir: str | Path, *, step: int | None = None, adapter: bool = False
+) -> Path:
     """Export checkpoint ``step`` (default: the latest) of ``run_dir`` as an HF folder at ``out_dir``.
 
     Without any checkpoint, a run's ``final/`` is copied when ``step`` is None. The train backend
-    named in ``run_dir/config.yaml`` is rebuilt in this process (local placement).
+    named in ``run_dir/config.yaml`` is rebuilt in this process (local placement). A
+    ``trainer.lora`` run exports the merged model with its adapter in ``adapter/``; ``adapter``:
+    write only that PEFT adapter folder at ``out_dir``.
     """
     run_dir = Path(run_dir).expanduser()
     cfg_file = run_dir / "config.yaml"
@@ -227,6 +231,8 @@ def export_checkpoint(run_dir: str | Path, out_dir: str | Path, *, step: int | N
             " (no such folder)" if not run_dir.exists() else " (is it a run directory? rlzoo train prints it)"
         )
         raise RlzooError(f"{cfg_file} not found{hint}")
+    if adapter:
+        return _export_adapter(run_dir, Path(out_dir).expanduser(), step)
     if step is None and not (run_dir / "checkpoints").is_dir() and final_dir(run_dir).is_dir():
         out = Path(out_dir).expanduser()
         shutil.copytree(final_dir(run_dir), out, dirs_exist_ok=True)
@@ -251,3 +257,26 @@ def export_checkpoint(run_dir: str | Path, out_dir: str | Path, *, step: int | N
         shutdown = getattr(backend, "shutdown", None)
         if callable(shutdown):
             shutdown()
+
+
+def _export_adapter(run_dir: Path, out: Path, step: int | None) -> Path:
+    """``export_checkpoint(adapter=True)``: the PEFT ``adapter/`` of a LoRA export, moved to ``out``."""
+    if load_run_config(run_dir).trainer.lora is None:
+        raise RlzooError(
+            f"{run_dir} trained all weights (no trainer.lora): it has no LoRA adapter; export without --adapter"
+        )
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise RlzooError(f"export --adapter: {out} exists and is not an empty folder; choose a new --out")
+    staging = out.with_name(f".{out.name}.merged")
+    if staging.exists():
+        shutil.rmtree(staging)
+    try:
+        export_checkpoint(run_dir, staging, step=step)
+        if not (staging / "adapter" / "adapter_config.json").is_file():
+            raise RlzooError(f"export: the train backend wrote no LoRA adapter in {staging / 'adapter'}")
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        (staging / "adapter").rename(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out

@@ -331,6 +331,7 @@ class RolloutSpec:
     max_response_length: int = 128
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
+    lora: LoraSettings | None = None  # the trainer trains LoRA adapters: pushes carry only those
 
 
 @runtime_checkable
@@ -428,6 +429,53 @@ class MicroBatchSettings:
             raise ValueError("; ".join(problems))
 
 
+#: ``target_modules`` entry that selects every linear layer except the LM head (peft's meaning).
+LORA_ALL_LINEAR = "all-linear"
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA adapters on the actor (``trainer.lora``; absent: full fine-tuning), through ``peft``.
+
+    Each targeted linear layer ``W`` becomes ``W x + (alpha / rank) B A x`` with ``A`` ``[rank, in]``
+    (Kaiming-uniform init) and ``B`` ``[out, rank]`` (zero init, so training starts from the base
+    model). Only ``A`` and ``B`` are trained, pushed to the rollout backend and checkpointed; the
+    reference policy is the same model with its adapters disabled. See docs/lora.md.
+    """
+
+    rank: int = param(16, ge=1, help="LoRA rank r (>= 1)")
+    alpha: float = param(32.0, gt=0, help="LoRA alpha; the update is scaled by alpha / rank (> 0)")
+    dropout: float = param(0.0, ge=0, le=0.99, help="dropout on the adapter's input in training (in [0, 1))")
+    target_modules: tuple[str, ...] = param(
+        (LORA_ALL_LINEAR,),
+        help="names of the linear modules that get adapters, matched as peft does (a module whose name "
+        "is, or ends with '.' + , an entry, e.g. q_proj); 'all-linear': every linear layer but the LM head. "
+        "Names the model lacks are refused when the model is built, listing the ones it has",
+    )
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.rank >= 1:
+            problems.append(f"rank must be >= 1, got {self.rank}")
+        if not self.alpha > 0:
+            problems.append(f"alpha must be > 0, got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            problems.append(f"dropout must be in [0, 1), got {self.dropout}")
+        if not self.target_modules or not all(isinstance(t, str) and t for t in self.target_modules):
+            problems.append(
+                f"target_modules must be a non-empty list of module names, got {list(self.target_modules)}"
+            )
+        elif LORA_ALL_LINEAR in self.target_modules and len(self.target_modules) > 1:
+            problems.append(f"target_modules: {LORA_ALL_LINEAR!r} selects every linear layer; give it alone")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def scaling(self) -> float:
+        """``alpha / rank``: the factor on ``B A``."""
+        return float(self.alpha) / int(self.rank)
+
+
 @dataclass(frozen=True)
 class TrainSpec:
     """What a train backend factory needs besides its own params: the run's models and the trainer
@@ -444,6 +492,7 @@ class TrainSpec:
     temperature: float = 1.0  # rollout sampling temperature: log-probs are of logits / temperature
     optim: OptimSettings = field(default_factory=OptimSettings)
     micro_batch: MicroBatchSettings = field(default_factory=MicroBatchSettings)
+    lora: LoraSettings | None = None  # LoRA adapters on the actor; None: full fine-tuning
 
 
 class Objective(Protocol):

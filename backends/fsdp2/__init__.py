@@ -78,5 +78,6 @@ def rlzoo_register_train_backends(registry):  # type: ignore[no-untyped-def]
             "devices": ["cpu", "cuda"],
             "supports_critic": True,
             "supplies_sum_pi_squared": True,
+            "supports_lora": True,
         },
     )

@@ -49,6 +49,7 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
+from rlzoo import lora
 from rlzoo.backends.fsdp2 import FSDP2Params
 from rlzoo.backends.fsdp2.collectives import acc_snapshot, ensure_process_group, merge_across_ranks
 from rlzoo.backends.fsdp2.sharding import Packed, ShardPlan, pack, plan_shards, unpack
@@ -134,13 +135,23 @@ class FSDP2TrainBackend:
         self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
         if params.use_remove_padding and not self._keep_arg:
             raise ValueError("fsdp2: use_remove_padding needs a model whose forward takes logits_to_keep")
-        ref = copy.deepcopy(model).eval().requires_grad_(False) if spec.need_reference else None
+        # with LoRA the reference is the actor with its adapters off (below), not a copy
+        ref = (
+            copy.deepcopy(model).eval().requires_grad_(False)
+            if spec.need_reference and spec.lora is None
+            else None
+        )
         critic: CriticModel | None = None
         if spec.need_critic:
             backbone: Any = common.critic_backbone(
                 spec, critic_backbone, model, given_model=given_model, kwargs=self._hf_kwargs()
             )
             critic = CriticModel(backbone.to(self.dtype), int(backbone.config.hidden_size))
+        # LoRA: adapters injected in place before sharding (FSDP2 shards frozen and trainable alike)
+        self._lora: Any = None
+        if spec.lora is not None:  # peft makes the adapters fp32 under a bf16 base: one dtype for FSDP2
+            self._lora = lora.apply_lora(model, spec.lora, seed=spec.seed)
+            model = model.to(dtype=self.dtype)
         if params.gradient_checkpointing:
             m: Any
             for m in (model, critic.backbone if critic is not None else None):
@@ -149,6 +160,8 @@ class FSDP2TrainBackend:
 
         self.actor: nn.Module = self._shard(model, offload=self.offload)
         self.ref: nn.Module | None = None if ref is None else self._shard(ref, offload=params.ref_offload)
+        if self._lora is not None and spec.need_reference:
+            self.ref = lora.AdaptersOff(self._lora)
         self.critic: nn.Module | None = None if critic is None else self._shard(critic, offload=self.offload)
 
         self.optimizer = self._adamw(self.actor, spec.optim.lr, spec.optim.weight_decay)
@@ -479,9 +492,10 @@ class FSDP2TrainBackend:
         ranks, so at most one full parameter exists at a time on each rank besides what rank 0's
         consumer keeps. Tensors are in the stored dtype (``params.dtype``), on this rank's device,
         freshly allocated (safe to keep). Tied weights appear under every name, as in
-        ``state_dict()``; rank != 0 yields nothing.
+        ``state_dict()``; rank != 0 yields nothing. With LoRA: the adapter tensors only.
         """
-        for name, t in self.actor.state_dict().items():
+        state = self.actor.state_dict()
+        for name, t in state.items() if self._lora is None else lora.adapter_items(state):
             if isinstance(t, DTensor):
                 if t.device.type != self.device.type:  # offloaded shard: gather on the device
                     t = t.to(self.device)
@@ -498,9 +512,14 @@ class FSDP2TrainBackend:
         return dict(get_model_state_dict(self.actor, options=opts))  # type: ignore[arg-type]
 
     def export_hf(self, path: str | Path) -> None:
-        """``save_pretrained`` of the gathered actor (safetensors) + tokenizer, by rank 0 (collective)."""
+        """``save_pretrained`` of the gathered actor (safetensors) + tokenizer, by rank 0 (collective).
+        With LoRA: the merged model, and the adapter alone in ``adapter/`` (a PEFT folder)."""
         state = self.full_state_dict()
-        if self.rank == 0:
+        if self.rank == 0 and self._lora is not None:
+            with ckpt.atomic_dir(Path(path), {"format": "hf"}) as tmp:
+                common.save_lora_export(state, self._actor_cls, self._actor_config, self.spec, tmp)
+                common.save_tokenizer(self._tokenizer, self.spec, tmp)
+        elif self.rank == 0:
             with ckpt.atomic_dir(Path(path), {"format": "hf"}) as tmp:
                 with torch.device("meta"):
                     model: Any = self._actor_cls(copy.deepcopy(self._actor_config))
@@ -521,6 +540,21 @@ class FSDP2TrainBackend:
             parts.append(("critic", self.critic, self.critic_optimizer))
         return parts
 
+    def _state_options(self, module: nn.Module) -> StateDictOptions | None:
+        """With LoRA the actor's checkpoint holds its trainable (adapter) tensors only; loading
+        sets those (``dcp.load`` fails on one the checkpoint lacks) and leaves the frozen base."""
+        if module is self.actor and self._lora is not None:
+            return StateDictOptions(ignore_frozen_params=True, strict=False)
+        return None
+
+    def _state_dicts(self, module: nn.Module, opt: torch.optim.Optimizer) -> tuple[dict[str, Any], Any]:
+        """``get_state_dict`` of a checkpoint part; for a LoRA actor the adapter tensors only
+        (``ignore_frozen_params`` alone keeps a tied LM head, whose name is not its parameter's)."""
+        model_sd, optim_sd = get_state_dict(module, opt, options=self._state_options(module))
+        if module is self.actor and self._lora is not None:
+            model_sd = dict(lora.adapter_items(model_sd))
+        return dict(model_sd), optim_sd
+
     def save_checkpoint(self, path: Path, extra_state: Mapping[str, Any]) -> None:
         """Write a sharded checkpoint to ``path`` atomically (collective; ``path`` on a shared FS).
 
@@ -529,13 +563,19 @@ class FSDP2TrainBackend:
         (version, schedule, world size, extra_state), ``COMPLETE`` last; written in ``PATH.tmp`` by
         all ranks and renamed by rank 0 only after every rank finished.
         """
-        meta = common.checkpoint_meta(self, CHECKPOINT_FORMAT, extra_state, world_size=self.world)
+        meta = common.checkpoint_meta(
+            self,
+            CHECKPOINT_FORMAT,
+            extra_state,
+            world_size=self.world,
+            lora=lora.settings_record(self.spec.lora),
+        )
         # extra_state must be the same on every rank; rank 0's is the one written.
         box: list[Any] = [None]
 
         def write(tmp: Path) -> None:
             for name, module, opt in self._parts():
-                model_sd, optim_sd = get_state_dict(module, opt)
+                model_sd, optim_sd = self._state_dicts(module, opt)
                 dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / name))
             ckpt.save_tree(ckpt.rng_state(), tmp, f"rng_rank{self.rank}")
             dist.barrier()
@@ -561,11 +601,19 @@ class FSDP2TrainBackend:
         meta = common.read_checkpoint_meta(
             path, CHECKPOINT_FORMAT, "an fsdp2 train", has_critic=self.critic is not None
         )
+        common.check_checkpoint_lora(path, meta, self.spec.lora)
         for name, module, opt in self._parts():
-            model_sd, optim_sd = get_state_dict(module, opt)
+            options = self._state_options(module)
+            model_sd, optim_sd = self._state_dicts(module, opt)
             state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
             dcp.load(state, checkpoint_id=str(path / name))
-            set_state_dict(module, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+            set_state_dict(
+                module,
+                opt,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optim"],
+                options=options,
+            )
         self.version = int(meta["version"])
         self.critic_steps = int(meta["scheduler"]["critic"]["steps"])
         ckpt.set_rng_state(ckpt.load_tree(path, f"rng_rank{self.rank % int(meta['world_size'])}"))
@@ -574,7 +622,7 @@ class FSDP2TrainBackend:
 
     def shutdown(self) -> None:
         """Drop models and optimizer states; destroy the process group if this backend made it."""
-        for attr in ("actor", "ref", "critic", "optimizer", "critic_optimizer"):
+        for attr in ("actor", "ref", "critic", "optimizer", "critic_optimizer", "_lora"):
             setattr(self, attr, None)
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()

@@ -110,6 +110,13 @@ class MegatronTrainBackend:
     """Actor (+ frozen reference, + critic) on megatron-core. See the module docstring."""
 
     def __init__(self, params: MegatronParams, spec: TrainSpec) -> None:
+        if (
+            spec.lora is not None
+        ):  # rlzoo validate refuses it (supports_lora false); never train all weights instead
+            raise ValueError(
+                "megatron train backend: trainer.lora (LoRA adapters) is not supported; use the native or "
+                "fsdp2 train backend, or remove trainer.lora"
+            )
         self.params, self.spec = params, spec
         with self._device_context():
             self._setup(params, spec)

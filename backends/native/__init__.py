@@ -22,6 +22,7 @@ def rlzoo_register_train_backends(registry):  # type: ignore[no-untyped-def]
             "supports_critic": True,
             "distributed": False,
             "supplies_sum_pi_squared": True,
+            "supports_lora": True,
         },
     )
 
@@ -35,6 +36,7 @@ def rlzoo_register_rollout_backends(registry):  # type: ignore[no-untyped-def]
         capabilities={
             "supports_partial_rollout": True,
             "supports_streaming": True,
+            "supports_lora": True,
             "devices": ["cpu", "cuda"],
         },
     )

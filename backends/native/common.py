@@ -22,17 +22,20 @@ from rlzoo.backends.native import checkpoint as ckpt
 from rlzoo.protocols import TrainSpec
 
 __all__ = [
+    "check_checkpoint_lora",
     "checkpoint_meta",
     "clip_grad_norm",
     "critic_backbone",
     "critic_update",
     "hf_kwargs",
+    "load_adapter_state",
     "load_backbone",
     "load_causal_lm",
     "optimizer_step",
     "policy_update",
     "read_checkpoint_meta",
     "resolve_temperature",
+    "save_lora_export",
     "save_tokenizer",
     "scheduled_lr",
     "select_model",
@@ -297,6 +300,53 @@ def read_checkpoint_meta(path: Path, fmt: str, what: str, *, has_critic: bool) -
             f"checkpoint {str(path)!r} has_critic={meta['has_critic']} but this backend has_critic={has_critic}"
         )
     return meta
+
+
+def check_checkpoint_lora(path: Path, meta: Mapping[str, Any], settings: Any) -> None:
+    """Refuse a checkpoint whose ``trainer.lora`` (``meta["lora"]``) differs from this backend's."""
+    from rlzoo import lora
+
+    saved, mine = meta.get("lora"), lora.settings_record(settings)
+    if saved != mine:
+        raise ValueError(
+            f"checkpoint {str(path)!r} was written with trainer.lora={saved}, this run has trainer.lora={mine}; "
+            "resume with the same LoRA settings (a LoRA checkpoint holds the adapter only)"
+        )
+
+
+def load_adapter_state(module: nn.Module, state: Mapping[str, Tensor]) -> None:
+    """Load a LoRA checkpoint's adapter tensors into ``module``; every adapter tensor of the module
+    must be there and nothing else (the base weights stay those loaded from ``model_path``)."""
+    from rlzoo import lora
+
+    own = {name for name, _ in lora.adapter_items(module.state_dict())}
+    missing, unexpected = sorted(own - set(state)), sorted(set(state) - own)
+    if missing or unexpected:
+        raise ValueError(
+            f"LoRA checkpoint does not match the model's adapters: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    module.load_state_dict(dict(state), strict=False)
+
+
+def save_lora_export(
+    state: Mapping[str, Tensor], model_cls: Any, config: Any, spec: Any, directory: Path
+) -> None:
+    """A LoRA actor's HF export into ``directory``: the merged model (``save_pretrained`` of a
+    fresh ``model_cls(config)`` holding :func:`rlzoo.lora.merged_state_dict`) and the adapter
+    alone in ``directory/adapter`` (:func:`rlzoo.lora.save_adapter`)."""
+    from rlzoo import lora
+
+    merged = {k: v.detach() for k, v in lora.merged_state_dict(state, spec.lora).items()}
+    with torch.device("meta"):
+        model: Any = model_cls(copy.deepcopy(config))
+    model.load_state_dict(merged, strict=False, assign=True)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise RuntimeError(f"export_hf: parameters missing from the merged LoRA state: {missing[:5]}")
+    model.save_pretrained(str(directory))
+    lora.save_adapter(lora.adapter_items(state), spec.lora, directory / "adapter", base_model=spec.model_path)
 
 
 def save_tokenizer(tokenizer: Any, spec: Any, directory: Path) -> None:

@@ -71,7 +71,9 @@ class NativeRolloutBackend:
     - ``pause()`` returns once no step is running; in-flight sequences keep their tokens.
       ``resume()`` continues them. ``update_weights(named_tensors, version)`` lands between two
       steps (paused or not); tokens sampled afterwards carry ``version`` in ``Sample.versions``, and
-      the in-flight KV is recomputed with the new weights (``recompute_kv_on_update``).
+      the in-flight KV is recomputed with the new weights (``recompute_kv_on_update``). With
+      ``spec.lora`` the model runs the same LoRA adapters as the trainer (injected in place, B = 0
+      until the first push) and a push carries the adapter tensors only.
     - ``num_pending()``: samples submitted and not yet handed out by stream / generate.
     - ``abort(request_ids=None)``: finish sequences now with finish reason ``"abort"``.
     """
@@ -83,6 +85,12 @@ class NativeRolloutBackend:
         self.spec = spec
         if model is None:
             model = load_causal_lm(spec, params.attn_implementation)
+        if spec.lora is not None:  # pushes carry the trainer's adapter tensors: run the same adapters
+            from rlzoo.lora import apply_lora
+
+            device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+            apply_lora(model, spec.lora)
+            model = model.to(device=device, dtype=dtype).eval()
         self.engine = NativeEngine(
             model,
             eos_token_ids=spec.eos_token_ids,

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rlzoo import lora
 from rlzoo.backends.native import checkpoint as ckpt
 from rlzoo.backends.native import common
 from rlzoo.backends.native.train_params import NativeTrainParams
@@ -268,7 +269,8 @@ class NativeTrainBackend:
         ``critic_backbone`` overrides the critic's backbone (default: loaded from
         ``spec.critic_model_path``, or the actor's base model copied when ``model`` is given and
         no critic path is). ``tokenizer`` is saved by :meth:`export_hf` (default: loaded from
-        ``spec.model_path`` when it has one).
+        ``spec.model_path`` when it has one). With ``spec.lora`` the adapters are injected into
+        the actor (``model`` too, when given) in place (:func:`rlzoo.lora.apply_lora`).
         """
         self.params = params
         self.spec = spec
@@ -295,9 +297,9 @@ class NativeTrainBackend:
                 f"{type(self.actor).__name__} is not supported yet (the critic's backbone would need "
                 "the images and M-RoPE positions too); use a critic-free advantage (e.g. grpo) with VL models"
             )
-        # the initial weights, before any update
+        # the initial weights, before any update (with LoRA: the actor with its adapters off, below)
         self.ref: nn.Module | None = None
-        if spec.need_reference:
+        if spec.need_reference and spec.lora is None:
             self.ref = copy.deepcopy(self.actor).eval().requires_grad_(False)
         self.critic: CriticModel | None = None
         if spec.need_critic:
@@ -306,6 +308,13 @@ class NativeTrainBackend:
             )
             hidden = int(backbone.config.hidden_size)
             self.critic = CriticModel(backbone.to(self.dtype), hidden).to(self.device)
+        # LoRA: adapters injected into the actor in place (after the critic copied a clean base)
+        self._lora: Any = None
+        if spec.lora is not None:
+            self._lora = lora.apply_lora(self.actor, spec.lora, seed=spec.seed)
+            self.actor.to(device=self.device, dtype=self.dtype)
+            if spec.need_reference:
+                self.ref = lora.AdaptersOff(self._lora)
 
         if params.gradient_checkpointing:
             m: Any
@@ -534,25 +543,40 @@ class NativeTrainBackend:
 
     # -- weights --------------------------------------------------------------------------------
     def export_weights(self) -> Iterator[tuple[str, Tensor]]:
-        """``(name, tensor)`` of the actor's HF state dict, detached, on the backend's device.
+        """``(name, tensor)`` of the actor's HF state dict, detached, on the backend's device; with
+        LoRA only the adapter tensors (:func:`rlzoo.lora.adapter_items`).
 
         The tensors alias the live parameters: copy them before the next update. Tied weights
         appear under every name (as in ``state_dict()``).
         """
-        for name, t in self.actor.state_dict().items():
+        state = self.actor.state_dict()
+        for name, t in state.items() if self._lora is None else lora.adapter_items(state):
             yield name, t.detach()
 
     def export_hf(self, path: str | Path) -> None:
-        """``save_pretrained`` of the actor (safetensors) + the tokenizer when one is known."""
+        """``save_pretrained`` of the actor (safetensors) + the tokenizer when one is known. With
+        LoRA: the merged model, and the adapter alone in ``adapter/`` (a PEFT folder)."""
         path = Path(path)
         with ckpt.atomic_dir(path, {"format": "hf"}) as tmp:
-            self.actor.save_pretrained(str(tmp))
+            if self._lora is None:
+                self.actor.save_pretrained(str(tmp))
+            else:
+                common.save_lora_export(
+                    self.actor.state_dict(), type(self.actor), self.actor.config, self.spec, tmp
+                )
             common.save_tokenizer(self._tokenizer, self.spec, tmp)
+
+    def _actor_state(self) -> dict[str, Tensor]:
+        """What a checkpoint holds of the actor: every tensor, or with LoRA the adapter only."""
+        state = self.actor.state_dict()
+        return state if self._lora is None else dict(lora.adapter_items(state))
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self, path: Path, extra_state: Mapping[str, Any]) -> None:
         """Write a complete checkpoint to ``path`` atomically (see :meth:`load_checkpoint`)."""
-        meta = common.checkpoint_meta(self, CHECKPOINT_FORMAT, extra_state)
+        meta = common.checkpoint_meta(
+            self, CHECKPOINT_FORMAT, extra_state, lora=lora.settings_record(self.spec.lora)
+        )
         with ckpt.atomic_dir(Path(path), {"format": CHECKPOINT_FORMAT}) as tmp:
             parts: list[tuple[str, nn.Module, torch.optim.Optimizer]] = [
                 ("actor", self.actor, self.optimizer)
@@ -561,7 +585,8 @@ class NativeTrainBackend:
                 parts.append(("critic", self.critic, self.critic_optimizer))
             for name, module, opt in parts:
                 (tmp / name).mkdir()
-                ckpt.save_state_dict(module.state_dict(), tmp / name / "model.safetensors")
+                state = self._actor_state() if module is self.actor else module.state_dict()
+                ckpt.save_state_dict(state, tmp / name / "model.safetensors")
                 ckpt.save_tree(opt.state_dict(), tmp / name, "optimizer")
             ckpt.save_tree(ckpt.rng_state(), tmp, "rng")
             (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
@@ -572,18 +597,23 @@ class NativeTrainBackend:
         Returns the ``extra_state`` given to :meth:`save_checkpoint`. Raises
         :class:`~rlzoo.backends.native.checkpoint.IncompleteCheckpointError` when ``path`` has
         no ``COMPLETE`` marker. The reference model is not in the checkpoint: it is the initial
-        weights this backend was built from.
+        weights this backend was built from. With LoRA the checkpoint holds the adapter and its
+        optimizer state only: the base weights come from ``model_path`` again.
         """
         path = Path(path)
         meta = common.read_checkpoint_meta(
             path, CHECKPOINT_FORMAT, "a native train", has_critic=self.critic is not None
         )
+        common.check_checkpoint_lora(path, meta, self.spec.lora)
         parts: list[tuple[str, nn.Module, torch.optim.Optimizer]] = [("actor", self.actor, self.optimizer)]
         if self.critic is not None and self.critic_optimizer is not None:
             parts.append(("critic", self.critic, self.critic_optimizer))
         for name, module, opt in parts:
             state = ckpt.load_state_dict(path / name / "model.safetensors", device=self.device)
-            module.load_state_dict(state, strict=True)
+            if module is self.actor and self._lora is not None:
+                common.load_adapter_state(module, state)
+            else:
+                module.load_state_dict(state, strict=True)
             opt.load_state_dict(ckpt.load_tree(path / name, "optimizer"))
         self.version = int(meta["version"])
         self.critic_steps = int(meta["scheduler"]["critic"]["steps"])
@@ -592,7 +622,7 @@ class NativeTrainBackend:
 
     def shutdown(self) -> None:
         """Drop the models and optimizer states (frees device memory)."""
-        for attr in ("actor", "ref", "critic", "optimizer", "critic_optimizer"):
+        for attr in ("actor", "ref", "critic", "optimizer", "critic_optimizer", "_lora"):
             setattr(self, attr, None)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -107,6 +107,7 @@ def rlzoo_register_rollout_backends(registry):  # type: ignore[no-untyped-def]
         capabilities={
             "supports_partial_rollout": True,
             "supports_streaming": True,
+            "supports_lora": True,  # adapters through vLLM's LoRARequest (backends/vllm/lora.py)
             "devices": ["cuda"],
             "requires": "vllm",
         },

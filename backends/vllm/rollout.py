@@ -88,6 +88,10 @@ def engine_args(params: VLLMRolloutParams, spec: RolloutSpec, *, multimodal: boo
         kw["max_num_batched_tokens"] = params.max_num_batched_tokens
     if params.distributed_executor_backend is not None:
         kw["distributed_executor_backend"] = params.distributed_executor_backend
+    if spec.lora is not None:  # trainer.lora: pushes are adapters, served through vLLM's LoRA path
+        from rlzoo.backends.vllm.lora import lora_engine_args
+
+        kw.update(lora_engine_args(spec.lora))
     for k, v in params.engine_kwargs.items():
         kw[k] = yaml.safe_load(v) if isinstance(v, str) else v
     return kw
@@ -102,6 +106,8 @@ class VLLMRolloutBackend:
     between two engine requests of every sample; ``abort`` finishes samples with ``"abort"``.
     Extra: ``sleep()`` / ``wake_up()`` for colocated mode.
     """
+
+    _adapters: Any = None  # trainer.lora: a backends.vllm.lora.AdapterPushes (set in __init__)
 
     def __init__(self, params: VLLMRolloutParams, spec: RolloutSpec) -> None:
         try:
@@ -123,6 +129,10 @@ class VLLMRolloutBackend:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._tie_word_embeddings, self._multimodal = _model_facts(spec)
         self._weights_discarded = False  # a level-2 sleep dropped them: wake_up() needs new ones
+        if spec.lora is not None:
+            from rlzoo.backends.vllm.lora import AdapterPushes
+
+            self._adapters = AdapterPushes(spec.lora, spec.model_path)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rlzoo-vllm-loop", daemon=True)
         self._thread.start()
@@ -173,7 +183,8 @@ class VLLMRolloutBackend:
         if mm and mm.get("images"):
             inp["multi_modal_data"] = {"image": mm["images"]}
         try:
-            async for out in self.engine.generate(TokensPrompt(**inp), sp, eid):  # type: ignore[typeddict-item]
+            lora = {} if self._adapters is None else {"lora_request": self._adapters.request()}
+            async for out in self.engine.generate(TokensPrompt(**inp), sp, eid, **lora):  # type: ignore[typeddict-item]
                 comp = out.outputs[0]
                 toks = list(comp.token_ids)
                 lps = sampled_log_probs(toks, comp.logprobs)
@@ -271,6 +282,9 @@ class VLLMRolloutBackend:
         try:
             if self._sleeping:
                 self._call(self.engine.wake_up(tags=["weights"]))
+            if self._adapters is not None:  # LoRA: the adapter becomes the next LoRARequest, no load
+                self._adapters.write(named_tensors, version)
+                named_tensors = ()
             bucket_bytes = self.params.weight_bucket_mb << 20
             named = map_names(named_tensors, tie_word_embeddings=self._tie_word_embeddings)
             for bucket in iter_bucketed(named, lambda t: t.numel() * t.element_size(), bucket_bytes):
@@ -325,6 +339,8 @@ class VLLMRolloutBackend:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
+            if self._adapters is not None:
+                self._adapters.close()
 
 
 def _model_facts(spec: RolloutSpec) -> tuple[bool, bool]:

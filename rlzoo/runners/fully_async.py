@@ -426,7 +426,7 @@ class StreamFromQueue:
             if partial:
                 s.rollout.pause()  # in-flight requests keep their tokens
             try:
-                s.rollout.update_weights(s.train_backend.export_weights(), backend_version)
+                pushed = s.send_weights(backend_version)
             finally:
                 if partial:
                     s.rollout.resume()
@@ -434,7 +434,7 @@ class StreamFromQueue:
         finally:
             if not partial:
                 q.release()
-        return {}
+        return {} if pushed is None else {"perf/weight_push_bytes": float(pushed)}
 
     @contextlib.contextmanager
     def quiesce(self) -> Iterator[None]:

@@ -145,6 +145,7 @@ def train_spec(cfg: RecipeConfig, total_steps: int, tokenizer: Any) -> TrainSpec
         temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
         optim=cfg.trainer.optim,
         micro_batch=cfg.trainer.micro_batch,
+        lora=cfg.trainer.lora,
     )
 
 
@@ -162,6 +163,7 @@ def rollout_spec(cfg: RecipeConfig, tokenizer: Any) -> RolloutSpec:
         max_response_length=cfg.data.max_response_length,
         eos_token_ids=eos_ids(tokenizer, expand(cfg.model.path)),
         pad_token_id=int(tokenizer.pad_token_id),
+        lora=cfg.trainer.lora,
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -176,12 +176,29 @@ class Session:
     def sync_weights(self) -> dict[str, float]:
         """Push the trainer's weights to the rollout backend; returns weight-sync metrics."""
         t0 = time.perf_counter()
-        self.rollout.update_weights(self.train_backend.export_weights(), self.train_backend.version)
+        pushed = self.send_weights(self.train_backend.version)
         out = {"weight_sync/seconds": time.perf_counter() - t0}
+        if pushed is not None:
+            out["perf/weight_push_bytes"] = float(pushed)
         stats = getattr(self.rollout, "last_sync", None)
         if stats is not None and hasattr(stats, "as_dict"):
             out.update({f"weight_sync/{k}": v for k, v in stats.as_dict().items()})
         return out
+
+    def send_weights(self, version: int) -> int | None:
+        """``rollout.update_weights(train_backend.export_weights(), version)``; the bytes pushed when
+        the export is a local stream of tensors (a whole model, or only a LoRA adapter); for a Ray
+        handle the rollout group moves itself, the bytes its sync reports (``last_sync``), if any."""
+        from rlzoo.distributed.worker_group import WeightHandle
+
+        exported = self.train_backend.export_weights()
+        if not isinstance(exported, WeightHandle):
+            counter = _ByteCounter(exported)
+            self.rollout.update_weights(counter, version)
+            return counter.bytes
+        self.rollout.update_weights(exported, version)
+        report = getattr(self.rollout, "last_sync", None)  # rlzoo.distributed.worker_group.RolloutGroup
+        return int(report["bytes"]) if isinstance(report, dict) and "bytes" in report else None
 
     def train_requests(
         self, items: Sequence[dict[str, Any]], step: int, attempt: int, *, greedy: bool = False
@@ -309,3 +326,16 @@ class Session:
         self.lock.release()
         if getattr(self.run, "lock", None) is self.lock:
             self.run.lock = None
+
+
+class _ByteCounter:
+    """Passes ``(name, tensor)`` pairs through, adding up their bytes."""
+
+    def __init__(self, named: Iterable[tuple[str, Any]]) -> None:
+        self.named = named
+        self.bytes = 0
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        for name, t in self.named:
+            self.bytes += t.numel() * t.element_size()
+            yield name, t

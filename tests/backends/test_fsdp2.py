@@ -93,6 +93,7 @@ def test_registered_as_train_backend() -> None:
         "devices": ["cpu", "cuda"],
         "supports_critic": True,
         "supplies_sum_pi_squared": True,
+        "supports_lora": True,
     }
     assert FSDP2Params.__doc__.splitlines()[0].strip()
 

@@ -252,7 +252,12 @@ def test_registered_without_importing_vllm() -> None:
     comp = get_plugin_manager().get("rollout_backend", "vllm")
     caps = dict(comp.capabilities)
     assert list(caps.pop("devices")) == ["cuda"]
-    assert caps == {"supports_partial_rollout": True, "supports_streaming": True, "requires": "vllm"}
+    assert caps == {
+        "supports_partial_rollout": True,
+        "supports_streaming": True,
+        "supports_lora": True,
+        "requires": "vllm",
+    }
     comp.load()  # the implementation module imports vllm only when a backend is built
 
 
