@@ -59,7 +59,7 @@ class RlzooWorkerExtension:
 
         with set_current_vllm_config(self.vllm_config), torch.no_grad():
             finalize_layerwise_reload(self._rlzoo_model(), self.vllm_config.model_config)
-        device = next(self._rlzoo_model().parameters()).device
+        device = self.model_runner.device
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
@@ -81,7 +81,7 @@ class RlzooWorkerExtension:
         from rlzoo.backends.vllm.transfer import BucketRef, read_bucket
 
         model = self._rlzoo_model()
-        device = next(model.parameters()).device
+        device = self.model_runner.device  # the model's own tensors are on "meta" during a reload
         items = list(
             map_names(read_bucket(BucketRef.from_rpc(bucket), device), tie_word_embeddings=self._rlzoo_tied())
         )

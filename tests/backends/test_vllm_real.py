@@ -156,7 +156,7 @@ def test_weight_update_end_to_end_through_vllms_serialiser(tiny, tie: bool) -> N
     key = "tied" if tie else "untied"
     cfg = _engine_config(tiny[key])
     worker = _worker_class().__new__(_worker_class())
-    worker.model_runner = SimpleNamespace(model=_vllm_model(cfg))
+    worker.model_runner = SimpleNamespace(model=_vllm_model(cfg), device=torch.device("cpu"))
     worker.vllm_config = cfg
     new = AutoModelForCausalLM.from_pretrained(str(tiny["other_" + key])).float().state_dict()
 
