@@ -3,9 +3,9 @@
 Usage: python scripts/check_vllm_run.py RUN_DIR STEPS [MAX_LOG_PPL_DIFF | none]
 
 Fails (exit 1, with the reason) unless ``RUN_DIR/metrics.jsonl`` has a row for every training step
-1..STEPS, every step pushed weights (``weight_sync/seconds``), and the trainer's and vLLM's
-log-probs of the same tokens agree at every step: ``rollout_corr/log_ppl_abs_diff`` (mean over
-sequences of |log-perplexity difference|) at most MAX_LOG_PPL_DIFF (default 1e-3, an fp32 run; a
+1..STEPS, every step pushed weights (``timing_s/sync_weights``: the loop times every push), and the
+trainer's and vLLM's log-probs of the same tokens agree at every step:
+``rollout_corr/log_ppl_abs_diff`` (mean over sequences of |log-perplexity difference|) at most MAX_LOG_PPL_DIFF (default 1e-3, an fp32 run; a
 push that never reached vLLM shows as a jump after the first update). ``none``: print the values
 without a bound (an off-policy runner: tokens from an older version differ by design). Standard
 library only.
@@ -35,9 +35,9 @@ def main(run_dir: str, steps: str, limit: str = "1e-3") -> int:
             continue
         if limit != "none" and float(r[KEY]) > float(limit):
             problems.append(f"step {s}: {KEY} = {r[KEY]:.3g} > {limit}")
-    pushes = [r for r in rows if "weight_sync/seconds" in r]
+    pushes = [r for r in rows if "timing_s/sync_weights" in r]
     if len(pushes) < int(steps):
-        problems.append(f"{len(pushes)} rows with weight_sync/seconds for {steps} steps")
+        problems.append(f"{len(pushes)} rows with timing_s/sync_weights for {steps} steps")
     diffs = ", ".join(f"{by_step[s][KEY]:.2e}" for s in want if s in by_step)
     print(f"check_vllm_run: {run_dir}: {KEY} per step: [{diffs}]")
     for p in problems:
