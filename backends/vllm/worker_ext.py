@@ -57,8 +57,16 @@ class RlzooWorkerExtension:
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
+        model = self._rlzoo_model()
         with set_current_vllm_config(self.vllm_config), torch.no_grad():
-            finalize_layerwise_reload(self._rlzoo_model(), self.vllm_config.model_config)
+            finalize_layerwise_reload(model, self.vllm_config.model_config)
+            if self._rlzoo_tied():
+                # A tied lm_head shares the embedding's weight but is never loaded itself (the
+                # model's loader skips it), so the reload never re-processes it: on CPU its
+                # ``process_weights_after_loading`` packed a copy of the OLD weight for its GEMM
+                # (``cpu_linear``), and the logits would keep using it. Re-process it here.
+                head = model.lm_head
+                head.quant_method.process_weights_after_loading(head)
         device = self.model_runner.device
         if device.type == "cuda":
             torch.cuda.synchronize(device)

@@ -276,11 +276,11 @@ def test_a_push_reaches_vllm_and_a_skipped_push_shows() -> None:
         if os.environ.get("RLZOO_TEST_SKIP_PUSH") != "1":
             rollout.update_weights(trainer.export_weights(), version=1)
         after = draw("after")
+        pushed = _vllm_vs_trainer(trainer, after)
+        stale = _vllm_vs_trainer(trainer, before)
     finally:
         rollout.shutdown()
         trainer.shutdown()
-    pushed = _vllm_vs_trainer(trainer, after)
-    stale = _vllm_vs_trainer(trainer, before)
     assert pushed <= PUSH_ATOL, f"vLLM vs trainer after the push: max |diff| {pushed:.3g} > {PUSH_ATOL}"
     assert all(s.versions == [1] * len(s.response_ids) for s in after)
     assert stale > 20 * PUSH_ATOL, (
