@@ -214,13 +214,21 @@ def _agent_rule(cfg: RecipeConfig) -> list[str]:
     return out
 
 
-def _runner_rule(cfg: RecipeConfig) -> list[str]:
-    runner = cfg.runner
-    if isinstance(runner, Selection):
-        validate = getattr(runner.component.params, "check", None)  # the runner params' own rules
-        if callable(validate) and runner.params is not None:
-            return list(validate(runner.params, cfg))
+def _own_rules(sel: Any, cfg: RecipeConfig) -> list[str]:
+    """The rules a part's params class declares as ``check(params, cfg)`` (runners, rollout backends)."""
+    if isinstance(sel, Selection):
+        validate = getattr(sel.component.params, "check", None)
+        if callable(validate) and sel.params is not None:
+            return list(validate(sel.params, cfg))
     return []
+
+
+def _runner_rule(cfg: RecipeConfig) -> list[str]:
+    return _own_rules(cfg.runner, cfg)
+
+
+def _rollout_backend_rule(cfg: RecipeConfig) -> list[str]:
+    return _own_rules(cfg.rollout.backend, cfg)
 
 
 #: Cross-field rules :func:`check_consistency` applies (extend here; each returns its problems).
@@ -235,6 +243,7 @@ CONSISTENCY_RULES: list[Any] = [
     _logger_rule,
     _agent_rule,
     _runner_rule,
+    _rollout_backend_rule,
 ]
 
 

