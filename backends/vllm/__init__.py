@@ -109,5 +109,6 @@ def rlzoo_register_rollout_backends(registry):  # type: ignore[no-untyped-def]
             "supports_streaming": True,
             "devices": ["cuda"],
             "requires": "vllm",
+            "extra": "vllm",
         },
     )

@@ -119,7 +119,9 @@ class Session:
         self.filter_metric = str(getattr(self.filter.params, "metric", "reward")) if self.filter else "reward"
         self.greedy_baseline = bool(cfg.algorithm.advantage.capability("needs_greedy_baseline"))
         self.reward_manager = build_reward_manager(cfg)
-        self.reward_failures = RewardFailures(cfg.reward.max_failed_steps)  # rlzoo.failures (H5)
+        self.reward_failures = RewardFailures(
+            cfg.reward.max_failed_steps, cfg.reward.max_failed_frac
+        )  # rlzoo.failures (H5)
         self.placement = make_placement(cfg)
         self.rollout_spec = rollout_spec(cfg, self.tokenizer)
         tb: Selection = cfg.trainer.backend
