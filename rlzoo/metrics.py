@@ -113,6 +113,10 @@ class LoggerContext:
     desc: str = "training"
     #: TensorBoard: drop events from this step on (a resumed run writes them again)
     purge_step: int | None = None
+    #: the first step an earlier process of this run already logged and this one logs again (a
+    #: resume from an earlier checkpoint; known from metrics.jsonl); None: nothing is redone. A
+    #: tracker that keeps every point rewinds or branches here, so no step appears twice
+    redone_from: int | None = None
 
 
 @runtime_checkable
@@ -174,6 +178,7 @@ def _run_context(
     desc: str,
     initial_step: int,
     purge_step: int | None,
+    redone_from: int | None = None,
 ) -> LoggerContext:
     """The context of the run in ``run_dir``, read from what the run recorded there."""
     config: dict[str, Any] = {}
@@ -205,6 +210,7 @@ def _run_context(
         progress=progress,
         desc=desc,
         purge_step=purge_step,
+        redone_from=redone_from,
     )
 
 
@@ -226,6 +232,7 @@ class MetricsLogger:
         desc: str = "training",
         initial_step: int = 0,
         purge_step: int | None = None,
+        redone_from: int | None = None,
     ) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         if self.run_dir is not None:
@@ -237,6 +244,7 @@ class MetricsLogger:
             desc=desc,
             initial_step=initial_step,
             purge_step=purge_step,
+            redone_from=redone_from,
         )
         self.sinks: dict[str, MetricSink] = {}
         try:

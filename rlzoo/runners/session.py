@@ -156,6 +156,7 @@ class Session:
             desc=desc,
             initial_step=self.start_step,
             purge_step=None if self.resume_payload is None else self.start_step + (gap_row is None),
+            redone_from=None if moved is None else self.start_step + 1,
         )
         if moved is not None:
             self.metrics.write(f"rlzoo: metrics rows after step {self.start_step} moved to {moved.name}")
