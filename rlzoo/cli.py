@@ -156,8 +156,14 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
     if problems or sel is None:
         raise ConfigError(problems, header=f"cannot prepare {ns.name!r}")
     out = Path(ns.out or Path("data") / ns.name).expanduser()
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    files = sel.fn(out, sel.params)
+    try:
+        files = sel.fn(out, sel.params)
+    except BaseException:
+        if created and not any(out.iterdir()):  # nothing written: leave no empty folder behind
+            out.rmdir()
+        raise
     for split, path in files.items():
         print(f"{split}: {path}")
     return 0

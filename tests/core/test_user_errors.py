@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +53,29 @@ def test_vllm_without_vllm_is_refused_by_validate_naming_the_extra() -> None:
     # on Ray the backend runs in worker processes, whose environment may differ from the driver's
     cfg = load_config("quickstart", ["rollout.backend=vllm", "placement.name=ray"])
     assert cfg.rollout.backend.name == "vllm"
+
+
+def test_prepare_without_the_hub_says_so_in_two_lines(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: a 38-line ConnectionError traceback after ~25 s of retries, and data/gsm8k/ made."""
+    from rlzoo.cli import main
+
+    for var in (
+        "HF_HUB_OFFLINE",
+        "HF_DATASETS_OFFLINE",
+        "HTTPS_PROXY",
+        "https_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.invalid")  # a name that never resolves
+    out = tmp_path / "gsm8k"
+    assert main(["prepare", "gsm8k", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2, err
+    assert err[0].startswith("rlzoo prepare: error: cannot download 'openai/gsm8k': the Hugging Face hub")
+    assert "hub.invalid" in err[0]
+    assert "source=DIR" in err[1] and "HF_HUB_OFFLINE=1" in err[1]
+    assert not out.exists()  # nothing written
