@@ -156,6 +156,9 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
     if problems or sel is None:
         raise ConfigError(problems, header=f"cannot prepare {ns.name!r}")
     out = Path(ns.out or Path("data") / ns.name).expanduser()
+    from rlzoo.storage import check_writable
+
+    check_writable(out, "--out")  # read-only / full disk: a message before anything is written
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
@@ -333,6 +336,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RlzooError as exc:
         print(f"rlzoo {ns.command}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the disk refused a write mid-run (full, read-only): say so, no traceback
+        from rlzoo.storage import storage_message
+
+        message = storage_message(exc)
+        if message is None:
+            raise
+        print(f"rlzoo {ns.command}: error: {message}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"rlzoo {ns.command}: interrupted", file=sys.stderr)
         return 130
