@@ -32,8 +32,15 @@ class NaiveParams:
     failure_reward: float = param(0.0, help="reward of a sample whose scorer failed")
     timeout: float | None = param(
         60.0,
-        help="seconds one sample's scorer may take (run in a helper thread, abandoned when late); "
-        "null: no limit, called in the caller's thread",
+        gt=0,
+        help="seconds one sample's scorer may take (run in a helper thread, abandoned when late; "
+        "> 0); null: no limit, called in the caller's thread",
+    )
+    threads: int = param(
+        8,
+        ge=1,
+        help="helper threads taking samples off the batch, each sample with its own timeout clock, "
+        "so late samples overlap (8 hanging samples cost one timeout, not 8); 1: one after another",
     )
 
 
@@ -56,8 +63,26 @@ class DAPOParams:
     max_response_length: int = param(0, help="M: the rollout's max response tokens (required when enabled)")
     failure_reward: float = param(0.0, help="reward of a sample whose scorer failed")
     timeout: float | None = param(
-        60.0, help="seconds one sample's scorer may take (as naive's); null: no limit"
+        60.0, gt=0, help="seconds one sample's scorer may take (as naive's, > 0); null: no limit"
     )
+    threads: int = param(8, ge=1, help="helper threads scoring at once (as naive's)")
+
+    def run_problems(self) -> list[str]:
+        """What a run needs besides the defaults (:class:`rlzoo.protocols.RunReadyParams`)."""
+        if not self.enable:
+            return []
+        if self.max_response_length <= 0:
+            return [
+                "max_response_length must be set when the overlong buffer is enabled: the rollout's "
+                "max response tokens, e.g. max_response_length: ${data.max_response_length} (or "
+                "enable: false for plain naive scoring)"
+            ]
+        if not 0 < self.overlong_buffer_len <= self.max_response_length:
+            return [
+                f"overlong_buffer_len ({self.overlong_buffer_len}) must be in (0, "
+                f"max_response_length={self.max_response_length}]"
+            ]
+        return []
 
 
 @dataclass(frozen=True)
@@ -73,27 +98,31 @@ class BatchParams:
     failure_reward: float = param(0.0, help="reward of a sample whose scorer failed")
     timeout: float | None = param(
         60.0,
-        help="seconds per sample: the batched call may take timeout x batch size (a late call fails "
+        gt=0,
+        help="seconds per sample (> 0): the batched call may take timeout x batch size (a late call fails "
         "every sample, without per-sample retries); null: no limit",
     )
+    threads: int = param(8, ge=1, help="helper threads for per-sample calls (as naive's)")
 
 
 @dataclass(frozen=True)
 class ProcessPoolParams:
-    """Score in a pool of worker processes, the whole batch within ``timeout`` seconds.
+    """Score in worker processes, each sample within ``timeout`` seconds of reaching its worker.
 
-    Samples run in a ``ProcessPoolExecutor`` (spawn context) with at most ``num_workers`` in
-    flight. The ``timeout`` is the batch's: every sample's clock starts with the call, so a batch
-    of hanging samples fails after ``timeout`` seconds, not ``timeout`` x samples / workers; the
-    late workers are then killed and a new pool serves the next call. A worker that dies makes
-    the samples then in flight suspects: they are rerun one at a time, and one that kills its
-    worker again is failed. The scorer must pickle: bind it with ``BoundScorer`` (a lazy
-    ``"module:attr"`` target + params) or pass a module-level function.
+    ``num_workers`` spawned processes score one sample each at a time. A late sample fails alone:
+    its worker is killed and replaced while the others go on, so a scorer hanging on 2 % of the
+    calls fails those 2 %. A worker that dies is named in the sample's error (pid, exit code or
+    signal); its sample is retried once on a fresh worker and fails if it kills that one too. The
+    scorer must pickle: bind it with ``BoundScorer`` (a lazy ``"module:attr"`` target + params)
+    or pass a module-level function.
     """
 
-    num_workers: int = param(4, help="worker processes (0: os.cpu_count())")
+    num_workers: int = param(4, ge=0, help="worker processes (0: os.cpu_count())")
     timeout: float = param(
-        10.0, help="seconds the whole batch may take (all samples in parallel); later ones fail (> 0)"
+        10.0,
+        gt=0,
+        help="seconds one sample may take once a worker has it (> 0); a late one fails and its "
+        "worker is replaced",
     )
     failure_reward: float = param(0.0, help="reward of a sample whose scorer failed or timed out")
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from rlzoo.binding import range_problems
 from rlzoo.config import RecipeConfig, Selection
+from rlzoo.protocols import RunReadyParams
 
 __all__ = [
     "CONSISTENCY_RULES",
@@ -231,6 +232,41 @@ def _rollout_backend_rule(cfg: RecipeConfig) -> list[str]:
     return _own_rules(cfg.rollout.backend, cfg)
 
 
+def _selections(obj: Any) -> list[Selection]:
+    """Every selected part in ``obj`` (a recipe config or a section), depth first."""
+    if isinstance(obj, Selection):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [s for v in obj for s in _selections(v)]
+    if isinstance(obj, dict):
+        return [s for v in obj.values() for s in _selections(v)]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [s for f in dataclasses.fields(obj) for s in _selections(getattr(obj, f.name))]
+    return []
+
+
+def _run_ready_rule(cfg: RecipeConfig) -> list[str]:
+    """Params that declare :class:`rlzoo.protocols.RunReadyParams` say what a run still needs."""
+    return [
+        f"{sel.key}: {problem}"
+        for sel in _selections(cfg)
+        if isinstance(sel.params, RunReadyParams)
+        for problem in sel.params.run_problems()
+    ]
+
+
+def _local_backend_rule(cfg: RecipeConfig) -> list[str]:
+    """With ``placement.name=local`` the backends run in this process, so the package each declares
+    (``requires``) must be installed here; on Ray it may live on the workers only."""
+    if cfg.placement.name != "local":
+        return []
+    out: list[str] = []
+    for sel in (cfg.rollout.backend, cfg.trainer.backend):
+        if isinstance(sel, Selection):
+            out += missing_requirement(sel)
+    return out
+
+
 #: Cross-field rules :func:`check_consistency` applies (extend here; each returns its problems).
 CONSISTENCY_RULES: list[Any] = [
     _group_rule,
@@ -244,13 +280,16 @@ CONSISTENCY_RULES: list[Any] = [
     _agent_rule,
     _runner_rule,
     _rollout_backend_rule,
+    _run_ready_rule,
+    _local_backend_rule,
 ]
 
 
 def missing_requirement(sel: Selection) -> list[str]:
     """The problem when the package a part declares (capability ``requires``, a distribution name,
     installed by the extra named in ``extra``) is not installed in this process. Checked for parts
-    that run in the driver process (loggers); a backend's package may live on Ray workers only."""
+    that run in the driver process (loggers, and backends with ``placement.name=local``); on Ray a
+    backend's package may live on the workers only."""
     import importlib.metadata as md
 
     dist = sel.capability("requires", None)

@@ -156,8 +156,17 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
     if problems or sel is None:
         raise ConfigError(problems, header=f"cannot prepare {ns.name!r}")
     out = Path(ns.out or Path("data") / ns.name).expanduser()
+    from rlzoo.storage import check_writable
+
+    check_writable(out, "--out")  # read-only / full disk: a message before anything is written
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    files = sel.fn(out, sel.params)
+    try:
+        files = sel.fn(out, sel.params)
+    except BaseException:
+        if created and not any(out.iterdir()):  # nothing written: leave no empty folder behind
+            out.rmdir()
+        raise
     for split, path in files.items():
         print(f"{split}: {path}")
     return 0
@@ -347,6 +356,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RlzooError as exc:
         print(f"rlzoo {ns.command}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the disk refused a write mid-run (full, read-only): say so, no traceback
+        from rlzoo.storage import storage_message
+
+        message = storage_message(exc)
+        if message is None:
+            raise
+        print(f"rlzoo {ns.command}: error: {message}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"rlzoo {ns.command}: interrupted", file=sys.stderr)
         return 130

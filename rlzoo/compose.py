@@ -114,9 +114,13 @@ class Run:
         if self.run_dir is not None:
             return self.run_dir
         rc = self.config.run
+        from rlzoo.storage import check_writable
+
         if rc.output_dir:
             path = Path(rc.output_dir).expanduser()
+            check_writable(path, "run.output_dir")  # read-only / full disk: a message, nothing written
         else:
+            check_writable(Path(rc.dir), "run.dir")
             if self.config.resume:
                 raise ConfigError(["resume: set run.output_dir to the run directory to resume from"])
             stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -15,7 +15,14 @@ class PluginError(RlzooError):
 
 
 class DuplicateComponentError(PluginError):
-    """Two plugins registered the same name for the same kind."""
+    """Two plugins (or one plugin twice) registered the same name for the same kind.
+
+    ``plugins``: the plugin that registered the name first, then the one that registered it again.
+    """
+
+    def __init__(self, message: str, plugins: tuple[str, str] = ("?", "?")) -> None:
+        super().__init__(message)
+        self.plugins = plugins
 
 
 class UnknownComponentError(RlzooError, KeyError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
@@ -20,6 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+from rlzoo.errors import RlzooError
 
 logger = logging.getLogger("rlzoo")
 
@@ -110,6 +113,10 @@ class LoggerContext:
     desc: str = "training"
     #: TensorBoard: drop events from this step on (a resumed run writes them again)
     purge_step: int | None = None
+    #: the first step an earlier process of this run already logged and this one logs again (a
+    #: resume from an earlier checkpoint; known from metrics.jsonl); None: nothing is redone. A
+    #: tracker that keeps every point rewinds or branches here, so no step appears twice
+    redone_from: int | None = None
 
 
 @runtime_checkable
@@ -171,6 +178,7 @@ def _run_context(
     desc: str,
     initial_step: int,
     purge_step: int | None,
+    redone_from: int | None = None,
 ) -> LoggerContext:
     """The context of the run in ``run_dir``, read from what the run recorded there."""
     config: dict[str, Any] = {}
@@ -202,6 +210,7 @@ def _run_context(
         progress=progress,
         desc=desc,
         purge_step=purge_step,
+        redone_from=redone_from,
     )
 
 
@@ -223,6 +232,7 @@ class MetricsLogger:
         desc: str = "training",
         initial_step: int = 0,
         purge_step: int | None = None,
+        redone_from: int | None = None,
     ) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         if self.run_dir is not None:
@@ -234,6 +244,7 @@ class MetricsLogger:
             desc=desc,
             initial_step=initial_step,
             purge_step=purge_step,
+            redone_from=redone_from,
         )
         self.sinks: dict[str, MetricSink] = {}
         try:
@@ -248,6 +259,13 @@ class MetricsLogger:
         self.history: list[dict[str, Any]] = []
 
     def log(self, step: int, metrics: Mapping[str, Any], *, advance: bool = True) -> dict[str, Any]:
+        """Send the record of ``step`` (:meth:`record`) to every logger; returns it."""
+        return self.emit(self.record(step, metrics), advance=advance)
+
+    @staticmethod
+    def record(step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """The row ``log`` writes for ``step`` (``step``, ``time``, floats, None for non-finite
+        values, strings / lists / dicts kept); plain JSON, so a checkpoint can carry it."""
         record: dict[str, Any] = {"step": int(step), "time": time.time()}
         for k, v in metrics.items():
             f = to_float(v)
@@ -256,10 +274,15 @@ class MetricsLogger:
                     record[k] = v
                 continue
             record[k] = f if math.isfinite(f) else None
-        self.history.append(record)
-        for sink in self.sinks.values():
-            sink.log(int(step), record, advance=advance)
         return record
+
+    def emit(self, record: Mapping[str, Any], *, advance: bool = True) -> dict[str, Any]:
+        """Send a ready row (from :meth:`record`) to every logger."""
+        row = dict(record)
+        self.history.append(row)
+        for sink in self.sinks.values():
+            sink.log(int(row["step"]), row, advance=advance)
+        return row
 
     def write(self, message: str) -> None:
         """Print a line without breaking the progress bar."""
@@ -303,9 +326,77 @@ def _selections(loggers: Iterable[Any]) -> list[Any]:
     return out
 
 
+class MetricsFileError(RlzooError):
+    """A ``metrics.jsonl`` line that is not a JSON object (not a write cut short: one in the middle)."""
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """The records of a run's ``metrics.jsonl``."""
+    """The records of a run's ``metrics.jsonl``.
+
+    A last line without its newline that does not parse is a write cut short (a kill mid-row; the
+    resumed run moves it aside, :func:`set_aside_cut_row`): it is skipped with a warning. Any other
+    line that is not a JSON object is a :class:`MetricsFileError` naming the file and line.
+    """
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text(errors="replace")
+    lines = text.split("\n")
+    records: list[dict[str, Any]] = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if n == len(lines):  # no newline after it: the write was cut short
+                logger.warning("%s: the last line (%d) was cut short and is skipped: %.60r", path, n, line)
+                continue
+            raise MetricsFileError(
+                f"{path}: line {n} is not JSON ({exc.msg}, column {exc.colno}): {line[:80]!r}. Every line "
+                "rlzoo writes is one JSON object; remove or fix that line (a copy of the file keeps it)"
+            ) from None
+        if not isinstance(row, dict):
+            raise MetricsFileError(
+                f"{path}: line {n} is {type(row).__name__} {line[:80]!r}, not a JSON object"
+            )
+        records.append(row)
+    return records
+
+
+def missing_row(run_dir: Path, row: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """``row`` (the metrics row a checkpoint carries) when ``RUN_DIR/metrics.jsonl`` has no row of
+    its step: the process was killed between saving that checkpoint and writing the row. None when
+    the row is there, or when there is nothing to compare (no row carried, no metrics.jsonl)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not row or "step" not in row or not path.is_file():
+        return None
+    try:
+        steps = {r.get("step") for r in read_metrics(Path(run_dir))}
+    except MetricsFileError:
+        return None
+    return None if int(row["step"]) in steps else dict(row)
+
+
+def set_aside_cut_row(path: Path) -> Path | None:
+    """Move a last line left without its newline (a kill mid-write) from the file at ``path`` to a
+    side file ``<stem>.cut.<n><suffix>`` beside it (kept, not deleted), so that the next appended row
+    starts on its own line instead of joining it. Returns the side file (None: the file was whole)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    with path.open("rb") as fh:
+        data = fh.read()
+    if not data or data.endswith(b"\n"):
+        return None
+    cut = data.rfind(b"\n") + 1  # 0 when the whole file is one cut line
+    n = 1
+    while (side := path.with_name(f"{path.stem}.cut.{n}{path.suffix}")).exists():
+        n += 1
+    side.write_bytes(data[cut:] + b"\n")
+    with path.open("r+b") as fh:
+        fh.truncate(cut)
+        fh.flush()
+        os.fsync(fh.fileno())
+    logger.warning("%s: its last line was cut short (a kill mid-write); moved to %s", path, side.name)
+    return side

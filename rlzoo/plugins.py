@@ -27,7 +27,7 @@ from typing import Any
 import pluggy
 
 from rlzoo import hookspecs
-from rlzoo.errors import PluginError
+from rlzoo.errors import DuplicateComponentError, PluginError
 from rlzoo.kinds import KINDS
 from rlzoo.registry import Component, Registrar, Registry
 
@@ -80,6 +80,11 @@ class PluginInfo:
     hooks: list[str] = field(default_factory=list)
     parts: list[str] = field(default_factory=list)  # "kind:name"
     error: str | None = None
+
+    @property
+    def from_entry_point(self) -> bool:
+        """Loaded from an installed package's entry point (not a built-in, not registered at run time)."""
+        return self.source.startswith("entry point")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -245,7 +250,39 @@ class PluginManager:
 
     # -- registries -----------------------------------------------------------------------------
     def registries(self) -> dict[str, Registry[Any]]:
-        """One registry per kind, built by calling every plugin's register hooks."""
+        """One registry per kind, built by calling every plugin's register hooks.
+
+        A name that an entry-point plugin registers twice, or that clashes with another plugin's,
+        skips that plugin (status ``failed``, the clash as its error, a :class:`PluginLoadWarning`)
+        and the registries are built without it: one plugin's mistake does not make every command
+        fatal, and ``rlzoo plugins`` names the clash. A clash among built-ins or plugins registered
+        at run time (:meth:`register`) is raised.
+        """
+        while True:
+            try:
+                return self._build_registries()
+            except DuplicateComponentError as exc:
+                culprit = next(
+                    (
+                        p
+                        for p in reversed(exc.plugins)
+                        if self._info.get(p) and self._info[p].from_entry_point
+                    ),
+                    None,
+                )
+                if culprit is None:
+                    raise
+                info = self._info[culprit]
+                self._pm.unregister(name=culprit)
+                info.status, info.error, info.hooks = "failed", str(exc), []
+                self._registries = None
+                warnings.warn(
+                    f"rlzoo plugin {culprit!r} ({info.source}) was skipped: {exc}",
+                    PluginLoadWarning,
+                    stacklevel=2,
+                )
+
+    def _build_registries(self) -> dict[str, Registry[Any]]:
         if self._registries is None:
             regs: dict[str, Registry[Any]] = {}
             for kind in KINDS:

@@ -534,6 +534,19 @@ class SumPiSquaredSource(Protocol):
 
 
 @runtime_checkable
+class RunReadyParams(Protocol):
+    """Params whose defaults are a placeholder a run must complete (dapo's ``max_response_length``).
+
+    The defaults instantiate (so the part can be selected by name and listed), but a run needs more:
+    ``run_problems()`` says what is missing or inconsistent, one sentence each (no key).
+    ``rlzoo validate`` reports them under the part's key (:mod:`rlzoo.checks`), before anything
+    is written, and the part raises them when it is built.
+    """
+
+    def run_problems(self) -> list[str]: ...
+
+
+@runtime_checkable
 class RewardComponentKeys(Protocol):
     """Params of an advantage that declares ``needs_reward_components``: the reward components it reads.
 

@@ -283,7 +283,8 @@ class Registry(Generic[T]):
             if owner is not None:
                 raise DuplicateComponentError(
                     f"{self.kind} {n!r} is registered twice: by plugin {owner.plugin!r} and by "
-                    f"plugin {plugin!r}; rename one of them, or block one plugin with RLZOO_PLUGINS"
+                    f"plugin {plugin!r}; rename one of them, or block one plugin with RLZOO_PLUGINS",
+                    (owner.plugin, plugin),
                 )
         self._parts[name] = comp
         for a in comp.aliases:

@@ -11,7 +11,6 @@ and for the whole batch in parallel in ``process_pool`` (late workers are killed
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import contextlib
 import functools
 import importlib
@@ -19,15 +18,19 @@ import math
 import multiprocessing
 import os
 import pickle
+import signal
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import connection as mp_connection
 from numbers import Real
 from typing import Any
 
 from rlzoo.protocols import RewardItem, RewardResult
+
+#: the largest finite float32: rewards travel in float32 tensors, so a score beyond it is a failure
+FLOAT32_MAX = 3.4028234663852886e38
 
 BoundScorerFn = Callable[[str, Any, str, Mapping[str, Any]], Any]
 
@@ -113,6 +116,10 @@ def _as_number(value: Any) -> float:
     out = float(value)
     if not math.isfinite(out):
         raise ValueError(f"scorer returned a non-finite score {out!r}")
+    if abs(out) > FLOAT32_MAX:
+        raise ValueError(
+            f"scorer returned {out!r}, beyond the float32 range (+-{FLOAT32_MAX:.4g}) of the reward tensor"
+        )
     return out
 
 
@@ -172,47 +179,66 @@ def call_with_timeout(fn: Callable[[], Any], timeout: float | None) -> Any:
     return box["value"]
 
 
-class _SerialCalls:
-    """Runs ``fns[start:]`` one after another in one daemon thread, recording each outcome.
+class _Runner:
+    """One helper thread of :func:`call_each_with_timeout`: takes the next call off the shared
+    queue, runs it, records its outcome, and takes the next, until the queue is empty or the caller
+    abandons it (its call ran late; Python cannot stop a thread, so it is left to finish alone)."""
 
-    ``current`` is the index of the call in progress (``len(fns)`` when all are done) and
-    ``started_at`` its start; both change, and ``outcomes`` grows, under ``cv``. An abandoned
-    runner (its call ran late) records nothing more and stops after that call.
-    """
-
-    def __init__(self, fns: Sequence[Callable[[], Any]], start: int) -> None:
-        self.fns = fns
-        self.current = start
-        self.started_at = time.monotonic()
-        self.outcomes: dict[int, tuple[bool, Any]] = {}
+    def __init__(self, calls: _Calls) -> None:
+        self.calls = calls
+        self.index = -1  # the call in progress (-1: none)
+        self.started_at = 0.0
         self.abandoned = False
-        self.cv = threading.Condition()
         threading.Thread(target=self._run, name="rlzoo-scorer", daemon=True).start()
 
     def _run(self) -> None:
-        i = self.current
-        while i < len(self.fns):
+        calls = self.calls
+        while True:
+            with calls.cv:
+                if self.abandoned or not calls.todo:
+                    calls.runners.discard(self)
+                    calls.cv.notify_all()
+                    return
+                i = self.index = calls.todo.popleft()
+                self.started_at = time.monotonic()
+                calls.cv.notify_all()  # the caller's next deadline moved
             try:
-                out: tuple[bool, Any] = (True, self.fns[i]())
+                out: tuple[bool, Any] = (True, calls.fns[i]())
             except BaseException as e:  # handed to the caller
                 out = (False, e)
-            with self.cv:
+            with calls.cv:
                 if self.abandoned:
                     return
-                self.outcomes[i] = out
-                i += 1
-                self.current, self.started_at = i, time.monotonic()
-                if i == len(self.fns):
-                    self.cv.notify()
+                calls.outcomes[i] = out
+                self.index = -1
+                calls.cv.notify_all()
 
 
-def call_each_with_timeout(fns: Sequence[Callable[[], Any]], timeout: float | None) -> list[tuple[bool, Any]]:
-    """``(True, fn())`` or ``(False, exception)`` for each of ``fns``, called in order; a call that
-    runs past ``timeout`` seconds (its own clock) gives ``(False, ScorerTimeout)``.
+class _Calls:
+    """The shared state of one :func:`call_each_with_timeout`: the queue, the outcomes, the runners."""
 
-    The calls run one after another in one daemon helper thread (None: no limit, in this thread),
-    so a batch costs one thread hand-off rather than one per call. A late call's thread is
-    abandoned, as in :func:`call_with_timeout`, and the calls after it go on in a new one.
+    def __init__(self, fns: Sequence[Callable[[], Any]]) -> None:
+        self.fns = fns
+        self.todo: deque[int] = deque(range(len(fns)))
+        self.outcomes: dict[int, tuple[bool, Any]] = {}
+        self.runners: set[_Runner] = set()
+        self.cv = threading.Condition()
+
+    def start_runner(self) -> None:
+        self.runners.add(_Runner(self))
+
+
+def call_each_with_timeout(
+    fns: Sequence[Callable[[], Any]], timeout: float | None, threads: int = 1
+) -> list[tuple[bool, Any]]:
+    """``(True, fn())`` or ``(False, exception)`` for each of ``fns``; a call that runs past
+    ``timeout`` seconds (its own clock, from when a thread takes it) gives ``(False, ScorerTimeout)``.
+
+    Up to ``threads`` daemon helper threads take the calls off one queue (None timeout: all in this
+    thread, one after another), so a batch costs a few thread hand-offs rather than one per call,
+    and late calls overlap: 8 hanging calls with a 1 s timeout and 8 threads fail after about 1 s,
+    not 8 s. A late call's thread is abandoned, as in :func:`call_with_timeout`, and a new thread
+    takes its place.
     """
     if timeout is None:
         out: list[tuple[bool, Any]] = []
@@ -222,21 +248,29 @@ def call_each_with_timeout(fns: Sequence[Callable[[], Any]], timeout: float | No
             except BaseException as e:
                 out.append((False, e))
         return out
-    results: list[tuple[bool, Any]] = []
-    while len(results) < len(fns):
-        runner = _SerialCalls(fns, len(results))
-        with runner.cv:
-            while runner.current < len(fns):
-                left = runner.started_at + timeout - time.monotonic()
-                if left <= 0:  # call runner.current is late: fail it, go on without this thread
+    calls = _Calls(fns)
+    late_error = f"timed out after {timeout:g} s"
+    with calls.cv:
+        for _ in range(min(max(threads, 1), len(fns))):
+            calls.start_runner()
+        while len(calls.outcomes) < len(fns):
+            now = time.monotonic()
+            wait: float | None = None
+            for runner in list(calls.runners):
+                if runner.index < 0:
+                    continue
+                left = runner.started_at + timeout - now
+                if left <= 0:  # late: fail its call, go on without this thread
                     runner.abandoned = True
-                    break
-                runner.cv.wait(left)
-            done = sorted(runner.outcomes.items())
-        results += [out for _, out in done]
-        if len(results) < len(fns):
-            results.append((False, ScorerTimeout(f"timed out after {timeout:g} s")))
-    return results
+                    calls.runners.discard(runner)
+                    calls.outcomes[runner.index] = (False, ScorerTimeout(late_error))
+                    if calls.todo:
+                        calls.start_runner()
+                else:
+                    wait = left if wait is None else min(wait, left)
+            if len(calls.outcomes) < len(fns):
+                calls.cv.wait(wait)
+    return [calls.outcomes[i] for i in range(len(fns))]
 
 
 def score_item(
@@ -263,6 +297,7 @@ class NaiveRewardManager:
         self.scorer = scorer
         self.failure_reward = float(params.failure_reward)
         self.timeout: float | None = params.timeout
+        self.threads = int(params.threads)
 
     def __call__(self, items: Sequence[RewardItem]) -> list[RewardResult]:
         scorer = self.scorer
@@ -270,7 +305,7 @@ class NaiveRewardManager:
             functools.partial(scorer, it.response, it.ground_truth, it.data_source, it.extra_info)
             for it in items
         ]
-        return [self._result(out) for out in call_each_with_timeout(calls, self.timeout)]
+        return [self._result(out) for out in call_each_with_timeout(calls, self.timeout, self.threads)]
 
     def _result(self, outcome: tuple[bool, Any]) -> RewardResult:
         ok, value = outcome
@@ -300,17 +335,9 @@ class DAPORewardManager(NaiveRewardManager):
         self.buffer_len = int(params.overlong_buffer_len)
         self.penalty_factor = float(params.penalty_factor)
         self.max_response_length = int(params.max_response_length)
-        if self.enable:
-            if self.max_response_length <= 0:
-                raise ValueError(
-                    "dapo reward manager: max_response_length must be set (the rollout's max response "
-                    "tokens) when the overlong buffer is enabled"
-                )
-            if not 0 < self.buffer_len <= self.max_response_length:
-                raise ValueError(
-                    f"dapo reward manager: overlong_buffer_len ({self.buffer_len}) must be in "
-                    f"(0, max_response_length={self.max_response_length}]"
-                )
+        problems = params.run_problems()  # also reported by rlzoo validate
+        if problems:
+            raise ValueError("dapo reward manager: " + "; ".join(problems))
 
     def __call__(self, items: Sequence[RewardItem]) -> list[RewardResult]:
         results = super().__call__(items)
@@ -371,37 +398,98 @@ class BatchRewardManager(NaiveRewardManager):
 # ---------------------------------------------------------------------------------------------
 # process pool
 # ---------------------------------------------------------------------------------------------
-def _warm_worker(scorer: Any) -> int:
-    """Runs once per worker at pool start: imports the scorer so that timing starts warm."""
+def _worker_main(conn: Any, scorer: Any) -> None:
+    """A ``process_pool`` worker: load the scorer, say ``("ready", pid)``, then answer each
+    ``(index, args)`` with ``(index, True, verdict)`` or ``(index, False, error text)`` (exceptions
+    never cross the process boundary) until it receives None or its pipe closes."""
     load = getattr(scorer, "load", None)
     if callable(load):
-        load()
-    time.sleep(0.05)  # let the other workers take the other warm-up tasks
-    return os.getpid()
+        with contextlib.suppress(Exception):  # a scorer that cannot load fails on each sample instead
+            load()
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        i, (response, ground_truth, data_source, extra_info) = msg
+        try:
+            out: tuple[int, bool, Any] = (
+                i,
+                True,
+                scorer(response, ground_truth, data_source, dict(extra_info or {})),
+            )
+        except Exception as e:
+            out = (i, False, _describe(e))
+        try:
+            conn.send(out)
+        except Exception as e:  # the verdict does not pickle: nothing was written yet
+            conn.send((i, False, f"the scorer's verdict could not be sent back: {_describe(e)}"))
 
 
-def _score_in_worker(
-    scorer: Any, response: str, ground_truth: Any, data_source: str, extra_info: Any
-) -> tuple[bool, Any]:
-    """``(True, verdict)`` or ``(False, error text)``: exceptions never cross the process boundary."""
-    try:
-        return True, scorer(response, ground_truth, data_source, dict(extra_info or {}))
-    except Exception as e:
-        return False, _describe(e)
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by signal {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class _Worker:
+    """One worker process of ``process_pool``, its pipe, and the sample it is scoring."""
+
+    def __init__(self, ctx: Any, scorer: Any) -> None:
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, scorer), name="rlzoo-scorer", daemon=True)
+        self.proc.start()
+        child.close()
+        self.born = time.monotonic()
+        self.ready = False
+        self.task: tuple[int, int] | None = None  # (sample index, crashes so far)
+        self.started_at = 0.0
+
+    @property
+    def name(self) -> str:
+        return f"worker pid {self.proc.pid}"
+
+    def stop(self, kill: bool) -> None:
+        if kill:
+            with contextlib.suppress(Exception):
+                self.proc.kill()
+        else:
+            with contextlib.suppress(Exception):
+                self.conn.send(None)
+        self.proc.join(timeout=5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(timeout=5)
+        with contextlib.suppress(Exception):
+            self.conn.close()
+
+
+#: seconds a new worker process may take to import the scorer and say it is ready
+WORKER_START_TIMEOUT = 120.0
 
 
 class ProcessPoolRewardManager(NaiveRewardManager):
-    """Score in worker processes (spawn) with a per-sample timeout; the pool survives bad samples.
+    """Score in ``num_workers`` worker processes (spawn), each sample within ``timeout`` seconds.
 
-    At most ``num_workers`` samples are in flight, so a sample's clock starts when it is handed
-    to an idle worker. On a timeout the pool's workers are killed and a new pool started; the
-    samples in flight beside the slow one are rerun. When a worker dies (BrokenProcessPool) the
-    samples then in flight are rerun one at a time; one that breaks the pool again is failed.
-    Call :meth:`close` (or use it as a context manager) to stop the workers.
+    A sample's clock starts when it is handed to an idle worker, so samples run in parallel and a
+    late one costs only its own worker: that worker is killed, the sample fails ("timed out"),
+    and a fresh worker takes its place while the others go on. A worker that dies (killed, out of
+    memory, ``os._exit``) is named in the error with its pid and exit status; its sample is
+    retried once on a fresh worker and fails if it kills that one too. Call :meth:`close` (or use
+    it as a context manager) to stop the workers.
     """
 
     def __init__(self, params: Any, scorer: BoundScorerFn) -> None:
-        super().__init__(params, scorer)
+        self.params = params
+        self.scorer = scorer
+        self.failure_reward = float(params.failure_reward)
         try:
             pickle.dumps(scorer)
         except Exception as e:
@@ -417,36 +505,33 @@ class ProcessPoolRewardManager(NaiveRewardManager):
         self.timeout = float(params.timeout)
         workers = int(params.num_workers)
         self.num_workers = workers if workers > 0 else (os.cpu_count() or 1)
-        self._pool: cf.ProcessPoolExecutor | None = None
-        self.restarts = 0  # pools replaced after a timeout or a dead worker
+        self._ctx = multiprocessing.get_context("spawn")
+        self._workers: list[_Worker] = []
+        self.restarts = 0  # workers replaced after a timeout or a death
 
-    # -- pool lifecycle -------------------------------------------------------------------------
-    def _ensure_pool(self) -> cf.ProcessPoolExecutor:
-        if self._pool is None:
-            ctx = multiprocessing.get_context("spawn")
-            pool = cf.ProcessPoolExecutor(max_workers=self.num_workers, mp_context=ctx)
-            warm = [pool.submit(_warm_worker, self.scorer) for _ in range(self.num_workers)]
-            cf.wait(warm, timeout=120)
-            self._pool = pool
-        return self._pool
+    # -- worker lifecycle -----------------------------------------------------------------------
+    def _ensure_workers(self) -> None:
+        while len(self._workers) < self.num_workers:
+            self._workers.append(_Worker(self._ctx, self.scorer))
 
-    def _kill_pool(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        procs = list((getattr(pool, "_processes", None) or {}).values())
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        pool.shutdown(wait=False, cancel_futures=True)
-        for p in procs:
-            p.join(timeout=5)
+    def start(self, timeout: float = WORKER_START_TIMEOUT) -> None:
+        """Start the workers and wait until each has loaded the scorer (a call does this itself)."""
+        self._ensure_workers()
+        deadline = time.monotonic() + timeout
+        while not all(w.ready for w in self._workers) and time.monotonic() < deadline:
+            self._poll(max(0.0, deadline - time.monotonic()), [], deque())
+
+    def _replace(self, worker: _Worker, kill: bool) -> None:
+        self._workers.remove(worker)
+        worker.stop(kill=kill)
+        self.restarts += 1
+        self._ensure_workers()
 
     def close(self) -> None:
-        """Stop the worker processes (a later call starts a new pool)."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        """Stop the worker processes (a later call starts new ones)."""
+        workers, self._workers = self._workers, []
+        for w in workers:
+            w.stop(kill=w.task is not None)
 
     def __enter__(self) -> ProcessPoolRewardManager:
         return self
@@ -456,70 +541,104 @@ class ProcessPoolRewardManager(NaiveRewardManager):
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
-            self._kill_pool()
+            for w in self._workers:
+                w.proc.kill()
 
     # -- scoring --------------------------------------------------------------------------------
     def __call__(self, items: Sequence[RewardItem]) -> list[RewardResult]:
-        """Score ``items`` within ``timeout`` seconds for the whole batch: every sample's clock runs
-        from the start of the call, in parallel; what is not scored by then (running or still
-        queued) fails, and the late workers are killed once (a new pool serves the next call)."""
+        """Score ``items``, at most ``num_workers`` at a time, each within ``timeout`` seconds of
+        reaching its worker; a late or crashing sample fails alone and the rest are scored."""
         results: list[RewardResult | None] = [None] * len(items)
         queue: deque[tuple[int, int]] = deque((i, 0) for i in range(len(items)))  # (index, crashes)
-        running: dict[cf.Future[Any], tuple[int, int]] = {}  # future -> (index, crashes)
-        if items:
-            self._ensure_pool()
-        deadline = time.monotonic() + self.timeout
+        if not items:
+            return []
+        self._ensure_workers()
+        start_failures = 0
+        while queue or any(w.task is not None for w in self._workers):
+            for w in self._workers:  # hand samples to idle workers
+                if w.ready and w.task is None and queue:
+                    i, crashes = queue.popleft()
+                    it = items[i]
+                    try:
+                        w.conn.send((i, (it.response, it.ground_truth, it.data_source, it.extra_info)))
+                    except (BrokenPipeError, OSError):
+                        queue.appendleft((i, crashes))  # never started: the death is found below
+                        continue
+                    except Exception as e:  # the sample does not pickle
+                        results[i] = failed_result(_describe(e), self.failure_reward)
+                        continue
+                    w.task, w.started_at = (i, crashes), time.monotonic()
+            now = time.monotonic()
+            waits = [w.started_at + self.timeout - now for w in self._workers if w.task is not None]
+            waits += [w.born + WORKER_START_TIMEOUT - now for w in self._workers if not w.ready]
+            start_failures += self._poll(max(0.0, min(waits, default=1.0)), results, queue)
+            now = time.monotonic()
+            for w in list(self._workers):
+                if w.task is not None and now - w.started_at >= self.timeout:
+                    i, _ = w.task
+                    results[i] = failed_result(
+                        f"timed out after {self.timeout:g} s (process_pool's limit per sample; "
+                        f"its {w.name} was killed)",
+                        self.failure_reward,
+                    )
+                    w.task = None
+                    self._replace(w, kill=True)
+                elif not w.ready and now - w.born >= WORKER_START_TIMEOUT:
+                    start_failures += 1
+                    self._replace(w, kill=True)
+            if start_failures >= 2 * self.num_workers and not any(w.ready for w in self._workers):
+                for i, _ in queue:
+                    results[i] = failed_result(
+                        "process_pool's worker processes fail to start (see the log above); not scored",
+                        self.failure_reward,
+                    )
+                queue.clear()
+        return [r if r is not None else failed_result("not scored", self.failure_reward) for r in results]
 
-        while (queue or running) and time.monotonic() < deadline:
-            pool = self._ensure_pool()
-            isolate = any(c for _, c in queue) or any(c for _, c in running.values())
-            limit = 1 if isolate else self.num_workers
-            while queue and len(running) < limit:
-                i, crashes = queue.popleft()
-                it = items[i]
-                fut = pool.submit(
-                    _score_in_worker, self.scorer, it.response, it.ground_truth, it.data_source, it.extra_info
-                )
-                running[fut] = (i, crashes)
-
-            done, _ = cf.wait(
-                list(running),
-                timeout=max(0.0, deadline - time.monotonic()),
-                return_when=cf.FIRST_COMPLETED,
-            )
-            broken = False
-            for fut in done:
-                i, crashes = running.pop(fut)
-                try:
-                    ok, value = fut.result()
-                except BrokenProcessPool:
-                    broken = True
-                    if crashes >= 1:
-                        results[i] = failed_result("the scorer's worker process died", self.failure_reward)
-                    else:
-                        queue.append((i, crashes + 1))
-                    continue
-                except Exception as e:  # e.g. the verdict could not be pickled back
-                    results[i] = failed_result(_describe(e), self.failure_reward)
-                    continue
+    def _poll(self, timeout: float, results: list[RewardResult | None], queue: deque[tuple[int, int]]) -> int:
+        """Wait up to ``timeout`` s for a verdict, a ready worker or a death; handle what came.
+        Returns how many workers died before they were ready."""
+        conns = {w.conn: w for w in self._workers}
+        sentinels = {w.proc.sentinel: w for w in self._workers}
+        got = mp_connection.wait([*conns, *sentinels], timeout=timeout)
+        early_deaths = 0
+        dead: list[_Worker] = []
+        for obj in got:
+            w = conns.get(obj)  # type: ignore[call-overload]
+            if w is None:
+                continue
+            try:
+                msg = w.conn.recv()
+            except (EOFError, OSError):
+                dead.append(w)
+                continue
+            if msg[0] == "ready":
+                w.ready = True
+                continue
+            i, ok, value = msg
+            if w.task is not None and w.task[0] == i:
+                w.task = None
                 results[i] = (
                     to_result(value, self.failure_reward) if ok else failed_result(value, self.failure_reward)
                 )
-            if broken:
-                # the pool is going away: everything still in flight runs again in the new one
-                for i, crashes in running.values():
+        for obj in got:
+            w = sentinels.get(obj)  # type: ignore[call-overload]
+            if w is not None and w not in dead and not w.conn.poll():
+                dead.append(w)
+        for w in dead:
+            w.proc.join(timeout=5)
+            if w.task is not None:
+                i, crashes = w.task
+                if crashes >= 1:
+                    results[i] = failed_result(
+                        f"the scorer's {w.name} died ({_exit_text(w.proc.exitcode)}) while scoring "
+                        "this sample, twice in a row (on two workers)",
+                        self.failure_reward,
+                    )
+                else:
                     queue.appendleft((i, crashes + 1))
-                running.clear()
-                self._kill_pool()
-                self.restarts += 1
-
-        late = [i for i, _ in running.values()] + [i for i, _ in queue]
-        for i in late:
-            results[i] = failed_result(
-                f"timed out after {self.timeout:g} s (process_pool's limit for the whole batch)",
-                self.failure_reward,
-            )
-        if running:
-            self._kill_pool()
-            self.restarts += 1
-        return [r if r is not None else failed_result("not scored", self.failure_reward) for r in results]
+                w.task = None
+            elif not w.ready:
+                early_deaths += 1
+            self._replace(w, kill=True)
+        return early_deaths

@@ -140,5 +140,6 @@ def rlzoo_register_train_backends(registry):  # type: ignore[no-untyped-def]
             "devices": ["cuda", "cpu"],  # cpu: device 'cpu', fp32 on a gloo group (tests, debugging)
             "supports_critic": True,
             "requires": "megatron-core",
+            "extra": "megatron",
         },
     )

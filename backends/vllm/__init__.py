@@ -134,5 +134,6 @@ def rlzoo_register_rollout_backends(registry):  # type: ignore[no-untyped-def]
             "supports_lora": True,  # adapters through vLLM's LoRARequest (backends/vllm/lora.py)
             "devices": ["cuda", "cpu"],
             "requires": "vllm",
+            "extra": "vllm",
         },
     )

@@ -41,9 +41,11 @@ class TensorBoardParams:
 class WandbParams:
     """Weights & Biases tracking (pip install rlzoo[wandb]): one W&B run per rlzoo run.
 
-    The W&B run is continued on resume (its id is kept in ``RUN_DIR/trackers.json``). The resolved
-    config and the plugin and library versions are the run's config. ``WANDB_MODE=offline``,
-    ``WANDB_DIR`` and ``WANDB_API_KEY`` work as usual."""
+    The W&B run is continued on resume (its id is kept in ``RUN_DIR/trackers.json``); a resume
+    from an earlier checkpoint rewinds it to the first step it redoes (W&B's ``resume_from``), so
+    no step holds values of two branches. The resolved config and the plugin and library versions
+    are the run's config. ``WANDB_MODE=offline``, ``WANDB_DIR`` and ``WANDB_API_KEY`` work as
+    usual; logging online without a key is refused by ``rlzoo validate``."""
 
     project: str | None = param(None, help="W&B project (default: run.name)")
     entity: str | None = param(None, help="W&B entity (team or user; default: your default entity)")
@@ -53,20 +55,39 @@ class WandbParams:
         None, help="'online', 'offline' or 'disabled' (default: WANDB_MODE, else online)"
     )
 
+    def run_problems(self) -> list[str]:
+        """Online W&B needs an API key (:class:`rlzoo.protocols.RunReadyParams`)."""
+        from rlzoo.loggers.trackers import wandb_key_problem
+
+        problem = wandb_key_problem(self.mode)
+        return [problem] if problem else []
+
 
 @dataclass(frozen=True)
 class MLflowParams:
     """MLflow tracking (pip install rlzoo[mlflow]): one MLflow run per rlzoo run.
 
-    The MLflow run is continued on resume (its id is kept in ``RUN_DIR/trackers.json``). The
+    The MLflow run is continued on resume (its id and absolute tracking URI are kept in
+    ``RUN_DIR/trackers.json``). MLflow cannot delete logged points, so a resume from an earlier
+    checkpoint, whose steps after it the run already logged, continues in a new MLflow run holding
+    the steps up to the checkpoint (tags ``rlzoo.continues`` / ``rlzoo.superseded_by`` link them). The
     resolved config is logged as params (``trainer.backend.lr`` ...), plugin and library versions
     as tags (``rlzoo.version.<name>``). Metric names keep their ``/``; a character MLflow refuses
     (``@`` in ``val/<source>/mean@n``) becomes ``_at_`` / ``_``."""
 
     experiment: str | None = param(None, help="MLflow experiment name (default: run.name)")
     tracking_uri: str | None = param(
-        None, help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else MLflow's default)"
+        None,
+        help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else MLflow's default); kept as an "
+        "absolute URI in RUN_DIR/trackers.json, so a resume from any directory finds the run",
     )
+
+    def run_problems(self) -> list[str]:
+        """A file store this MLflow refuses (:class:`rlzoo.protocols.RunReadyParams`)."""
+        from rlzoo.loggers.trackers import mlflow_store_problem
+
+        problem = mlflow_store_problem(self.tracking_uri)
+        return [problem] if problem else []
 
 
 @hookimpl

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from rlzoo.metrics import CONSOLE_KEYS, LoggerContext
+from rlzoo.metrics import CONSOLE_KEYS, LoggerContext, set_aside_cut_row
 
 logger = logging.getLogger("rlzoo")
 
@@ -53,16 +53,23 @@ class ConsoleLogger:
 
 
 class JsonlLogger:
-    """Appends each record as one JSON line to ``RUN_DIR/metrics.jsonl``."""
+    """Appends each record as one JSON line to ``RUN_DIR/metrics.jsonl``.
+
+    A last line that a kill cut short (no newline) is moved to ``metrics.cut.<n>.jsonl`` before
+    the first append, so the next row starts on its own line instead of joining it.
+    """
 
     def __init__(self, params: Any, context: LoggerContext) -> None:
         self._file = None
         if context.run_dir is not None:
-            self._file = (context.run_dir / "metrics.jsonl").open("a", buffering=1)
+            path = context.run_dir / "metrics.jsonl"
+            set_aside_cut_row(path)
+            self._file = path.open("a")
 
     def log(self, step: int, record: Mapping[str, Any], *, advance: bool = True) -> None:
         if self._file is not None:
-            self._file.write(json.dumps(dict(record)) + "\n")
+            self._file.write(json.dumps(dict(record)) + "\n")  # one write, then flushed whole
+            self._file.flush()
 
     def close(self) -> None:
         if self._file is not None:

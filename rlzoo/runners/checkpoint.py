@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rlzoo.errors import RlzooError
+from rlzoo.metrics import set_aside_cut_row
 
 logger = logging.getLogger("rlzoo")
 
@@ -291,6 +292,7 @@ def rewind_metrics(run_dir: Path, step: int) -> Path | None:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return None
+    set_aside_cut_row(path)  # a row a kill cut short is not a row to keep or move
     keep: list[str] = []
     moved: list[str] = []
     for line in path.read_text().splitlines():

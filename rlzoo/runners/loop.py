@@ -207,12 +207,14 @@ class TrainLoop:
                         m.update(s.validate())
                     m["timing_s/testing"] = timer.seconds["testing"]
                     val_pending = False
+                m.update(s.reward_failures.end_step(step))  # rlzoo.failures (H5)
                 if is_due(step, s.save_freq, s.total_steps):
+                    # the checkpoint carries the step's row so far: killed before the row is
+                    # written below, the resumed run writes it from there (no gap in the metrics)
                     with timer("save_checkpoint"):
-                        s.save(step, self.payload(step))
+                        s.save(step, {**self.payload(step), "metrics_row": s.metrics.record(step, m)})
                     m["timing_s/save_checkpoint"] = timer.seconds["save_checkpoint"]
                 m.update(s.export(step, s.total_steps))  # HF folders export/step_K/ + final/ (rlzoo.export)
-                m.update(s.reward_failures.end_step(step))  # rlzoo.failures (H5)
                 rows.append(s.metrics.log(step, m))
                 s.reward_failures.check()  # all samples failed scoring too many steps in a row: abort
                 t_prev = time.perf_counter()

@@ -14,6 +14,8 @@ from rlzoo.protocols import RewardItem, RewardResult, Sample
 
 logger = logging.getLogger("rlzoo")
 
+_F32_MAX = 3.4028234663852886e38  # the largest finite float32 (rewards travel in float32 tensors)
+
 
 class ScorerDispatch:
     """``scorer(response, ground_truth, data_source, extra_info)`` choosing a scorer per data source.
@@ -101,8 +103,11 @@ def _score(reward_manager: Any, tokenizer: Any, samples: Sequence[Sample]) -> li
     except Exception as exc:  # a broken manager: count every sample as failed
         logger.warning("reward manager failed on %d samples: %s", len(items), exc)
         return [RewardResult(0.0, 0.0, True, {"error": repr(exc)}) for _ in items]
-    for r in results:
-        if not (isinstance(r.reward, (int, float)) and math.isfinite(r.reward)):
+    for r in results:  # a manager's own reward (e.g. dapo's penalty added) must fit the float32 tensor
+        if not (isinstance(r.reward, (int, float)) and math.isfinite(r.reward) and abs(r.reward) <= _F32_MAX):
+            r.info.setdefault(
+                "error", f"the reward manager returned reward {r.reward!r}, not a finite float32"
+            )
             r.reward, r.failed = 0.0, True
     return results
 

@@ -21,7 +21,7 @@ import torch
 from rlzoo.config import RecipeConfig, Selection
 from rlzoo.errors import ConfigError
 from rlzoo.failures import RewardFailures
-from rlzoo.metrics import MetricsLogger
+from rlzoo.metrics import MetricsLogger, missing_row
 from rlzoo.placement import make_placement
 from rlzoo.protocols import GenerationRequest, RewardResult, Sample
 from rlzoo.runners.batching import make_requests, sampling_params
@@ -120,7 +120,9 @@ class Session:
         self.filter_metric = str(getattr(self.filter.params, "metric", "reward")) if self.filter else "reward"
         self.greedy_baseline = bool(cfg.algorithm.advantage.capability("needs_greedy_baseline"))
         self.reward_manager = build_reward_manager(cfg)
-        self.reward_failures = RewardFailures(cfg.reward.max_failed_steps)  # rlzoo.failures (H5)
+        self.reward_failures = RewardFailures(
+            cfg.reward.max_failed_steps, cfg.reward.max_failed_frac
+        )  # rlzoo.failures (H5)
         self.placement = make_placement(cfg)
         self.rollout_spec = rollout_spec(cfg, self.tokenizer)
         if (
@@ -142,6 +144,7 @@ class Session:
         self.start_step = 0
         self.resume_payload: dict[str, Any] | None = None
         moved: Path | None = None
+        gap_row: dict[str, Any] | None = None
         if self.resume_at is not False:
             step = None if self.resume_at is None else int(self.resume_at)
             state = self.ckpt.load(self.train_backend, step)
@@ -152,6 +155,7 @@ class Session:
             self.trainer.load_state_dict(state.get("trainer", {}))
             self.sync_weights()
             moved = rewind_metrics(self.run_dir, self.start_step)
+            gap_row = missing_row(self.run_dir, state.get("metrics_row"))  # killed before its row
             print(f"rlzoo: resumed from {state['path']} (step {self.start_step})", flush=True)
         self.metrics = MetricsLogger(
             self.run_dir,
@@ -160,10 +164,17 @@ class Session:
             progress=cfg.run.progress,
             desc=desc,
             initial_step=self.start_step,
-            purge_step=self.start_step + 1 if self.resume_payload is not None else None,
+            purge_step=None if self.resume_payload is None else self.start_step + (gap_row is None),
+            redone_from=None if moved is None else self.start_step + 1,
         )
         if moved is not None:
             self.metrics.write(f"rlzoo: metrics rows after step {self.start_step} moved to {moved.name}")
+        if gap_row is not None:
+            self.metrics.emit(gap_row, advance=False)
+            self.metrics.write(
+                f"rlzoo: step {self.start_step}'s metrics row was not written before the run stopped; "
+                "written now from its checkpoint"
+            )
 
     # -- pieces the loop and the batch sources call ---------------------------------------------
     def make_loader(self, batch_size: int) -> Any:

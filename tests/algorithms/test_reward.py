@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import pickle
+import signal
 import threading
 import time
 
@@ -288,8 +289,8 @@ def test_in_process_managers_time_out_a_hanging_scorer(make):
     assert all(r.reward == -1.0 for r in out if r.failed)
 
 
-def test_in_process_manager_scores_a_batch_in_one_helper_thread():
-    # one thread hand-off per batch, not a new thread per sample (which dominated a small model's
+def test_in_process_manager_scores_a_batch_in_a_few_helper_threads():
+    # a few thread hand-offs per batch, not a new thread per sample (which dominated a small model's
     # step: ~0.3 ms per sample, much more on a loaded machine); still off the caller's thread
     threads: list[threading.Thread] = []
 
@@ -297,9 +298,47 @@ def test_in_process_manager_scores_a_batch_in_one_helper_thread():
         threads.append(threading.current_thread())
         return 1.0
 
-    out = NaiveRewardManager(NaiveParams(timeout=30.0), BoundScorer(who))(_items(*"abcdefgh"))
-    assert [r.score for r in out] == [1.0] * 8 and not any(r.failed for r in out)
-    assert len(set(threads)) == 1 and threads[0] is not threading.current_thread()
+    out = NaiveRewardManager(NaiveParams(timeout=30.0, threads=3), BoundScorer(who))(_items(*"abcdefgh" * 8))
+    assert [r.score for r in out] == [1.0] * 64 and not any(r.failed for r in out)
+    assert 1 <= len(set(threads)) <= 3 and threading.current_thread() not in threads
+    threads.clear()
+    NaiveRewardManager(NaiveParams(timeout=30.0, threads=1), BoundScorer(who))(_items(*"abcdefgh"))
+    assert len(set(threads)) == 1
+
+
+def test_naive_runs_per_sample_timeouts_in_parallel():
+    # issue 23: naive ran its calls one after another, so 8 hanging samples x 1 s cost 8 s a step
+    # (256 x 60 s: hours). Four calls that each wait for the other three pass only if they run at
+    # once; run one after another, each would wait alone until its timeout.
+    barrier = threading.Barrier(4, timeout=20)
+
+    def together(response, ground_truth, data_source, extra_info, params):
+        barrier.wait()
+        return 1.0
+
+    out = NaiveRewardManager(NaiveParams(timeout=10.0, threads=4), BoundScorer(together))(_items(*"abcd"))
+    assert [r.failed for r in out] == [False] * 4, [r.info for r in out]
+
+
+def test_naive_replaces_the_thread_of_a_late_call():
+    # two hanging samples among six, two threads: each late call's thread is abandoned and a new one
+    # takes the rest of the queue, so the four good samples are still scored
+    out = NaiveRewardManager(NaiveParams(timeout=0.5, threads=2, failure_reward=-1.0), BoundScorer(sleepy))(
+        _items("sleep", "a", "sleep", "b", "c", "d")
+    )
+    assert [r.failed for r in out] == [True, False, True, False, False, False]
+    assert [r.reward for r in out] == [-1.0, 1.0, -1.0, 1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("big", [1e300, -1e300, 3.5e38])
+def test_a_score_beyond_float32_is_a_failure(big):
+    # issue 23: +-1e300 passed as finite, then overflowed the float32 reward tensor to +-inf
+    def huge(response, ground_truth, data_source, extra_info, params):
+        return big if response == "big" else 0.5
+
+    out = NaiveRewardManager(NaiveParams(), BoundScorer(huge))(_items("big", "ok"))
+    assert [r.failed for r in out] == [True, False]
+    assert "float32" in out[0].info["error"] and out[0].reward == 0.0
 
 
 def test_in_process_timeout_is_each_samples_own():
@@ -312,17 +351,46 @@ def test_in_process_timeout_is_each_samples_own():
     assert [r.failed for r in out] == [False, False, False]
 
 
-def test_process_pool_timeout_is_for_the_whole_batch_in_parallel():
-    # 64 samples, a scorer that hangs on each, 2 workers, timeout 1 s: before, the timeout ran one
-    # sample at a time (32 rounds of 1 s plus a pool restart each); now the batch ends after ~1 s
-    with ProcessPoolRewardManager(ProcessPoolParams(num_workers=2, timeout=1.0), BoundScorer(hang)) as mgr:
-        mgr._ensure_pool()  # start the workers outside the timed call
-        t0 = time.monotonic()
-        out = mgr(_items(*[f"r{i}" for i in range(64)]))
-        elapsed = time.monotonic() - t0
-    assert elapsed < 6, elapsed
-    assert all(r.failed and "timed out" in r.info["error"] for r in out)
-    assert mgr.restarts == 1
+def hang_some(response, ground_truth, data_source, extra_info, params):
+    """Hangs on responses starting with 'h', else 1.0."""
+    if response.startswith("h"):
+        time.sleep(120)
+    return 1.0
+
+
+def sigkill_self(response, ground_truth, data_source, extra_info, params):
+    """SIGKILLs its own worker on 'kill' (as the OOM killer would), else 1.0."""
+    if response == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return 1.0
+
+
+def test_process_pool_a_scorer_hanging_on_a_few_calls_fails_only_those():
+    # issue 23: hanging samples held their workers until the batch's deadline, so the queued samples
+    # behind them failed too (2 % hanging failed 62 % of a batch). Now each sample has its own clock
+    # from when a worker takes it, and a late sample's worker is replaced.
+    items = _items(*[("h" if i in (0, 1, 5) else "r") + str(i) for i in range(30)])
+    with ProcessPoolRewardManager(
+        ProcessPoolParams(num_workers=2, timeout=1.0, failure_reward=-1.0), BoundScorer(hang_some)
+    ) as mgr:
+        out = mgr(items)
+        assert [i for i, r in enumerate(out) if r.failed] == [0, 1, 5]
+        assert all("timed out after 1 s" in out[i].info["error"] for i in (0, 1, 5))
+        assert mgr.restarts == 3
+        assert [r.reward for r in mgr(_items("again", "and"))] == [1.0, 1.0]  # the new workers work
+
+
+def test_process_pool_names_a_dead_worker():
+    # issue 23: a worker killed mid-sample was reported as "timed out"; now the error names the
+    # worker's pid and how it died, and the other samples are scored
+    with ProcessPoolRewardManager(
+        ProcessPoolParams(num_workers=2, timeout=30), BoundScorer(sigkill_self)
+    ) as mgr:
+        out = mgr(_items("a", "kill", "b", "c"))
+    assert [r.failed for r in out] == [False, True, False, False]
+    error = out[1].info["error"]
+    assert "died" in error and "killed by signal SIGKILL" in error and "pid" in error
+    assert "timed out" not in error
 
 
 def test_dapo_overlong_buffer_default_lives_in_its_params():

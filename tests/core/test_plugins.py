@@ -258,3 +258,62 @@ def test_misspelt_hook_in_an_entry_point_plugin_lists_the_rest(
         assert "grpo" in pm.registry("advantage")
     finally:
         sys.modules.pop("rlzoo_test_misspelt_plugin", None)
+
+
+def test_a_name_clash_from_an_entry_point_plugin_skips_it_and_rlzoo_plugins_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before (issue 23): one installed plugin registering a name twice (or a built-in's name) made
+    every command fatal, `rlzoo plugins` included."""
+    (tmp_path / "rlzoo_test_clashing_plugin.py").write_text(
+        "import rlzoo\n\n"
+        "def fn(inputs, params):\n    '''A filter.'''\n\n"
+        "@rlzoo.hookimpl\n"
+        "def rlzoo_register_sample_filters(registry):\n"
+        "    registry.register('twice', fn)\n"
+        "    registry.register('twice', fn)\n"
+    )
+    (tmp_path / "rlzoo_test_builtin_clash_plugin.py").write_text(
+        "import rlzoo\n\n"
+        "def fn(inputs, params):\n    '''An advantage.'''\n\n"
+        "@rlzoo.hookimpl\n"
+        "def rlzoo_register_advantages(registry):\n"
+        "    registry.register('grpo', fn)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    real = md.entry_points
+
+    def entry_points(**kw):  # type: ignore[no-untyped-def]
+        eps = list(real(**kw))
+        if kw.get("group") == "rlzoo":
+            eps.append(md.EntryPoint("clashing", "rlzoo_test_clashing_plugin", "rlzoo"))
+            eps.append(md.EntryPoint("builtin_clash", "rlzoo_test_builtin_clash_plugin", "rlzoo"))
+        return eps
+
+    monkeypatch.setattr(plugins_mod.md, "entry_points", entry_points)
+    try:
+        pm = PluginManager()
+        with pytest.warns(PluginLoadWarning) as caught:
+            infos = {i.name: i for i in pm.plugins(include_all=True)}
+        said = sorted(str(w.message) for w in caught)
+        assert len(said) == 2 and "'builtin_clash'" in said[0] and "'clashing'" in said[1]
+        assert infos["clashing"].status == "failed"
+        assert "sample_filter 'twice' is registered twice: by plugin 'clashing' and by plugin 'clashing'" in (
+            infos["clashing"].error or ""
+        )
+        assert infos["builtin_clash"].status == "failed"
+        assert "'rlzoo.algorithms.advantage'" in (infos["builtin_clash"].error or "")
+        assert pm.get("advantage", "grpo").plugin == "rlzoo.algorithms.advantage"  # the built-in kept
+        assert "twice" not in pm.registry("sample_filter")
+        # the CLI: `rlzoo plugins --all` works and says why each was skipped; other commands too
+        monkeypatch.setattr(plugins_mod, "_default", None)
+        from rlzoo.cli import main
+
+        with pytest.warns(PluginLoadWarning):
+            assert main(["plugins", "--all"]) == 0
+            assert main(["components", "advantage"]) == 0
+        out = capsys.readouterr().out
+        assert "clashing: sample_filter 'twice' is registered twice" in out
+    finally:
+        for mod in ("rlzoo_test_clashing_plugin", "rlzoo_test_builtin_clash_plugin"):
+            sys.modules.pop(mod, None)

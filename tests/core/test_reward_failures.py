@@ -104,3 +104,25 @@ def test_a_run_whose_scorer_always_raises_exits_non_zero(
     assert "the grader service is down" in err
     rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 2  # both steps were logged before the abort
+
+
+def test_mostly_failing_steps_abort_too() -> None:
+    # issue 23: 95 % of samples failing never aborted (only an all-failed step counted); the
+    # recipe's reward.max_failed_frac (default 0.9) makes such a step count toward the streak
+    from rlzoo.config import RewardSection
+
+    tracker = RewardFailures(limit=2, max_frac=RewardSection().max_failed_frac)
+    for step in (1, 2):
+        tracker.record(_score(*["raise"] * 19, "ok"))  # 95 % failed
+        assert tracker.end_step(step)["reward/failed_frac"] == pytest.approx(0.95)
+        if step == 1:
+            tracker.check()
+    with pytest.raises(RewardFailureError, match=r"at least 95% of the samples .* 2 consecutive steps"):
+        tracker.check()
+    # a step below the share resets the streak
+    tracker = RewardFailures(limit=2, max_frac=0.9)
+    for step, batch in enumerate((["raise"] * 19 + ["ok"], ["raise"] * 8 + ["ok"] * 2, ["raise"] * 20)):
+        tracker.record(_score(*batch))
+        tracker.end_step(step)
+    tracker.check()
+    assert tracker.streak == 1

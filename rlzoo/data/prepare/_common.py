@@ -7,10 +7,13 @@ import glob
 import hashlib
 import json
 import logging
+import os
 import re
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlparse
 
 from rlzoo.errors import ConfigError, RlzooError
 
@@ -151,7 +154,44 @@ def load_source(source: str, *, config: str | None = None) -> datasets.DatasetDi
             return datasets.load_dataset(str(path))
     if source.startswith((".", "/", "~")) or Path(source).suffix.lower() in BUILDERS:
         raise PrepareError(f"{source}: no such file or folder")
-    return datasets.load_dataset(source, config)  # a hub name
+    unreachable = hub_unreachable()
+    if unreachable:  # before datasets' retries (~30 s of them) and its traceback
+        raise PrepareError(_offline_message(source, unreachable))
+    try:
+        return datasets.load_dataset(source, config)  # a hub name
+    except ConnectionError as exc:  # datasets' own: the hub went away, or offline without a cached copy
+        raise PrepareError(_offline_message(source, str(exc))) from None
+
+
+def _truthy_env(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def hub_unreachable(timeout: float = 5.0) -> str | None:
+    """Why the Hugging Face hub (``HF_ENDPOINT``, default huggingface.co) cannot be reached, from
+    one TCP connection attempt; None when it can, or when the check does not apply (offline mode is
+    on, so ``datasets`` reads its cache; a proxy is set, so a direct connection says nothing)."""
+    if _truthy_env("HF_HUB_OFFLINE") or _truthy_env("HF_DATASETS_OFFLINE"):
+        return None
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host = url.hostname or "huggingface.co"
+    port = url.port or (80 if url.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        return f"{host}: {exc.strerror or exc}"
+    return None
+
+
+def _offline_message(source: str, why: str) -> str:
+    return (
+        f"cannot download {source!r}: the Hugging Face hub cannot be reached ({why}).\n"
+        f"  Download it where the hub is reachable (huggingface-cli download {source} --repo-type dataset "
+        "--local-dir DIR) and pass the copy: source=DIR (a folder, or a parquet / json file); a copy "
+        "already in the Hugging Face cache loads with HF_HUB_OFFLINE=1"
+    )
 
 
 def pick_split(dd: Any, upstream: str, name: str, source: str) -> datasets.Dataset:
