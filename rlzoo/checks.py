@@ -291,7 +291,6 @@ def missing_requirement(sel: Selection) -> list[str]:
     that run in the driver process (loggers, and backends with ``placement.name=local``); on Ray a
     backend's package may live on the workers only."""
     import importlib.metadata as md
-
     import importlib.util
 
     dist = sel.capability("requires", None)
