@@ -33,6 +33,7 @@ from rlzoo.backends.native import common
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.batch import Batch
 from rlzoo.protocols import Objective, TrainSpec
+from rlzoo.train_kit import DEFAULT_LOG_PROB_CHUNK, token_log_probs
 
 __all__ = [
     "CriticModel",
@@ -84,27 +85,6 @@ def lr_multiplier(
     raise ValueError(f"unknown lr schedule {schedule!r}")
 
 
-def token_log_probs(
-    logits: Tensor, targets: Tensor, *, temperature: float = 1.0, with_entropy: bool = False
-) -> tuple[Tensor, Tensor | None]:
-    """``log softmax(logits / temperature)`` at ``targets``, and the entropy of that distribution.
-
-    ``logits`` ``[B, T, V]``, ``targets`` ``[B, T]``. Computed in fp32 through ``logsumexp``;
-    the full ``[B, T, V]`` log-softmax is not materialised (the entropy needs one softmax).
-    """
-    logits = logits.float()  # [B, T, V]
-    if temperature != 1.0:
-        logits = logits / temperature
-    lse = torch.logsumexp(logits, dim=-1)  # [B, T]
-    picked = logits.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)  # [B, T]
-    log_probs = picked - lse  # [B, T]
-    entropy = None
-    if with_entropy:
-        probs = torch.softmax(logits, dim=-1)  # [B, T, V]
-        entropy = lse - (probs * logits).sum(-1)  # [B, T]
-    return log_probs, entropy
-
-
 def trim(mb: Batch) -> tuple[Tensor, Tensor, Tensor, int, int]:
     """Columns of a micro-batch that any row attends to.
 
@@ -146,11 +126,12 @@ def actor_log_probs(
     temperature: float,
     with_entropy: bool,
     vision_dtype: torch.dtype | None = None,
+    chunk_tokens: int = DEFAULT_LOG_PROB_CHUNK,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (+ entropy) ``[b, T]`` of one micro-batch already on the device; zero on padding.
 
     Padded forward over the :func:`trim` columns; ``keep_arg``: the module's forward takes
-    ``logits_to_keep``. ``vision_dtype`` set: ``module`` is a vision-language model, the rows'
+    ``logits_to_keep``; ``chunk_tokens``: :func:`rlzoo.train_kit.token_log_probs`'s chunks. ``vision_dtype`` set: ``module`` is a vision-language model, the rows'
     images (``mb["multi_modal"]``, concatenated in row order, pixels cast to ``vision_dtype``) go
     into the forward and positions are M-RoPE ones computed from the ids (``mb["position_ids"]``
     is ignored).
@@ -172,24 +153,44 @@ def actor_log_probs(
             images,
             temperature=temperature,
             with_entropy=with_entropy,
+            chunk_tokens=chunk_tokens,
         )  # [b, T_eff]
     else:
         logits, targets = response_logits(module, mb, keep_arg=keep_arg)  # [b, T_eff, V], [b, T_eff]
-        lp, ent = token_log_probs(logits, targets, temperature=temperature, with_entropy=with_entropy)
+        lp, ent = token_log_probs(
+            logits, targets, temperature=temperature, with_entropy=with_entropy, chunk_tokens=chunk_tokens
+        )
     return pad_response(lp, mb), None if ent is None else pad_response(ent, mb)  # [b, T]
 
 
 def response_logits(module: nn.Module, mb: Batch, *, keep_arg: bool) -> tuple[Tensor, Tensor]:
     """Logits ``[b, T_eff, V]`` that predict the response tokens ``[b, T_eff]`` of a text micro-batch
-    (padded forward over the :func:`trim` columns; position ``P - 1 + t`` predicts token ``t``)."""
+    (padded forward over the :func:`trim` columns; position ``P - 1 + t`` predicts token ``t``).
+
+    ``keep_arg``: only those positions go through the LM head (``logits_to_keep`` as indices), so
+    the logits are exactly ``[b, T_eff, V]``, not a slice of a larger tensor whose backward would
+    allocate the larger gradient."""
     ids, attn, pos, t_eff, _ = trim(mb)
-    kw: dict[str, Any] = {"logits_to_keep": t_eff + 1} if keep_arg else {}
-    logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, **kw).logits
-    return logits[:, -(t_eff + 1) : -1], mb["responses"][:, :t_eff]
+    L = ids.shape[1]
+    if keep_arg:
+        keep = torch.arange(L - t_eff - 1, L - 1, device=ids.device)  # [T_eff]
+        logits = module(
+            input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=keep
+        ).logits  # [b, T_eff, V]
+    else:
+        logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
+        logits = logits[:, -(t_eff + 1) : -1]  # [b, T_eff, V]
+    return logits, mb["responses"][:, :t_eff]
 
 
 def actor_log_probs_and_sum_pi_squared(
-    module: nn.Module, mb: Batch, *, keep_arg: bool, temperature: float, vision: bool = False
+    module: nn.Module,
+    mb: Batch,
+    *,
+    keep_arg: bool,
+    temperature: float,
+    vision: bool = False,
+    chunk_tokens: int = DEFAULT_LOG_PROB_CHUNK,
 ) -> tuple[Tensor, Tensor]:
     """Log-probs (as :func:`actor_log_probs`) and ``common.sum_pi_squared`` ``[b, T]`` of one text
     micro-batch on the device, from one forward; zero on padding. ``vision``: refused (VL models
@@ -200,8 +201,10 @@ def actor_log_probs_and_sum_pi_squared(
             "computed for vision-language models yet; use another advantage (e.g. grpo) with VL models"
         )
     logits, targets = response_logits(module, mb, keep_arg=keep_arg)  # [b, T_eff, V], [b, T_eff]
-    lp, _ = token_log_probs(logits, targets, temperature=temperature)
-    sps = common.sum_pi_squared(logits, temperature=temperature)  # [b, T_eff]
+    lp, _ = token_log_probs(logits, targets, temperature=temperature, chunk_tokens=chunk_tokens)
+    sps = common.sum_pi_squared(
+        logits, temperature=temperature, chunk_tokens=max(1, chunk_tokens)
+    )  # [b, T_eff]
     return pad_response(lp, mb), pad_response(sps, mb)  # [b, T]
 
 
@@ -373,6 +376,7 @@ class NativeTrainBackend:
                 temperature=temperature,
                 with_entropy=with_entropy,
                 vision_dtype=self.dtype if self._vl else None,
+                chunk_tokens=self.spec.micro_batch.log_prob_chunk,
             )
 
     def _critic_forward(self, mb: Batch) -> Tensor:
@@ -432,6 +436,7 @@ class NativeTrainBackend:
                     keep_arg=self._keep_arg,
                     temperature=self.temperature,
                     vision=self._vl,
+                    chunk_tokens=self.spec.micro_batch.log_prob_chunk,
                 )
             lps.append(lp)
             spss.append(sps)

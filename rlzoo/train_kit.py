@@ -1,0 +1,242 @@
+"""Train kit: pieces every train backend composes (core; no backend imports another).
+
+Log-probs and entropy of response tokens in chunks, forward and backward
+(:func:`token_log_probs`, :func:`chunked_token_fn`): the fp32 ``[B, T, V]`` copies of the logits
+that a plain ``log_softmax`` / ``softmax`` keeps for the backward (the fp32 cast, the division by
+the temperature, the softmax of the entropy) are never built whole. Each chunk of at most
+``chunk_tokens`` positions is cast to fp32, reduced, and dropped; the backward recomputes the
+chunk's softmax from the logits and writes its gradient into one ``[B, T, V]`` tensor of the
+logits' dtype. What stays alive for the backward is the logits tensor the model produced and
+``[B, T]`` fp32 statistics.
+
+Chunks are whole rows when ``T < chunk_tokens`` (``chunk_tokens // T`` rows at a time), else
+``chunk_tokens`` positions of one row; the logits may be a strided slice (never copied whole).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import Tensor
+
+from rlzoo.protocols import MicroBatchSettings
+
+__all__ = ["DEFAULT_LOG_PROB_CHUNK", "chunked_token_fn", "token_log_probs", "token_log_probs_reference"]
+
+DEFAULT_LOG_PROB_CHUNK = MicroBatchSettings().log_prob_chunk
+"""Positions per chunk (``trainer.micro_batch.log_prob_chunk``, whose default this is)."""
+
+TokenFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor | None]]
+"""``fn(logits_chunk [r, c, V], targets_chunk [r, c]) -> (log_probs [r, c], entropy [r, c] | None)``."""
+
+
+def chunks(rows: int, width: int, chunk_tokens: int) -> Iterator[tuple[slice, slice]]:
+    """``(row slice, column slice)`` pieces of a ``[rows, width]`` grid, each at most
+    ``max(chunk_tokens, 1)`` positions (whole rows when a row is shorter than that)."""
+    step = max(1, chunk_tokens)
+    if width >= step or width == 0:
+        for r in range(rows):
+            for c in range(0, max(width, 1), step):
+                yield slice(r, r + 1), slice(c, min(width, c + step))
+    else:
+        per = max(1, step // width)
+        for r in range(0, rows, per):
+            yield slice(r, min(rows, r + per)), slice(0, width)
+
+
+def token_log_probs_reference(
+    logits: Tensor, targets: Tensor, *, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """The unchunked computation: whole-tensor fp32 cast, ``logsumexp`` and (for the entropy) one
+    softmax, all kept by autograd. The definition the chunked path is tested against, and the
+    ``log_prob_chunk: 0`` path (benchmarks/memory.py measures both)."""
+    z = logits.float()  # [B, T, V]
+    if temperature != 1.0:
+        z = z / temperature
+    lse = torch.logsumexp(z, dim=-1)  # [B, T]
+    log_probs = z.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1) - lse  # [B, T]
+    entropy = None
+    if with_entropy:
+        entropy = lse - (torch.softmax(z, dim=-1) * z).sum(-1)  # [B, T]
+    return log_probs, entropy
+
+
+class _ChunkedLogProbs(torch.autograd.Function):
+    """Log-probs + entropy of ``softmax(x / tau)``, chunk by chunk; analytic backward per chunk:
+
+    ``z = x / tau``, ``p = softmax(z)``, ``lp = z_t - lse``, ``H = lse - sum p z``;
+    ``dlp/dz = onehot_t - p``, ``dH/dz = -p (z - lse + H)``, ``dx = dz / tau``.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        logits: Tensor,
+        targets: Tensor,
+        temperature: float,
+        with_entropy: bool,
+        chunk_tokens: int,
+    ) -> tuple[Tensor, Tensor]:
+        B, T = targets.shape
+        lp = torch.empty((B, T), dtype=torch.float32, device=logits.device)
+        lse = torch.empty((B, T), dtype=torch.float32, device=logits.device)
+        ent = torch.empty((B, T) if with_entropy else (0,), dtype=torch.float32, device=logits.device)
+        with torch.autocast(logits.device.type, enabled=False):
+            for r, c in chunks(B, T, chunk_tokens):
+                z = logits[r, c].float()  # [rr, cc, V]
+                if temperature != 1.0:
+                    z = z / temperature
+                s = torch.logsumexp(z, dim=-1)  # [rr, cc]
+                lse[r, c] = s
+                lp[r, c] = z.gather(-1, targets[r, c].long().unsqueeze(-1)).squeeze(-1) - s
+                if with_entropy:
+                    ent[r, c] = s - (torch.softmax(z, dim=-1) * z).sum(-1)
+        ctx.save_for_backward(logits, targets, lse, ent)
+        ctx.temperature = temperature  # type: ignore[attr-defined]
+        ctx.with_entropy = with_entropy  # type: ignore[attr-defined]
+        ctx.chunk_tokens = chunk_tokens  # type: ignore[attr-defined]
+        ctx.mark_non_differentiable(lse)
+        return lp, ent
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, g_lp: Tensor | None, g_ent: Tensor | None
+    ) -> tuple[Tensor | None, None, None, None, None]:
+        logits, targets, lse, ent = ctx.saved_tensors  # type: ignore[attr-defined]
+        if not ctx.needs_input_grad[0]:  # type: ignore[attr-defined]
+            return None, None, None, None, None
+        tau: float = ctx.temperature  # type: ignore[attr-defined]
+        use_ent = bool(ctx.with_entropy) and g_ent is not None  # type: ignore[attr-defined]
+        B, T = targets.shape
+        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)  # [B, T, V]
+        with torch.autocast(logits.device.type, enabled=False):
+            for r, c in chunks(B, T, ctx.chunk_tokens):  # type: ignore[attr-defined]
+                z = logits[r, c].float()  # [rr, cc, V]
+                if tau != 1.0:
+                    z = z / tau
+                s = lse[r, c].unsqueeze(-1)  # [rr, cc, 1]
+                p = torch.exp(z - s)  # [rr, cc, V]
+                if g_lp is not None:
+                    gl = g_lp[r, c].float().unsqueeze(-1)  # [rr, cc, 1]
+                    dz = -p * gl
+                    dz.scatter_add_(-1, targets[r, c].long().unsqueeze(-1), gl)
+                else:
+                    dz = torch.zeros_like(z)
+                if use_ent:
+                    assert g_ent is not None
+                    ge = g_ent[r, c].float().unsqueeze(-1)  # [rr, cc, 1]
+                    # dH/dz = -p (z - lse + H)
+                    dz -= p * (z - s + ent[r, c].unsqueeze(-1)) * ge
+                if tau != 1.0:
+                    dz /= tau
+                grad[r, c] = dz.to(grad.dtype)
+        return grad, None, None, None, None
+
+
+def token_log_probs(
+    logits: Tensor,
+    targets: Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_tokens: int = DEFAULT_LOG_PROB_CHUNK,
+) -> tuple[Tensor, Tensor | None]:
+    """``log softmax(logits / temperature)`` at ``targets`` ``[B, T]`` (fp32), and the entropy of
+    that distribution ``[B, T]`` when ``with_entropy`` (else None).
+
+    ``logits`` ``[B, T, V]`` (any float dtype, may be a strided slice). ``chunk_tokens > 0``: in
+    chunks of at most that many positions, forward and backward (module docstring); ``0``: the
+    unchunked :func:`token_log_probs_reference`. Equal values and gradients either way.
+    """
+    if logits.shape[:-1] != targets.shape or logits.dim() != 3:
+        raise ValueError(
+            f"token_log_probs: logits must be [B, T, V] and targets [B, T], got "
+            f"{tuple(logits.shape)} and {tuple(targets.shape)}"
+        )
+    if chunk_tokens < 0:
+        raise ValueError(f"chunk_tokens must be >= 0 (0: unchunked), got {chunk_tokens}")
+    if chunk_tokens == 0:
+        return token_log_probs_reference(logits, targets, temperature=temperature, with_entropy=with_entropy)
+    lp, ent = _ChunkedLogProbs.apply(
+        logits, targets, float(temperature), bool(with_entropy), int(chunk_tokens)
+    )
+    return lp, ent if with_entropy else None
+
+
+class _ChunkedTokenFn(torch.autograd.Function):
+    """Any per-position ``fn`` over chunks: forward under no_grad, backward recomputes each chunk's
+    ``fn`` with autograd and writes its input gradient into one preallocated tensor."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        logits: Tensor,
+        targets: Tensor,
+        fn: TokenFn,
+        with_entropy: bool,
+        chunk_tokens: int,
+    ) -> tuple[Tensor, Tensor]:
+        B, T = targets.shape
+        lp = torch.empty((B, T), dtype=torch.float32, device=logits.device)
+        ent = torch.empty((B, T) if with_entropy else (0,), dtype=torch.float32, device=logits.device)
+        with torch.no_grad():
+            for r, c in chunks(B, T, chunk_tokens):
+                lp_c, ent_c = fn(logits[r, c], targets[r, c])
+                lp[r, c] = lp_c.float()
+                if with_entropy:
+                    assert ent_c is not None
+                    ent[r, c] = ent_c.float()
+        ctx.save_for_backward(logits, targets)
+        ctx.fn = fn  # type: ignore[attr-defined]
+        ctx.with_entropy = with_entropy  # type: ignore[attr-defined]
+        ctx.chunk_tokens = chunk_tokens  # type: ignore[attr-defined]
+        return lp, ent
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, g_lp: Tensor | None, g_ent: Tensor | None
+    ) -> tuple[Tensor | None, None, None, None, None]:
+        logits, targets = ctx.saved_tensors  # type: ignore[attr-defined]
+        if not ctx.needs_input_grad[0]:  # type: ignore[attr-defined]
+            return None, None, None, None, None
+        B, T = targets.shape
+        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)  # [B, T, V]
+        for r, c in chunks(B, T, ctx.chunk_tokens):  # type: ignore[attr-defined]
+            x = logits[r, c].detach().requires_grad_(True)
+            with torch.enable_grad():
+                lp_c, ent_c = ctx.fn(x, targets[r, c])  # type: ignore[attr-defined]
+                outs, grads = [], []
+                if g_lp is not None:
+                    outs.append(lp_c)
+                    grads.append(g_lp[r, c].to(lp_c.dtype))
+                if ctx.with_entropy and g_ent is not None and ent_c is not None:  # type: ignore[attr-defined]
+                    outs.append(ent_c)
+                    grads.append(g_ent[r, c].to(ent_c.dtype))
+                (gx,) = torch.autograd.grad(outs, [x], grads, allow_unused=True)
+            grad[r, c] = 0.0 if gx is None else gx.to(grad.dtype)
+        return grad, None, None, None, None
+
+
+def chunked_token_fn(
+    fn: TokenFn,
+    logits: Tensor,
+    targets: Tensor,
+    *,
+    with_entropy: bool = False,
+    chunk_tokens: int = DEFAULT_LOG_PROB_CHUNK,
+) -> tuple[Tensor, Tensor | None]:
+    """``fn`` (per-position log-probs and entropy from logits, any math: e.g. megatron's
+    vocab-parallel one with its collectives) applied chunk by chunk, forward and backward.
+
+    ``logits`` ``[B, T, V']``, ``targets`` ``[B, T]``; returns fp32 ``[B, T]`` (and the entropy).
+    Only the logits are kept for the backward, which reruns ``fn`` on one chunk at a time (every
+    rank runs the same chunks, so collectives inside ``fn`` stay matched). ``chunk_tokens == 0``:
+    ``fn`` on the whole tensor, as autograd keeps it.
+    """
+    if chunk_tokens < 0:
+        raise ValueError(f"chunk_tokens must be >= 0 (0: unchunked), got {chunk_tokens}")
+    if chunk_tokens == 0:
+        return fn(logits, targets)
+    lp, ent = _ChunkedTokenFn.apply(logits, targets, fn, bool(with_entropy), int(chunk_tokens))
+    return lp, ent if with_entropy else None
