@@ -341,7 +341,7 @@ class MicroBatchSettings:
     )
     log_prob_size: int = param(8, help="samples per forward in log-prob / value computations (>= 1)")
     log_prob_chunk: int = param(
-        1024,
+        256,
         help="positions per chunk of the log-prob / entropy computation from the logits, forward and "
         "backward (no fp32 [rows, T, vocab] copy is built whole; see docs/performance.md); 0: unchunked",
     )

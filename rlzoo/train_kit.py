@@ -62,11 +62,21 @@ def token_log_probs_reference(
     return log_probs, entropy
 
 
+def _fp32_scaled(x: Tensor, temperature: float) -> tuple[Tensor, bool]:
+    """``x / temperature`` in fp32 and whether that is a fresh tensor (else a view of ``x``)."""
+    if x.dtype == torch.float32:
+        return (x, False) if temperature == 1.0 else (x / temperature, True)
+    z = x.float()
+    return (z.div_(temperature) if temperature != 1.0 else z), True
+
+
 class _ChunkedLogProbs(torch.autograd.Function):
     """Log-probs + entropy of ``softmax(x / tau)``, chunk by chunk; analytic backward per chunk:
 
     ``z = x / tau``, ``p = softmax(z)``, ``lp = z_t - lse``, ``H = lse - sum p z``;
     ``dlp/dz = onehot_t - p``, ``dH/dz = -p (z - lse + H)``, ``dx = dz / tau``.
+
+    At most two ``[chunk, V]`` fp32 temporaries live at once (three for non-fp32 logits).
     """
 
     @staticmethod
@@ -84,14 +94,12 @@ class _ChunkedLogProbs(torch.autograd.Function):
         ent = torch.empty((B, T) if with_entropy else (0,), dtype=torch.float32, device=logits.device)
         with torch.autocast(logits.device.type, enabled=False):
             for r, c in chunks(B, T, chunk_tokens):
-                z = logits[r, c].float()  # [rr, cc, V]
-                if temperature != 1.0:
-                    z = z / temperature
+                z, _ = _fp32_scaled(logits[r, c], temperature)  # [rr, cc, V]
                 s = torch.logsumexp(z, dim=-1)  # [rr, cc]
                 lse[r, c] = s
                 lp[r, c] = z.gather(-1, targets[r, c].long().unsqueeze(-1)).squeeze(-1) - s
-                if with_entropy:
-                    ent[r, c] = s - (torch.softmax(z, dim=-1) * z).sum(-1)
+                if with_entropy:  # the unchunked formula, one [rr, cc, V] temporary
+                    ent[r, c] = s - torch.softmax(z, dim=-1).mul_(z).sum(-1)
         ctx.save_for_backward(logits, targets, lse, ent)
         ctx.temperature = temperature  # type: ignore[attr-defined]
         ctx.with_entropy = with_entropy  # type: ignore[attr-defined]
@@ -112,25 +120,27 @@ class _ChunkedLogProbs(torch.autograd.Function):
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)  # [B, T, V]
         with torch.autocast(logits.device.type, enabled=False):
             for r, c in chunks(B, T, ctx.chunk_tokens):  # type: ignore[attr-defined]
-                z = logits[r, c].float()  # [rr, cc, V]
-                if tau != 1.0:
-                    z = z / tau
+                z, fresh = _fp32_scaled(logits[r, c], tau)  # [rr, cc, V]
                 s = lse[r, c].unsqueeze(-1)  # [rr, cc, 1]
-                p = torch.exp(z - s)  # [rr, cc, V]
-                if g_lp is not None:
-                    gl = g_lp[r, c].float().unsqueeze(-1)  # [rr, cc, 1]
-                    dz = -p * gl
-                    dz.scatter_add_(-1, targets[r, c].long().unsqueeze(-1), gl)
-                else:
-                    dz = torch.zeros_like(z)
+                p = (z - s).exp_()  # [rr, cc, V]: softmax
+                gl = None if g_lp is None else g_lp[r, c].float().unsqueeze(-1)  # [rr, cc, 1]
                 if use_ent:
                     assert g_ent is not None
                     ge = g_ent[r, c].float().unsqueeze(-1)  # [rr, cc, 1]
-                    # dH/dz = -p (z - lse + H)
-                    dz -= p * (z - s + ent[r, c].unsqueeze(-1)) * ge
+                    # dH/dz = -p (z - lse + H): in z's buffer when z is a temporary
+                    dz = z.sub_(s) if fresh else z - s
+                    dz.add_(ent[r, c].unsqueeze(-1)).mul_(p).mul_(-ge)
+                    if gl is not None:
+                        dz.addcmul_(p, gl, value=-1.0)
+                elif gl is not None:
+                    dz = p.mul_(-gl)
+                else:
+                    dz = p.zero_()
+                if gl is not None:
+                    dz.scatter_add_(-1, targets[r, c].long().unsqueeze(-1), gl)
                 if tau != 1.0:
-                    dz /= tau
-                grad[r, c] = dz.to(grad.dtype)
+                    dz.div_(tau)
+                grad[r, c] = dz
         return grad, None, None, None, None
 
 
