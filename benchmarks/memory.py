@@ -21,6 +21,9 @@ under ``$RLZOO_CACHE/smollm2_arith/model``; skipped with a note when absent).
     python benchmarks/memory.py --quick           # tiny151k only
     python benchmarks/memory.py --models smollm2 --lengths 2048 --dtypes bfloat16
 
+Response lengths: tiny151k 512 (4 rows) and 2048 (1 row); SmolLM2 128 (16 rows: the recipe's
+micro-batch, the length at which a GRPO step used to be killed at 24 GB) and 2048 (1 row).
+
 Run it alone on the machine (peak memory of the unchunked 151k-vocabulary configurations is
 several GB): ``flock /tmp/rlzoo-heavy.lock python benchmarks/memory.py``.
 """
@@ -37,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 PROMPT = 64
-ROWS = {512: 4, 2048: 1}  # the same ~2k response tokens per micro-batch
+ROWS = {128: 16, 512: 4, 2048: 1}  # 128: the SmolLM2 recipe's micro-batch of 16; else ~2k response tokens
+LENGTHS = {"tiny151k": [512, 2048], "smollm2": [128, 2048]}
 
 
 def _status_kb(field: str) -> int:
@@ -137,7 +141,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--models", nargs="+", default=["tiny151k", "smollm2"], choices=["tiny151k", "smollm2"])
-    ap.add_argument("--lengths", nargs="+", type=int, default=[512, 2048], help="response tokens T")
+    ap.add_argument("--lengths", nargs="+", type=int, help=f"response tokens T (default: {LENGTHS})")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     ap.add_argument("--chunk", type=int, default=1024, help="the 'after' trainer.micro_batch.log_prob_chunk")
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="torch threads")
@@ -165,7 +169,7 @@ def main() -> None:
     print(f"{'':<30} | {'before → after':>21} {'':>6} | {'before → after':>17} | {'before → after':>13}")
     print("-" * len(head))
     for model in models:
-        for T in ns.lengths:
+        for T in ns.lengths or LENGTHS[model]:
             for dtype in ns.dtypes:
                 rows = ROWS.get(T, max(1, 2048 // T))
                 base = {"model": model, "path": str(smol), "T": T, "rows": rows, "dtype": dtype}

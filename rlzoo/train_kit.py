@@ -11,18 +11,33 @@ logits' dtype. What stays alive for the backward is the logits tensor the model 
 
 Chunks are whole rows when ``T < chunk_tokens`` (``chunk_tokens // T`` rows at a time), else
 ``chunk_tokens`` positions of one row; the logits may be a strided slice (never copied whole).
+
+Padding-free micro-batches (:func:`pack`, :func:`unpack`): a micro-batch's real tokens laid end
+to end in one row, positions restarting per sequence (HF attention keeps each sequence to itself
+when ``attention_mask`` is None), outputs only where a response token is predicted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
+from einops import rearrange
 from torch import Tensor
 
+from rlzoo.batch import Batch
 from rlzoo.protocols import MicroBatchSettings
 
-__all__ = ["DEFAULT_LOG_PROB_CHUNK", "chunked_token_fn", "token_log_probs", "token_log_probs_reference"]
+__all__ = [
+    "DEFAULT_LOG_PROB_CHUNK",
+    "Packed",
+    "chunked_token_fn",
+    "pack",
+    "token_log_probs",
+    "token_log_probs_reference",
+    "unpack",
+]
 
 DEFAULT_LOG_PROB_CHUNK = MicroBatchSettings().log_prob_chunk
 """Positions per chunk (``trainer.micro_batch.log_prob_chunk``, whose default this is)."""
@@ -250,3 +265,56 @@ def chunked_token_fn(
         return fn(logits, targets)
     lp, ent = _ChunkedTokenFn.apply(logits, targets, fn, bool(with_entropy), int(chunk_tokens))
     return lp, ent if with_entropy else None
+
+
+# ---------------------------------------------------------------------------------------------
+# padding-free micro-batches
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Packed:
+    """A micro-batch's real tokens packed into one row (padding-free forward).
+
+    ``input_ids`` / ``position_ids`` ``[1, N]`` (positions restart at 0 for every sequence, which is
+    how HF attention finds the sequence boundaries when ``attention_mask`` is None);
+    ``predict_at`` ``[n]`` packed positions whose output predicts a response token; ``targets``
+    ``[n]`` those tokens; ``response_valid`` ``[b, T]`` where the ``n`` results go back
+    (row-major, ``out[response_valid] = result``).
+    """
+
+    input_ids: Tensor
+    position_ids: Tensor
+    predict_at: Tensor
+    targets: Tensor
+    response_valid: Tensor
+
+
+def pack(mb: Batch) -> Packed:
+    """Pack ``mb`` (``rlzoo.batch`` layout: prompt left-padded, response right-padded).
+
+    Response token ``t`` of a sample is predicted by the packed position just before it, which is
+    the previous real token of the same sequence (prompt and response are contiguous). Needs at
+    least one prompt token per sample (as the padded path does).
+    """
+    ids = mb["input_ids"]  # [b, L]
+    attn = mb["attention_mask"].bool()  # [b, L]
+    T = mb["responses"].shape[1]
+    flat_ids = ids[attn]  # [N] row-major: sample after sample
+    pos = (attn.long().cumsum(-1) - 1)[attn]  # [N] 0.. per sequence
+    # packed position of each token: sequences laid end to end, row after row
+    packed_pos = rearrange(attn.long(), "b l -> (b l)").cumsum(0) - 1  # [b*L]
+    flat_index = rearrange(packed_pos, "(b l) -> b l", b=attn.shape[0])  # [b, L]
+    response_valid = attn[:, -T:]  # [b, T]
+    token_at = flat_index[:, -T:][response_valid]  # [n]
+    return Packed(
+        input_ids=rearrange(flat_ids, "n -> 1 n"),  # one packed row [1, N]
+        position_ids=rearrange(pos, "n -> 1 n"),  # [1, N]
+        predict_at=token_at - 1,  # [n]
+        targets=flat_ids[token_at],  # [n]
+        response_valid=response_valid,  # [b, T]
+    )
+
+
+def unpack(values: Tensor, response_valid: Tensor) -> Tensor:
+    """``[n]`` per-response-token values back to ``[b, T]``, zero on padding."""
+    out = torch.zeros(response_valid.shape, dtype=values.dtype, device=values.device)  # [b, T]
+    return out.masked_scatter(response_valid, values)

@@ -33,7 +33,7 @@ from rlzoo.backends.native import common
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.batch import Batch
 from rlzoo.protocols import Objective, TrainSpec
-from rlzoo.train_kit import DEFAULT_LOG_PROB_CHUNK, token_log_probs
+from rlzoo.train_kit import DEFAULT_LOG_PROB_CHUNK, Packed, pack, token_log_probs, unpack
 
 __all__ = [
     "CriticModel",
@@ -42,6 +42,7 @@ __all__ = [
     "actor_log_probs_and_sum_pi_squared",
     "critic_values",
     "lr_multiplier",
+    "packed_response_logits",
     "pad_response",
     "response_logits",
     "token_log_probs",
@@ -127,10 +128,12 @@ def actor_log_probs(
     with_entropy: bool,
     vision_dtype: torch.dtype | None = None,
     chunk_tokens: int = DEFAULT_LOG_PROB_CHUNK,
+    packed: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (+ entropy) ``[b, T]`` of one micro-batch already on the device; zero on padding.
 
-    Padded forward over the :func:`trim` columns; ``keep_arg``: the module's forward takes
+    Padded forward over the :func:`trim` columns, or (``packed``, text models) one padding-free
+    forward (:func:`packed_response_logits`); ``keep_arg``: the module's forward takes
     ``logits_to_keep``; ``chunk_tokens``: :func:`rlzoo.train_kit.token_log_probs`'s chunks. ``vision_dtype`` set: ``module`` is a vision-language model, the rows'
     images (``mb["multi_modal"]``, concatenated in row order, pixels cast to ``vision_dtype``) go
     into the forward and positions are M-RoPE ones computed from the ids (``mb["position_ids"]``
@@ -155,6 +158,16 @@ def actor_log_probs(
             with_entropy=with_entropy,
             chunk_tokens=chunk_tokens,
         )  # [b, T_eff]
+    elif packed:
+        logits, pk = packed_response_logits(module, mb, keep_arg=keep_arg)  # [1, n, V]
+        lp, ent = token_log_probs(
+            logits,
+            pk.targets[None],
+            temperature=temperature,
+            with_entropy=with_entropy,
+            chunk_tokens=chunk_tokens,
+        )  # [1, n]
+        return unpack(lp[0], pk.response_valid), None if ent is None else unpack(ent[0], pk.response_valid)
     else:
         logits, targets = response_logits(module, mb, keep_arg=keep_arg)  # [b, T_eff, V], [b, T_eff]
         lp, ent = token_log_probs(
@@ -183,6 +196,23 @@ def response_logits(module: nn.Module, mb: Batch, *, keep_arg: bool) -> tuple[Te
     return logits, mb["responses"][:, :t_eff]
 
 
+def packed_response_logits(module: nn.Module, mb: Batch, *, keep_arg: bool) -> tuple[Tensor, Packed]:
+    """Logits ``[1, n, V]`` that predict the ``n`` real response tokens of a text micro-batch, from
+    one padding-free forward (:func:`rlzoo.train_kit.pack`: real tokens end to end, positions
+    restarting per sequence, no attention mask, so HF attention keeps each sequence to itself)."""
+    pk = pack(mb)
+    if keep_arg:
+        out = module(
+            input_ids=pk.input_ids,
+            position_ids=pk.position_ids,
+            use_cache=False,
+            logits_to_keep=pk.predict_at,
+        )
+        return out.logits, pk  # [1, n, V]
+    out = module(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False)
+    return out.logits[:, pk.predict_at], pk  # [1, n, V]
+
+
 def actor_log_probs_and_sum_pi_squared(
     module: nn.Module,
     mb: Batch,
@@ -191,6 +221,7 @@ def actor_log_probs_and_sum_pi_squared(
     temperature: float,
     vision: bool = False,
     chunk_tokens: int = DEFAULT_LOG_PROB_CHUNK,
+    packed: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Log-probs (as :func:`actor_log_probs`) and ``common.sum_pi_squared`` ``[b, T]`` of one text
     micro-batch on the device, from one forward; zero on padding. ``vision``: refused (VL models
@@ -200,6 +231,13 @@ def actor_log_probs_and_sum_pi_squared(
             "sum_pi_squared (advantages with needs_sum_pi_squared, e.g. optimal_token_baseline) is not "
             "computed for vision-language models yet; use another advantage (e.g. grpo) with VL models"
         )
+    if packed:
+        plogits, pk = packed_response_logits(module, mb, keep_arg=keep_arg)  # [1, n, V]
+        plp, _ = token_log_probs(
+            plogits, pk.targets[None], temperature=temperature, chunk_tokens=chunk_tokens
+        )
+        psps = common.sum_pi_squared(plogits, temperature=temperature, chunk_tokens=max(1, chunk_tokens))
+        return unpack(plp[0], pk.response_valid), unpack(psps[0], pk.response_valid)  # [b, T]
     logits, targets = response_logits(module, mb, keep_arg=keep_arg)  # [b, T_eff, V], [b, T_eff]
     lp, _ = token_log_probs(logits, targets, temperature=temperature, chunk_tokens=chunk_tokens)
     sps = common.sum_pi_squared(
@@ -208,8 +246,13 @@ def actor_log_probs_and_sum_pi_squared(
     return pad_response(lp, mb), pad_response(sps, mb)  # [b, T]
 
 
-def critic_values(critic: nn.Module, mb: Batch) -> Tensor:
-    """Values ``[b, T]`` of one micro-batch on the device (value at ``P - 1 + t``); zero on padding."""
+def critic_values(critic: nn.Module, mb: Batch, *, packed: bool = False) -> Tensor:
+    """Values ``[b, T]`` of one micro-batch on the device (value at ``P - 1 + t``); zero on padding.
+    ``packed``: one padding-free forward (as :func:`packed_response_logits`)."""
+    if packed:
+        pk = pack(mb)
+        values = critic(pk.input_ids, None, pk.position_ids, keep_index=pk.predict_at)[0]  # [n]
+        return unpack(values, pk.response_valid)  # [b, T]
     ids, attn, pos, t_eff, _ = trim(mb)
     values = critic(ids, attn, pos, keep_last=t_eff + 1)[:, :-1]  # [b, T_eff]
     return pad_response(values, mb)  # [b, T]
@@ -292,6 +335,11 @@ class NativeTrainBackend:
 
         # a vision-language model (Qwen2.5-VL style): images and M-RoPE positions in every forward
         self._vl = is_multimodal_model(self.actor)
+        if self._vl and params.use_remove_padding:
+            logger.info(
+                "use_remove_padding: %s is a vision-language model; its forwards stay padded",
+                type(model).__name__,
+            )
         if self._vl and spec.need_critic:
             raise NotImplementedError(
                 f"native train backend: a critic (value model) for the vision-language model "
@@ -377,12 +425,13 @@ class NativeTrainBackend:
                 with_entropy=with_entropy,
                 vision_dtype=self.dtype if self._vl else None,
                 chunk_tokens=self.spec.micro_batch.log_prob_chunk,
+                packed=self.params.use_remove_padding,
             )
 
     def _critic_forward(self, mb: Batch) -> Tensor:
         assert self.critic is not None
         with self._autocast():
-            return critic_values(self.critic, mb).float()
+            return critic_values(self.critic, mb, packed=self.params.use_remove_padding).float()
 
     def _autocast(self) -> Any:
         """``torch.autocast`` in bf16 when ``params.autocast`` asks for it (log-softmax stays fp32)."""
@@ -437,6 +486,7 @@ class NativeTrainBackend:
                     temperature=self.temperature,
                     vision=self._vl,
                     chunk_tokens=self.spec.micro_batch.log_prob_chunk,
+                    packed=self.params.use_remove_padding,
                 )
             lps.append(lp)
             spss.append(sps)
