@@ -11,8 +11,9 @@ entropy bonus (so the entropy's backward is exercised too). Printed per configur
 - ``peak RSS``: the subprocess's whole-life peak (``wait4``'s ``ru_maxrss``);
 - ``s/step``: wall seconds of the last update (after one warm-up update on the small models).
 
-``before`` is ``trainer.micro_batch.log_prob_chunk: 0`` (the unchunked fp32 computation, as
-rlzoo did before chunking), ``after`` the default chunking. Models: ``tiny151k``, a 2-layer
+``before`` is ``trainer.micro_batch.log_prob_chunk: 0`` (logits, then the unchunked fp32
+computation, as rlzoo did before chunking), ``after`` the defaults (chunks of 256 positions, the
+LM head inside the chunks: ``trainer.backend.fused_lm_head``). Models: ``tiny151k``, a 2-layer
 Qwen2 of width 64 built from a config with Qwen's 151,936-token vocabulary (the logits dominate
 everything), and SmolLM2-135M-Instruct (49,152 tokens; ``rlzoo prepare smollm2_arith`` puts it
 under ``$RLZOO_CACHE/smollm2_arith/model``; skipped with a note when absent).
@@ -20,6 +21,7 @@ under ``$RLZOO_CACHE/smollm2_arith/model``; skipped with a note when absent).
     python benchmarks/memory.py                   # the table (a few minutes on 2 cores)
     python benchmarks/memory.py --quick           # tiny151k only
     python benchmarks/memory.py --models smollm2 --lengths 2048 --dtypes bfloat16
+    python benchmarks/memory.py --models smollm2 --checkpointing   # gradient checkpointing off → on
 
 Response lengths: tiny151k 512 (4 rows) and 2048 (1 row); SmolLM2 128 (16 rows: the recipe's
 micro-batch, the length at which a GRPO step used to be killed at 24 GB) and 2048 (1 row).
@@ -38,6 +40,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from rlzoo.protocols import MicroBatchSettings
 
 PROMPT = 64
 ROWS = {128: 16, 512: 4, 2048: 1}  # 128: the SmolLM2 recipe's micro-batch of 16; else ~2k response tokens
@@ -82,7 +86,10 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
         model_path="",
         micro_batch=MicroBatchSettings(size=rows, log_prob_size=rows, log_prob_chunk=cfg["chunk"]),
     )
-    backend = NativeTrainBackend.from_module(model, NativeTrainParams(device="cpu", dtype=cfg["dtype"]), spec)
+    params = NativeTrainParams(
+        device="cpu", dtype=cfg["dtype"], gradient_checkpointing=cfg.get("checkpointing", False)
+    )
+    backend = NativeTrainBackend.from_module(model, params, spec)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1, vocab, (rows, PROMPT + T), generator=g)
     attn = torch.ones_like(ids)
@@ -143,9 +150,20 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["tiny151k", "smollm2"], choices=["tiny151k", "smollm2"])
     ap.add_argument("--lengths", nargs="+", type=int, help=f"response tokens T (default: {LENGTHS})")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
-    ap.add_argument("--chunk", type=int, default=1024, help="the 'after' trainer.micro_batch.log_prob_chunk")
+    ap.add_argument(
+        "--chunk",
+        type=int,
+        default=MicroBatchSettings().log_prob_chunk,
+        help="the 'after' trainer.micro_batch.log_prob_chunk (default: its default)",
+    )
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="torch threads")
+    ap.add_argument("--rows", type=int, help="samples per micro-batch (default: by length, see above)")
     ap.add_argument("--quick", action="store_true", help="tiny151k only")
+    ap.add_argument(
+        "--checkpointing",
+        action="store_true",
+        help="compare gradient checkpointing instead: before = off, after = on (both chunked)",
+    )
     ns = ap.parse_args()
     if ns.worker:
         print(json.dumps(worker(json.loads(ns.worker))))
@@ -157,9 +175,14 @@ def main() -> None:
         print(f"(smollm2 skipped: no model at {smol}; run `rlzoo prepare smollm2_arith --out {smol.parent}`)")
         models = [m for m in models if m != "smollm2"]
     load = os.getloadavg()
+    what = (
+        f"before = gradient checkpointing off, after = on (log_prob_chunk {ns.chunk})"
+        if ns.checkpointing
+        else f"before = log_prob_chunk 0, after = {ns.chunk}"
+    )
     print(
         f"native train backend, CPU, torch threads {ns.threads}, load average {load[0]:.1f} at start; "
-        f"prompt {PROMPT} tokens; one micro-batch per update; before = log_prob_chunk 0, after = {ns.chunk}"
+        f"prompt {PROMPT} tokens; one micro-batch per update; {what}"
     )
     head = (
         f"{'model':<9} {'dtype':<8} {'T':>5} {'rows':>4} | {'step peak MB':>21} {'ratio':>6} | "
@@ -171,11 +194,15 @@ def main() -> None:
     for model in models:
         for T in ns.lengths or LENGTHS[model]:
             for dtype in ns.dtypes:
-                rows = ROWS.get(T, max(1, 2048 // T))
+                rows = ns.rows or ROWS.get(T, max(1, 2048 // T))
                 base = {"model": model, "path": str(smol), "T": T, "rows": rows, "dtype": dtype}
                 base["threads"] = ns.threads
-                before = run_config({**base, "chunk": 0})
-                after = run_config({**base, "chunk": ns.chunk})
+                if ns.checkpointing:
+                    before = run_config({**base, "chunk": ns.chunk})
+                    after = run_config({**base, "chunk": ns.chunk, "checkpointing": True})
+                else:
+                    before = run_config({**base, "chunk": 0})
+                    after = run_config({**base, "chunk": ns.chunk})
                 print(_row(model, dtype, T, rows, before, after), flush=True)
 
 

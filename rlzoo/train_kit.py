@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_LOG_PROB_CHUNK",
     "Packed",
     "chunked_token_fn",
+    "linear_token_log_probs",
     "pack",
     "token_log_probs",
     "token_log_probs_reference",
@@ -136,25 +137,16 @@ class _ChunkedLogProbs(torch.autograd.Function):
         with torch.autocast(logits.device.type, enabled=False):
             for r, c in chunks(B, T, ctx.chunk_tokens):  # type: ignore[attr-defined]
                 z, fresh = _fp32_scaled(logits[r, c], tau)  # [rr, cc, V]
-                s = lse[r, c].unsqueeze(-1)  # [rr, cc, 1]
-                p = (z - s).exp_()  # [rr, cc, V]: softmax
-                gl = None if g_lp is None else g_lp[r, c].float().unsqueeze(-1)  # [rr, cc, 1]
-                if use_ent:
-                    assert g_ent is not None
-                    ge = g_ent[r, c].float().unsqueeze(-1)  # [rr, cc, 1]
-                    # dH/dz = -p (z - lse + H): in z's buffer when z is a temporary
-                    dz = z.sub_(s) if fresh else z - s
-                    dz.add_(ent[r, c].unsqueeze(-1)).mul_(p).mul_(-ge)
-                    if gl is not None:
-                        dz.addcmul_(p, gl, value=-1.0)
-                elif gl is not None:
-                    dz = p.mul_(-gl)
-                else:
-                    dz = p.zero_()
-                if gl is not None:
-                    dz.scatter_add_(-1, targets[r, c].long().unsqueeze(-1), gl)
-                if tau != 1.0:
-                    dz.div_(tau)
+                dz = _softmax_backward(
+                    z,
+                    fresh,
+                    lse[r, c],
+                    ent[r, c] if use_ent else None,
+                    targets[r, c],
+                    None if g_lp is None else g_lp[r, c],
+                    g_ent[r, c] if use_ent and g_ent is not None else None,
+                    tau,
+                )
                 grad[r, c] = dz
         return grad, None, None, None, None
 
@@ -185,6 +177,144 @@ def token_log_probs(
         return token_log_probs_reference(logits, targets, temperature=temperature, with_entropy=with_entropy)
     lp, ent = _ChunkedLogProbs.apply(
         logits, targets, float(temperature), bool(with_entropy), int(chunk_tokens)
+    )
+    return lp, ent if with_entropy else None
+
+
+class _ChunkedLinearLogProbs(torch.autograd.Function):
+    """:class:`_ChunkedLogProbs` with the LM head inside: ``x = hidden @ weight.T`` per chunk, in
+    the forward and again in the backward, so no ``[B, T, V]`` tensor exists at all. Backward per
+    chunk: ``dhidden = dx @ weight``, ``dweight += dx.T @ hidden`` (``dx`` in the matmul dtype)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        hidden: Tensor,
+        weight: Tensor,
+        targets: Tensor,
+        temperature: float,
+        with_entropy: bool,
+        chunk_tokens: int,
+    ) -> tuple[Tensor, Tensor]:
+        B, T = targets.shape
+        lp = torch.empty((B, T), dtype=torch.float32, device=hidden.device)
+        lse = torch.empty((B, T), dtype=torch.float32, device=hidden.device)
+        ent = torch.empty((B, T) if with_entropy else (0,), dtype=torch.float32, device=hidden.device)
+        w = weight.to(hidden.dtype)
+        with torch.autocast(hidden.device.type, enabled=False):
+            for r, c in chunks(B, T, chunk_tokens):
+                z, _ = _fp32_scaled(hidden[r, c] @ w.T, temperature)  # [rr, cc, V]
+                s = torch.logsumexp(z, dim=-1)  # [rr, cc]
+                lse[r, c] = s
+                lp[r, c] = z.gather(-1, targets[r, c].long().unsqueeze(-1)).squeeze(-1) - s
+                if with_entropy:
+                    ent[r, c] = s - torch.softmax(z, dim=-1).mul_(z).sum(-1)
+        ctx.save_for_backward(hidden, weight, targets, lse, ent)
+        ctx.temperature = temperature  # type: ignore[attr-defined]
+        ctx.with_entropy = with_entropy  # type: ignore[attr-defined]
+        ctx.chunk_tokens = chunk_tokens  # type: ignore[attr-defined]
+        ctx.mark_non_differentiable(lse)
+        return lp, ent
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, g_lp: Tensor | None, g_ent: Tensor | None
+    ) -> tuple[Tensor | None, Tensor | None, None, None, None, None]:
+        hidden, weight, targets, lse, ent = ctx.saved_tensors  # type: ignore[attr-defined]
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]  # type: ignore[attr-defined]
+        if not (need_h or need_w):
+            return None, None, None, None, None, None
+        tau: float = ctx.temperature  # type: ignore[attr-defined]
+        use_ent = bool(ctx.with_entropy) and g_ent is not None  # type: ignore[attr-defined]
+        B, T = targets.shape
+        w = weight.to(hidden.dtype)
+        d_hidden = torch.zeros_like(hidden) if need_h else None  # [B, T, H]
+        d_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        with torch.autocast(hidden.device.type, enabled=False):
+            for r, c in chunks(B, T, ctx.chunk_tokens):  # type: ignore[attr-defined]
+                h = hidden[r, c]  # [rr, cc, H]
+                z, _ = _fp32_scaled(h @ w.T, tau)  # [rr, cc, V]
+                dz = _softmax_backward(
+                    z,
+                    True,  # the matmul's output: a temporary
+                    lse[r, c],
+                    ent[r, c] if use_ent else None,
+                    targets[r, c],
+                    None if g_lp is None else g_lp[r, c],
+                    g_ent[r, c] if use_ent and g_ent is not None else None,
+                    tau,
+                )
+                dx = dz.to(h.dtype)  # [rr, cc, V]
+                if d_hidden is not None:
+                    d_hidden[r, c] = dx @ w
+                if d_weight is not None:
+                    d_weight += (dx.flatten(0, 1).T @ h.flatten(0, 1)).float()
+        return (
+            d_hidden,
+            None if d_weight is None else d_weight.to(weight.dtype),
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def _softmax_backward(
+    z: Tensor,
+    fresh: bool,
+    lse: Tensor,
+    ent: Tensor | None,
+    targets: Tensor,
+    g_lp: Tensor | None,
+    g_ent: Tensor | None,
+    tau: float,
+) -> Tensor:
+    """``d loss / d x`` ``[rr, cc, V]`` fp32 of one chunk (``z = x / tau`` in fp32, ``fresh``: a
+    temporary that may be overwritten): ``g_lp (onehot - p) - g_ent p (z - lse + H)``, over ``tau``."""
+    s = lse.unsqueeze(-1)  # [rr, cc, 1]
+    p = (z - s).exp_()  # [rr, cc, V]: softmax
+    gl = None if g_lp is None else g_lp.float().unsqueeze(-1)  # [rr, cc, 1]
+    if g_ent is not None and ent is not None:
+        ge = g_ent.float().unsqueeze(-1)  # [rr, cc, 1]
+        dz = z.sub_(s) if fresh else z - s  # in z's buffer when z is a temporary
+        dz.add_(ent.unsqueeze(-1)).mul_(p).mul_(-ge)
+        if gl is not None:
+            dz.addcmul_(p, gl, value=-1.0)
+    elif gl is not None:
+        dz = p.mul_(-gl)
+    else:
+        dz = p.zero_()
+    if gl is not None:
+        dz.scatter_add_(-1, targets.long().unsqueeze(-1), gl)
+    if tau != 1.0:
+        dz.div_(tau)
+    return dz
+
+
+def linear_token_log_probs(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_tokens: int = DEFAULT_LOG_PROB_CHUNK,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`token_log_probs` of ``logits = hidden @ weight.T`` (a bias-free LM head) without
+    ever building the logits: ``hidden`` ``[B, T, H]``, ``weight`` ``[V, H]``, ``targets``
+    ``[B, T]``; chunks of ``chunk_tokens`` positions (> 0) in the forward and the backward.
+
+    The matmul runs in ``hidden``'s dtype (the weight cast to it), the log-softmax in fp32.
+    """
+    if hidden.dim() != 3 or hidden.shape[:-1] != targets.shape or weight.dim() != 2:
+        raise ValueError(
+            f"linear_token_log_probs: hidden must be [B, T, H], weight [V, H], targets [B, T], got "
+            f"{tuple(hidden.shape)}, {tuple(weight.shape)}, {tuple(targets.shape)}"
+        )
+    if chunk_tokens < 1:
+        raise ValueError(f"linear_token_log_probs needs chunk_tokens >= 1, got {chunk_tokens}")
+    lp, ent = _ChunkedLinearLogProbs.apply(
+        hidden, weight, targets, float(temperature), bool(with_entropy), int(chunk_tokens)
     )
     return lp, ent if with_entropy else None
 

@@ -33,7 +33,14 @@ from rlzoo.backends.native import common
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.batch import Batch
 from rlzoo.protocols import Objective, TrainSpec
-from rlzoo.train_kit import DEFAULT_LOG_PROB_CHUNK, Packed, pack, token_log_probs, unpack
+from rlzoo.train_kit import (
+    DEFAULT_LOG_PROB_CHUNK,
+    Packed,
+    linear_token_log_probs,
+    pack,
+    token_log_probs,
+    unpack,
+)
 
 __all__ = [
     "CriticModel",
@@ -41,6 +48,7 @@ __all__ = [
     "actor_log_probs",
     "actor_log_probs_and_sum_pi_squared",
     "critic_values",
+    "fusable_lm_head",
     "lr_multiplier",
     "packed_response_logits",
     "pad_response",
@@ -52,6 +60,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "rlzoo-native-train/1"
+FUSED_LM_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"})
+"""HF model types whose causal-LM logits are exactly ``lm_head(decoder(...).last_hidden_state)``
+(no logit scaling or soft-capping after the head)."""
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -129,8 +140,15 @@ def actor_log_probs(
     vision_dtype: torch.dtype | None = None,
     chunk_tokens: int = DEFAULT_LOG_PROB_CHUNK,
     packed: bool = False,
+    lm_head: nn.Linear | None = None,
+    matmul_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (+ entropy) ``[b, T]`` of one micro-batch already on the device; zero on padding.
+
+    ``lm_head`` (from :func:`fusable_lm_head`, text models, ``chunk_tokens > 0``): the decoder's
+    hidden states go through :func:`rlzoo.train_kit.linear_token_log_probs` (the LM head applied
+    per chunk; the logits are never built), the matmul in ``matmul_dtype`` (default: the hidden
+    states' dtype; bf16 under autocast, as the head would run).
 
     Padded forward over the :func:`trim` columns, or (``packed``, text models) one padding-free
     forward (:func:`packed_response_logits`); ``keep_arg``: the module's forward takes
@@ -158,6 +176,22 @@ def actor_log_probs(
             with_entropy=with_entropy,
             chunk_tokens=chunk_tokens,
         )  # [b, T_eff]
+    elif lm_head is not None and chunk_tokens > 0:
+        hidden, targets, pk = response_hidden(module, mb, packed=packed)  # [r, t, H], [r, t]
+        if matmul_dtype is not None:
+            hidden = hidden.to(matmul_dtype)
+        lp, ent = linear_token_log_probs(
+            hidden,
+            lm_head.weight,
+            targets,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            chunk_tokens=chunk_tokens,
+        )
+        if pk is not None:
+            return unpack(lp[0], pk.response_valid), None if ent is None else unpack(
+                ent[0], pk.response_valid
+            )
     elif packed:
         logits, pk = packed_response_logits(module, mb, keep_arg=keep_arg)  # [1, n, V]
         lp, ent = token_log_probs(
@@ -194,6 +228,32 @@ def response_logits(module: nn.Module, mb: Batch, *, keep_arg: bool) -> tuple[Te
         logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
         logits = logits[:, -(t_eff + 1) : -1]  # [b, T_eff, V]
     return logits, mb["responses"][:, :t_eff]
+
+
+def fusable_lm_head(module: nn.Module) -> nn.Linear | None:
+    """The causal LM's head when its logits are exactly ``hidden @ head.weight.T`` (a bias-free
+    ``nn.Linear`` of a :data:`FUSED_LM_HEAD_MODEL_TYPES` model), else None (use the logits)."""
+    config: Any = getattr(module, "config", None)  # an HF PreTrainedModel has one; other modules: None
+    if config is None or config.model_type not in FUSED_LM_HEAD_MODEL_TYPES:
+        return None
+    get_head: Any = getattr(module, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    return head if type(head) is nn.Linear and head.bias is None else None
+
+
+def response_hidden(module: nn.Module, mb: Batch, *, packed: bool) -> tuple[Tensor, Tensor, Packed | None]:
+    """The decoder's last hidden states at the positions that predict the response tokens, and
+    those tokens: ``[b, T_eff, H]``, ``[b, T_eff]`` over the :func:`trim` columns, or (``packed``)
+    ``[1, n, H]``, ``[1, n]`` and the :class:`~rlzoo.train_kit.Packed` layout."""
+    decoder: Any = module.get_decoder()  # type: ignore[operator]
+    if packed:
+        pk = pack(mb)
+        out = decoder(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False)
+        return out.last_hidden_state[:, pk.predict_at], pk.targets[None], pk
+    ids, attn, pos, t_eff, _ = trim(mb)
+    L = ids.shape[1]
+    out = decoder(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False)
+    return out.last_hidden_state[:, L - t_eff - 1 : L - 1], mb["responses"][:, :t_eff], None
 
 
 def packed_response_logits(module: nn.Module, mb: Batch, *, keep_arg: bool) -> tuple[Tensor, Packed]:
@@ -368,6 +428,14 @@ class NativeTrainBackend:
                 else:
                     m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self._keep_arg = "logits_to_keep" in inspect.signature(self.actor.forward).parameters
+        # the LM head applied per chunk inside the log-softmax (the ref model has the same architecture)
+        self._fuse = params.fused_lm_head and not self._vl and fusable_lm_head(self.actor) is not None
+        if params.fused_lm_head and not self._vl and not self._fuse:
+            logger.info(
+                "fused_lm_head: %s is not one of %s; log-probs come from its logits",
+                type(self.actor).__name__,
+                sorted(FUSED_LM_HEAD_MODEL_TYPES),
+            )
 
         # foreach: one multi-tensor step instead of a Python loop over the parameters (torch's
         # default only on CUDA); the same arithmetic, bit for bit, and cheaper for many small tensors
@@ -426,6 +494,8 @@ class NativeTrainBackend:
                 vision_dtype=self.dtype if self._vl else None,
                 chunk_tokens=self.spec.micro_batch.log_prob_chunk,
                 packed=self.params.use_remove_padding,
+                lm_head=fusable_lm_head(module) if self._fuse else None,  # actor's or ref's
+                matmul_dtype=torch.bfloat16 if self.params.autocast is not None else None,
             )
 
     def _critic_forward(self, mb: Batch) -> Tensor:

@@ -12,7 +12,13 @@ from rlzoo.backends.native.train import actor_log_probs
 from rlzoo.batch import Batch
 from rlzoo.models.tiny import tiny_qwen2_config
 from rlzoo.protocols import MicroBatchSettings
-from rlzoo.train_kit import chunked_token_fn, chunks, token_log_probs, token_log_probs_reference
+from rlzoo.train_kit import (
+    chunked_token_fn,
+    chunks,
+    linear_token_log_probs,
+    token_log_probs,
+    token_log_probs_reference,
+)
 
 
 def _f64(logits: torch.Tensor, targets: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -211,3 +217,62 @@ def test_native_actor_log_probs_chunked_equals_unchunked():
     for a, b in zip(out[0][2], out[1][2]):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     assert torch.all(out[1][0][1, 3:] == 0)  # padding stays zero
+
+
+@pytest.mark.parametrize("chunk,tau", [(3, 1.0), (5, 0.7), (64, 1.3)])
+def test_linear_token_log_probs_equal_logits_path(chunk, tau):
+    """The LM head inside the chunks: log-probs, entropy and the gradients of hidden and weight
+    equal the unchunked computation on ``hidden @ weight.T``."""
+    g = torch.Generator().manual_seed(4)
+    B, T, H, V = 3, 11, 16, 70
+    hidden0, weight0 = torch.randn(B, T, H, generator=g), torch.randn(V, H, generator=g) / 4
+    _, targets, valid, w_lp, w_ent = _case(B, T, V, seed=4)
+    out = []
+    for fused in (False, True):
+        h, w = hidden0.clone().requires_grad_(True), weight0.clone().requires_grad_(True)
+        if fused:
+            lp, ent = linear_token_log_probs(
+                h, w, targets, temperature=tau, with_entropy=True, chunk_tokens=chunk
+            )
+        else:
+            lp, ent = token_log_probs_reference(h @ w.T, targets, temperature=tau, with_entropy=True)
+        ((lp * w_lp).sum() + (ent * w_ent).sum()).backward()
+        out.append((lp.detach(), ent.detach(), h.grad, w.grad))
+    for a, b in zip(out[1], out[0]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    assert torch.all(out[1][2][~valid] == 0)
+
+
+def test_native_fused_lm_head_equals_logits_path():
+    """The native backend with fused_lm_head (hidden states through the chunked head) and without
+    (logits): same log-probs, entropy, loss and gradients, padded and packed."""
+    import copy
+    import dataclasses
+
+    from rlzoo.backends.native.train import NativeTrainBackend, fusable_lm_head
+    from rlzoo.backends.native.train_params import NativeTrainParams
+    from rlzoo.protocols import TrainSpec
+
+    from .test_native_train import TokenMeanPG, sample_batch, tiny_model
+
+    model = tiny_model(seed=2, tie=True)
+    assert fusable_lm_head(model) is model.lm_head
+    spec = TrainSpec(model_path="", micro_batch=MicroBatchSettings(size=2, log_prob_size=4, log_prob_chunk=5))
+    batch = sample_batch(seed=7, B=5)
+    n = float(batch["response_mask"].sum())
+    for packed in (False, True):
+        base = NativeTrainParams(device="cpu", use_remove_padding=packed, temperature=0.9)
+        res = []
+        for fused in (False, True):
+            be = NativeTrainBackend.from_module(
+                copy.deepcopy(model), dataclasses.replace(base, fused_lm_head=fused), spec
+            )
+            lp, ent = be.compute_log_probs(batch, with_entropy=True)
+            m = be.update_policy(batch, TokenMeanPG(n, needs_entropy=True))
+            res.append((lp, ent, m, [p.grad for p in be.actor.parameters()]))
+        (lp0, ent0, m0, g0), (lp1, ent1, m1, g1) = res
+        torch.testing.assert_close(lp1, lp0, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(ent1, ent0, atol=1e-6, rtol=1e-5)
+        assert m1["actor/loss"] == pytest.approx(m0["actor/loss"], rel=1e-5, abs=1e-8)
+        for a, b in zip(g1, g0):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
