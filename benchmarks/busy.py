@@ -4,10 +4,10 @@ Runs ``rlzoo train quickstart`` (``--steps`` steps, no validation) in a fresh su
 quiet machine and with a synthetic competing load (``--busy`` busy-loop processes, default 1:
 one of 2 cores lost), for each thread setting:
 
-- ``before``: what rlzoo did before it chose: torch's default threads, OpenMP's default waiting
+- ``before``: rlzoo's default: torch's default threads, OpenMP's default waiting
   (``RLZOO_OMP_WAIT_POLICY=keep``: libgomp spins in its barriers before it sleeps);
-- ``after``: rlzoo's choice (``OMP_WAIT_POLICY=PASSIVE`` set when rlzoo is imported before torch,
-  :mod:`rlzoo.threads`); default threads;
+- ``after``: ``RLZOO_OMP_WAIT_POLICY=passive`` (``OMP_WAIT_POLICY=PASSIVE`` set when rlzoo is
+  imported before torch, :mod:`rlzoo.threads`); default threads;
 - ``1 thread``: ``OMP_NUM_THREADS=1`` (the reference point: no barrier to wait at).
 
 Printed: wall seconds of the training (model load excluded: ``timing_s/step`` summed) and the
@@ -33,7 +33,7 @@ from pathlib import Path
 
 SETTINGS = {
     "before": {"RLZOO_OMP_WAIT_POLICY": "keep"},
-    "after": {},
+    "after": {"RLZOO_OMP_WAIT_POLICY": "passive"},
     "1 thread": {"OMP_NUM_THREADS": "1"},
 }
 

@@ -18,7 +18,7 @@ from rlzoo.plugins import get_plugin_manager, reset_plugin_manager
 from rlzoo.registry import Component, Registrar, Registry, param
 from rlzoo.threads import choose_wait_policy
 
-choose_wait_policy()  # before anything imports torch (none of the above does): see rlzoo.threads
+choose_wait_policy()  # RLZOO_OMP_WAIT_POLICY=passive: before torch is imported (none of the above does)
 
 __version__ = "0.1.0"
 
