@@ -16,6 +16,9 @@ from rlzoo.hookspecs import hookimpl
 from rlzoo.kinds import KIND_NAMES, KINDS
 from rlzoo.plugins import get_plugin_manager, reset_plugin_manager
 from rlzoo.registry import Component, Registrar, Registry, param
+from rlzoo.threads import choose_wait_policy
+
+choose_wait_policy()  # RLZOO_OMP_WAIT_POLICY=passive: before torch is imported (none of the above does)
 
 __version__ = "0.1.0"
 

@@ -418,11 +418,18 @@ class MicroBatchSettings:
         "tokens (prompt + response; a longer sample goes alone) instead of `size`",
     )
     log_prob_size: int = param(8, help="samples per forward in log-prob / value computations (>= 1)")
+    log_prob_chunk: int = param(
+        256,
+        help="positions per chunk of the log-prob / entropy computation from the logits, forward and "
+        "backward (no fp32 [rows, T, vocab] copy is built whole; see docs/performance.md); 0: unchunked",
+    )
 
     def __post_init__(self) -> None:
         problems = []
         if self.size < 1 or self.log_prob_size < 1:
             problems.append(f"size and log_prob_size must be >= 1, got {self.size} and {self.log_prob_size}")
+        if self.log_prob_chunk < 0:
+            problems.append(f"log_prob_chunk must be >= 0 (0: unchunked), got {self.log_prob_chunk}")
         if self.max_tokens is not None and self.max_tokens < 1:
             problems.append(f"max_tokens must be >= 1 or null, got {self.max_tokens}")
         if problems:

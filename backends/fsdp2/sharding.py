@@ -1,4 +1,4 @@
-"""Pure helpers of the fsdp2 backend: data-parallel sharding plans and padding-free packing.
+"""Pure helpers of the fsdp2 backend: data-parallel sharding plans (packing: :mod:`rlzoo.train_kit`).
 
 Nothing here talks to other ranks. Every rank receives the same full mini-batch and computes the
 same plan from it, so the plan itself needs no communication: rank ``r`` trains on
@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from einops import rearrange
 from torch import Tensor
 
 from rlzoo.batch import Batch
+from rlzoo.train_kit import Packed, pack, unpack  # padding-free packing lives in the core train kit
 
 __all__ = ["Packed", "ShardPlan", "balanced_shards", "micro_batch_bounds", "pack", "plan_shards", "unpack"]
 
@@ -90,53 +90,3 @@ def plan_shards(batch: Batch, world: int, *, rows: int, max_tokens: int | None) 
     shards = balanced_shards(tokens, world)
     bounds = [micro_batch_bounds([tokens[i] for i in s], rows=rows, max_tokens=max_tokens) for s in shards]
     return ShardPlan(shards, bounds)
-
-
-@dataclass(frozen=True)
-class Packed:
-    """A micro-batch's real tokens packed into one row (padding-free forward).
-
-    ``input_ids`` / ``position_ids`` ``[1, N]`` (positions restart at 0 for every sequence, which is
-    how HF attention finds the sequence boundaries when ``attention_mask`` is None);
-    ``predict_at`` ``[n]`` packed positions whose output predicts a response token; ``targets``
-    ``[n]`` those tokens; ``response_valid`` ``[b, T]`` where the ``n`` results go back
-    (row-major, ``out[response_valid] = result``).
-    """
-
-    input_ids: Tensor
-    position_ids: Tensor
-    predict_at: Tensor
-    targets: Tensor
-    response_valid: Tensor
-
-
-def pack(mb: Batch) -> Packed:
-    """Pack ``mb`` (``rlzoo.batch`` layout: prompt left-padded, response right-padded).
-
-    Response token ``t`` of a sample is predicted by the packed position just before it, which is
-    the previous real token of the same sequence (prompt and response are contiguous). Needs at
-    least one prompt token per sample (as the padded path does).
-    """
-    ids = mb["input_ids"]  # [b, L]
-    attn = mb["attention_mask"].bool()  # [b, L]
-    T = mb["responses"].shape[1]
-    flat_ids = ids[attn]  # [N] row-major: sample after sample
-    pos = (attn.long().cumsum(-1) - 1)[attn]  # [N] 0.. per sequence
-    # packed position of each token: sequences laid end to end, row after row
-    packed_pos = rearrange(attn.long(), "b l -> (b l)").cumsum(0) - 1  # [b*L]
-    flat_index = rearrange(packed_pos, "(b l) -> b l", b=attn.shape[0])  # [b, L]
-    response_valid = attn[:, -T:]  # [b, T]
-    token_at = flat_index[:, -T:][response_valid]  # [n]
-    return Packed(
-        input_ids=rearrange(flat_ids, "n -> 1 n"),  # one packed row [1, N]
-        position_ids=rearrange(pos, "n -> 1 n"),  # [1, N]
-        predict_at=token_at - 1,  # [n]
-        targets=flat_ids[token_at],  # [n]
-        response_valid=response_valid,  # [b, T]
-    )
-
-
-def unpack(values: Tensor, response_valid: Tensor) -> Tensor:
-    """``[n]`` per-response-token values back to ``[b, T]``, zero on padding."""
-    out = torch.zeros(response_valid.shape, dtype=values.dtype, device=values.device)  # [b, T]
-    return out.masked_scatter(response_valid, values)

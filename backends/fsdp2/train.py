@@ -60,10 +60,10 @@ from rlzoo.backends.native.train import (
     actor_log_probs,
     actor_log_probs_and_sum_pi_squared,
     critic_values,
-    token_log_probs,
 )
 from rlzoo.batch import Batch
 from rlzoo.protocols import Objective, TrainSpec
+from rlzoo.train_kit import token_log_probs
 
 __all__ = ["FSDP2TrainBackend", "ensure_process_group"]
 
@@ -274,16 +274,26 @@ class FSDP2TrainBackend:
         self, module: nn.Module, mb: Batch, *, with_entropy: bool, temperature: float
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (+ entropy) ``[b, T]`` of one micro-batch on the device; zero on padding."""
+        chunk = self.spec.micro_batch.log_prob_chunk
         if self.params.use_remove_padding:
             logits, pk = self._packed_logits(module, mb)  # [1, n, V]
             lp, ent = token_log_probs(
-                logits, rearrange(pk.targets, "n -> 1 n"), temperature=temperature, with_entropy=with_entropy
+                logits,
+                rearrange(pk.targets, "n -> 1 n"),
+                temperature=temperature,
+                with_entropy=with_entropy,
+                chunk_tokens=chunk,
             )  # [1, n]
             return unpack(lp[0], pk.response_valid), None if ent is None else unpack(
                 ent[0], pk.response_valid
             )
         return actor_log_probs(
-            module, mb, keep_arg=self._keep_arg, temperature=temperature, with_entropy=with_entropy
+            module,
+            mb,
+            keep_arg=self._keep_arg,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            chunk_tokens=chunk,
         )
 
     @staticmethod
@@ -302,13 +312,16 @@ class FSDP2TrainBackend:
         self, module: nn.Module, mb: Batch, *, temperature: float
     ) -> tuple[Tensor, Tensor]:
         """Log-probs and ``sum_v pi_v^2`` ``[b, T]`` of one micro-batch from one forward; zero on padding."""
+        chunk = self.spec.micro_batch.log_prob_chunk
         if self.params.use_remove_padding:
             logits, pk = self._packed_logits(module, mb)  # [1, n, V]
-            lp, _ = token_log_probs(logits, rearrange(pk.targets, "n -> 1 n"), temperature=temperature)
-            sps = common.sum_pi_squared(logits, temperature=temperature)  # [1, n]
+            lp, _ = token_log_probs(
+                logits, rearrange(pk.targets, "n -> 1 n"), temperature=temperature, chunk_tokens=chunk
+            )
+            sps = common.sum_pi_squared(logits, temperature=temperature, chunk_tokens=max(1, chunk))  # [1, n]
             return unpack(lp[0], pk.response_valid), unpack(sps[0], pk.response_valid)
         return actor_log_probs_and_sum_pi_squared(
-            module, mb, keep_arg=self._keep_arg, temperature=temperature
+            module, mb, keep_arg=self._keep_arg, temperature=temperature, chunk_tokens=chunk
         )
 
     def _critic_forward(self, mb: Batch) -> Tensor:

@@ -56,6 +56,7 @@ from rlzoo.backends.megatron.vocab_parallel import tp_reductions, vocab_parallel
 from rlzoo.backends.native import common
 from rlzoo.batch import Batch
 from rlzoo.protocols import Objective, TrainSpec
+from rlzoo.train_kit import chunked_token_fn
 
 __all__ = ["MegatronTrainBackend", "attention_mask"]
 
@@ -354,6 +355,19 @@ class MegatronTrainBackend:
         losses: list[float] = []
         temperature = self.temperature
         vocab_start = self.tp_rank * (self.vocab_padded // self.tp)
+        chunk = self.spec.micro_batch.log_prob_chunk
+
+        def token_fn(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor | None]:
+            return vocab_parallel_log_probs(
+                logits,
+                targets,
+                vocab_start,
+                reduce_sum=self.reduce_sum,
+                reduce_max=self.reduce_max,
+                temperature=temperature,
+                with_entropy=with_entropy,
+                vocab_size=self.dims.vocab_size,
+            )
 
         def step(data_iter: Iterator[Batch], model: Any) -> tuple[Tensor, Any]:
             mb = next(data_iter)
@@ -368,16 +382,9 @@ class MegatronTrainBackend:
                     res = out[:, S - T - 1 : S - 1, 0].float()  # [b, T]: position P-1+t
                 else:
                     logits = out[:, S - T - 1 : S - 1]  # [b, T, V/tp]
-                    res, ent = vocab_parallel_log_probs(
-                        logits,
-                        mb["responses"],
-                        vocab_start,
-                        reduce_sum=self.reduce_sum,
-                        reduce_max=self.reduce_max,
-                        temperature=temperature,
-                        with_entropy=with_entropy,
-                        vocab_size=self.dims.vocab_size,
-                    )
+                    res, ent = chunked_token_fn(
+                        token_fn, logits, mb["responses"], with_entropy=with_entropy, chunk_tokens=chunk
+                    )  # the vocab-parallel math, chunks of positions (forward and backward)
                 res = torch.where(valid, res, 0.0)  # [b, T]
                 if ent is not None:
                     ent = torch.where(valid, ent, 0.0)

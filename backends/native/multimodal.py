@@ -44,6 +44,7 @@ from rlzoo.models.processor import (
     image_only_processor_class,
     load_processor,
 )
+from rlzoo.train_kit import DEFAULT_LOG_PROB_CHUNK, token_log_probs
 
 __all__ = [
     "collate_images",
@@ -172,6 +173,7 @@ def vl_token_log_probs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    chunk_tokens: int = DEFAULT_LOG_PROB_CHUNK,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs ``[B, T]`` of ``responses`` under a VL model, in rlzoo's batch layout, and the
     entropy ``[B, T]`` of the same distribution when ``with_entropy`` (else None).
@@ -179,8 +181,8 @@ def vl_token_log_probs(
     ``input_ids`` / ``attention_mask`` ``[B, P+T]`` (prompt left-padded to P, response right-padded
     to T, :mod:`rlzoo.batch`), ``responses`` ``[B, T]``, ``images`` from :func:`collate_images`.
     Position ``P - 1 + t`` predicts response token ``t``; ``log softmax(logits / temperature)`` in
-    fp32 through ``logsumexp`` (as the text path's ``token_log_probs``); zero where the response is
-    padding. Gradients flow (call under ``torch.no_grad()`` for old / ref log-probs).
+    fp32 by :func:`rlzoo.train_kit.token_log_probs` (chunks of ``chunk_tokens`` positions, as the
+    text path); zero where the response is padding. Gradients flow (call under ``torch.no_grad()`` for old / ref log-probs).
     """
     T = responses.shape[1]
     valid = attention_mask[:, -T:].bool()  # [B, T]
@@ -193,16 +195,16 @@ def vl_token_log_probs(
                 "it for an image slot (the native engine never samples it; filter such samples)"
             )
     pos, _, kw = vl_forward_inputs(model, input_ids, attention_mask, images)  # [3, B, P+T]
-    if "logits_to_keep" in inspect.signature(model.forward).parameters:
-        kw["logits_to_keep"] = T + 1  # only the response's logits go through the LM head
+    L = input_ids.shape[1]
+    keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+    if keep:  # only the response's logits go through the LM head, exactly [B, T, V]
+        kw["logits_to_keep"] = torch.arange(L - T - 1, L - 1, device=input_ids.device)
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False, **kw)
-    logits = out.logits[:, -(T + 1) : -1].float()  # [B, T, V]
-    if temperature != 1.0:
-        logits = logits / temperature
-    lse = torch.logsumexp(logits, dim=-1)  # [B, T]
-    lp = logits.gather(-1, responses.long().unsqueeze(-1)).squeeze(-1) - lse  # [B, T]
+    logits = out.logits if keep else out.logits[:, -(T + 1) : -1]  # [B, T, V]
+    lp, ent = token_log_probs(
+        logits, responses, temperature=temperature, with_entropy=with_entropy, chunk_tokens=chunk_tokens
+    )  # [B, T]
     lp = torch.where(valid, lp, torch.zeros_like(lp))  # [B, T]
-    if not with_entropy:
+    if ent is None:
         return lp, None
-    ent = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)  # [B, T]
     return lp, torch.where(valid, ent, torch.zeros_like(ent))  # [B, T], [B, T]

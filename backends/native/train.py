@@ -34,6 +34,14 @@ from rlzoo.backends.native import common
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.batch import Batch
 from rlzoo.protocols import Objective, TrainSpec
+from rlzoo.train_kit import (
+    DEFAULT_LOG_PROB_CHUNK,
+    Packed,
+    linear_token_log_probs,
+    pack,
+    token_log_probs,
+    unpack,
+)
 
 __all__ = [
     "CriticModel",
@@ -41,7 +49,9 @@ __all__ = [
     "actor_log_probs",
     "actor_log_probs_and_sum_pi_squared",
     "critic_values",
+    "fusable_lm_head",
     "lr_multiplier",
+    "packed_response_logits",
     "pad_response",
     "response_logits",
     "token_log_probs",
@@ -51,6 +61,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "rlzoo-native-train/1"
+FUSED_LM_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"})
+"""HF model types whose causal-LM logits are exactly ``lm_head(decoder(...).last_hidden_state)``
+(no logit scaling or soft-capping after the head)."""
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -83,27 +96,6 @@ def lr_multiplier(
         p = min(1.0, (step - warmup_steps) / decay)
         return m + (1.0 - m) * 0.5 * (1.0 + math.cos(math.pi * p))
     raise ValueError(f"unknown lr schedule {schedule!r}")
-
-
-def token_log_probs(
-    logits: Tensor, targets: Tensor, *, temperature: float = 1.0, with_entropy: bool = False
-) -> tuple[Tensor, Tensor | None]:
-    """``log softmax(logits / temperature)`` at ``targets``, and the entropy of that distribution.
-
-    ``logits`` ``[B, T, V]``, ``targets`` ``[B, T]``. Computed in fp32 through ``logsumexp``;
-    the full ``[B, T, V]`` log-softmax is not materialised (the entropy needs one softmax).
-    """
-    logits = logits.float()  # [B, T, V]
-    if temperature != 1.0:
-        logits = logits / temperature
-    lse = torch.logsumexp(logits, dim=-1)  # [B, T]
-    picked = logits.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)  # [B, T]
-    log_probs = picked - lse  # [B, T]
-    entropy = None
-    if with_entropy:
-        probs = torch.softmax(logits, dim=-1)  # [B, T, V]
-        entropy = lse - (probs * logits).sum(-1)  # [B, T]
-    return log_probs, entropy
 
 
 def trim(mb: Batch) -> tuple[Tensor, Tensor, Tensor, int, int]:
@@ -147,11 +139,21 @@ def actor_log_probs(
     temperature: float,
     with_entropy: bool,
     vision_dtype: torch.dtype | None = None,
+    chunk_tokens: int = DEFAULT_LOG_PROB_CHUNK,
+    packed: bool = False,
+    lm_head: nn.Linear | None = None,
+    matmul_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (+ entropy) ``[b, T]`` of one micro-batch already on the device; zero on padding.
 
-    Padded forward over the :func:`trim` columns; ``keep_arg``: the module's forward takes
-    ``logits_to_keep``. ``vision_dtype`` set: ``module`` is a vision-language model, the rows'
+    ``lm_head`` (from :func:`fusable_lm_head`, text models, ``chunk_tokens > 0``): the decoder's
+    hidden states go through :func:`rlzoo.train_kit.linear_token_log_probs` (the LM head applied
+    per chunk; the logits are never built), the matmul in ``matmul_dtype`` (default: the hidden
+    states' dtype; bf16 under autocast, as the head would run).
+
+    Padded forward over the :func:`trim` columns, or (``packed``, text models) one padding-free
+    forward (:func:`packed_response_logits`); ``keep_arg``: the module's forward takes
+    ``logits_to_keep``; ``chunk_tokens``: :func:`rlzoo.train_kit.token_log_probs`'s chunks. ``vision_dtype`` set: ``module`` is a vision-language model, the rows'
     images (``mb["multi_modal"]``, concatenated in row order, pixels cast to ``vision_dtype``) go
     into the forward and positions are M-RoPE ones computed from the ids (``mb["position_ids"]``
     is ignored).
@@ -173,24 +175,114 @@ def actor_log_probs(
             images,
             temperature=temperature,
             with_entropy=with_entropy,
+            chunk_tokens=chunk_tokens,
         )  # [b, T_eff]
+    elif lm_head is not None and chunk_tokens > 0:
+        hidden, targets, pk = response_hidden(module, mb, packed=packed)  # [r, t, H], [r, t]
+        if matmul_dtype is not None:
+            hidden = hidden.to(matmul_dtype)
+        lp, ent = linear_token_log_probs(
+            hidden,
+            lm_head.weight,
+            targets,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            chunk_tokens=chunk_tokens,
+        )
+        if pk is not None:
+            return unpack(lp[0], pk.response_valid), None if ent is None else unpack(
+                ent[0], pk.response_valid
+            )
+    elif packed:
+        logits, pk = packed_response_logits(module, mb, keep_arg=keep_arg)  # [1, n, V]
+        lp, ent = token_log_probs(
+            logits,
+            pk.targets[None],
+            temperature=temperature,
+            with_entropy=with_entropy,
+            chunk_tokens=chunk_tokens,
+        )  # [1, n]
+        return unpack(lp[0], pk.response_valid), None if ent is None else unpack(ent[0], pk.response_valid)
     else:
         logits, targets = response_logits(module, mb, keep_arg=keep_arg)  # [b, T_eff, V], [b, T_eff]
-        lp, ent = token_log_probs(logits, targets, temperature=temperature, with_entropy=with_entropy)
+        lp, ent = token_log_probs(
+            logits, targets, temperature=temperature, with_entropy=with_entropy, chunk_tokens=chunk_tokens
+        )
     return pad_response(lp, mb), None if ent is None else pad_response(ent, mb)  # [b, T]
 
 
 def response_logits(module: nn.Module, mb: Batch, *, keep_arg: bool) -> tuple[Tensor, Tensor]:
     """Logits ``[b, T_eff, V]`` that predict the response tokens ``[b, T_eff]`` of a text micro-batch
-    (padded forward over the :func:`trim` columns; position ``P - 1 + t`` predicts token ``t``)."""
+    (padded forward over the :func:`trim` columns; position ``P - 1 + t`` predicts token ``t``).
+
+    ``keep_arg``: only those positions go through the LM head (``logits_to_keep`` as indices), so
+    the logits are exactly ``[b, T_eff, V]``, not a slice of a larger tensor whose backward would
+    allocate the larger gradient."""
     ids, attn, pos, t_eff, _ = trim(mb)
-    kw: dict[str, Any] = {"logits_to_keep": t_eff + 1} if keep_arg else {}
-    logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, **kw).logits
-    return logits[:, -(t_eff + 1) : -1], mb["responses"][:, :t_eff]
+    L = ids.shape[1]
+    if keep_arg:
+        keep = torch.arange(L - t_eff - 1, L - 1, device=ids.device)  # [T_eff]
+        logits = module(
+            input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=keep
+        ).logits  # [b, T_eff, V]
+    else:
+        logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
+        logits = logits[:, -(t_eff + 1) : -1]  # [b, T_eff, V]
+    return logits, mb["responses"][:, :t_eff]
+
+
+def fusable_lm_head(module: nn.Module) -> nn.Linear | None:
+    """The causal LM's head when its logits are exactly ``hidden @ head.weight.T`` (a bias-free
+    ``nn.Linear`` of a :data:`FUSED_LM_HEAD_MODEL_TYPES` model), else None (use the logits)."""
+    config: Any = getattr(module, "config", None)  # an HF PreTrainedModel has one; other modules: None
+    if config is None or config.model_type not in FUSED_LM_HEAD_MODEL_TYPES:
+        return None
+    get_head: Any = getattr(module, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    return head if type(head) is nn.Linear and head.bias is None else None
+
+
+def response_hidden(module: nn.Module, mb: Batch, *, packed: bool) -> tuple[Tensor, Tensor, Packed | None]:
+    """The decoder's last hidden states at the positions that predict the response tokens, and
+    those tokens: ``[b, T_eff, H]``, ``[b, T_eff]`` over the :func:`trim` columns, or (``packed``)
+    ``[1, n, H]``, ``[1, n]`` and the :class:`~rlzoo.train_kit.Packed` layout."""
+    decoder: Any = module.get_decoder()  # type: ignore[operator]
+    if packed:
+        pk = pack(mb)
+        out = decoder(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False)
+        return out.last_hidden_state[:, pk.predict_at], pk.targets[None], pk
+    ids, attn, pos, t_eff, _ = trim(mb)
+    L = ids.shape[1]
+    out = decoder(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False)
+    return out.last_hidden_state[:, L - t_eff - 1 : L - 1], mb["responses"][:, :t_eff], None
+
+
+def packed_response_logits(module: nn.Module, mb: Batch, *, keep_arg: bool) -> tuple[Tensor, Packed]:
+    """Logits ``[1, n, V]`` that predict the ``n`` real response tokens of a text micro-batch, from
+    one padding-free forward (:func:`rlzoo.train_kit.pack`: real tokens end to end, positions
+    restarting per sequence, no attention mask, so HF attention keeps each sequence to itself)."""
+    pk = pack(mb)
+    if keep_arg:
+        out = module(
+            input_ids=pk.input_ids,
+            position_ids=pk.position_ids,
+            use_cache=False,
+            logits_to_keep=pk.predict_at,
+        )
+        return out.logits, pk  # [1, n, V]
+    out = module(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False)
+    return out.logits[:, pk.predict_at], pk  # [1, n, V]
 
 
 def actor_log_probs_and_sum_pi_squared(
-    module: nn.Module, mb: Batch, *, keep_arg: bool, temperature: float, vision: bool = False
+    module: nn.Module,
+    mb: Batch,
+    *,
+    keep_arg: bool,
+    temperature: float,
+    vision: bool = False,
+    chunk_tokens: int = DEFAULT_LOG_PROB_CHUNK,
+    packed: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Log-probs (as :func:`actor_log_probs`) and ``common.sum_pi_squared`` ``[b, T]`` of one text
     micro-batch on the device, from one forward; zero on padding. ``vision``: refused (VL models
@@ -200,14 +292,28 @@ def actor_log_probs_and_sum_pi_squared(
             "sum_pi_squared (advantages with needs_sum_pi_squared, e.g. optimal_token_baseline) is not "
             "computed for vision-language models yet; use another advantage (e.g. grpo) with VL models"
         )
+    if packed:
+        plogits, pk = packed_response_logits(module, mb, keep_arg=keep_arg)  # [1, n, V]
+        plp, _ = token_log_probs(
+            plogits, pk.targets[None], temperature=temperature, chunk_tokens=chunk_tokens
+        )
+        psps = common.sum_pi_squared(plogits, temperature=temperature, chunk_tokens=max(1, chunk_tokens))
+        return unpack(plp[0], pk.response_valid), unpack(psps[0], pk.response_valid)  # [b, T]
     logits, targets = response_logits(module, mb, keep_arg=keep_arg)  # [b, T_eff, V], [b, T_eff]
-    lp, _ = token_log_probs(logits, targets, temperature=temperature)
-    sps = common.sum_pi_squared(logits, temperature=temperature)  # [b, T_eff]
+    lp, _ = token_log_probs(logits, targets, temperature=temperature, chunk_tokens=chunk_tokens)
+    sps = common.sum_pi_squared(
+        logits, temperature=temperature, chunk_tokens=max(1, chunk_tokens)
+    )  # [b, T_eff]
     return pad_response(lp, mb), pad_response(sps, mb)  # [b, T]
 
 
-def critic_values(critic: nn.Module, mb: Batch) -> Tensor:
-    """Values ``[b, T]`` of one micro-batch on the device (value at ``P - 1 + t``); zero on padding."""
+def critic_values(critic: nn.Module, mb: Batch, *, packed: bool = False) -> Tensor:
+    """Values ``[b, T]`` of one micro-batch on the device (value at ``P - 1 + t``); zero on padding.
+    ``packed``: one padding-free forward (as :func:`packed_response_logits`)."""
+    if packed:
+        pk = pack(mb)
+        values = critic(pk.input_ids, None, pk.position_ids, keep_index=pk.predict_at)[0]  # [n]
+        return unpack(values, pk.response_valid)  # [b, T]
     ids, attn, pos, t_eff, _ = trim(mb)
     values = critic(ids, attn, pos, keep_last=t_eff + 1)[:, :-1]  # [b, T_eff]
     return pad_response(values, mb)  # [b, T]
@@ -291,6 +397,11 @@ class NativeTrainBackend:
 
         # a vision-language model (Qwen2.5-VL style): images and M-RoPE positions in every forward
         self._vl = is_multimodal_model(self.actor)
+        if self._vl and params.use_remove_padding:
+            logger.info(
+                "use_remove_padding: %s is a vision-language model; its forwards stay padded",
+                type(model).__name__,
+            )
         if self._vl and spec.need_critic:
             raise NotImplementedError(
                 f"native train backend: a critic (value model) for the vision-language model "
@@ -326,6 +437,14 @@ class NativeTrainBackend:
                 else:
                     m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self._keep_arg = "logits_to_keep" in inspect.signature(self.actor.forward).parameters
+        # the LM head applied per chunk inside the log-softmax (the ref model has the same architecture)
+        self._fuse = params.fused_lm_head and not self._vl and fusable_lm_head(self.actor) is not None
+        if params.fused_lm_head and not self._vl and not self._fuse:
+            logger.info(
+                "fused_lm_head: %s is not one of %s; log-probs come from its logits",
+                type(self.actor).__name__,
+                sorted(FUSED_LM_HEAD_MODEL_TYPES),
+            )
 
         # foreach: one multi-tensor step instead of a Python loop over the parameters (torch's
         # default only on CUDA); the same arithmetic, bit for bit, and cheaper for many small tensors
@@ -382,12 +501,16 @@ class NativeTrainBackend:
                 temperature=temperature,
                 with_entropy=with_entropy,
                 vision_dtype=self.dtype if self._vl else None,
+                chunk_tokens=self.spec.micro_batch.log_prob_chunk,
+                packed=self.params.use_remove_padding,
+                lm_head=fusable_lm_head(module) if self._fuse else None,  # actor's or ref's
+                matmul_dtype=torch.bfloat16 if self.params.autocast is not None else None,
             )
 
     def _critic_forward(self, mb: Batch) -> Tensor:
         assert self.critic is not None
         with self._autocast():
-            return critic_values(self.critic, mb).float()
+            return critic_values(self.critic, mb, packed=self.params.use_remove_padding).float()
 
     def _autocast(self) -> Any:
         """``torch.autocast`` in bf16 when ``params.autocast`` asks for it (log-softmax stays fp32)."""
@@ -441,6 +564,8 @@ class NativeTrainBackend:
                     keep_arg=self._keep_arg,
                     temperature=self.temperature,
                     vision=self._vl,
+                    chunk_tokens=self.spec.micro_batch.log_prob_chunk,
+                    packed=self.params.use_remove_padding,
                 )
             lps.append(lp)
             spss.append(sps)

@@ -48,6 +48,19 @@ class NativeTrainParams:
         None, help="HF attention implementation ('sdpa', 'eager', 'flash_attention_2'); None: HF's default"
     )
     gradient_checkpointing: bool = param(False, help="recompute activations in backward (actor and critic)")
+    fused_lm_head: bool = param(
+        True,
+        help="log-probs from the last hidden states, the LM head applied chunk by chunk inside the chunked "
+        "log-softmax (no [rows, T, vocab] logits at all; trainer.micro_batch.log_prob_chunk > 0), for text "
+        "models whose logits are exactly hidden @ lm_head.weight.T (llama, qwen2, qwen3, mistral families; "
+        "others use the logits)",
+    )
+    use_remove_padding: bool = param(
+        False,
+        help="padding-free forwards: a micro-batch's real tokens packed end to end in one row, positions "
+        "restarting per sequence (attention stays within each sequence; needs sdpa, eager or "
+        "flash_attention_2 in transformers >= 5); text models (VL models keep the padded forward)",
+    )
     temperature: float | None = param(
         None,
         help="logits are divided by this before log-softmax (None: the rollout temperature, from the spec)",

@@ -1,0 +1,38 @@
+"""rlzoo.threads: waiting OpenMP threads sleep when RLZOO_OMP_WAIT_POLICY=passive asks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rlzoo.threads import choose_wait_policy
+
+
+def test_passive_when_asked_unless_the_user_chose():
+    env = {"RLZOO_OMP_WAIT_POLICY": "passive"}
+    assert choose_wait_policy(env) == "PASSIVE" and env["OMP_WAIT_POLICY"] == "PASSIVE"
+    for given in (
+        {},
+        {"RLZOO_OMP_WAIT_POLICY": "keep"},
+        {"RLZOO_OMP_WAIT_POLICY": "passive", "OMP_WAIT_POLICY": "ACTIVE"},
+        {"RLZOO_OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "10000"},
+    ):
+        env = dict(given)
+        assert choose_wait_policy(env) is None and env == given
+    with pytest.raises(ValueError, match="'keep' or 'passive'"):
+        choose_wait_policy({"RLZOO_OMP_WAIT_POLICY": "sleepy"})
+
+
+def test_set_when_rlzoo_is_imported_before_torch():
+    """In a fresh interpreter, importing rlzoo sets the asked policy and imports no torch."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env["RLZOO_OMP_WAIT_POLICY"] = "passive"
+    code = "import os, sys, rlzoo; print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["PASSIVE", "False"]
+    code = "import torch, os, rlzoo; print(os.environ.get('OMP_WAIT_POLICY'))"  # too late: left alone
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["None"]
