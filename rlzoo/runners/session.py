@@ -129,7 +129,9 @@ class Session:
         )
         self.rollout = self.placement.rollout_backend(rb, self.rollout_spec)
         self.trainer = PolicyTrainer.from_config(cfg, self.train_backend, offpolicy_metrics=offpolicy_metrics)
-        self.ckpt = CheckpointManager(self.run_dir, cfg.trainer.max_checkpoints)
+        self.ckpt = CheckpointManager(
+            self.run_dir, cfg.trainer.max_checkpoints, keep_best=cfg.trainer.keep_best
+        )
         self.start_step = 0
         self.resume_payload: dict[str, Any] | None = None
         moved: Path | None = None
@@ -142,8 +144,17 @@ class Session:
             self.start_step = int(state["step"])
             self.trainer.load_state_dict(state.get("trainer", {}))
             self.sync_weights()
+            # a new branch from this checkpoint: the later checkpoints and metrics rows move aside
+            branch = self.ckpt.branch_from(self.start_step)
             moved = rewind_metrics(self.run_dir, self.start_step)
+            info = getattr(self.run, "resume_info", None)
+            if info is not None:  # recorded only now that the resume has happened
+                from rlzoo.runners.rundir import record_resume
+
+                record_resume(info, from_step=self.start_step, moved=[p for p in (branch, moved) if p])
             print(f"rlzoo: resumed from {state['path']} (step {self.start_step})", flush=True)
+            if branch is not None:
+                print(f"rlzoo: the checkpoints after step {self.start_step} moved to {branch}", flush=True)
         self.metrics = MetricsLogger(
             self.run_dir,
             cfg.run.loggers,
@@ -222,9 +233,7 @@ class Session:
     def export(self, step: int, total_steps: int) -> dict[str, float]:
         """Write the HF model folders due at ``step``: ``export/step_K/`` every ``run.export_every``
         steps, ``final/`` at ``total_steps``. Returns ``timing_s/export`` when something was written."""
-        import shutil
-
-        from rlzoo.export import HFExportable, export_model, final_dir, step_dir
+        from rlzoo.export import HFExportable, copy_export, export_model, final_dir, step_dir
 
         every = self.cfg.run.export_every
         targets = [step_dir(self.run_dir, step)] if every > 0 and step % every == 0 else []
@@ -238,10 +247,15 @@ class Session:
         t0 = time.perf_counter()
         src = self.rollout_spec.model_path
         first = export_model(
-            self.train_backend, src, targets[0], tokenizer=self.tokenizer, processor=self.processor
+            self.train_backend,
+            src,
+            targets[0],
+            tokenizer=self.tokenizer,
+            processor=self.processor,
+            step=step,
         )
         for out in targets[1:]:  # the same weights: copy rather than gather again
-            shutil.copytree(first, out, dirs_exist_ok=True)
+            copy_export(first, out, step=step)
         return {"timing_s/export": time.perf_counter() - t0}
 
     def resume_command(self) -> str:
