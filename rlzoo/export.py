@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from rlzoo.errors import RlzooError
+from rlzoo.failpoints import failpoint
 
 __all__ = [
     "HFExportable",
@@ -109,7 +110,9 @@ def export_model(
             )
         _complete(model, Path(src_model_dir).expanduser() if src_model_dir else None, tokenizer, processor)
         check_hf_folder(model)
+        failpoint("export:written")
         _install(staging, out, step)
+        failpoint("export:installed")
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # a fresh folder of ours (see _staging)
     return out

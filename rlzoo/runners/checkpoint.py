@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from rlzoo.errors import RlzooError
+from rlzoo.failpoints import failpoint
 
 logger = logging.getLogger("rlzoo")
 
@@ -106,9 +107,11 @@ class CheckpointManager:
         state["python_random"] = _encode_random_state()
         backend.save_checkpoint(staging, state)
         staging.mkdir(parents=True, exist_ok=True)
+        failpoint("save:staged")
         manifest = {"step": int(step), "payload": state, "files": _files(staging), "time": time.time()}
         (staging / MANIFEST).write_text(json.dumps(manifest))
         _fsync_tree(staging)
+        failpoint("save:manifest")
         if final.exists():  # a re-run of the same step (after a resume): the newer one wins
             old = self.root / f"step_{step}.old"
             final.rename(old)
@@ -116,6 +119,7 @@ class CheckpointManager:
             shutil.rmtree(old, ignore_errors=True)
         else:
             staging.rename(final)
+        failpoint("save:committed")
         tmp = self.root / "latest.tmp"
         tmp.write_text(final.name)
         tmp.replace(self.root / "latest")

@@ -27,6 +27,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from rlzoo.batch import Batch
+from rlzoo.failpoints import failpoint
 from rlzoo.metrics import PhaseTimer
 
 logger = logging.getLogger("rlzoo")
@@ -215,7 +216,9 @@ class TrainLoop:
                         s.save(step, self.payload(step, val=m.get("val/mean")))
                     m["timing_s/save_checkpoint"] = timer.seconds["save_checkpoint"]
                 m.update(s.reward_failures.end_step(step))  # rlzoo.failures (H5)
+                failpoint("metrics:before")
                 rows.append(s.metrics.log(step, m))
+                failpoint("metrics:after")
                 s.reward_failures.check()  # all samples failed scoring too many steps in a row: abort
                 t_prev = time.perf_counter()
         except KeyboardInterrupt as exc:

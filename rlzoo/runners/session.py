@@ -20,6 +20,7 @@ import torch
 
 from rlzoo.config import RecipeConfig, Selection
 from rlzoo.errors import ConfigError
+from rlzoo.failpoints import failpoint
 from rlzoo.failures import RewardFailures
 from rlzoo.metrics import MetricsLogger
 from rlzoo.placement import make_placement
@@ -145,13 +146,17 @@ class Session:
             self.trainer.load_state_dict(state.get("trainer", {}))
             self.sync_weights()
             # a new branch from this checkpoint: the later checkpoints and metrics rows move aside
+            failpoint("resume:loaded")
             branch = self.ckpt.branch_from(self.start_step)
+            failpoint("resume:branched")
             moved = rewind_metrics(self.run_dir, self.start_step)
+            failpoint("resume:rewound")
             info = getattr(self.run, "resume_info", None)
             if info is not None:  # recorded only now that the resume has happened
                 from rlzoo.runners.rundir import record_resume
 
                 record_resume(info, from_step=self.start_step, moved=[p for p in (branch, moved) if p])
+                failpoint("resume:recorded")
             print(f"rlzoo: resumed from {state['path']} (step {self.start_step})", flush=True)
             if branch is not None:
                 print(f"rlzoo: the checkpoints after step {self.start_step} moved to {branch}", flush=True)
