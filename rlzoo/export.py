@@ -110,8 +110,9 @@ def export_model(
             )
         _complete(model, Path(src_model_dir).expanduser() if src_model_dir else None, tokenizer, processor)
         check_hf_folder(model)
+        note = _auto_tokenizer_note(model, tokenizer)
         failpoint("export:written")
-        _install(staging, out, step)
+        _install(staging, out, step, note)
         failpoint("export:installed")
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # a fresh folder of ours (see _staging)
@@ -124,7 +125,7 @@ def copy_export(folder: str | Path, out_dir: str | Path, *, step: int | None = N
     staging = _staging(out)
     try:
         shutil.copytree(folder, staging / "model", ignore=shutil.ignore_patterns(EXPORT_MARKER))
-        _install(staging, out, step)
+        _install(staging, out, step, _marker(Path(folder)).get("tokenizer"))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out
@@ -191,15 +192,16 @@ def _staging(out: Path) -> Path:
     return staging
 
 
-def _install(staging: Path, out: Path, step: int | None) -> None:
+def _install(staging: Path, out: Path, step: int | None, tokenizer_note: str | None = None) -> None:
     """Move ``staging/model`` to ``out`` atomically; a previous export there is replaced."""
     model = staging / "model"
     files = _files_under(model)
     for f in files:  # an HF folder others read: weights and configs readable as the umask allows
         os.chmod(model / f, 0o666 & ~_umask())
-    (model / EXPORT_MARKER).write_text(
-        json.dumps({"written_by": "rlzoo export", "step": step, "files": files}, indent=1) + "\n"
-    )
+    record: dict[str, Any] = {"written_by": "rlzoo export", "step": step, "files": files}
+    if tokenizer_note:
+        record["tokenizer"] = tokenizer_note
+    (model / EXPORT_MARKER).write_text(json.dumps(record, indent=1) + "\n")
     writable_export_dir(out)  # nothing of the user's arrived meanwhile
     if out.exists():
         out.rename(staging / "previous")  # the previous export (ours) or an empty folder
@@ -212,13 +214,50 @@ def _umask() -> int:
     return mask
 
 
+def _marker(folder: Path) -> dict[str, Any]:
+    try:
+        record = json.loads((folder / EXPORT_MARKER).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
 def export_step(folder: str | Path) -> int | None:
     """The step an exported folder holds (from its ``rlzoo_export.json``); None when unknown."""
-    try:
-        step = json.loads((Path(folder) / EXPORT_MARKER).read_text()).get("step")
-    except (OSError, ValueError, AttributeError):
-        return None
+    step = _marker(Path(folder)).get("step")
     return int(step) if isinstance(step, int) else None
+
+
+def _auto_tokenizer_note(folder: Path, tokenizer: Any) -> str | None:
+    """A warning (logged, and kept in ``rlzoo_export.json``) when plain ``AutoTokenizer`` would
+    tokenize differently from the run's tokenizer; None when it agrees (every real model's).
+
+    transformers 5 picks some model types' own tokenizer class over the one the folder declares
+    (:mod:`rlzoo.data.tokenizer`): a word-level tokenizer next to a Qwen2 config then loses words.
+    """
+    if tokenizer is None or not hasattr(tokenizer, "get_vocab"):
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        auto = AutoTokenizer.from_pretrained(str(folder))
+        special = set(getattr(tokenizer, "all_special_tokens", []) or [])
+        words = [t for t in sorted(tokenizer.get_vocab()) if t not in special and t.isprintable()][:200]
+        probe = " ".join(words)
+        same = auto(probe)["input_ids"] == tokenizer(probe)["input_ids"]
+    except Exception as exc:  # a check, never the reason an export fails
+        logger.warning("export: could not compare AutoTokenizer with the run's tokenizer (%s)", exc)
+        return None
+    if same:
+        return None
+    note = (
+        f"plain AutoTokenizer loads this folder as {type(auto).__name__}, which tokenizes differently "
+        f"from the run's tokenizer ({type(tokenizer).__name__}); load it with "
+        "transformers.PreTrainedTokenizerFast.from_pretrained(path) or rlzoo.data.tokenizer.load_tokenizer(path)"
+    )
+    logger.warning("export %s: %s", folder.name, note)
+    print(f"rlzoo: export: {note}", flush=True)
+    return note
 
 
 def _complete(folder: Path, src: Path | None, tokenizer: Any, processor: Any) -> None:

@@ -300,3 +300,21 @@ def test_a_kill_during_the_final_export_is_redone_by_the_resume(
     assert summary["start_step"] == 1 and summary["last_step"] == 2
     assert json.loads((out / "final" / "rlzoo_export.json").read_text())["step"] == 2
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_a_tokenizer_plain_autotokenizer_would_misread_is_flagged(run_dir: Path) -> None:
+    """The quickstart's word-level tokenizer next to a Qwen2 config: transformers 5's AutoTokenizer
+    loads it as Qwen2Tokenizer and loses words. Before: nothing said so (the model then scored 0.0
+    instead of 0.42 with it). Now the export says how to load it, in its log and its record."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from rlzoo.data.tokenizer import load_tokenizer
+
+    final = run_dir / "final"
+    run_tok = load_tokenizer(load_run_config(run_dir).model.path)
+    text = "last of 4 9"
+    auto = AutoTokenizer.from_pretrained(final)
+    assert auto(text)["input_ids"] != run_tok(text)["input_ids"]  # the transformers behaviour itself
+    note = json.loads((final / "rlzoo_export.json").read_text())["tokenizer"]
+    assert "PreTrainedTokenizerFast.from_pretrained(path)" in note and type(auto).__name__ in note
+    assert PreTrainedTokenizerFast.from_pretrained(final)(text)["input_ids"] == run_tok(text)["input_ids"]
