@@ -96,6 +96,9 @@ class Session:
         print(f"rlzoo: run directory {self.run_dir}", flush=True)
         torch.manual_seed(cfg.run.seed)
         self.resume_at = resume_step(cfg.resume)
+        from rlzoo.export import final_dir, writable_export_dir
+
+        writable_export_dir(final_dir(self.run_dir))  # a user's file in final/: say so now, not at the end
         ensure_data(cfg)
         check_inputs(cfg)
         self.tokenizer = load_tokenizer(cfg)

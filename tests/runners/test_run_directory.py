@@ -276,3 +276,20 @@ def test_the_readme_export_example_names_a_checkpoint_the_quickstart_keeps() -> 
     saved = list(range(t.save_freq, t.total_steps + 1, t.save_freq))
     for step in steps:
         assert step in saved[-t.max_checkpoints :], (step, saved[-t.max_checkpoints :])
+
+
+def test_a_users_file_in_final_stops_the_run_before_training(
+    pm: PluginManager, quickstart_dir: Path, tmp_path: Path
+) -> None:
+    """final/ is replaced only when it holds nothing but an earlier export: said at the start."""
+    from rlzoo.errors import RlzooError
+
+    out = tmp_path / "run"
+    _first(pm, quickstart_dir, out, "trainer.total_steps=1")
+    (out / "final").mkdir()
+    (out / "final" / "eval.txt").write_text("0.42")
+    with pytest.raises(
+        RlzooError, match=r"final already holds files rlzoo did not export there \(eval.txt\)"
+    ):
+        _resume(pm, out, "trainer.total_steps=2", recipe=None)
+    assert _steps(out) == [1] and (out / "final" / "eval.txt").read_text() == "0.42"
