@@ -143,7 +143,13 @@ class Session:
             step = None if self.resume_at is None else int(self.resume_at)
             state = self.ckpt.load(self.train_backend, step)
             if state is None:
-                raise ConfigError([f"resume: no complete checkpoint under {self.ckpt.root}"])
+                raise ConfigError(
+                    [
+                        f"resume: no complete checkpoint under {self.ckpt.root} (the run stopped before its "
+                        "first checkpoint); start it again with run.overwrite=true, which moves this attempt "
+                        "aside, or in another run.output_dir"
+                    ]
+                )
             self.resume_payload = state
             self.start_step = int(state["step"])
             self.trainer.load_state_dict(state.get("trainer", {}))
