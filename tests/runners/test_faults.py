@@ -157,10 +157,19 @@ def test_kill_9_anywhere_loses_duplicates_and_changes_nothing(
     assert (out / "config.yaml").read_bytes() == settings
     mine, theirs = _effective(out), _effective(ref)
     assert mine == theirs
-    # the model folders hold the right steps
+    # the model folders hold the right steps (sync: the very weights of the run never killed)
     assert json.loads((out / "final" / "rlzoo_export.json").read_text())["step"] == STEPS
+    folders = [out / "final"] + [out / "export" / f"step_{k}" for k in range(2, STEPS + 1, 2)]
     for k in range(2, STEPS + 1, 2):
         assert json.loads((out / "export" / f"step_{k}" / "rlzoo_export.json").read_text())["step"] == k
+    if runner == "sync":
+        from safetensors.torch import load_file
+
+        for folder in folders:
+            mine_w = load_file(folder / "model.safetensors")
+            ref_w = load_file(ref / folder.relative_to(out) / "model.safetensors")
+            assert mine_w.keys() == ref_w.keys()
+            assert all(mine_w[n].equal(ref_w[n]) for n in mine_w), folder
     # the user's files are untouched
     for path, tree in users.items():
         assert (_tree(path) if path.is_dir() else {"": path.read_bytes()}) == tree, path
