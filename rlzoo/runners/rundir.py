@@ -23,11 +23,14 @@ from typing import Any
 
 from rlzoo.config import RecipeConfig, load_config
 from rlzoo.errors import ConfigError
+from rlzoo.runners.checkpoint import LOCK_FILE
 
 #: overrides that say where and whether to resume; never recorded as changes of the run
 _RESUME_KEYS = ("resume", "run.output_dir", "run.overwrite")
 #: what a run directory holds before its first step (a run that stopped while checking its inputs)
-_BOOKKEEPING = {".rlzoo.lock", "config.yaml", "config.json", "plugins.json"}
+#: (Run.record writes the settings and plugins; RunLock its lock file)
+_SETTINGS = {"config.yaml", "config.json"}
+_BOOKKEEPING = {LOCK_FILE, "plugins.json", *_SETTINGS}
 
 
 @dataclass
@@ -272,8 +275,8 @@ def claim_run_dir(path: Path, *, resume: bool, overwrite: bool, resume_command: 
         path.mkdir(parents=True)
         return path.resolve(), RunLock(path).acquire()
     entries = sorted(p.name for p in path.iterdir())
-    is_run = bool({"config.yaml", "config.json", ".rlzoo.lock"} & set(entries))
-    if set(entries) <= _BOOKKEEPING or (not entries):
+    is_run = bool({LOCK_FILE, *_SETTINGS} & set(entries))
+    if set(entries) <= _BOOKKEEPING:
         return path.resolve(), RunLock(path).acquire()
     if not is_run:
         shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
