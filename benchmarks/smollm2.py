@@ -40,7 +40,8 @@ def main() -> None:
         "grpo_smollm2_arith",
         [
             f"data.dir={Path(cache).expanduser()}/smollm2_arith",
-            f"run.output_dir={ns.out}",
+            f"run.dir={ns.out}",  # a new run directory per invocation: <out>/smollm2-<time>
+            "run.name=smollm2",
             f"trainer.total_steps={steps}",
             "run.progress=false",
             *ns.overrides,

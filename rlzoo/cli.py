@@ -128,12 +128,12 @@ def cmd_train(ns: argparse.Namespace) -> int:
     quiet_third_party_progress()  # before transformers / datasets load anything
     from rlzoo.compose import build_run
 
-    recipe, overrides = _split_recipe(ns.args, "quickstart")
+    recipe, overrides = _split_recipe(ns.args, None)  # none named: quickstart, or a resume's saved one
     start = time.perf_counter()
-    run = build_run(recipe or "quickstart", overrides)
+    run = build_run(recipe, overrides)
     summary = run.train()
     if summary:  # the full summary is in the run directory (summary.json)
-        print_summary(summary, recipe=recipe or "quickstart", wall_s=time.perf_counter() - start)
+        print_summary(summary, recipe=run.config.recipe or "quickstart", wall_s=time.perf_counter() - start)
     return 0
 
 

@@ -116,12 +116,13 @@ class Run:
         rc = self.config.run
         from rlzoo.storage import check_writable
 
+        resume = self.config.resume not in (False, None)
         if rc.output_dir:
             path = Path(rc.output_dir).expanduser()
             check_writable(path, "run.output_dir")  # read-only / full disk: a message, nothing written
         else:
             check_writable(Path(rc.dir), "run.dir")
-            if self.config.resume:
+            if resume:
                 raise ConfigError(["resume: set run.output_dir to the run directory to resume from"])
             stamp = time.strftime("%Y%m%d-%H%M%S")
             path = Path(rc.dir).expanduser() / f"{rc.name}-{stamp}"
@@ -129,16 +130,16 @@ class Run:
             while path.exists():
                 n += 1
                 path = Path(rc.dir).expanduser() / f"{rc.name}-{stamp}-{n}"
-        path.mkdir(parents=True, exist_ok=True)
-        from rlzoo.runners.checkpoint import RunLock
+        from rlzoo.runners.rundir import claim_run_dir
 
-        self.lock = RunLock(path).acquire()  # one writer per run directory, before anything is written
-        self.run_dir = path.resolve()
-        if self.resume_info is not None:  # the saved config.yaml stays the record; log what changed
-            from rlzoo.runners.rundir import record_resume
-
-            record_resume(self.resume_info)
-        else:
+        # one writer per run directory, and one run: checked before anything is written
+        self.run_dir, self.lock = claim_run_dir(
+            path,
+            resume=resume,
+            overwrite=rc.overwrite,
+            resume_command=f"rlzoo train resume=latest run.output_dir={path.expanduser().resolve()}",
+        )
+        if self.resume_info is None:  # a resume keeps the saved config.yaml as the record
             self.record()
         return self.run_dir
 
@@ -200,7 +201,7 @@ def _library_versions() -> dict[str, str]:
 
 
 def build_run(
-    config: str | Mapping[str, Any] | RecipeConfig = "quickstart",
+    config: str | Mapping[str, Any] | RecipeConfig | None = None,
     overrides: Sequence[str] | None = None,
     *,
     pm: PluginManager | None = None,
@@ -208,7 +209,8 @@ def build_run(
 ) -> Run:
     """Compose a run.
 
-    ``config`` is a recipe name or path, a plain mapping, or a bound :class:`RecipeConfig`;
+    ``config`` is a recipe name or path, a plain mapping, or a bound :class:`RecipeConfig`
+    (default: on a resume the run directory's saved config, else ``quickstart``);
     ``overrides`` are ``key=value`` strings. Keyword arguments put objects straight into part
     slots (``policy_loss=my_fn``, ``scorer=...``; see :data:`OBJECT_SLOTS`), no registration needed.
     """
@@ -222,8 +224,15 @@ def build_run(
     from rlzoo.runners.rundir import load_resumed
 
     # a resume continues the run directory's saved config, changed only by the overrides given now
-    resumed = load_resumed(list(overrides or ()), pm) if isinstance(config, str) else None
-    cfg = resumed[0] if resumed is not None else load_config(config, list(overrides or ()), pm)
+    resumed = (
+        load_resumed(list(overrides or ()), pm, recipe=config)
+        if config is None or isinstance(config, str)
+        else None
+    )
+    if resumed is not None:
+        cfg = resumed[0]
+    else:
+        cfg = load_config("quickstart" if config is None else config, list(overrides or ()), pm)
     for slot, obj in objects.items():
         kind, path = OBJECT_SLOTS[slot]
         _set_path(cfg, path, _selection_for(kind, path, obj))

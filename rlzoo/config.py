@@ -95,6 +95,11 @@ class RunSection:
     name: str = param("rlzoo", help="run name; the run directory is <dir>/<name>-<timestamp>")
     dir: str = param("runs", help="parent folder of run directories")
     output_dir: str | None = param(None, help="exact run directory (overrides dir/name; needed to resume)")
+    overwrite: bool = param(
+        False,
+        help="a fresh run into a run.output_dir that holds a run moves that run aside to "
+        "<dir>.replaced-<time> (nothing is deleted); without it such a run is refused",
+    )
     seed: int = param(0, help="seed for data order, sampling and initialisation")
     loggers: list[Any] = parts(
         "logger",
@@ -252,6 +257,9 @@ class TrainerSection:
     test_freq: int = param(-1, ge=-1, help="validate every k steps (-1: never, except at the end)")
     save_freq: int = param(-1, ge=-1, help="checkpoint every k steps (-1: only at the end)")
     max_checkpoints: int = param(2, ge=1, help="checkpoints kept (oldest deleted)")
+    keep_best: bool = param(
+        True, help="also keep the checkpoint with the best val/mean (saved at a step that validated)"
+    )
 
 
 @dataclass

@@ -123,10 +123,16 @@ def summary_lines(
     wall = wall_s if wall_s is not None else _finite(summary.get("wall_time_s"))
     if wall is not None:
         lines.append(f"  wall time: {_fmt_seconds(wall)}")
-    lines.append(f"  metrics: {run_dir / 'metrics.jsonl'} (full summary: {run_dir / 'summary.json'})")
+    if (run_dir / "metrics.jsonl").is_file():
+        lines.append(f"  metrics: {run_dir / 'metrics.jsonl'} (full summary: {run_dir / 'summary.json'})")
+    else:  # run.loggers without jsonl: say so rather than point at files that are not there
+        lines.append(
+            f"  metrics: no metrics.jsonl (run.loggers has no jsonl); summary: {run_dir / 'summary.json'}"
+        )
     if (run_dir / "tensorboard").exists():
         lines.append(f"  TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")
-    lines.append(f"  plots: rlzoo plot {run_dir}")
+    if (run_dir / "metrics.jsonl").is_file():  # rlzoo plot reads it
+        lines.append(f"  plots: rlzoo plot {run_dir}")
     final = run_dir / "final"
     if final.exists():
         lines.append(f"  model: {final} (a Hugging Face folder: AutoModelForCausalLM.from_pretrained)")

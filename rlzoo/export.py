@@ -22,18 +22,34 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from rlzoo.errors import RlzooError
+from rlzoo.failpoints import failpoint
 
-__all__ = ["HFExportable", "export_checkpoint", "export_model", "final_dir", "load_run_config", "step_dir"]
+__all__ = [
+    "HFExportable",
+    "copy_export",
+    "export_checkpoint",
+    "export_model",
+    "export_step",
+    "final_dir",
+    "load_run_config",
+    "step_dir",
+    "writable_export_dir",
+]
 
 logger = logging.getLogger("rlzoo")
 
 #: written by the backends' atomic directories; not part of an HF folder
 _MARKERS = ("COMPLETE",)
+#: in every exported folder: which files the export wrote (so a later export may replace exactly them)
+EXPORT_MARKER = "rlzoo_export.json"
+#: in a folder an export is being built in
+_STAGING_NOTE = ".rlzoo-staging"
 
 
 @runtime_checkable
@@ -65,46 +81,183 @@ def export_model(
     *,
     tokenizer: Any = None,
     processor: Any = None,
+    step: int | None = None,
 ) -> Path:
     """Write ``train_backend``'s actor to ``out_dir`` as a standard HF folder; returns ``out_dir``.
 
     ``src_model_dir``: the run's base model folder (``model.path``); its ``generation_config.json``
     is carried over (the trained weights change, how to generate does not). ``tokenizer``: the
     run's tokenizer (saved with its chat template; default: what the backend saved, else the base
-    model's). ``processor``: a vision-language model's processor (saved too). An existing
-    ``out_dir`` is replaced only once the new folder is complete.
+    model's). ``processor``: a vision-language model's processor (saved too). ``step``: the
+    training step it holds (recorded in ``rlzoo_export.json``).
+
+    ``out_dir`` must be new, empty, or an earlier export (:func:`writable_export_dir`); an earlier
+    export is replaced only once the new folder is complete. Nothing else is ever deleted.
     """
     if not isinstance(train_backend, HFExportable):
         raise RlzooError(
             f"the train backend {type(train_backend).__name__} cannot export an HF folder: it has no "
             "export_hf(path) method (rlzoo.export.HFExportable); the native, fsdp2 and megatron backends have one"
         )
-    out = Path(out_dir).expanduser()
-    staging = out.with_name(f".{out.name}.partial")
-    for p in (staging, staging.with_name(staging.name + ".tmp")):
-        if p.exists():
-            shutil.rmtree(p)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    train_backend.export_hf(staging)
-    if not staging.is_dir():  # a multi-process backend whose rank 0 lives elsewhere wrote nothing here
-        raise RlzooError(
-            f"export: the train backend wrote nothing to {staging} (is it on a shared filesystem?)"
-        )
+    out = writable_export_dir(out_dir)
+    staging = _staging(out)
     try:
-        _complete(staging, Path(src_model_dir).expanduser() if src_model_dir else None, tokenizer, processor)
-        check_hf_folder(staging)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    old = out.with_name(f".{out.name}.old")
-    if out.exists():
-        if old.exists():
-            shutil.rmtree(old)
-        out.rename(old)
-    staging.rename(out)
-    if old.exists():
-        shutil.rmtree(old)
+        model = staging / "model"
+        train_backend.export_hf(model)
+        if not model.is_dir():  # a multi-process backend whose rank 0 lives elsewhere wrote nothing here
+            raise RlzooError(
+                f"export: the train backend wrote nothing to {model} (is it on a shared filesystem?)"
+            )
+        _complete(model, Path(src_model_dir).expanduser() if src_model_dir else None, tokenizer, processor)
+        check_hf_folder(model)
+        note = _auto_tokenizer_note(model, tokenizer)
+        failpoint("export:written")
+        _install(staging, out, step, note)
+        failpoint("export:installed")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # a fresh folder of ours (see _staging)
     return out
+
+
+def copy_export(folder: str | Path, out_dir: str | Path, *, step: int | None = None) -> Path:
+    """Copy an exported folder to ``out_dir`` under the same rules as :func:`export_model`."""
+    out = writable_export_dir(out_dir)
+    staging = _staging(out)
+    try:
+        shutil.copytree(folder, staging / "model", ignore=shutil.ignore_patterns(EXPORT_MARKER))
+        _install(staging, out, step, _marker(Path(folder)).get("tokenizer"))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# where an export may write: a new or empty folder, or one rlzoo exported before
+# ---------------------------------------------------------------------------------------------
+def _files_under(folder: Path) -> list[str]:
+    return sorted(str(f.relative_to(folder)) for f in folder.rglob("*") if not f.is_dir())
+
+
+def writable_export_dir(out_dir: str | Path) -> Path:
+    """``out_dir`` resolved, or :class:`RlzooError` when an export there could destroy something.
+
+    An export writes only into a folder that does not exist, an empty one, or one an earlier
+    export wrote (its ``rlzoo_export.json`` lists every file in it, and nothing else is there).
+    """
+    out = Path(out_dir).expanduser().resolve()
+    if out == Path.cwd().resolve() or out == out.parent:
+        raise RlzooError(
+            f"export: --out {out_dir} is the current directory (or /); name a new folder, e.g. --out my-model"
+        )
+    if not out.exists():
+        return out
+    if not out.is_dir():
+        raise RlzooError(f"export: {out} is a file; name a new folder for the model")
+    have = _files_under(out)
+    if not have:
+        return out
+    marker = out / EXPORT_MARKER
+    written: set[str] = set()
+    if marker.is_file():
+        try:
+            written = set(json.loads(marker.read_text()).get("files", []))
+        except (OSError, ValueError, AttributeError):
+            written = set()
+        written.add(EXPORT_MARKER)
+    foreign = [f for f in have if f not in written]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise RlzooError(
+            f"export: {out} already holds files rlzoo did not export there ({shown}); an export writes "
+            "only into a new or empty folder, or replaces one it exported before. Choose another folder"
+        )
+    return out
+
+
+def _staging(out: Path) -> Path:
+    """A new folder next to ``out`` to build the export in (``.NAME.rlzoo-export-XXXX``).
+
+    Leftovers of earlier exports killed midway (same prefix, holding our ``.rlzoo-staging`` note)
+    are removed first; nothing else is touched.
+    """
+    import tempfile
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".{out.name}.rlzoo-export-"
+    for old in out.parent.glob(prefix + "*"):
+        if old.is_dir() and (old / _STAGING_NOTE).is_file():
+            shutil.rmtree(old, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(prefix=prefix, dir=out.parent))
+    (staging / _STAGING_NOTE).write_text(f"an rlzoo export in progress into {out}\n")
+    return staging
+
+
+def _install(staging: Path, out: Path, step: int | None, tokenizer_note: str | None = None) -> None:
+    """Move ``staging/model`` to ``out`` atomically; a previous export there is replaced."""
+    model = staging / "model"
+    files = _files_under(model)
+    for f in files:  # an HF folder others read: weights and configs readable as the umask allows
+        os.chmod(model / f, 0o666 & ~_umask())
+    record: dict[str, Any] = {"written_by": "rlzoo export", "step": step, "files": files}
+    if tokenizer_note:
+        record["tokenizer"] = tokenizer_note
+    (model / EXPORT_MARKER).write_text(json.dumps(record, indent=1) + "\n")
+    writable_export_dir(out)  # nothing of the user's arrived meanwhile
+    if out.exists():
+        out.rename(staging / "previous")  # the previous export (ours) or an empty folder
+    model.rename(out)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _marker(folder: Path) -> dict[str, Any]:
+    try:
+        record = json.loads((folder / EXPORT_MARKER).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def export_step(folder: str | Path) -> int | None:
+    """The step an exported folder holds (from its ``rlzoo_export.json``); None when unknown."""
+    step = _marker(Path(folder)).get("step")
+    return int(step) if isinstance(step, int) else None
+
+
+def _auto_tokenizer_note(folder: Path, tokenizer: Any) -> str | None:
+    """A warning (logged, and kept in ``rlzoo_export.json``) when plain ``AutoTokenizer`` would
+    tokenize differently from the run's tokenizer; None when it agrees (every real model's).
+
+    transformers 5 picks some model types' own tokenizer class over the one the folder declares
+    (:mod:`rlzoo.data.tokenizer`): a word-level tokenizer next to a Qwen2 config then loses words.
+    """
+    if tokenizer is None or not hasattr(tokenizer, "get_vocab"):
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        auto = AutoTokenizer.from_pretrained(str(folder))
+        special = set(getattr(tokenizer, "all_special_tokens", []) or [])
+        words = [t for t in sorted(tokenizer.get_vocab()) if t not in special and t.isprintable()][:200]
+        probe = " ".join(words)
+        same = auto(probe)["input_ids"] == tokenizer(probe)["input_ids"]
+    except Exception as exc:  # a check, never the reason an export fails
+        logger.warning("export: could not compare AutoTokenizer with the run's tokenizer (%s)", exc)
+        return None
+    if same:
+        return None
+    note = (
+        f"plain AutoTokenizer loads this folder as {type(auto).__name__}, which tokenizes differently "
+        f"from the run's tokenizer ({type(tokenizer).__name__}); load it with "
+        "transformers.PreTrainedTokenizerFast.from_pretrained(path) or rlzoo.data.tokenizer.load_tokenizer(path)"
+    )
+    logger.warning("export %s: %s", folder.name, note)
+    print(f"rlzoo: export: {note}", flush=True)
+    return note
 
 
 def _complete(folder: Path, src: Path | None, tokenizer: Any, processor: Any) -> None:
@@ -231,12 +384,11 @@ def export_checkpoint(
             " (no such folder)" if not run_dir.exists() else " (is it a run directory? rlzoo train prints it)"
         )
         raise RlzooError(f"{cfg_file} not found{hint}")
+    writable_export_dir(out_dir)  # before anything loads
     if adapter:
         return _export_adapter(run_dir, Path(out_dir).expanduser(), step)
     if step is None and not (run_dir / "checkpoints").is_dir() and final_dir(run_dir).is_dir():
-        out = Path(out_dir).expanduser()
-        shutil.copytree(final_dir(run_dir), out, dirs_exist_ok=True)
-        return out
+        return copy_export(final_dir(run_dir), out_dir, step=export_step(final_dir(run_dir)))
     from rlzoo.runners.checkpoint import CheckpointManager
     from rlzoo.runners.common import expand, load_processor, load_tokenizer, train_spec
 
@@ -249,9 +401,14 @@ def export_checkpoint(
     backend = sel.fn(sel.params, train_spec(cfg, cfg.trainer.total_steps or 1, tokenizer))
     try:
         # verified against its manifest; without a step: the newest good one
-        checkpoints.load(backend, step)
+        state = checkpoints.load(backend, step) or {}
         return export_model(
-            backend, expand(cfg.model.path), out_dir, tokenizer=tokenizer, processor=load_processor(cfg)
+            backend,
+            expand(cfg.model.path),
+            out_dir,
+            tokenizer=tokenizer,
+            processor=load_processor(cfg),
+            step=state.get("step"),
         )
     finally:
         shutdown = getattr(backend, "shutdown", None)

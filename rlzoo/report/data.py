@@ -96,9 +96,15 @@ def rolling_window(n: int) -> int:
     return max(5, n // 40)
 
 
-def smoothed(panel: Panel, values: Sequence[float], weight: float | None) -> list[float] | None:
-    """The smoothed series drawn over the faint raw one; None when the series is left raw."""
-    n = len(values)
+def smoothed(
+    panel: Panel, values: Sequence[float], weight: float | None, n: int | None = None
+) -> list[float] | None:
+    """The smoothed series drawn over the faint raw one; None when the series is left raw.
+
+    ``n``: the series length that sets the automatic window (default ``len(values)``); runs drawn
+    together pass their longest, so one window smooths them all and equal runs stay equal.
+    """
+    n = len(values) if n is None else n
     if n < MIN_POINTS_TO_SMOOTH or weight == 0.0:
         return None
     if panel.smoothing == "rolling":

@@ -126,6 +126,7 @@ def _draw(ax: Any, panel: Panel, runs: Sequence[RunData], smooth: float | None =
         ax2.tick_params(labelsize=8)
         ax2.set_ylabel(panel.right_label, fontsize=8)
     n_lines = len(all_left) + len(all_right)
+    common_n = _longest(runs, [lk + rk for lk, rk in zip(left, right)])
     for r_i, (run, lk, rk) in enumerate(zip(runs, left, right)):
         drawn: dict[str, tuple[list[int], list[float]]] = {}
         sides: list[tuple[str, list[str], Any]] = [("left", lk, ax)]
@@ -144,7 +145,7 @@ def _draw(ax: Any, panel: Panel, runs: Sequence[RunData], smooth: float | None =
                 label = _label(k) if not multi else f"{run.label}: {_label(k)}"
                 if twin is not None:
                     label += f" (= {_label(twin)})"
-                smooth_y = smoothed(panel, y, smooth)
+                smooth_y = smoothed(panel, y, smooth, common_n)  # one window for every run drawn
                 if smooth_y is None:
                     (line,) = axis.plot(x, y, color=color, linewidth=1.5, **style)
                 else:
@@ -157,7 +158,8 @@ def _draw(ax: Any, panel: Panel, runs: Sequence[RunData], smooth: float | None =
                     xs = [s for s in x if s in lo and s in hi]
                     if xs:
                         ylo, yhi = [lo[s] for s in xs], [hi[s] for s in xs]
-                        ylo, yhi = smoothed(panel, ylo, smooth) or ylo, smoothed(panel, yhi, smooth) or yhi
+                        ylo = smoothed(panel, ylo, smooth, common_n) or ylo
+                        yhi = smoothed(panel, yhi, smooth, common_n) or yhi
                         band = ax.fill_between(xs, ylo, yhi, alpha=0.12, color=color, linewidth=0)
                         handles.append(band)
                         labels.append(f"{_label(k).rsplit('/', 1)[0]} min-max")
@@ -167,7 +169,7 @@ def _draw(ax: Any, panel: Panel, runs: Sequence[RunData], smooth: float | None =
         ax.set_ylim(bottom=0)
     if ax2 is not None and "ratio" in panel.right_label:
         ax2.set_ylim(-0.02, 1.02)
-    smoothing_note = _smoothing_note(panel, runs, left + right, smooth)
+    smoothing_note = _smoothing_note(panel, runs, [lk + rk for lk, rk in zip(left, right)], smooth)
     if smoothing_note:
         ax.text(
             0.99, 0.98, smoothing_note, transform=ax.transAxes, ha="right", va="top", fontsize=6, color="0.45"
@@ -176,10 +178,15 @@ def _draw(ax: Any, panel: Panel, runs: Sequence[RunData], smooth: float | None =
     return True
 
 
+def _longest(runs: Sequence[RunData], keys: Sequence[list[str]]) -> int:
+    """The longest series of ``keys`` over ``runs`` (``keys[i]``: run i's keys)."""
+    return max((len(series(r.records, k)[0]) for r, ks in zip(runs, keys) for k in ks), default=0)
+
+
 def _smoothing_note(
     panel: Panel, runs: Sequence[RunData], keys: Sequence[list[str]], smooth: float | None
 ) -> str:
-    n = max((len(series(r.records, k)[0]) for r, ks in zip(runs, keys) for k in ks), default=0)
+    n = _longest(runs, keys)
     if n < MIN_POINTS_TO_SMOOTH or smooth == 0.0:
         return ""
     if panel.smoothing == "rolling":

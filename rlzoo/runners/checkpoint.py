@@ -7,10 +7,18 @@ Checkpoints (``run_dir/checkpoints/step_<k>/``) are written crash-safe:
    file (so a truncated or corrupted file is found and named before anything loads);
 3. ``step_<k>.partial`` is renamed to ``step_<k>`` (atomic), then ``latest`` is updated.
 
-A kill -9 at any moment leaves at worst a ``*.partial`` / ``*.tmp`` / ``*.old`` leftover, which is
-never taken for a checkpoint and is removed at the next save; only ``step_<digits>`` directories
-with a manifest count. Loading verifies the manifest; a bad checkpoint is reported by file name
-and the previous complete one is used (and said so).
+A kill -9 at any moment leaves at worst a ``step_<k>.partial`` / ``.tmp`` / ``.old`` leftover,
+which is never taken for a checkpoint and is removed at the next save; only ``step_<digits>``
+directories with a manifest count. Anything else under ``checkpoints/`` (a user's ``step_5_best``
+copy) is never touched. Pruning keeps the newest ``keep`` checkpoints and, with ``keep_best``, the
+one with the best validation score. Loading verifies the manifest; a bad checkpoint is reported by
+file name and the previous complete one is used (and said so).
+
+A resume from step S starts a new branch (:meth:`CheckpointManager.branch_from`): the checkpoints
+after S move to ``run_dir/checkpoints.after_step_S.N/`` (kept, not deleted), so ``latest`` is
+always the newest checkpoint of the current branch. The move is recorded first
+(``checkpoints/branch.json``) and completed by whoever reads the checkpoints next, so a kill -9
+midway cannot leave a mix of the two branches.
 """
 
 from __future__ import annotations
@@ -29,12 +37,16 @@ from pathlib import Path
 from typing import Any
 
 from rlzoo.errors import RlzooError
+from rlzoo.failpoints import failpoint
 from rlzoo.metrics import set_aside_cut_row
 
 logger = logging.getLogger("rlzoo")
 
 MANIFEST = "rlzoo_checkpoint.json"
 STEP_DIR = re.compile(r"^step_(\d+)$")
+#: what an interrupted write of ours leaves (``step_4.partial``, ``step_4.partial.tmp``, ``latest.tmp`` ...)
+LEFTOVER = re.compile(r"^(step_\d+(\.partial|\.old|\.tmp)+|latest\.tmp)$")
+BRANCH_FILE = "branch.json"
 LOCK_FILE = ".rlzoo.lock"
 
 
@@ -75,9 +87,10 @@ def _fsync_tree(root: Path) -> None:
 class CheckpointManager:
     """``run_dir/checkpoints/step_<k>/``; keeps the newest ``keep`` complete ones."""
 
-    def __init__(self, run_dir: Path, keep: int = 2) -> None:
+    def __init__(self, run_dir: Path, keep: int = 2, *, keep_best: bool = False) -> None:
         self.run_dir = Path(run_dir)
         self.keep = keep
+        self.keep_best = keep_best
         self.saved: list[Path] = []
 
     @property
@@ -95,9 +108,11 @@ class CheckpointManager:
         state["python_random"] = _encode_random_state()
         backend.save_checkpoint(staging, state)
         staging.mkdir(parents=True, exist_ok=True)
+        failpoint("save:staged")
         manifest = {"step": int(step), "payload": state, "files": _files(staging), "time": time.time()}
         (staging / MANIFEST).write_text(json.dumps(manifest))
         _fsync_tree(staging)
+        failpoint("save:manifest")
         if final.exists():  # a re-run of the same step (after a resume): the newer one wins
             old = self.root / f"step_{step}.old"
             final.rename(old)
@@ -105,6 +120,7 @@ class CheckpointManager:
             shutil.rmtree(old, ignore_errors=True)
         else:
             staging.rename(final)
+        failpoint("save:committed")
         tmp = self.root / "latest.tmp"
         tmp.write_text(final.name)
         tmp.replace(self.root / "latest")
@@ -113,12 +129,12 @@ class CheckpointManager:
         return final
 
     def clean_leftovers(self) -> list[Path]:
-        """Remove what interrupted writes left behind (anything but ``step_<k>`` and ``latest``)."""
+        """Remove what interrupted writes of ours left behind (:data:`LEFTOVER` names only)."""
         removed: list[Path] = []
         if not self.root.is_dir():
             return removed
         for p in self.root.iterdir():
-            if p.name == "latest" or STEP_DIR.match(p.name):
+            if not LEFTOVER.match(p.name):
                 continue
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
@@ -130,17 +146,67 @@ class CheckpointManager:
         return removed
 
     def prune(self, keep_path: Path | None = None) -> None:
+        """Delete the older checkpoints: all but the newest ``keep`` (and, with ``keep_best``, the
+        best-validated one)."""
         steps = self.steps()
+        best = self.best_step() if self.keep_best else None
         for k in steps[: max(0, len(steps) - max(1, self.keep))]:
             old = self.root / f"step_{k}"
-            if old != keep_path:
+            if old != keep_path and k != best:
                 shutil.rmtree(old, ignore_errors=True)
+
+    def best_step(self) -> int | None:
+        """The step whose checkpoint recorded the highest validation score (``val``); None: none did."""
+        best: tuple[float, int] | None = None
+        for k in self.steps():
+            try:
+                manifest = json.loads((self.root / f"step_{k}" / MANIFEST).read_text())
+            except (OSError, ValueError):
+                continue
+            val = (manifest.get("payload") or {}).get("val")
+            if isinstance(val, (int, float)) and (best is None or float(val) > best[0]):
+                best = (float(val), k)
+        return None if best is None else best[1]
+
+    # -- branches --------------------------------------------------------------------------------
+    def branch_from(self, step: int) -> Path | None:
+        """A resume from ``step``: move the checkpoints after it aside; returns where (None: none)."""
+        later = [k for k in self.steps() if k > step]
+        if not later:
+            return None
+        n = 1
+        while (dest := self.run_dir / f"checkpoints.after_step_{step}.{n}").exists():
+            n += 1
+        record = {"from_step": int(step), "to": dest.name, "steps": later}
+        tmp = self.root / (BRANCH_FILE + ".tmp")
+        tmp.write_text(json.dumps(record))
+        tmp.replace(self.root / BRANCH_FILE)  # from here on the move is decided
+        self._finish_branch()
+        return dest
+
+    def _finish_branch(self) -> None:
+        """Complete a recorded branch move (idempotent: after a kill -9 midway, the rest moves)."""
+        record_file = self.root / BRANCH_FILE
+        if not record_file.is_file():
+            return
+        record = json.loads(record_file.read_text())
+        dest = self.run_dir / record["to"]
+        dest.mkdir(exist_ok=True)
+        for k in record["steps"]:
+            src = self.root / f"step_{k}"
+            if src.is_dir():
+                src.rename(dest / src.name)
+        tmp = self.root / "latest.tmp"
+        tmp.write_text(f"step_{record['from_step']}")
+        tmp.replace(self.root / "latest")
+        record_file.unlink()
 
     # -- reading ---------------------------------------------------------------------------------
     def steps(self) -> list[int]:
-        """Steps of the ``step_<k>`` directories, ascending (complete or not)."""
+        """Steps of the ``step_<k>`` directories of the current branch, ascending (complete or not)."""
         if not self.root.is_dir():
             return []
+        self._finish_branch()
         return sorted(
             int(m.group(1)) for p in self.root.iterdir() if (m := STEP_DIR.match(p.name)) and p.is_dir()
         )

@@ -27,6 +27,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from rlzoo.batch import Batch
+from rlzoo.failpoints import failpoint
 from rlzoo.metrics import PhaseTimer
 
 logger = logging.getLogger("rlzoo")
@@ -208,38 +209,60 @@ class TrainLoop:
                     m["timing_s/testing"] = timer.seconds["testing"]
                     val_pending = False
                 m.update(s.reward_failures.end_step(step))  # rlzoo.failures (H5)
+                # HF folders export/step_K/ + final/ (rlzoo.export), before the checkpoint: a step is
+                # saved only complete, so a kill during the export has the resume redo it
+                m.update(s.export(step, s.total_steps))
                 if is_due(step, s.save_freq, s.total_steps):
                     # the checkpoint carries the step's row so far: killed before the row is
                     # written below, the resumed run writes it from there (no gap in the metrics)
                     with timer("save_checkpoint"):
-                        s.save(step, {**self.payload(step), "metrics_row": s.metrics.record(step, m)})
+                        s.save(
+                            step,
+                            {
+                                **self.payload(step, val=m.get("val/mean")),
+                                "metrics_row": s.metrics.record(step, m),
+                            },
+                        )
                     m["timing_s/save_checkpoint"] = timer.seconds["save_checkpoint"]
-                m.update(s.export(step, s.total_steps))  # HF folders export/step_K/ + final/ (rlzoo.export)
+                failpoint("metrics:before")
                 rows.append(s.metrics.log(step, m))
+                failpoint("metrics:after")
                 s.reward_failures.check()  # all samples failed scoring too many steps in a row: abort
                 t_prev = time.perf_counter()
         except KeyboardInterrupt as exc:
             src.fail(exc)
             s.metrics.write(s.resume_hint())
+            self._summary_on_the_way_out(rows, t_start, "interrupted (Ctrl-C)")
             raise
         except BaseException as exc:
             src.fail(exc)
+            self._summary_on_the_way_out(rows, t_start, f"failed: {type(exc).__name__}: {exc}")
             raise
         finally:
             src.close()
             s.close()
         return s.finish(rows, wall_s=time.perf_counter() - t_start, ended=ended, extra=self.summary_extra())
 
+    def _summary_on_the_way_out(self, rows: list[dict[str, Any]], t_start: float, ended: str) -> None:
+        """``summary.json`` says how this run ended, not what an earlier run of the directory did."""
+        try:
+            self.s.finish(rows, wall_s=time.perf_counter() - t_start, ended=ended, extra=self.summary_extra())
+        except Exception as exc:  # never hide the error that got us here
+            logger.warning("could not write summary.json: %s", exc)
+
     # -- pieces ---------------------------------------------------------------------------------
-    def payload(self, step: int) -> dict[str, Any]:
-        """The one checkpoint payload of every runner."""
-        return {
+    def payload(self, step: int, val: Any = None) -> dict[str, Any]:
+        """The one checkpoint payload of every runner (``val``: the step's ``val/mean``, if validated)."""
+        out = {
             "step": step,
             "runner": self.runner,
             "trainer": self.s.trainer.state_dict(),
             "data": self.source.state_dict(),
             "policy_version": self.versions.current,
         }
+        if isinstance(val, (int, float)):
+            out["val"] = float(val)
+        return out
 
     def _staleness(self, batch: Batch) -> dict[str, float]:
         """Per sample: current policy version minus the version of its oldest token (measured)."""

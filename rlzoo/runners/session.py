@@ -20,6 +20,7 @@ import torch
 
 from rlzoo.config import RecipeConfig, Selection
 from rlzoo.errors import ConfigError
+from rlzoo.failpoints import failpoint
 from rlzoo.failures import RewardFailures
 from rlzoo.metrics import MetricsLogger, missing_row
 from rlzoo.placement import make_placement
@@ -96,6 +97,9 @@ class Session:
         print(f"rlzoo: run directory {self.run_dir}", flush=True)
         torch.manual_seed(cfg.run.seed)
         self.resume_at = resume_step(cfg.resume)
+        from rlzoo.export import final_dir, writable_export_dir
+
+        writable_export_dir(final_dir(self.run_dir))  # a user's file in final/: say so now, not at the end
         ensure_data(cfg)
         check_inputs(cfg)
         self.tokenizer = load_tokenizer(cfg)
@@ -140,7 +144,9 @@ class Session:
         if cfg.rollout.environment is not None:  # multi-turn: every batch source goes through it
             self.rollout = multi_turn_rollout(cfg, self.rollout, self.tokenizer, self.rollout_spec)
         self.trainer = PolicyTrainer.from_config(cfg, self.train_backend, offpolicy_metrics=offpolicy_metrics)
-        self.ckpt = CheckpointManager(self.run_dir, cfg.trainer.max_checkpoints)
+        self.ckpt = CheckpointManager(
+            self.run_dir, cfg.trainer.max_checkpoints, keep_best=cfg.trainer.keep_best
+        )
         self.start_step = 0
         self.resume_payload: dict[str, Any] | None = None
         moved: Path | None = None
@@ -149,14 +155,33 @@ class Session:
             step = None if self.resume_at is None else int(self.resume_at)
             state = self.ckpt.load(self.train_backend, step)
             if state is None:
-                raise ConfigError([f"resume: no complete checkpoint under {self.ckpt.root}"])
+                raise ConfigError(
+                    [
+                        f"resume: no complete checkpoint under {self.ckpt.root} (the run stopped before its "
+                        "first checkpoint); start it again with run.overwrite=true, which moves this attempt "
+                        "aside, or in another run.output_dir"
+                    ]
+                )
             self.resume_payload = state
             self.start_step = int(state["step"])
             self.trainer.load_state_dict(state.get("trainer", {}))
             self.sync_weights()
+            # a new branch from this checkpoint: the later checkpoints and metrics rows move aside
+            failpoint("resume:loaded")
+            branch = self.ckpt.branch_from(self.start_step)
+            failpoint("resume:branched")
             moved = rewind_metrics(self.run_dir, self.start_step)
             gap_row = missing_row(self.run_dir, state.get("metrics_row"))  # killed before its row
+            failpoint("resume:rewound")
+            info = getattr(self.run, "resume_info", None)
+            if info is not None:  # recorded only now that the resume has happened
+                from rlzoo.runners.rundir import record_resume
+
+                record_resume(info, from_step=self.start_step, moved=[p for p in (branch, moved) if p])
+                failpoint("resume:recorded")
             print(f"rlzoo: resumed from {state['path']} (step {self.start_step})", flush=True)
+            if branch is not None:
+                print(f"rlzoo: the checkpoints after step {self.start_step} moved to {branch}", flush=True)
         self.metrics = MetricsLogger(
             self.run_dir,
             cfg.run.loggers,
@@ -259,9 +284,7 @@ class Session:
     def export(self, step: int, total_steps: int) -> dict[str, float]:
         """Write the HF model folders due at ``step``: ``export/step_K/`` every ``run.export_every``
         steps, ``final/`` at ``total_steps``. Returns ``timing_s/export`` when something was written."""
-        import shutil
-
-        from rlzoo.export import HFExportable, export_model, final_dir, step_dir
+        from rlzoo.export import HFExportable, copy_export, export_model, final_dir, step_dir
 
         every = self.cfg.run.export_every
         targets = [step_dir(self.run_dir, step)] if every > 0 and step % every == 0 else []
@@ -275,10 +298,15 @@ class Session:
         t0 = time.perf_counter()
         src = self.rollout_spec.model_path
         first = export_model(
-            self.train_backend, src, targets[0], tokenizer=self.tokenizer, processor=self.processor
+            self.train_backend,
+            src,
+            targets[0],
+            tokenizer=self.tokenizer,
+            processor=self.processor,
+            step=step,
         )
         for out in targets[1:]:  # the same weights: copy rather than gather again
-            shutil.copytree(first, out, dirs_exist_ok=True)
+            copy_export(first, out, step=step)
         return {"timing_s/export": time.perf_counter() - t0}
 
     def resume_command(self) -> str:

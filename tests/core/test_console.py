@@ -57,3 +57,12 @@ def test_closed_pipe_ends_quietly() -> None:
     )
     assert proc.stdout.startswith("[")
     assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
+
+
+def test_a_run_without_metrics_files_points_at_none(tmp_path: Path) -> None:
+    """Before: `run.loggers=[]` still printed where metrics.jsonl and the plots were (issue 23)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    text = "\n".join(summary_lines({"run_dir": str(run), "steps": 2}))
+    assert "no metrics.jsonl (run.loggers has no jsonl)" in text
+    assert "rlzoo plot" not in text and "tensorboard" not in text.lower()

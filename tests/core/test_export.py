@@ -222,3 +222,99 @@ def test_vision_language_export_carries_the_processor(tmp_path: Path) -> None:
     theirs = be.actor.state_dict()
     for k, v in reloaded.state_dict().items():
         torch.testing.assert_close(v, theirs[k], atol=0, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# an export never deletes what is at --out (issue 23)
+# ---------------------------------------------------------------------------------------------
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file()}
+
+
+def test_export_never_deletes_what_is_at_out(
+    run_dir: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: `--out DIR` deleted DIR's files (exit 0); `--out RUN` the run's own checkpoints;
+    `--out .` crashed with "PosixPath('.') has an empty name"."""
+    from rlzoo.cli import main
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    run_before = _tree(run_dir)
+    for out in (mine, run_dir, run_dir.parent):
+        assert main(["export", str(run_dir), "--out", str(out)]) == 2
+        assert "already holds files rlzoo did not export there" in capsys.readouterr().err
+    assert (mine / "notes.txt").read_text() == "keep me" and _tree(run_dir) == run_before
+    (tmp_path / "afile").write_text("x")
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "afile")]) == 2
+    assert "is a file" in capsys.readouterr().err
+    monkeypatch.chdir(mine)
+    assert main(["export", str(run_dir), "--out", "."]) == 2
+    assert "is the current directory" in capsys.readouterr().err
+
+    # a new folder, then again into it (an export of ours is replaced), then not once the user adds a file
+    out = tmp_path / "model"
+    assert main(["export", str(run_dir), "--step", "2", "--out", str(out)]) == 0
+    assert main(["export", str(run_dir), "--out", str(out)]) == 0
+    assert json.loads((out / "rlzoo_export.json").read_text())["step"] == 3
+    (out / "README.md").write_text("my model card")
+    assert main(["export", str(run_dir), "--out", str(out)]) == 2
+    assert "README.md" in capsys.readouterr().err and (out / "README.md").read_text() == "my model card"
+    assert not list(tmp_path.glob(".model.rlzoo-export-*"))  # no staging left behind
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["export", str(run_dir), "--out", str(empty)]) == 0
+
+
+def test_exported_weights_are_readable_as_the_umask_allows(run_dir: Path) -> None:
+    import os
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    for f in (run_dir / "final").iterdir():
+        assert f.stat().st_mode & 0o777 == 0o666 & ~mask, f
+
+
+def test_a_kill_during_the_final_export_is_redone_by_the_resume(
+    quickstart_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: the last checkpoint was saved before the export, so a crash in the export left no
+    final/ and the resume said "finished" at once."""
+    import rlzoo.export
+    from rlzoo.compose import build_run
+
+    out = tmp_path / "run"
+    common = [*QUIET, f"data.dir={quickstart_dir}", f"run.output_dir={out}", "trainer.save_freq=1"]
+    real = rlzoo.export.check_hf_folder
+
+    def crash(folder: Any) -> None:
+        raise SystemExit("killed mid-export")
+
+    monkeypatch.setattr(rlzoo.export, "check_hf_folder", crash)
+    with pytest.raises(SystemExit):
+        build_run("quickstart", [*common, "trainer.total_steps=2"]).train()
+    assert not (out / "final").exists()
+    monkeypatch.setattr(rlzoo.export, "check_hf_folder", real)
+    summary = build_run(None, ["resume=latest", f"run.output_dir={out}"]).train()
+    assert summary["start_step"] == 1 and summary["last_step"] == 2
+    assert json.loads((out / "final" / "rlzoo_export.json").read_text())["step"] == 2
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_a_tokenizer_plain_autotokenizer_would_misread_is_flagged(run_dir: Path) -> None:
+    """The quickstart's word-level tokenizer next to a Qwen2 config: transformers 5's AutoTokenizer
+    loads it as Qwen2Tokenizer and loses words. Before: nothing said so (the model then scored 0.0
+    instead of 0.42 with it). Now the export says how to load it, in its log and its record."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from rlzoo.data.tokenizer import load_tokenizer
+
+    final = run_dir / "final"
+    run_tok = load_tokenizer(load_run_config(run_dir).model.path)
+    text = "last of 4 9"
+    auto = AutoTokenizer.from_pretrained(final)
+    assert auto(text)["input_ids"] != run_tok(text)["input_ids"]  # the transformers behaviour itself
+    note = json.loads((final / "rlzoo_export.json").read_text())["tokenizer"]
+    assert "PreTrainedTokenizerFast.from_pretrained(path)" in note and type(auto).__name__ in note
+    assert PreTrainedTokenizerFast.from_pretrained(final)(text)["input_ids"] == run_tok(text)["input_ids"]

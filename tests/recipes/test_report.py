@@ -349,3 +349,17 @@ def test_summary_shows_the_learning_rate_from_trainer_optim() -> None:
     rows = dict(config_highlights(cfg))
     assert rows["optimizer"] == "lr=0.003, lr_scheduler=cosine, warmup_steps=5"
     assert "lr" not in rows["train backend"]
+
+
+def test_runs_drawn_together_are_smoothed_by_one_window() -> None:
+    """Before: each run was smoothed by its own length, so a run and its first 60 steps (identical
+    data) got EMA 0.83 and 0.95 and their curves looked ~30 steps apart (issue 23)."""
+    long = long_async_records(1000, seed=3)
+    short = long[:60]
+    ax = draw("reward", [RunData("long", long), RunData("short", short)])
+    solid = [ln for ln in ax.get_lines() if (ln.get_alpha() or 1.0) == 1.0]
+    by_len = {len(ln.get_ydata()): list(ln.get_ydata()) for ln in solid}
+    _, raw = series(long, "critic/score/mean")
+    weight = min(0.95, 1.0 - 10.0 / 1000)  # the longest run's window: 1 - 10 / n, at most 0.95
+    assert by_len[60] == pytest.approx(ema(raw[:60], weight))
+    assert by_len[60] == pytest.approx(by_len[1000][:60])  # equal data, equal curve

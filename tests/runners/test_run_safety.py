@@ -242,6 +242,8 @@ def test_ctrl_c_prints_the_resume_command(runner: str, quickstart_dir: Path, tmp
     text = log.read_text()
     assert "Resume with:" in text, text[-2000:]
     assert f"resume=latest run.output_dir={out.resolve()}" in text
+    # summary.json says this run was interrupted (before: none was written, or an earlier run's stayed)
+    assert json.loads((out / "summary.json").read_text())["ended"] == "interrupted (Ctrl-C)"
     RunLock(out).acquire().release()  # released on the way out
 
 
