@@ -46,6 +46,7 @@ def test_quickstart_tools_trains_on_every_runner(runner: str, data_dir: Path, tm
         ],
     )
     run.train()
+    assert run.run_dir is not None
     recs = [r for r in read_metrics(run.run_dir) if r["step"] > 0]
     assert [r["step"] for r in recs] == list(range(1, STEPS + 1))
     for r in recs:
