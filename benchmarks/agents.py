@@ -7,7 +7,13 @@ one after the other (run it under the shared lock: ``flock /tmp/rlzoo-heavy.lock
 benchmarks/agents.py``), validating every 10 steps, and prints both validation curves with the
 elapsed training time, then the agent metrics of the last step.
 
-    python benchmarks/agents.py [--steps N] [extra overrides ...]
+``--async``: instead, runs the recipe (with the tool) under ``sync`` and under ``fully_async``
+(partial rollouts, a weight push every step, staleness <= 1 version, the same 32 prompts x n
+responses per step), and prints the training reward per sample consumed side by side (means over
+windows of 10 steps): the issue's target is fully_async within 0.1 of sync at an equal number of
+samples.
+
+    python benchmarks/agents.py [--steps N] [--async] [extra overrides ...]
 """
 
 from __future__ import annotations
@@ -21,9 +27,17 @@ from typing import Any
 import rlzoo
 from rlzoo.metrics import read_metrics
 
+#: fully_async with the sync step's prompts: require_batches x ppo_mini_batch_size (16) = 32
+FULLY_ASYNC = (
+    "runner={name:fully_async,staleness_threshold:0.5,trigger_parameter_sync_step:1,"
+    "require_batches:2,partial_rollout:true}"
+)
 
-def run(tmp: str, with_tool: bool, steps: int, overrides: list[str]) -> list[dict[str, Any]]:
-    name = "tool" if with_tool else "no_tool"
+
+def run(
+    tmp: str, with_tool: bool, steps: int, overrides: list[str], name: str | None = None
+) -> list[dict[str, Any]]:
+    name = name or ("tool" if with_tool else "no_tool")
     r = rlzoo.build_run(
         "quickstart_tools",
         [
@@ -37,7 +51,11 @@ def run(tmp: str, with_tool: bool, steps: int, overrides: list[str]) -> list[dic
         ],
     )
     r.train()
-    return read_metrics(r.run_dir)
+    assert r.run_dir is not None
+    recs = read_metrics(r.run_dir)
+    for rec in recs:  # samples trained per step: prompts x responses per prompt
+        rec["bench/samples"] = r.config.data.train_batch_size * r.config.rollout.n
+    return recs
 
 
 def curve(recs: list[dict[str, Any]]) -> dict[int, tuple[float, float]]:
@@ -51,10 +69,50 @@ def curve(recs: list[dict[str, Any]]) -> dict[int, tuple[float, float]]:
     return out
 
 
+def compare_runners(steps: int, overrides: list[str]) -> None:
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.time()
+        sync = run(tmp, True, steps, overrides, "sync")
+        fa = run(tmp, True, steps, [*overrides, FULLY_ASYNC], "fully_async")
+        wall = time.time() - t0
+    print(f"load average at start: {load:.2f}; wall {wall:.0f} s for both runs")
+    print(f"{'steps':>9} {'samples':>8} | {'reward sync':>11} | {'reward fully_async':>18} | {'diff':>6}")
+    rows = []
+    a = [r for r in sync if r["step"] > 0]
+    b = [r for r in fa if r["step"] > 0]
+    for lo in range(0, min(len(a), len(b)), 10):
+        wa, wb = a[lo : lo + 10], b[lo : lo + 10]
+        ra = sum(r["critic/score/mean"] for r in wa) / len(wa)
+        rb = sum(r["critic/score/mean"] for r in wb) / len(wb)
+        samples = sum(r["bench/samples"] for r in a[: lo + len(wa)])
+        rows.append((lo + 1, lo + len(wa), samples, ra, rb))
+    for s0, s1, samples, ra, rb in rows:
+        print(f"{s0:>4}-{s1:<4} {samples:>8.0f} | {ra:>11.3f} | {rb:>18.3f} | {rb - ra:>+6.3f}")
+    if b:
+        last = b[-1]
+        print(
+            "fully_async last step: "
+            + ", ".join(
+                f"{k}={last.get(k, float('nan')):.3g}"
+                for k in ("staleness/max", "rollout/partial_ratio", "rollout/version_span/max")
+            )
+        )
+    # fully_async's steps take the same prompts as sync's (require_batches x mini-batch)
+    consumed = [r.get("trainer/prompts_consumed") for r in b[:2]]
+    print(
+        f"fully_async prompts consumed after steps 1, 2: {consumed} (sync: {a[0]['bench/samples']} samples/step)"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--async", dest="compare_async", action="store_true", help="sync vs fully_async")
     args, overrides = ap.parse_known_args()
+    if args.compare_async:
+        compare_runners(args.steps, overrides)
+        return
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.time()

@@ -1,0 +1,59 @@
+"""A few steps of the ``quickstart_tools`` recipe on every runner (sync, one_step_off, fully_async):
+the multi-turn rollout is the batch source of each, the calc tool is called, and the agent metrics
+are logged. No accuracy assertion (``benchmarks/agents.py`` prints the learning curves)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import rlzoo
+from rlzoo.metrics import read_metrics
+
+STEPS = 3
+RUNNERS = {
+    "sync": [],
+    "one_step_off": ["runner=one_step_off"],
+    "fully_async": [
+        "runner={name:fully_async,staleness_threshold:0.5,trigger_parameter_sync_step:1,"
+        "require_batches:1,partial_rollout:true}"
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("quickstart_tools")
+
+
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+def test_quickstart_tools_trains_on_every_runner(runner: str, data_dir: Path, tmp_path: Path) -> None:
+    run = rlzoo.build_run(
+        "quickstart_tools",
+        [
+            f"data.dir={data_dir}",
+            f"run.output_dir={tmp_path}",
+            "run.progress=false",
+            "run.loggers=[jsonl]",
+            f"trainer.total_steps={STEPS}",
+            "trainer.save_freq=-1",
+            "trainer.test_freq=-1",
+            "trainer.val_before_train=false",
+            "data.train_batch_size=8",
+            "trainer.ppo_mini_batch_size=8",
+            *RUNNERS[runner],
+        ],
+    )
+    run.train()
+    assert run.run_dir is not None
+    recs = [r for r in read_metrics(run.run_dir) if r["step"] > 0]
+    assert [r["step"] for r in recs] == list(range(1, STEPS + 1))
+    for r in recs:
+        # every trajectory has one or two turns, the call turn being followed by the tool's reply
+        assert 1.0 <= r["agent/turns/mean"] <= 2.0
+        assert r["agent/tool_calls/mean"] <= r["agent/turns/mean"]
+        assert r["agent/model_tokens/mean"] > 0
+    # the untrained model calls calc in some trajectories (its first word), and the tool answers
+    assert sum(r["agent/tool_calls/mean"] for r in recs) > 0
+    assert sum(r["agent/env_tokens/mean"] for r in recs) > 0
