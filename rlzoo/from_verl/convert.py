@@ -417,21 +417,60 @@ def _assemble(
         bad(k, take(k), "no combined rule read this key (a converter bug: please report it)")
 
 
+def _lora(conv: Conversion, v: dict[str, Any], bad: Callable[[str, Any, str], None]) -> None:
+    """``lora_rank > 0`` -> ``trainer.lora: {rank, alpha, target_modules}`` (verl's defaults: alpha 16,
+    all-linear); 0 or absent (verl's default) is full fine-tuning. verl's megatron LoRA block
+    (``model.lora.*``) and ``exclude_modules`` have no rlzoo counterpart: refused when LoRA is on."""
+    given = {
+        k: v.pop(k)
+        for k in [
+            k
+            for k in v
+            if k.startswith((R + "model.lora", R + "model.target_modules", R + "model.exclude_modules"))
+        ]
+    }
+    rank = given.pop(R + "model.lora_rank", 0)
+    if _off(rank):
+        for k, val in given.items():
+            conv.skipped.append((k, val, "LoRA is off (lora_rank=0)"))
+        if rank != 0:
+            conv.skipped.append((R + "model.lora_rank", rank, "LoRA is off: full fine-tuning"))
+        return
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+        bad(R + "model.lora_rank", rank, "expected a LoRA rank (an integer >= 0)")
+        return
+    alpha = given.pop(R + "model.lora_alpha", 16)
+    targets = given.pop(R + "model.target_modules", "all-linear")
+    for k, val in given.items():  # exclude_modules, model.lora.* (megatron)
+        if val in (None, "", "null", []):
+            conv.skipped.append((k, val, "not set"))
+        elif k == R + "model.exclude_modules":
+            bad(k, val, "rlzoo's LoRA has no exclude list: name the modules to adapt in target_modules")
+        else:
+            bad(
+                k,
+                val,
+                "verl's megatron LoRA settings have no rlzoo counterpart (rlzoo's megatron backend "
+                "refuses trainer.lora; use the fsdp2 or native backend)",
+            )
+    if isinstance(targets, str):
+        names = [t.strip() for t in targets.strip("[]").split(",") if t.strip()]
+    elif isinstance(targets, (list, tuple)):
+        names = [str(t) for t in targets]
+    else:
+        bad(R + "model.target_modules", targets, "expected 'all-linear' or a list of module names")
+        return
+    conv.set("trainer.lora.rank", rank, R + "model.lora_rank", rank)
+    conv.set("trainer.lora.alpha", float(alpha), R + "model.lora_alpha", alpha)
+    conv.set("trainer.lora.target_modules", names, R + "model.target_modules", targets)
+
+
 def _feature_groups(
     conv: Conversion, v: dict[str, Any], given: Mapping[str, Any], bad: Callable[[str, Any, str], None]
 ) -> None:
     """Keys read together with a switch: LoRA (lora_rank), multi-turn, MTP, sandbox fusion."""
+    _lora(conv, v, bad)
     groups = (
-        (
-            R + "model.lora_rank",
-            (
-                R + "model.lora_alpha",
-                R + "model.target_modules",
-                R + "model.exclude_modules",
-                R + "model.lora.",
-            ),
-            "LoRA is off (lora_rank=0)",
-        ),
         (ROLL + "multi_turn.enable", (ROLL + "multi_turn.",), "multi-turn is off"),
         ("reward_model.sandbox_fusion.url", ("reward_model.sandbox_fusion.",), "no sandbox"),
     )

@@ -111,9 +111,9 @@ def _positive_or_none(v: Any) -> Any:
 
 
 _PERF = "performance only: "
-_NO_LORA = (
-    "rlzoo has no LoRA adapters yet: it trains every weight (drop lora_rank to convert, and expect the "
-    "memory of full fine-tuning)"
+_NO_LORA_ADAPTER = (
+    "rlzoo starts LoRA from fresh adapters (trainer.lora): it cannot load an existing adapter; drop "
+    "lora_adapter_path, or merge that adapter into the base model and point model.path at the result"
 )
 _NO_MULTI_TURN = (
     "rlzoo has no multi-turn tool rollout yet (verl's tool_config_path / interaction_config_path): "
@@ -170,11 +170,11 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     R + "model.use_shm": Skip(_PERF + "verl copies the model to /dev/shm before loading it"),
     R + "model.use_liger": Skip(_PERF + "Liger fused kernels"),
     R + "model.enable_activation_offload": Skip(_PERF + "activations offloaded to the CPU in backward"),
-    R + "model.lora_rank": Skip("LoRA is off (lora_rank=0)", _off, _NO_LORA),
+    R + "model.lora_rank": Rule("LoRA: trainer.lora (rank, alpha, target_modules); 0 = full fine-tuning"),
     R + "model.lora_alpha": Rule("read with lora_rank"),
     R + "model.target_modules": Rule("read with lora_rank"),
     R + "model.exclude_modules": Rule("read with lora_rank"),
-    R + "model.lora_adapter_path": Skip("no adapter to load", _off, _NO_LORA),
+    R + "model.lora_adapter_path": Skip("no adapter to load", _off, _NO_LORA_ADAPTER),
     R + "model.lora.*": Rule("read with lora_rank"),
     R + "model.mtp.*": Rule("multi-token prediction: off only (rlzoo has no MTP heads)"),
     R + "model.external_lib": Skip(

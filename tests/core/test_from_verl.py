@@ -419,7 +419,6 @@ def test_dapo_recipe_through_ray_job_submit(tmp_path, monkeypatch):
     ("name", "fixed", "refusal"),
     [
         ("fully_async_ulysses", {}, r"rlzoo has no Ulysses sequence parallelism: set it to 1"),
-        ("grpo_lora", {}, r"lora_rank = 64: rlzoo has no LoRA adapters yet"),
         (
             "multiturn_tools",
             {},
@@ -546,6 +545,31 @@ def test_every_combined_row_accounts_for_its_key(key):
         assert _row_key(key) in str(e) and "no rule" not in str(e)
         return
     assert _row_key(key) in conv.report()
+
+
+def test_lora_script_maps_to_trainer_lora(tmp_path):
+    """verl's LoRA (``actor_rollout_ref.model.lora_rank/lora_alpha/target_modules``) is rlzoo's
+    ``trainer.lora`` (issue 22); the recipe validates."""
+    conv, cfg, raw, script = convert_script("grpo_lora", tmp_path)
+    assert raw["trainer"]["lora"] == {"rank": 64, "alpha": 32.0, "target_modules": ["all-linear"]}
+    assert (cfg.trainer.lora.rank, cfg.trainer.lora.alpha) == (64, 32.0)
+    assert cfg.trainer.lora.target_modules == ("all-linear",)
+    assert_every_key_accounted_for(conv, script)
+
+
+def test_lora_keys_verl_defaults_lists_and_refusals():
+    m = "actor_rollout_ref.model."
+    conv = convert(ov(f"{m}lora_rank=8 {m}target_modules=[q_proj,v_proj]"))
+    assert conv.get("trainer.lora") == {"rank": 8, "alpha": 16.0, "target_modules": ["q_proj", "v_proj"]}
+    conv = convert(ov(f"{m}lora_rank=0 {m}lora_alpha=32"))  # off: full fine-tuning, alpha not needed
+    assert conv.get("trainer.lora") is None
+    assert (f"{m}lora_alpha", 32, "LoRA is off (lora_rank=0)") in conv.skipped
+    with pytest.raises(RlzooError, match="no exclude list"):
+        convert(ov(f"{m}lora_rank=8 {m}exclude_modules=[lm_head]"))
+    with pytest.raises(RlzooError, match="cannot load an existing adapter"):
+        convert(ov(f"{m}lora_rank=8 {m}lora_adapter_path=/ckpt/adapter"))
+    with pytest.raises(RlzooError, match="megatron LoRA settings"):
+        convert(ov(f"{m}lora_rank=8 {m}lora.type=dora"))
 
 
 def test_a_bad_value_says_what_would_be_right():

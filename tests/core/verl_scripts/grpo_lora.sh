@@ -1,5 +1,5 @@
 # Fixture in verl's syntax modelled on verl's examples/grpo_trainer LoRA scripts, written for
-# rlzoo's tests (LoRA is refused until rlzoo has adapters).
+# rlzoo's tests (LoRA maps to trainer.lora).
 set -x
 python3 -m verl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \
