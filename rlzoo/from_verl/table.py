@@ -116,8 +116,9 @@ _NO_LORA_ADAPTER = (
     "lora_adapter_path, or merge that adapter into the base model and point model.path at the result"
 )
 _NO_MULTI_TURN = (
-    "rlzoo has no multi-turn tool rollout yet (verl's tool_config_path / interaction_config_path): "
-    "each sample is one prompt and one response"
+    "rlzoo cannot read verl's multi-turn tool configs (tool_config_path / interaction_config_path): "
+    "its multi-turn rollout takes environment and tool parts (rollout.environment, rollout.tools; "
+    "docs/agents.md): write the tools as rlzoo parts and set those keys"
 )
 NO_ULYSSES = (
     "rlzoo has no Ulysses sequence parallelism: set it to 1; for long sequences use dynamic micro-batches "

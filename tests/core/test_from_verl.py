@@ -427,7 +427,7 @@ def test_dapo_recipe_through_ray_job_submit(tmp_path, monkeypatch):
         (
             "multiturn_tools",
             {"PROJECT_DIR": "/w"},
-            r"multi_turn.enable = True: rlzoo has no multi-turn tool rollout",
+            r"multi_turn.enable = True: rlzoo cannot read verl's multi-turn tool configs",
         ),
         ("multiturn_tools", {"PROJECT_DIR": "/w"}, r"rollout engine 'sglang' has no rlzoo rollout backend"),
     ],
