@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
-import json
 import random
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from rlzoo.tasks._stamp import BuildStamp
 
 DATA_SOURCE = "rlzoo/quickstart"
 OPS = ("first", "last")
@@ -86,13 +86,8 @@ def prepare(out_dir: Path, params: Any) -> dict[str, Path]:
 
     out = Path(out_dir)
     files = {"train": out / "train.parquet", "val": out / "val.parquet", "model": out / "model"}
-    # the params the files were built with: a cache written by other params (or an older task) is rebuilt
-    stamp = out / "quickstart_params.json"
-    key = json.dumps(
-        {k: v for k, v in dataclasses.asdict(params).items() if k != "overwrite"}, sort_keys=True
-    )
-    fresh = stamp.exists() and stamp.read_text() == key
-    if not params.overwrite and fresh and all(p.exists() for p in files.values()):
+    stamp = BuildStamp(out, "quickstart", params)  # files built by other params are rebuilt
+    if stamp.current(files.values()):
         return files
     out.mkdir(parents=True, exist_ok=True)
     distinct = distinct_prompts(params.task, params.num_digits)
@@ -110,7 +105,7 @@ def prepare(out_dir: Path, params: Any) -> dict[str, Path]:
     model.save_pretrained(files["model"], safe_serialization=True)
     tok.save_pretrained(files["model"])
     model.generation_config.save_pretrained(files["model"])
-    stamp.write_text(key)
+    stamp.write()
     return files
 
 

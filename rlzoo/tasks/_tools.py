@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import random
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from rlzoo.tasks._stamp import BuildStamp
 
 DATA_SOURCE = "rlzoo/tool_arithmetic"
 WORDS = (*(str(d) for d in range(10)), "+", "calc", "Answer:")
@@ -63,12 +63,8 @@ def prepare(out_dir: Path, params: Any) -> dict[str, Path]:
 
     out = Path(out_dir)
     files = {"train": out / "train.parquet", "val": out / "val.parquet", "model": out / "model"}
-    stamp = out / "tool_arithmetic_params.json"
-    key = json.dumps(
-        {k: v for k, v in dataclasses.asdict(params).items() if k != "overwrite"}, sort_keys=True
-    )
-    fresh = stamp.exists() and stamp.read_text() == key
-    if not params.overwrite and fresh and all(p.exists() for p in files.values()):
+    stamp = BuildStamp(out, "tool_arithmetic", params)  # files built by other params are rebuilt
+    if stamp.current(files.values()):
         return files
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(params.seed)
@@ -87,7 +83,7 @@ def prepare(out_dir: Path, params: Any) -> dict[str, Path]:
     model.save_pretrained(files["model"], safe_serialization=True)
     tok.save_pretrained(files["model"])
     model.generation_config.save_pretrained(files["model"])
-    stamp.write_text(key)
+    stamp.write()
     return files
 
 
