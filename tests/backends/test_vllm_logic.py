@@ -257,6 +257,7 @@ def test_registered_without_importing_vllm() -> None:
         "supports_streaming": True,
         "supports_lora": True,
         "requires": "vllm",
+        "extra": "vllm",
     }
     comp.load()  # the implementation module imports vllm only when a backend is built
 
@@ -453,5 +454,9 @@ def test_validate_refuses_sleep_mode_on_a_cpu_run(capsys: pytest.CaptureFixture[
     sleepy = "rollout.backend={name: vllm, enable_sleep_mode: true}"
     assert main(["validate", "quickstart", sleepy]) == 2
     assert "vLLM's CPU platform has no sleep mode" in capsys.readouterr().err
-    assert main(["validate", "quickstart", sleepy, "model.device=cuda"]) == 0
-    assert main(["validate", "quickstart", "rollout.backend={name: vllm}"]) == 0
+    capsys.readouterr()
+    # on a GPU (or without sleep mode) that rule is quiet; here vLLM itself may be missing, which a
+    # local placement refuses on its own (tests/core/test_user_errors.py)
+    main(["validate", "quickstart", sleepy, "model.device=cuda"])
+    main(["validate", "quickstart", "rollout.backend={name: vllm}"])
+    assert "sleep mode" not in capsys.readouterr().err

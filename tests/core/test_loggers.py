@@ -10,6 +10,7 @@ resumed rlzoo run must continue the same tracker run.
 from __future__ import annotations
 
 import importlib.metadata as md
+import importlib.util
 import json
 import struct
 from collections.abc import Iterator, Mapping
@@ -144,6 +145,8 @@ def test_validate_rejects_a_tracker_whose_package_is_missing(
         return real(name)
 
     monkeypatch.setattr(md, "distribution", missing_wandb)
+    real_spec = importlib.util.find_spec  # nor its import package (another build of it would count)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "wandb" else real_spec(n, *a))
     assert main(["validate", "quickstart", "run.loggers=[console,wandb]"]) == 2
     err = capsys.readouterr().err
     assert "run.loggers[1]: logger 'wandb' needs the package 'wandb'" in err
