@@ -206,9 +206,11 @@ def rlzoo_register_rollout_backends(registry: Registrar) -> None:
 def rlzoo_register_runners(registry: Registrar) -> None:
     """Register runners (kind ``runner``).
 
-    A runner is a factory ``factory(params, run: Run) -> Runner`` whose ``run()`` drives the
-    loop (when each phase runs, and where) using only the parts the run holds and their
-    capabilities. Selected by ``runner.name``.
+    A runner is a factory ``factory(params, run: Run) -> Runner``; what makes one runner differ from
+    another is only its batch source (:class:`rlzoo.runners.loop.BatchSource`: generate now,
+    generate one ahead, stream from the staleness-aware queue). The core's one loop
+    (:class:`rlzoo.runners.loop.TrainLoop`) owns everything else: validation, checkpoints, the
+    weight-push cadence, metrics, export and resume. Selected by ``runner.name``.
     """
 
 
