@@ -14,8 +14,9 @@ from rlzoo.compose import Run, build_run, part
 from rlzoo.errors import ConfigError, PluginError, RlzooError, UnknownComponentError
 from rlzoo.hookspecs import hookimpl
 from rlzoo.kinds import KIND_NAMES, KINDS
+from rlzoo.params import param
 from rlzoo.plugins import get_plugin_manager, reset_plugin_manager
-from rlzoo.registry import Component, Registrar, Registry, param
+from rlzoo.registry import Component, Registrar, Registry
 from rlzoo.threads import choose_wait_policy
 
 choose_wait_policy()  # RLZOO_OMP_WAIT_POLICY=passive: before torch is imported (none of the above does)

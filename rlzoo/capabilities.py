@@ -19,7 +19,7 @@ from typing import Any
 
 from rlzoo.binding import coerce, field_types
 from rlzoo.errors import closest
-from rlzoo.registry import param
+from rlzoo.params import param
 
 __all__ = [
     "CAPABILITIES",

@@ -33,10 +33,11 @@ from typing import Any, Literal
 from rlzoo.agents.settings import MultiTurnSettings
 from rlzoo.binding import bind_dataclass, coerce, field_types, to_plain
 from rlzoo.errors import ConfigError
+from rlzoo.params import param
 from rlzoo.plugins import PluginManager, get_plugin_manager
 from rlzoo.protocols import LoraSettings, MicroBatchSettings, OptimSettings, StepPlan
 from rlzoo.recipe_files import find_recipe, list_recipes, notice_shadowing, recipe_search_paths
-from rlzoo.registry import Component, param
+from rlzoo.registry import Component
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from rlzoo.registry import param
+from rlzoo.params import param
 
 if TYPE_CHECKING:
     import torch

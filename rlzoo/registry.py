@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
+from rlzoo.capabilities import capability_record
 from rlzoo.errors import DuplicateComponentError, UnknownComponentError, closest
 from rlzoo.kinds import KIND_BY_NAME
 
@@ -63,38 +64,6 @@ WELL_KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
         "extra": "the pip extra that installs ``requires`` (``pip install rlzoo[EXTRA]``)",
     }
 )
-
-
-def param(
-    default: Any = dataclasses.MISSING,
-    *,
-    help: str,  # noqa: A002
-    ge: float | None = None,
-    gt: float | None = None,
-    le: float | None = None,
-    **kw: Any,
-) -> Any:
-    """Declare a documented field of a part's params dataclass.
-
-    ``help`` is shown by ``rlzoo components`` and in the generated reference docs; the
-    conformance suite fails a part whose params have an undocumented field. ``ge`` / ``gt`` /
-    ``le`` declare the field's range (a number; ``None`` values are not checked): ``rlzoo
-    validate`` reports every value out of range at once (:func:`rlzoo.binding.range_problems`).
-    """
-    metadata = dict(kw.pop("metadata", {}) or {})
-    metadata["help"] = help
-    for key, bound in (("ge", ge), ("gt", gt), ("le", le)):
-        if bound is not None:
-            metadata[key] = bound
-    if isinstance(default, (list, dict, set)):
-        value = default
-        return field(default_factory=lambda: type(value)(value), metadata=metadata, **kw)
-    if dataclasses.is_dataclass(default) and not isinstance(default, type):
-        instance = default
-        return field(default_factory=lambda: dataclasses.replace(instance), metadata=metadata, **kw)
-    if default is dataclasses.MISSING:
-        return field(metadata=metadata, **kw)
-    return field(default=default, metadata=metadata, **kw)
 
 
 def _resolve(ref: str) -> Any:
@@ -141,8 +110,6 @@ class Component(Generic[T]):
     _cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        from rlzoo.capabilities import capability_record
-
         where = f"{self.kind} {self.name!r} (plugin {self.plugin!r})"
         record = capability_record(self.kind, self.capabilities, where)  # ValueError: misspelt key
         declared = (

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from rlzoo import hookimpl
 from rlzoo.backends.native.train_params import NativeTrainParams
-from rlzoo.registry import param
+from rlzoo.params import param
 
 __all__ = ["FSDP2Params"]
 

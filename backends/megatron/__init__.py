@@ -12,7 +12,7 @@ import importlib.util
 from dataclasses import dataclass
 
 from rlzoo import hookimpl
-from rlzoo.registry import param
+from rlzoo.params import param
 
 __all__ = ["MegatronParams"]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlzoo.params import param
 from rlzoo.protocols import LR_SCHEDULES
-from rlzoo.registry import param
 
 __all__ = ["LR_SCHEDULES", "NativeTrainParams"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlzoo import hookimpl
-from rlzoo.registry import param
+from rlzoo.params import param
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlzoo import hookimpl
-from rlzoo.registry import param
+from rlzoo.params import param
 
 __all__ = ["CPU_NO_SLEEP", "LOGPROBS_MODES", "VLLMRolloutParams"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlzoo.registry import param
+from rlzoo.params import param
 
 #: how tool calls are written in a model's turn (see :mod:`rlzoo.agents.parsing`)
 TOOL_CALL_FORMATS = ("hermes", "plain")

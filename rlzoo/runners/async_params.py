@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlzoo.registry import param
+from rlzoo.params import param
 
 
 def mini_batch_groups(cfg: Any) -> int:

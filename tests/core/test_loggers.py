@@ -53,7 +53,7 @@ class ListPlugin:
     def rlzoo_register_loggers(self, registry):  # type: ignore[no-untyped-def]
         from dataclasses import dataclass
 
-        from rlzoo.registry import param
+        from rlzoo.params import param
 
         @dataclass(frozen=True)
         class ListParams:
