@@ -173,7 +173,7 @@ class Session:
             moved = rewind_metrics(self.run_dir, self.start_step)
             gap_row = missing_row(self.run_dir, state.get("metrics_row"))  # killed before its row
             failpoint("resume:rewound")
-            info = getattr(self.run, "resume_info", None)
+            info = self.run.resume_info  # compose.Run: set by build_run on a resume
             if info is not None:  # recorded only now that the resume has happened
                 from rlzoo.runners.rundir import record_resume
 
