@@ -46,6 +46,25 @@ class GRPOParams:
 
 
 @dataclass(frozen=True)
+class TurnGRPOParams:
+    """GRPO with per-turn credit: each model turn's tokens get its turn-level return's advantage.
+
+    r_ik is the reward of trajectory i's model turn k (an environment's per-turn reward sits on the
+    last token of the turn it rewards); G_ik = sum_{j >= k} gamma^(j - k) r_ij, the return from turn
+    k on. A = (G_ik - mean_g) / (std_g + eps) on turn k's tokens, mean_g and std_g (unbiased) over
+    the group's G_i0; a group of one has mean 0 and std 1. With one reward at the end and gamma =
+    1 every turn gets G_i0 = r_i: plain GRPO. Turns are AdvantageInputs.turn_ids (multi-turn
+    batches), else the runs of unmasked tokens. Returns are G_ik on turn k's tokens. Reward-to-go
+    over turns as in REINFORCE (Williams 1992); the group baseline is GRPO's,
+    https://arxiv.org/abs/2402.03300.
+    """
+
+    gamma: float = param(1.0, ge=0, le=1, help="discount per model turn")
+    norm_by_std: bool = param(True, help="divide by the group's std of trajectory returns")
+    epsilon: float = param(1e-6, help="added to the std")
+
+
+@dataclass(frozen=True)
 class RLOOParams:
     """REINFORCE leave-one-out: r minus the mean reward of the other responses of its group.
 
@@ -174,6 +193,7 @@ def rlzoo_register_advantages(registry):  # type: ignore[no-untyped-def]
     registry.register(
         "grpo", f"{_IMPL}:grpo", params=GRPOParams, capabilities=group, aliases=("grpo_vectorized",)
     )
+    registry.register("turn_grpo", f"{_IMPL}:turn_grpo", params=TurnGRPOParams, capabilities=group)
     registry.register(
         "rloo", f"{_IMPL}:rloo", params=RLOOParams, capabilities=group, aliases=("rloo_vectorized",)
     )

@@ -27,7 +27,9 @@ else:  # keep annotations resolvable for get_type_hints without importing torch
 # ---------------------------------------------------------------------------------------------
 @dataclass
 class AdvantageInputs:
-    token_level_rewards: Tensor  # [B, T] float; outcome rewards sit on the last response token
+    #: [B, T] float; an outcome reward sits on the last response token, a multi-turn trajectory's
+    #: per-turn rewards on the last token of the model turn each rewards
+    token_level_rewards: Tensor
     response_mask: Tensor  # [B, T] {0,1}
     group_ids: Tensor | None = None  # [B] long, responses to the same prompt share an id
     values: Tensor | None = None  # [B, T] critic values (needs_critic)
@@ -36,6 +38,9 @@ class AdvantageInputs:
     sum_pi_squared: Tensor | None = None  # [B, T] sum over the vocabulary of pi^2 (token baselines)
     rollout_is_weights: Tensor | None = None  # [B, T] IS weights of the rollout correction, if any
     reward_components: Tensor | None = None  # [B, K] per-component outcome rewards (gdpo)
+    #: [B, T] long: the 0-based model turn of each response token, -1 off the model's turns
+    #: (observations, padding); None for a batch without multi-turn trajectories
+    turn_ids: Tensor | None = None
 
 
 @dataclass

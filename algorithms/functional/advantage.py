@@ -43,6 +43,7 @@ __all__ = [
     "remax",
     "rloo",
     "tir_optimal_token_baseline",
+    "turn_grpo",
 ]
 
 
@@ -147,6 +148,54 @@ def grpo(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
     if params.norm_by_std:
         adv = adv / (std[inverse] + params.epsilon)  # [B]
     return _broadcast(adv, inputs.response_mask)
+
+
+def turn_index(inputs: AdvantageInputs) -> Tensor:
+    """``[B, T]`` long: each response token's model turn, -1 where the mask is 0.
+
+    ``inputs.turn_ids`` when the batch has multi-turn trajectories; otherwise the maximal runs of
+    unmasked tokens are the turns (a single-turn response is one run: turn 0).
+    """
+    mask = inputs.response_mask.bool()  # [B, T]
+    if inputs.turn_ids is not None:
+        return torch.where(mask, inputs.turn_ids.to(torch.long), -1)  # [B, T]
+    prev = torch.nn.functional.pad(mask[:, :-1], (1, 0))  # [B, T] mask at t - 1
+    starts = (mask & ~prev).to(torch.long)  # [B, T] 1 where a run begins
+    return torch.where(mask, starts.cumsum(-1) - 1, -1)  # [B, T]
+
+
+@torch.no_grad()
+def turn_grpo(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+    """GRPO on turn-level returns: ``(G_ik - mean_g(G_0)) / (std_g(G_0) + eps)`` on turn k's tokens.
+
+    ``r_ik`` sums the token rewards of turn ``k`` (unmasked tokens only), ``G_ik = sum_{j >= k}
+    gamma^(j - k) r_ij``; the group baseline is over the trajectories' returns ``G_i0``.
+    """
+    rewards = inputs.token_level_rewards  # [B, T]
+    mask = inputs.response_mask.to(rewards.dtype)  # [B, T]
+    turn = turn_index(inputs)  # [B, T]
+    B = rewards.shape[0]
+    K = max(int(turn.max().item()) + 1 if turn.numel() else 0, 1)
+    slot = turn.clamp(min=0)  # [B, T]
+    r = torch.zeros(B, K, dtype=rewards.dtype, device=rewards.device)  # [B, K]
+    r.scatter_add_(1, slot, rewards * mask)  # [B, K] per-turn rewards
+    G = torch.zeros_like(r)  # [B, K]
+    acc = torch.zeros(B, dtype=rewards.dtype, device=rewards.device)  # [B]
+    for k in range(K - 1, -1, -1):  # reward-to-go over turns
+        acc = r[:, k] + params.gamma * acc
+        G[:, k] = acc
+    scores = G[:, 0]  # [B] the trajectory's discounted return
+    inverse, num_groups = group_index(inputs.group_ids, "turn_grpo")
+    count, mean, std = _group_stats(scores, inverse, num_groups)  # [G]
+    single = count == 1  # [G] as grpo: a group of one has mean 0 and std 1
+    mean = torch.where(single, torch.zeros_like(mean), mean)[inverse]  # [B]
+    std = torch.where(single, torch.ones_like(std), std)[inverse]  # [B]
+    adv_turn = G - mean.unsqueeze(-1)  # [B, K]
+    if params.norm_by_std:
+        adv_turn = adv_turn / (std.unsqueeze(-1) + params.epsilon)  # [B, K]
+    adv = torch.gather(adv_turn, 1, slot) * mask  # [B, T]
+    returns = torch.gather(G, 1, slot) * mask  # [B, T]
+    return AdvantageOutput(advantages=adv, returns=returns)
 
 
 @torch.no_grad()

@@ -79,6 +79,9 @@ class _Traj:
     tool_errors: int = 0
     malformed_calls: int = 0
     rewards: list[float] = field(default_factory=list)
+    #: per reward, the index in response_ids of the last token of the model turn it rewards
+    #: (-1: given by reset, before any turn; the batch credits the first turn)
+    reward_positions: list[int] = field(default_factory=list)
     env_time_s: float = 0.0
     final_text: str = ""
     truncated: bool = False
@@ -367,6 +370,7 @@ class MultiTurnRollout:
     def _note_env(self, traj: _Traj, step: EnvStep) -> None:
         if step.reward is not None:
             traj.rewards.append(float(step.reward))
+            traj.reward_positions.append(len(traj.response_ids) - 1)  # the turn just read (or -1)
         for k, v in step.info.items():
             if (isinstance(v, (int, float)) and not isinstance(v, bool)) or isinstance(v, bool):
                 traj.env_info[k] = float(v)
@@ -486,6 +490,7 @@ class MultiTurnRollout:
                 "malformed_calls": traj.malformed_calls,
                 "reward": sum(traj.rewards) if traj.rewards else None,
                 "turn_rewards": list(traj.rewards),
+                "turn_reward_positions": list(traj.reward_positions),
                 "env_time_s": traj.env_time_s,
                 "truncated": traj.truncated,
                 "model_tokens": model_tokens,

@@ -83,6 +83,7 @@ def samples_to_batch(
     rlp_rows: list[list[float]] = []
     score_rows: list[list[float]] = []
     mask_rows: list[list[int]] = []
+    turn_rows: list[list[int]] = []
     for i, s in enumerate(samples):
         p = len(s.prompt_ids)
         r = list(s.response_ids[:T])
@@ -107,12 +108,9 @@ def samples_to_batch(
                 )
             mask = [int(bool(m)) for m in s.loss_mask[:n]]
         mask_rows.append(mask + [0] * (T - n))
+        turn_rows.append(_turn_ids(mask) + [-1] * (T - n))
         if results is not None:
-            row = [0.0] * T
-            last = max((j for j in range(n) if mask[j]), default=n - 1)  # the last trained token
-            if n:
-                row[last] = float(results[i].reward)
-            score_rows.append(row)
+            score_rows.append(_reward_row(s, results[i], mask, T))
     input_ids = torch.tensor(ids_rows, dtype=torch.long).reshape(B, P + T)
     attn = torch.tensor(attn_rows, dtype=torch.long).reshape(B, P + T)
     rlp = torch.tensor(rlp_rows, dtype=torch.float32).reshape(B, T)
@@ -146,6 +144,8 @@ def samples_to_batch(
     )
     if any(s.agent is not None for s in samples):  # multi-turn trajectories' records (agent/* metrics)
         batch["agent"] = [s.agent for s in samples]
+        # each response token's model turn (-1: observation / padding), for per-turn advantages
+        batch["turn_ids"] = torch.tensor(turn_rows, dtype=torch.long).reshape(B, T)
     if any(s.multi_modal for s in samples):  # a VL trainer's pixel inputs, row by row (None: text)
         batch["multi_modal"] = [s.multi_modal for s in samples]
     if results is not None:
@@ -155,6 +155,45 @@ def samples_to_batch(
         # what each scorer returned (its dict, with its score): advantages read reward components here
         batch["reward_info"] = [{"score": float(r.score), **r.info} for r in results]
     return batch
+
+
+def _turn_ids(mask: Sequence[int]) -> list[int]:
+    """The model turn of each token: runs of mask 1 are the turns, 0-based; -1 where mask is 0."""
+    out: list[int] = []
+    turn, prev = -1, 0
+    for m in mask:
+        if m and not prev:
+            turn += 1
+        out.append(turn if m else -1)
+        prev = m
+    return out
+
+
+def _reward_row(s: Sample, result: RewardResult, mask: Sequence[int], T: int) -> list[float]:
+    """The sample's token-level scores: the reward on its last trained token, or, for a trajectory
+    its environment rewarded turn by turn, each turn's reward on the last token of that turn.
+
+    A per-turn reward is put on the end of the first model turn at or after its recorded position
+    (a reward ``reset`` gave, position -1: the first turn; one past a cut response: the last
+    turn). Whatever part of the result's reward the turn rewards do not account for goes on the
+    last trained token, so the row always sums to the result's reward.
+    """
+    row = [0.0] * T
+    n = len(mask)
+    if not n:
+        return row
+    last = max((j for j in range(n) if mask[j]), default=n - 1)  # the last trained token
+    reward = float(result.reward)
+    rec = s.agent
+    if rec is not None and not result.failed and rec.get("reward") is not None:
+        ends = [j for j in range(n) if mask[j] and (j + 1 == n or not mask[j + 1])]  # turns' last tokens
+        positions = rec.get("turn_reward_positions") or []
+        for r, p in zip(rec.get("turn_rewards") or [], positions):
+            at = next((e for e in ends if e >= p), last)
+            row[at] += float(r)
+            reward -= float(r)
+    row[last] += reward
+    return row
 
 
 def clip_ratio(

@@ -219,6 +219,7 @@ class PolicyTrainer:
                 old_log_probs=batch.get("old_log_probs"),
                 sum_pi_squared=batch.get("sum_pi_squared"),
                 rollout_is_weights=batch.get("rollout_is_weights"),
+                turn_ids=batch.get("turn_ids"),
                 reward_components=(
                     reward_components(batch, self.reward_keys, f"advantage {self.adv.name!r}")
                     if self.reward_keys
