@@ -118,6 +118,10 @@ class ScorerCapabilities(Capabilities):
         False,
         help="called with lists (responses, ground truths, ...) and returns a list (reward managers ask)",
     )
+    requires: str | None = param(
+        None, help="the optional distribution it needs; validate checks it is installed"
+    )
+    extra: str | None = param(None, help="the pip extra that installs `requires`")
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,10 @@ class EnvironmentCapabilities(Capabilities):
         False, help="step() returns a reward on intermediate turns, not only the last (shown)"
     )
     is_async: bool = param(False, help="reset / step are coroutines (shown; the rollout awaits either kind)")
+    requires: str | None = param(
+        None, help="the optional distribution it needs; validate checks it is installed"
+    )
+    extra: str | None = param(None, help="the pip extra that installs `requires`")
 
 
 @dataclass(frozen=True)
@@ -146,6 +154,10 @@ class ToolCapabilities(Capabilities):
 @dataclass(frozen=True)
 class DatasetCapabilities(Capabilities):
     modalities: tuple[str, ...] = param((), help="what the prompts hold: 'text', 'image'")
+    requires: str | None = param(
+        None, help="the optional distribution it needs; validate checks it is installed"
+    )
+    extra: str | None = param(None, help="the pip extra that installs `requires`")
 
 
 @dataclass(frozen=True)

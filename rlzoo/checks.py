@@ -267,6 +267,16 @@ def _local_backend_rule(cfg: RecipeConfig) -> list[str]:
     return out
 
 
+def _optional_package_rule(cfg: RecipeConfig) -> list[str]:
+    """A dataset, scorer, environment or tool that declares a package (``requires``) runs in the
+    driver process (or its reward workers, on the same machine): the package must be installed."""
+    out: list[str] = []
+    for sel in _selections(cfg):
+        if sel.kind in ("dataset", "scorer", "environment", "tool"):
+            out += missing_requirement(sel)
+    return out
+
+
 #: Cross-field rules :func:`check_consistency` applies (extend here; each returns its problems).
 CONSISTENCY_RULES: list[Any] = [
     _group_rule,
@@ -282,6 +292,7 @@ CONSISTENCY_RULES: list[Any] = [
     _rollout_backend_rule,
     _run_ready_rule,
     _local_backend_rule,
+    _optional_package_rule,
 ]
 
 

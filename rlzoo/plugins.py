@@ -58,6 +58,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlzoo.tasks.quickstart",
     "rlzoo.tasks.tools",
     "rlzoo.tasks.smollm2",
+    "rlzoo.tasks.reasoning_gym",
     "rlzoo.backends.simulated",
     "rlzoo.recipes",
 )
