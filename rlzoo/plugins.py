@@ -59,6 +59,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlzoo.tasks.tools",
     "rlzoo.tasks.smollm2",
     "rlzoo.tasks.reasoning_gym",
+    "rlzoo.tasks.textarena",
     "rlzoo.backends.simulated",
     "rlzoo.recipes",
 )

@@ -10,6 +10,7 @@ the equal Python scalar). A value JSON cannot hold is refused, naming the task a
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import math
@@ -107,7 +108,7 @@ def make_task(task: str, config: Mapping[str, Any], size: int, seed: int) -> Any
     """``reasoning_gym.create_dataset(task, size=size, seed=seed, **config)``, with clear errors."""
     rg = _rg()
     if task not in rg.factory.DATASETS:
-        near = [n for n in rg.factory.DATASETS if task.split("_")[0] in n][:8]
+        near = difflib.get_close_matches(task, list(rg.factory.DATASETS), n=6)
         raise ReasoningGymError(
             f"reasoning-gym has no task {task!r}"
             + (f"; similar: {', '.join(sorted(near))}" if near else "")
