@@ -206,3 +206,22 @@ def test_gdpo_failed_samples_get_zero_components(tmp_path: Path) -> None:
 
     comps = reward_components(batch, ("fmt",), "gdpo")
     assert comps.shape == (8, 1) and comps[2, 0] == 0.0 and comps[6, 0] == 0.5
+
+
+def test_turn_grpo_gets_the_batchs_turn_ids(tmp_path: Path) -> None:
+    """A multi-turn batch's ``turn_ids`` reach the advantage: here each response is declared two
+    turns (its first token one, the rest the other), which its mask (one run) does not show."""
+    be = _backend()
+    tr = _trainer(tmp_path, be, "algorithm.advantage=turn_grpo", "algorithm.advantage.gamma=0.5")
+    batch = _batch(be)
+    mask = batch["response_mask"]
+    first = mask.cumsum(-1) == 1  # [B, T] the first response token
+    batch["turn_ids"] = torch.where(mask.bool(), torch.where(first, 0, 1), -1)
+    tr.prepare(batch, _null_timer)
+    args = (batch["token_level_rewards"], mask)
+    want = F.turn_grpo(
+        AdvantageInputs(*args, group_ids=batch["group_ids"], turn_ids=batch["turn_ids"]), tr.adv.params
+    )
+    runs = F.turn_grpo(AdvantageInputs(*args, group_ids=batch["group_ids"]), tr.adv.params)
+    torch.testing.assert_close(batch["advantages"], want.advantages)
+    assert not torch.allclose(want.advantages, runs.advantages)
