@@ -149,6 +149,10 @@ class EnvironmentCapabilities(Capabilities):
 @dataclass(frozen=True)
 class ToolCapabilities(Capabilities):
     is_async: bool = param(False, help="call() is a coroutine (shown; the rollout awaits either kind)")
+    requires: str | None = param(
+        None, help="the optional distribution it needs; validate checks it is installed"
+    )
+    extra: str | None = param(None, help="the pip extra that installs `requires`")
 
 
 @dataclass(frozen=True)
