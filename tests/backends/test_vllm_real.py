@@ -289,3 +289,60 @@ def test_a_push_reaches_vllm_and_a_skipped_push_shows() -> None:
 
 
 PROMPTS = [[3, 4, 5], [9, 8, 7, 6, 2], [11, 12]]
+
+
+def test_multi_turn_on_vllm_trains_exactly_the_sampled_tokens(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The multi-turn rollout with vLLM sampling each turn (the tool task's tiny model at head_dim
+    64, a calc tool, an environment that replies to each answer): (a) the ids at loss-mask-1
+    positions of the training batch are, turn by turn, the ids vLLM sampled, and each turn's
+    prompt was the trajectory so far; (b) the native trainer's log-probs there equal vLLM's (fp32,
+    within vLLM's CPU kernels' last bits) over >= 3 turns; observations are context, not trained."""
+    if not _cpu_platform():
+        pytest.skip("vLLM's CPU platform test (on a GPU the vllm contract suite covers it)")
+    from agents.helpers import Chatter, Recorder, check_sampled_ids_are_trained, requests
+
+    import rlzoo
+    from rlzoo.agents.rollout import MultiTurnRollout
+    from rlzoo.agents.settings import MultiTurnSettings
+    from rlzoo.algorithms.agents import CalcParams
+    from rlzoo.algorithms.functional.agents import CalcTool
+    from rlzoo.runners.batching import samples_to_batch
+    from rlzoo.runners.inputs import ensure_data, load_tokenizer, rollout_spec, train_spec
+
+    run = rlzoo.build_run(
+        "quickstart_tools",
+        [
+            f"data.dir={tmp_path}",
+            "data.prepare.hidden_size=256",  # head_dim 64: vLLM's CPU attention refuses 16
+            "data.prepare.train_size=64",
+            "data.max_response_length=56",  # vLLM: 16 + 56 (earlier turns) + 56 <= the 128 positions
+            "rollout.backend={name: vllm, dtype: float32, enforce_eager: true, kv_cache_gib: 0.25}",
+        ],
+    )
+    cfg = run.config
+    ensure_data(cfg)
+    tok = load_tokenizer(cfg)
+    spec = rollout_spec(cfg, tok)
+    trainer = cfg.trainer.backend.fn(cfg.trainer.backend.params, train_spec(cfg, 1, tok))
+    inner = Recorder(cfg.rollout.backend.fn(cfg.rollout.backend.params, spec))
+    mt = MultiTurnRollout(
+        inner,  # type: ignore[arg-type]
+        lambda: Chatter(3, [CalcTool(CalcParams(spaced_digits=True))]),
+        tok,
+        MultiTurnSettings(max_turns=6, max_tool_calls=3, per_turn_max_tokens=12, tool_call_format="plain"),
+        max_response_length=spec.max_response_length,
+        stop_ids=spec.eos_token_ids,
+    )
+    try:
+        samples = mt.generate(requests(n_prompts=4, n=4))
+        batch = samples_to_batch(samples, None, int(tok.pad_token_id))
+        assert check_sampled_ids_are_trained(samples, inner, batch) >= 3  # (a)
+        assert max(s.agent["turns"] for s in samples) >= 3  # type: ignore[index]
+        assert sum(s.agent["env_tokens"] for s in samples) > 0  # type: ignore[index]
+        lp, _ = trainer.compute_log_probs(batch)  # [B, T] fp32
+        mask = batch["response_mask"].bool()  # [B, T]
+        diff = (lp - batch["rollout_log_probs"]).abs()[mask]
+    finally:
+        mt.shutdown()
+        trainer.shutdown()
+    assert diff.numel() > 50 and float(diff.max()) <= PUSH_ATOL, float(diff.max())  # (b)
