@@ -14,7 +14,8 @@ Contract (see ``docs/backends/fsdp2.md``):
 - **export_weights** is collective: every rank must iterate it to the end; rank 0 receives
   ``(name, full tensor)`` one parameter at a time, the other ranks receive nothing.
 
-Log-prob / value conventions are the native backend's (:mod:`rlzoo.backends.native.train`).
+Log-prob / value conventions, the LR schedule, the update loop and the checkpoint helpers are the
+core train kit's (:mod:`rlzoo.train_kit`), as in the native backend.
 """
 
 from __future__ import annotations
@@ -24,14 +25,13 @@ import inspect
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from einops import rearrange
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -52,18 +52,13 @@ from torch.distributed.tensor import DTensor
 from rlzoo import lora
 from rlzoo.backends.fsdp2 import FSDP2Params
 from rlzoo.backends.fsdp2.collectives import acc_snapshot, ensure_process_group, merge_across_ranks
-from rlzoo.backends.fsdp2.sharding import Packed, ShardPlan, pack, plan_shards, unpack
-from rlzoo.backends.native import checkpoint as ckpt
-from rlzoo.backends.native import common
-from rlzoo.backends.native.train import (
-    CriticModel,
-    actor_log_probs,
-    actor_log_probs_and_sum_pi_squared,
-    critic_values,
-)
+from rlzoo.backends.fsdp2.sharding import ShardPlan, plan_shards
 from rlzoo.batch import Batch
 from rlzoo.protocols import Objective, TrainSpec
-from rlzoo.train_kit import token_log_probs
+from rlzoo.train_kit import checkpoint as ckpt
+from rlzoo.train_kit import models, update
+from rlzoo.train_kit.logprobs import actor_log_probs, actor_log_probs_and_sum_pi_squared, critic_values
+from rlzoo.train_kit.update import Forward, LRSchedule
 
 __all__ = ["FSDP2TrainBackend", "ensure_process_group"]
 
@@ -105,7 +100,7 @@ class FSDP2TrainBackend:
         every rank). ``critic_backbone`` / ``tokenizer`` as in the native backend."""
         self.params = params
         self.spec = spec
-        self.temperature = common.resolve_temperature(params, spec)  # None: the rollout's, as native
+        self.temperature = models.resolve_temperature(params, spec)  # None: the rollout's, as native
         self.version = 0
         self.critic_steps = 0
         self._tokenizer = tokenizer
@@ -128,7 +123,7 @@ class FSDP2TrainBackend:
 
         given_model = model is not None
         if model is None:
-            model = common.load_causal_lm(spec.model_path, self._hf_kwargs(), vision=False)
+            model = models.load_causal_lm(spec.model_path, self._hf_kwargs(), vision=False)
         model = model.to(dtype=self.dtype)
         self._actor_cls: Any = type(model)
         self._actor_config = copy.deepcopy(model.config)
@@ -141,12 +136,12 @@ class FSDP2TrainBackend:
             if spec.need_reference and spec.lora is None
             else None
         )
-        critic: CriticModel | None = None
+        critic: models.CriticModel | None = None
         if spec.need_critic:
-            backbone: Any = common.critic_backbone(
+            backbone: Any = models.critic_backbone(
                 spec, critic_backbone, model, given_model=given_model, kwargs=self._hf_kwargs()
             )
-            critic = CriticModel(backbone.to(self.dtype), int(backbone.config.hidden_size))
+            critic = models.CriticModel(backbone.to(self.dtype), int(backbone.config.hidden_size))
         # LoRA: adapters injected in place before sharding (FSDP2 shards frozen and trainable alike)
         self._lora: Any = None
         if spec.lora is not None:  # peft makes the adapters fp32 under a bf16 base: one dtype for FSDP2
@@ -170,7 +165,7 @@ class FSDP2TrainBackend:
             if self.critic is None
             else self._adamw(self.critic, spec.optim.critic_lr, spec.optim.critic_weight_decay)
         )
-        self.warmup_steps = common.warmup_steps(spec)
+        self.schedule = LRSchedule.from_spec(spec)
         if self.rank == 0:
             logger.info(
                 "fsdp2: world=%d mesh=%s device=%s dtype=%s mixed_precision=%s offload=%s remove_padding=%s",
@@ -243,11 +238,11 @@ class FSDP2TrainBackend:
         )
 
     def _hf_kwargs(self) -> dict[str, Any]:
-        return common.hf_kwargs(self.params, self.spec, self.dtype)
+        return models.hf_kwargs(self.params, self.spec, self.dtype)
 
     def lr_at(self, step: int, *, critic: bool = False) -> float:
         """The LR of optimizer step ``step`` (0-based) of the actor or the critic."""
-        return common.scheduled_lr(self.spec, self.warmup_steps, step, critic=critic)
+        return self.schedule.lr(step, critic=critic)
 
     # -- planning -------------------------------------------------------------------------------
     def plan(self, batch: Batch, *, update: bool) -> ShardPlan:
@@ -274,64 +269,33 @@ class FSDP2TrainBackend:
         self, module: nn.Module, mb: Batch, *, with_entropy: bool, temperature: float
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (+ entropy) ``[b, T]`` of one micro-batch on the device; zero on padding."""
-        chunk = self.spec.micro_batch.log_prob_chunk
-        if self.params.use_remove_padding:
-            logits, pk = self._packed_logits(module, mb)  # [1, n, V]
-            lp, ent = token_log_probs(
-                logits,
-                rearrange(pk.targets, "n -> 1 n"),
-                temperature=temperature,
-                with_entropy=with_entropy,
-                chunk_tokens=chunk,
-            )  # [1, n]
-            return unpack(lp[0], pk.response_valid), None if ent is None else unpack(
-                ent[0], pk.response_valid
-            )
         return actor_log_probs(
             module,
             mb,
             keep_arg=self._keep_arg,
             temperature=temperature,
             with_entropy=with_entropy,
-            chunk_tokens=chunk,
+            chunk_tokens=self.spec.micro_batch.log_prob_chunk,
+            packed=self.params.use_remove_padding,
         )
-
-    @staticmethod
-    def _packed_logits(module: nn.Module, mb: Batch) -> tuple[Tensor, Packed]:
-        """Logits ``[1, n, V]`` at the packed positions that predict ``mb``'s response tokens."""
-        pk: Packed = pack(mb)
-        logits = module(
-            input_ids=pk.input_ids,
-            position_ids=pk.position_ids,
-            use_cache=False,
-            logits_to_keep=pk.predict_at,
-        ).logits  # [1, n, V]
-        return logits, pk
 
     def _actor_forward_sum_pi_squared(
         self, module: nn.Module, mb: Batch, *, temperature: float
     ) -> tuple[Tensor, Tensor]:
         """Log-probs and ``sum_v pi_v^2`` ``[b, T]`` of one micro-batch from one forward; zero on padding."""
-        chunk = self.spec.micro_batch.log_prob_chunk
-        if self.params.use_remove_padding:
-            logits, pk = self._packed_logits(module, mb)  # [1, n, V]
-            lp, _ = token_log_probs(
-                logits, rearrange(pk.targets, "n -> 1 n"), temperature=temperature, chunk_tokens=chunk
-            )
-            sps = common.sum_pi_squared(logits, temperature=temperature, chunk_tokens=max(1, chunk))  # [1, n]
-            return unpack(lp[0], pk.response_valid), unpack(sps[0], pk.response_valid)
         return actor_log_probs_and_sum_pi_squared(
-            module, mb, keep_arg=self._keep_arg, temperature=temperature, chunk_tokens=chunk
+            module,
+            mb,
+            keep_arg=self._keep_arg,
+            temperature=temperature,
+            chunk_tokens=self.spec.micro_batch.log_prob_chunk,
+            packed=self.params.use_remove_padding,
         )
 
     def _critic_forward(self, mb: Batch) -> Tensor:
         """Values ``[b, T]`` of one micro-batch (value at ``P - 1 + t``); zero on padding."""
         assert self.critic is not None
-        if self.params.use_remove_padding:
-            pk = pack(mb)
-            values = self.critic(pk.input_ids, None, pk.position_ids, keep_index=pk.predict_at)[0]  # [n]
-            return unpack(values, pk.response_valid)
-        return critic_values(self.critic, mb)
+        return critic_values(self.critic, mb, packed=self.params.use_remove_padding)
 
     def _gather_rows(self, local: Tensor, plan: ShardPlan, width: int) -> Tensor:
         """All-gather every rank's ``[n_r, width]`` rows; return ``[B, width]`` in the original order."""
@@ -346,9 +310,7 @@ class FSDP2TrainBackend:
         return out
 
     @torch.no_grad()
-    def _inference(
-        self, batch: Batch, forward: Callable[[Batch], tuple[Tensor, Tensor | None]], *, second: bool
-    ) -> tuple[Tensor, Tensor | None]:
+    def _inference(self, batch: Batch, forward: Forward, *, second: bool) -> tuple[Tensor, Tensor | None]:
         """Run ``forward`` over this rank's shard; all-gather its outputs (and the second, if asked)."""
         plan = self.plan(batch, update=False)
         T = batch["responses"].shape[1]
@@ -377,7 +339,7 @@ class FSDP2TrainBackend:
 
         fp32, on this rank's device, zero on response padding; ``model``: "actor" or "ref".
         """
-        module = common.select_model(model, self.actor, self.ref)
+        module = models.select_model(model, self.actor, self.ref)
         temp = self.temperature if temperature is None else temperature
         was_training = module.training
         module.eval()
@@ -425,17 +387,17 @@ class FSDP2TrainBackend:
         """One actor optimizer step over ``mini_batch`` (collective). Metrics as the native backend:
         the objective's + ``actor/loss`` (sum over micro-batches and ranks), ``actor/grad_norm``,
         ``actor/lr``, ``actor/skipped_steps``, ``actor/num_micro_batches`` (per rank)."""
-        return common.policy_update(self, mini_batch, objective)
+        return update.policy_update(self, mini_batch, objective)
 
     def update_critic(self, mini_batch: Batch, objective: Objective) -> dict[str, float]:
         """One critic optimizer step (collective): ``loss, metrics = objective(mb, values, None)``."""
-        return common.critic_update(self, mini_batch, objective)
+        return update.critic_update(self, mini_batch, objective)
 
     def _update(
         self,
         mini_batch: Batch,
         objective: Objective,
-        forward: Callable[[Batch], tuple[Tensor, Tensor | None]],
+        forward: Forward,
         *,
         module: nn.Module,
         optimizer: torch.optim.Optimizer,
@@ -447,23 +409,13 @@ class FSDP2TrainBackend:
         optimizer.zero_grad(set_to_none=True)
         snapshot = acc_snapshot(objective)
         plan = self.plan(mini_batch, update=True)
-        collected: dict[str, list[float]] = {}
-        total_loss = torch.zeros((), device=self.device)
-        mbs = self._my_micro_batches(mini_batch, plan)
-        for mb in mbs:
-            if mb is None:  # pad this rank's passes: same collectives, zero gradient
-                out, _ = forward(self._dummy(mini_batch).to(self.device))
-                (out.sum() * 0.0).backward()
-                continue
-            out, entropy = forward(mb)
-            loss, mb_metrics = objective(mb, out, entropy)
-            loss.backward()  # summed, never averaged: the objective divides by global counts
-            total_loss += loss.detach().float()
-            for k, v in mb_metrics.items():
-                collected.setdefault(k, []).append(
-                    float(v.detach().float()) if isinstance(v, Tensor) else float(v)
-                )
-
+        total_loss, collected = update.accumulate(
+            self._my_micro_batches(mini_batch, plan),
+            objective,
+            forward,
+            device=self.device,
+            dummy=lambda: self._dummy(mini_batch).to(self.device),  # pad this rank's passes
+        )
         dist.all_reduce(total_loss)  # sum over ranks
 
         def agree(bad: bool) -> bool:  # every rank skips together
@@ -471,7 +423,7 @@ class FSDP2TrainBackend:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             return bool(flag.item())
 
-        loss_value, norm_value, skipped = common.optimizer_step(
+        loss_value, norm_value, skipped = update.optimizer_step(
             module, optimizer, loss=total_loss, grad_clip=grad_clip, lr=lr, device=self.device, agree=agree
         )
         if skipped and self.rank == 0:
@@ -483,9 +435,9 @@ class FSDP2TrainBackend:
                 loss_value,
                 norm_value,
             )
-        metrics = merge_across_ranks(collected, objective, snapshot)
+        metrics = merge_across_ranks(update.floats(collected), objective, snapshot)
         metrics.update(
-            common.step_metrics(
+            update.step_metrics(
                 prefix,
                 loss=loss_value,
                 grad_norm=norm_value,
@@ -530,20 +482,12 @@ class FSDP2TrainBackend:
         state = self.full_state_dict()
         if self.rank == 0 and self._lora is not None:
             with ckpt.atomic_dir(Path(path), {"format": "hf"}) as tmp:
-                common.save_lora_export(state, self._actor_cls, self._actor_config, self.spec, tmp)
-                common.save_tokenizer(self._tokenizer, self.spec, tmp)
+                ckpt.save_lora_export(state, self._actor_cls, self._actor_config, self.spec, tmp)
+                ckpt.save_tokenizer(self._tokenizer, self.spec, tmp)
         elif self.rank == 0:
             with ckpt.atomic_dir(Path(path), {"format": "hf"}) as tmp:
-                with torch.device("meta"):
-                    model: Any = self._actor_cls(copy.deepcopy(self._actor_config))
-                model.load_state_dict(state, strict=False, assign=True)
-                if getattr(self._actor_config, "tie_word_embeddings", False):
-                    model.tie_weights()
-                missing = [n for n, p in model.named_parameters() if p.is_meta]
-                if missing:
-                    raise RuntimeError(f"export_hf: parameters missing from the gathered state: {missing}")
-                model.save_pretrained(str(tmp))
-                common.save_tokenizer(self._tokenizer, self.spec, tmp)
+                ckpt.save_hf_model(state, self._actor_cls, self._actor_config, tmp, what="the gathered state")
+                ckpt.save_tokenizer(self._tokenizer, self.spec, tmp)
         dist.barrier()
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -576,10 +520,13 @@ class FSDP2TrainBackend:
         (version, schedule, world size, extra_state), ``COMPLETE`` last; written in ``PATH.tmp`` by
         all ranks and renamed by rank 0 only after every rank finished.
         """
-        meta = common.checkpoint_meta(
-            self,
+        meta = ckpt.checkpoint_meta(
             CHECKPOINT_FORMAT,
             extra_state,
+            version=self.version,
+            critic_steps=self.critic_steps,
+            schedule=self.schedule,
+            has_critic=self.critic is not None,
             world_size=self.world,
             lora=lora.settings_record(self.spec.lora),
         )
@@ -611,10 +558,10 @@ class FSDP2TrainBackend:
         states then come from rank ``r % saved_world``. Returns ``extra_state``.
         """
         path = Path(path)
-        meta = common.read_checkpoint_meta(
+        meta = ckpt.read_checkpoint_meta(
             path, CHECKPOINT_FORMAT, "an fsdp2 train", has_critic=self.critic is not None
         )
-        common.check_checkpoint_lora(path, meta, self.spec.lora)
+        ckpt.check_checkpoint_lora(path, meta, self.spec.lora)
         for name, module, opt in self._parts():
             options = self._state_options(module)
             model_sd, optim_sd = self._state_dicts(module, opt)

@@ -18,10 +18,12 @@ import torch
 from safetensors.torch import load_file
 
 from rlzoo.backends.fsdp2 import FSDP2Params
-from rlzoo.backends.fsdp2.sharding import balanced_shards, micro_batch_bounds, pack, plan_shards, unpack
+from rlzoo.backends.fsdp2.sharding import balanced_shards, micro_batch_bounds, plan_shards
 from rlzoo.backends.native.train import NativeTrainBackend
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.protocols import TrainBackend, TrainSpec
+from rlzoo.train_kit.logprobs import pack, unpack
+from rlzoo.train_kit.params import HFTrainParams
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fsdp2_worker import PARAMS, SETTINGS, TokenMeanPG, TokenMeanValue, make_batch, sample_batch, tiny_model
@@ -72,7 +74,9 @@ def test_pack_positions_and_targets() -> None:
 def test_params_validate() -> None:
     with pytest.raises(ValueError, match="fsdp_size"):
         FSDP2Params(fsdp_size=0)
-    assert isinstance(FSDP2Params(), NativeTrainParams)
+    with pytest.raises(ValueError, match="invalid fsdp2 train params: dtype"):
+        FSDP2Params(dtype="float16")
+    assert isinstance(FSDP2Params(), HFTrainParams)
 
 
 def test_registered_as_train_backend() -> None:

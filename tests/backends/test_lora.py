@@ -138,7 +138,7 @@ def test_checkpoint_holds_the_adapter_and_resume_is_exact(tmp_path):
     a.save_checkpoint(tmp_path / "ckpt", {"data_pos": 7})
     draws = (random.random(), np.random.rand(), torch.rand(2))
 
-    from rlzoo.backends.native import checkpoint as ckpt
+    from rlzoo.train_kit import checkpoint as ckpt
 
     saved = ckpt.load_state_dict(tmp_path / "ckpt" / "actor" / "model.safetensors")
     assert set(saved) == {n for n, _ in lora.adapter_items(a.actor.state_dict())}  # the adapter only

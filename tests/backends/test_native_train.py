@@ -13,12 +13,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlzoo.backends.native import checkpoint as ckpt
-from rlzoo.backends.native.train import NativeTrainBackend, lr_multiplier
+from rlzoo.backends.native.train import NativeTrainBackend
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.batch import Batch
 from rlzoo.models.tiny import tiny_qwen2_config
 from rlzoo.protocols import OptimSettings, TrainBackend, TrainSpec
+from rlzoo.train_kit import checkpoint as ckpt
+from rlzoo.train_kit.update import lr_multiplier
 
 V = 64
 PAD = 0

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlzoo.backends.native import common
 from rlzoo.backends.native.train import NativeTrainBackend
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.batch import Batch
 from rlzoo.protocols import MicroBatchSettings, SumPiSquaredSource, TrainSpec
+from rlzoo.train_kit.logprobs import sum_pi_squared
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fsdp2_worker import PARAMS, SETTINGS, sample_batch, tiny_model
@@ -42,11 +42,11 @@ def test_chunked_formula_equals_softmax() -> None:
     logits = torch.randn(3, 7, 50, generator=g) * 4  # [B, T, V], peaked rows too
     want = torch.softmax(logits.double() / 0.6, -1).square().sum(-1)  # [B, T]
     for chunk in (1, 3, 1024):
-        got = common.sum_pi_squared(logits, temperature=0.6, chunk_tokens=chunk)
+        got = sum_pi_squared(logits, temperature=0.6, chunk_tokens=chunk)
         torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=1e-5)
     strided = logits[:, 1:-1]  # a slice, as the trainer passes it
     torch.testing.assert_close(
-        common.sum_pi_squared(strided, chunk_tokens=2).double(),
+        sum_pi_squared(strided, chunk_tokens=2).double(),
         torch.softmax(strided.double(), -1).square().sum(-1),
         atol=1e-6,
         rtol=1e-5,

@@ -8,11 +8,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlzoo.backends.megatron.vocab_parallel import simulate_vocab_parallel
-from rlzoo.backends.native.train import actor_log_probs
 from rlzoo.batch import Batch
 from rlzoo.models.tiny import tiny_qwen2_config
 from rlzoo.protocols import MicroBatchSettings
-from rlzoo.train_kit import (
+from rlzoo.train_kit.logprobs import (
+    actor_log_probs,
     chunked_token_fn,
     chunks,
     linear_token_log_probs,
@@ -249,9 +249,10 @@ def test_native_fused_lm_head_equals_logits_path():
     import copy
     import dataclasses
 
-    from rlzoo.backends.native.train import NativeTrainBackend, fusable_lm_head
+    from rlzoo.backends.native.train import NativeTrainBackend
     from rlzoo.backends.native.train_params import NativeTrainParams
     from rlzoo.protocols import TrainSpec
+    from rlzoo.train_kit.models import fusable_lm_head
 
     from .test_native_train import TokenMeanPG, sample_batch, tiny_model
 

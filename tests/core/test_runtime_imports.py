@@ -171,3 +171,39 @@ def test_core_imports_no_algorithm_or_backend(where: str) -> None:
                 if any(name == p or name.startswith(p + ".") for p in IMPLEMENTATION_PACKAGES):
                     bad.append(f"{path.relative_to(ROOT)}:{lineno}: imports {name}")
     assert not bad, "the core must reach built-in parts through the registry:\n" + "\n".join(sorted(set(bad)))
+
+
+# ---------------------------------------------------------------------------------------------
+# backends are peers: what they share lives in the core (rlzoo.train_kit), never in one of them
+# ---------------------------------------------------------------------------------------------
+def _backend_of(name: str) -> str | None:
+    """``rlzoo.backends.X...`` -> ``X`` (None for anything else)."""
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["rlzoo", "backends"] else None
+
+
+def _backend_files() -> list[tuple[str, Path]]:
+    return [(p.relative_to(ROOT / "backends").parts[0], p) for p in sorted((ROOT / "backends").rglob("*.py"))]
+
+
+def test_no_backend_imports_another_backend() -> None:
+    """Counting imports inside functions; relative imports that climb out of a backend too."""
+    bad: list[str] = []
+    files = _backend_files()
+    assert {"native", "fsdp2", "megatron", "vllm", "simulated"} <= {b for b, _ in files}
+    for backend, path in files:
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.level > len(path.relative_to(ROOT / "backends").parts) - 1
+            ):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: relative import above its backend")
+        for lineno, name in _imports(tree):
+            other = _backend_of(name)
+            if other is not None and other != backend:
+                bad.append(f"{path.relative_to(ROOT)}:{lineno}: imports {name}")
+    assert not bad, (
+        "a backend imports another backend; move what they share into the core train kit "
+        "(rlzoo/train_kit/):\n" + "\n".join(sorted(set(bad)))
+    )
