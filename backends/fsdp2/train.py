@@ -27,7 +27,7 @@ import logging
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -100,7 +100,7 @@ class FSDP2TrainBackend:
         every rank). ``critic_backbone`` / ``tokenizer`` as in the native backend."""
         self.params = params
         self.spec = spec
-        self.temperature = models.resolve_temperature(params, spec)  # None: the rollout's, as native
+        self.temperature = models.resolve_temperature(params.temperature, spec)  # None: the rollout's, as native
         self.version = 0
         self.critic_steps = 0
         self._tokenizer = tokenizer
@@ -463,7 +463,7 @@ class FSDP2TrainBackend:
         for name, t in state.items() if self._lora is None else lora.adapter_items(state):
             if isinstance(t, DTensor):
                 if t.device.type != self.device.type:  # offloaded shard: gather on the device
-                    t = t.to(self.device)
+                    t = cast(DTensor, t.to(self.device))  # .to keeps a DTensor (typed as Tensor)
                 full = t.full_tensor()
             else:
                 full = t.detach()
@@ -509,7 +509,7 @@ class FSDP2TrainBackend:
         (``ignore_frozen_params`` alone keeps a tied LM head, whose name is not its parameter's)."""
         model_sd, optim_sd = get_state_dict(module, opt, options=self._state_options(module))
         if module is self.actor and self._lora is not None:
-            model_sd = dict(lora.adapter_items(model_sd))
+            model_sd = dict(lora.adapter_items(cast(dict[str, Tensor], model_sd)))  # a model's: tensors
         return dict(model_sd), optim_sd
 
     def save_checkpoint(self, path: Path, extra_state: Mapping[str, Any]) -> None:

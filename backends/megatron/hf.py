@@ -79,6 +79,8 @@ def export_tensors(backend: MegatronTrainBackend) -> dict[str, Tensor]:
                         meta, src=src, group=backend.mpu.get_pipeline_model_parallel_group()
                     )
                     if t is None:
+                        if meta[0] is None:
+                            raise RuntimeError(f"export: pipeline stage {s} sent no shape for {name!r}")
                         t = torch.empty(meta[0][0], dtype=meta[0][1], device=backend.device)
                     dist.broadcast(t, src=src, group=backend.mpu.get_pipeline_model_parallel_group())
                 if name.startswith("decoder.layers."):

@@ -152,7 +152,7 @@ class MegatronTrainBackend:
         from megatron.core import parallel_state as mpu
         from transformers import AutoConfig
 
-        self.temperature = resolve_temperature(params, spec)
+        self.temperature = resolve_temperature(params.temperature, spec)
         self.version = 0
         self.critic_steps = 0
         self.schedule = LRSchedule.from_spec(spec)

@@ -73,7 +73,7 @@ class NativeTrainBackend:
         """
         self.params = params
         self.spec = spec
-        self.temperature = models.resolve_temperature(params, spec)
+        self.temperature = models.resolve_temperature(params.temperature, spec)
         self.version = 0
         self.critic_steps = 0
         self.device = torch.device(

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from rlzoo.models.processor import has_vision_config
 from rlzoo.protocols import TrainSpec
+from rlzoo.train_kit.params import HFTrainParams
 
 __all__ = [
     "FUSED_LM_HEAD_MODEL_TYPES",
@@ -35,12 +36,12 @@ FUSED_LM_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "qw
 (no logit scaling or soft-capping after the head)."""
 
 
-def resolve_temperature(params: Any, spec: TrainSpec) -> float:
-    """``params.temperature`` when set, else the rollout's (``spec.temperature``)."""
-    return float(params.temperature if params.temperature is not None else spec.temperature)
+def resolve_temperature(temperature: float | None, spec: TrainSpec) -> float:
+    """A backend's ``temperature`` param when set, else the rollout's (``spec.temperature``)."""
+    return float(temperature if temperature is not None else spec.temperature)
 
 
-def hf_kwargs(params: Any, spec: TrainSpec, dtype: torch.dtype) -> dict[str, Any]:
+def hf_kwargs(params: HFTrainParams, spec: TrainSpec, dtype: torch.dtype) -> dict[str, Any]:
     """``from_pretrained`` keyword arguments: dtype, ``trust_remote_code``, attention implementation."""
     kw: dict[str, Any] = {"dtype": dtype, "trust_remote_code": spec.trust_remote_code}
     if params.attn_implementation is not None:

@@ -118,15 +118,23 @@ class Updates(Protocol):
     """What :func:`policy_update` / :func:`critic_update` drive: a train backend's models, their
     optimizers, step counters and schedule, its forwards and its :func:`accumulate`-based step."""
 
-    spec: TrainSpec
-    temperature: float
     version: int
     critic_steps: int
-    schedule: LRSchedule
-    actor: Any
-    optimizer: torch.optim.Optimizer
-    critic: Any
-    critic_optimizer: torch.optim.Optimizer | None
+
+    @property
+    def spec(self) -> TrainSpec: ...
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def schedule(self) -> LRSchedule: ...
+    @property
+    def actor(self) -> Any: ...
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+    @property
+    def critic(self) -> Any: ...
+    @property
+    def critic_optimizer(self) -> torch.optim.Optimizer | None: ...
 
     def _actor_forward(
         self, module: nn.Module, mb: Batch, *, with_entropy: bool, temperature: float
