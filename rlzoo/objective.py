@@ -10,6 +10,7 @@ the full-batch gradient. Loss-like metrics are accumulated here the same way and
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +84,33 @@ class _Accumulator:
         out = dict(self.sums)
         out.update({k: sum(v) / len(v) for k, v in self.means.items() if v})
         return out
+
+    # -- merging data-parallel ranks (:class:`rlzoo.protocols.MetricAccumulator`) -------------
+    def mark(self) -> tuple[dict[str, float], dict[str, int]]:
+        """What this accumulator holds now (sums, and how many values each mean has)."""
+        return dict(self.sums), {k: len(v) for k, v in self.means.items()}
+
+    def since(self, mark: tuple[dict[str, float], dict[str, int]]) -> dict[str, Any]:
+        """What was added after ``mark``: additive sums, and the new per-micro-batch values."""
+        sums0, lens0 = mark
+        return {
+            "sums": {k: v - sums0.get(k, 0.0) for k, v in self.sums.items()},
+            "means": {k: list(v[lens0.get(k, 0) :]) for k, v in self.means.items()},
+        }
+
+    def merge(self, mark: tuple[dict[str, float], dict[str, int]], added: Sequence[dict[str, Any]]) -> None:
+        """Back to ``mark``, then add every rank's :meth:`since`: sums are summed over ranks (each
+        already globally normalised), per-micro-batch values concatenated (in rank order)."""
+        sums0, lens0 = mark
+        for k in list(self.sums):
+            self.sums[k] = sums0.get(k, 0.0)
+        for k in list(self.means):
+            del self.means[k][lens0.get(k, 0) :]
+        for part in added:
+            for k, v in part["sums"].items():
+                self.sums[k] += v
+            for k, vs in part["means"].items():
+                self.means[k].extend(vs)
 
 
 @dataclass

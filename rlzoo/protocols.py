@@ -503,11 +503,42 @@ class TrainSpec:
 
 
 class Objective(Protocol):
-    """Per micro-batch objective built by :mod:`rlzoo.objective` from the selected parts."""
+    """Per micro-batch objective built by :mod:`rlzoo.objective` from the selected parts.
+
+    A train backend calls it on each micro-batch with the log-probs (or values) ``[b, T]`` and,
+    when ``needs_entropy``, the per-token entropy ``[b, T]`` (else None), back-propagates the loss
+    and reports the returned metrics (mean over micro-batches).
+    """
+
+    @property
+    def needs_entropy(self) -> bool: ...
 
     def __call__(
         self, micro_batch: Batch, log_probs: Tensor, entropy: Tensor | None
     ) -> tuple[Tensor, dict[str, Any]]: ...
+
+
+class MetricAccumulator(Protocol):
+    """Metrics an objective accumulates over an update's micro-batches, read with ``summary()``.
+
+    A data-parallel backend, whose ranks each see their shard, makes ``summary()`` read the same
+    on every rank: ``mark()`` before the update; after it, ``since(mark)`` on each rank (what this
+    rank added; picklable), gathered from all ranks, then ``merge(mark, gathered)``.
+    """
+
+    def summary(self) -> dict[str, float]: ...
+    def mark(self) -> Any: ...
+    def since(self, mark: Any) -> Any: ...
+    def merge(self, mark: Any, added: Sequence[Any]) -> None: ...
+
+
+@runtime_checkable
+class AccumulatingObjective(Objective, Protocol):
+    """An :class:`Objective` whose metrics accumulate in ``acc`` (:class:`rlzoo.objective.PolicyObjective`,
+    ``ValueObjective``); a plain objective returns its metrics per micro-batch only."""
+
+    @property
+    def acc(self) -> MetricAccumulator: ...
 
 
 @runtime_checkable

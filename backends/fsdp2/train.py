@@ -51,7 +51,7 @@ from torch.distributed.tensor import DTensor
 
 from rlzoo import lora
 from rlzoo.backends.fsdp2 import FSDP2Params
-from rlzoo.backends.fsdp2.collectives import acc_snapshot, ensure_process_group, merge_across_ranks
+from rlzoo.backends.fsdp2.collectives import acc_mark, ensure_process_group, merge_across_ranks
 from rlzoo.backends.fsdp2.sharding import ShardPlan, plan_shards
 from rlzoo.batch import Batch
 from rlzoo.protocols import Objective, TrainSpec
@@ -100,7 +100,9 @@ class FSDP2TrainBackend:
         every rank). ``critic_backbone`` / ``tokenizer`` as in the native backend."""
         self.params = params
         self.spec = spec
-        self.temperature = models.resolve_temperature(params.temperature, spec)  # None: the rollout's, as native
+        self.temperature = models.resolve_temperature(
+            params.temperature, spec
+        )  # None: the rollout's, as native
         self.version = 0
         self.critic_steps = 0
         self._tokenizer = tokenizer
@@ -407,7 +409,7 @@ class FSDP2TrainBackend:
     ) -> dict[str, float]:
         module.train()
         optimizer.zero_grad(set_to_none=True)
-        snapshot = acc_snapshot(objective)
+        mark = acc_mark(objective)
         plan = self.plan(mini_batch, update=True)
         total_loss, collected = update.accumulate(
             self._my_micro_batches(mini_batch, plan),
@@ -435,7 +437,7 @@ class FSDP2TrainBackend:
                 loss_value,
                 norm_value,
             )
-        metrics = merge_across_ranks(update.floats(collected), objective, snapshot)
+        metrics = merge_across_ranks(update.floats(collected), objective, mark)
         metrics.update(
             update.step_metrics(
                 prefix,

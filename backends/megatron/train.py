@@ -537,7 +537,7 @@ class MegatronTrainBackend:
             ddp.zero_grad_buffer()
             optimizer.zero_grad()
             local, _ = self._dp_slice(mini_batch)
-            needs_entropy = bool(getattr(objective, "needs_entropy", False)) and not values
+            needs_entropy = objective.needs_entropy and not values
             _, _, info = self._run(
                 ddp,
                 local,

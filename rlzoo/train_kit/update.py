@@ -239,7 +239,7 @@ def optimizer_step(
 def policy_update(backend: Updates, mini_batch: Batch, objective: Objective) -> dict[str, float]:
     """``backend.update_policy``: one actor step through ``backend._update`` at ``schedule.lr(version)``;
     ``version`` counts the steps not skipped."""
-    needs_entropy = bool(getattr(objective, "needs_entropy", False))
+    needs_entropy = objective.needs_entropy
     temp = backend.temperature
 
     def forward(mb: Batch) -> tuple[Tensor, Tensor | None]:

@@ -108,6 +108,8 @@ class TokenMeanPG:
 
 
 class ValueMSE:
+    needs_entropy = False
+
     def __init__(self, global_tokens: float) -> None:
         self.global_tokens = global_tokens
 
