@@ -1,5 +1,6 @@
 """The fsdp2 backend's process-group and cross-rank helpers: starting (or joining) the default
-group, and merging each rank's metrics and objective accumulator after an update.
+group, and joining the ranks in one update (:class:`ProcessGroupRanks`: loss sum, skip verdict,
+each rank's metrics and objective accumulator merged).
 
 :func:`ensure_process_group` is re-exported by :mod:`rlzoo.backends.fsdp2.train`.
 """
@@ -11,11 +12,14 @@ import socket
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
+from torch import Tensor
 
 from rlzoo.protocols import AccumulatingObjective, Objective
+from rlzoo.train_kit.update import floats
 
-__all__ = ["acc_mark", "ensure_process_group", "merge_across_ranks"]
+__all__ = ["ProcessGroupRanks", "ensure_process_group", "merge_across_ranks"]
 
 
 def _free_port() -> int:
@@ -64,6 +68,26 @@ def merge_across_ranks(
     return {k: sum(v) / len(v) for k, v in merged.items() if v}
 
 
-def acc_mark(objective: Objective) -> Any | None:
-    """``objective.acc.mark()`` of an accumulating objective, else None (nothing to merge)."""
-    return objective.acc.mark() if isinstance(objective, AccumulatingObjective) else None
+class ProcessGroupRanks:
+    """The default group's ranks in one update (:class:`rlzoo.train_kit.update.Ranks`): the loss
+    summed over ranks, a step skipped on all ranks when any rank's is not finite, the metrics
+    and the objective's accumulator merged (:func:`merge_across_ranks`)."""
+
+    def __init__(self, rank: int, world: int, device: torch.device) -> None:
+        self.rank, self.world, self.device = rank, world, device
+
+    def sum_loss(self, total: Tensor) -> Tensor:
+        dist.all_reduce(total)  # sum over ranks
+        return total
+
+    def agree(self, bad: bool) -> bool:
+        flag = torch.tensor([1.0 if bad else 0.0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def mark(self, objective: Objective) -> Any:
+        """``objective.acc.mark()`` of an accumulating objective, else None (nothing to merge)."""
+        return objective.acc.mark() if isinstance(objective, AccumulatingObjective) else None
+
+    def metrics(self, collected: dict[str, list[Any]], objective: Objective, mark: Any) -> dict[str, float]:
+        return merge_across_ranks(floats(collected), objective, mark)

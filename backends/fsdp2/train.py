@@ -51,14 +51,14 @@ from torch.distributed.tensor import DTensor
 
 from rlzoo import lora
 from rlzoo.backends.fsdp2 import FSDP2Params
-from rlzoo.backends.fsdp2.collectives import acc_mark, ensure_process_group, merge_across_ranks
+from rlzoo.backends.fsdp2.collectives import ProcessGroupRanks, ensure_process_group
 from rlzoo.backends.fsdp2.sharding import ShardPlan, plan_shards
 from rlzoo.batch import Batch
 from rlzoo.protocols import Objective, TrainSpec
 from rlzoo.train_kit import checkpoint as ckpt
 from rlzoo.train_kit import models, update
 from rlzoo.train_kit.logprobs import actor_log_probs, actor_log_probs_and_sum_pi_squared, critic_values
-from rlzoo.train_kit.update import Forward, LRSchedule
+from rlzoo.train_kit.update import Forward, LRSchedule, Target
 
 __all__ = ["FSDP2TrainBackend", "ensure_process_group"]
 
@@ -396,59 +396,19 @@ class FSDP2TrainBackend:
         return update.critic_update(self, mini_batch, objective)
 
     def _update(
-        self,
-        mini_batch: Batch,
-        objective: Objective,
-        forward: Forward,
-        *,
-        module: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        lr: float,
-        grad_clip: float,
-        prefix: str,
+        self, mini_batch: Batch, objective: Objective, forward: Forward, target: Target
     ) -> dict[str, float]:
-        module.train()
-        optimizer.zero_grad(set_to_none=True)
-        mark = acc_mark(objective)
         plan = self.plan(mini_batch, update=True)
-        total_loss, collected = update.accumulate(
+        return update.run_update(
+            target,
             self._my_micro_batches(mini_batch, plan),
             objective,
             forward,
             device=self.device,
+            num_micro_batches=plan.num_micro_batches,
+            ranks=ProcessGroupRanks(self.rank, self.world, self.device),
             dummy=lambda: self._dummy(mini_batch).to(self.device),  # pad this rank's passes
         )
-        dist.all_reduce(total_loss)  # sum over ranks
-
-        def agree(bad: bool) -> bool:  # every rank skips together
-            flag = torch.tensor([1.0 if bad else 0.0], device=self.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            return bool(flag.item())
-
-        loss_value, norm_value, skipped = update.optimizer_step(
-            module, optimizer, loss=total_loss, grad_clip=grad_clip, lr=lr, device=self.device, agree=agree
-        )
-        if skipped and self.rank == 0:
-            logger.warning(
-                "%s update skipped on all %d ranks: non-finite loss or grad norm (loss=%s, grad_norm=%s); "
-                "gradients dropped",
-                prefix,
-                self.world,
-                loss_value,
-                norm_value,
-            )
-        metrics = merge_across_ranks(update.floats(collected), objective, mark)
-        metrics.update(
-            update.step_metrics(
-                prefix,
-                loss=loss_value,
-                grad_norm=norm_value,
-                lr=lr,
-                skipped=skipped,
-                num_micro_batches=plan.num_micro_batches,
-            )
-        )
-        return metrics
 
     # -- weights --------------------------------------------------------------------------------
     def export_weights(self) -> Iterator[tuple[str, Tensor]]:

@@ -20,7 +20,6 @@ import copy
 import inspect
 import json
 import logging
-import math
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from rlzoo.protocols import Objective, TrainSpec
 from rlzoo.train_kit import checkpoint as ckpt
 from rlzoo.train_kit import models, update
 from rlzoo.train_kit.logprobs import actor_log_probs, actor_log_probs_and_sum_pi_squared, critic_values
-from rlzoo.train_kit.update import Forward, LRSchedule
+from rlzoo.train_kit.update import Forward, LRSchedule, Target
 
 __all__ = ["NativeTrainBackend"]
 
@@ -321,46 +320,17 @@ class NativeTrainBackend:
         return update.critic_update(self, mini_batch, objective)
 
     def _update(
-        self,
-        mini_batch: Batch,
-        objective: Objective,
-        forward: Forward,
-        *,
-        module: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        lr: float,
-        grad_clip: float,
-        prefix: str,
+        self, mini_batch: Batch, objective: Objective, forward: Forward, target: Target
     ) -> dict[str, float]:
-        module.train()
-        optimizer.zero_grad(set_to_none=True)
         mbs = self.micro_batches(mini_batch)
-        total_loss, collected = update.accumulate(
-            (mb.to(self.device) for mb in mbs), objective, forward, device=self.device
+        return update.run_update(
+            target,
+            (mb.to(self.device) for mb in mbs),
+            objective,
+            forward,
+            device=self.device,
+            num_micro_batches=len(mbs),
         )
-        loss_value, norm_value, skipped = update.optimizer_step(
-            module, optimizer, loss=total_loss, grad_clip=grad_clip, lr=lr, device=self.device
-        )
-        if skipped:
-            logger.warning(
-                "%s update skipped: non-finite %s (loss=%s, grad_norm=%s); gradients dropped",
-                prefix,
-                "loss" if not math.isfinite(loss_value) else "grad norm",
-                loss_value,
-                norm_value,
-            )
-        metrics = update.mean_metrics(collected)
-        metrics.update(
-            update.step_metrics(
-                prefix,
-                loss=loss_value,
-                grad_norm=norm_value,
-                lr=lr,
-                skipped=skipped,
-                num_micro_batches=len(mbs),
-            )
-        )
-        return metrics
 
     # -- weights --------------------------------------------------------------------------------
     def export_weights(self) -> Iterator[tuple[str, Tensor]]:

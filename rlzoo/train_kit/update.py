@@ -9,12 +9,15 @@
   keep a rank's collectives in step with the others'.
 - :func:`optimizer_step`: clip, then step at the scheduled LR unless the loss or the gradient
   norm is not finite (the step is skipped and the gradients dropped); :func:`step_metrics`.
+- :func:`run_update`: one step of a :class:`Target` (the actor or the critic): the two above, with
+  a data-parallel backend's :class:`Ranks` (loss sum, skip verdict, metrics merge) around them.
 - :func:`policy_update` / :func:`critic_update`: one actor / critic step of a backend that
   declares :class:`Updates`; the step counters count the steps not skipped.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -29,6 +32,9 @@ from rlzoo.protocols import Objective, OptimSettings, TrainSpec
 __all__ = [
     "Forward",
     "LRSchedule",
+    "OneProcess",
+    "Ranks",
+    "Target",
     "Updates",
     "accumulate",
     "clip_grad_norm",
@@ -37,8 +43,11 @@ __all__ = [
     "mean_metrics",
     "optimizer_step",
     "policy_update",
+    "run_update",
     "step_metrics",
 ]
+
+logger = logging.getLogger(__name__)
 
 Forward = Callable[[Batch], tuple[Tensor, Tensor | None]]
 """``forward(micro_batch) -> (log_probs or values [b, T], entropy [b, T] | None)``."""
@@ -114,6 +123,61 @@ class LRSchedule:
         }
 
 
+@dataclass(frozen=True)
+class Target:
+    """The model one update steps (the actor or the critic), its optimizer, LR and clip."""
+
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+    lr: float
+    grad_clip: float
+    prefix: str
+    """"actor" or "critic": the metrics' prefix."""
+
+
+class Ranks(Protocol):
+    """The data-parallel ranks of one update, as :func:`run_update` joins them."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world(self) -> int: ...
+    def sum_loss(self, total: Tensor) -> Tensor:
+        """The summed loss over all ranks."""
+        ...
+
+    def agree(self, bad: bool) -> bool:
+        """Whether any rank's loss or gradient norm is not finite (every rank skips together)."""
+        ...
+
+    def mark(self, objective: Objective) -> Any:
+        """What to merge from after the update (e.g. the objective's accumulator now)."""
+        ...
+
+    def metrics(self, collected: dict[str, list[Any]], objective: Objective, mark: Any) -> dict[str, float]:
+        """The objective's metrics over every rank's micro-batches (and its accumulator merged)."""
+        ...
+
+
+class OneProcess:
+    """:class:`Ranks` of a one-process backend: nothing to join."""
+
+    rank = 0
+    world = 1
+
+    def sum_loss(self, total: Tensor) -> Tensor:
+        return total
+
+    def agree(self, bad: bool) -> bool:
+        return bad
+
+    def mark(self, objective: Objective) -> None:
+        return None
+
+    def metrics(self, collected: dict[str, list[Any]], objective: Objective, mark: Any) -> dict[str, float]:
+        return mean_metrics(collected)
+
+
 class Updates(Protocol):
     """What :func:`policy_update` / :func:`critic_update` drive: a train backend's models, their
     optimizers, step counters and schedule, its forwards and its :func:`accumulate`-based step."""
@@ -143,16 +207,7 @@ class Updates(Protocol):
     def _critic_forward(self, mb: Batch) -> Tensor: ...
 
     def _update(
-        self,
-        mini_batch: Batch,
-        objective: Objective,
-        forward: Forward,
-        *,
-        module: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        lr: float,
-        grad_clip: float,
-        prefix: str,
+        self, mini_batch: Batch, objective: Objective, forward: Forward, target: Target
     ) -> dict[str, float]: ...
 
 
@@ -184,6 +239,61 @@ def accumulate(
         for k, v in mb_metrics.items():
             collected.setdefault(k, []).append(v.detach().float() if isinstance(v, Tensor) else v)
     return total_loss, collected
+
+
+def run_update(
+    target: Target,
+    micro_batches: Iterable[Batch | None],
+    objective: Objective,
+    forward: Forward,
+    *,
+    device: torch.device,
+    num_micro_batches: int,
+    ranks: Ranks | None = None,
+    dummy: Callable[[], Batch] | None = None,
+) -> dict[str, float]:
+    """One optimizer step of ``target`` over ``micro_batches`` (:func:`accumulate`, then
+    :func:`optimizer_step`, skipped on every rank when any rank's loss or gradient norm is not
+    finite). Metrics: the objective's (mean over micro-batches) and :func:`step_metrics`."""
+    ranks = ranks if ranks is not None else OneProcess()
+    target.module.train()
+    target.optimizer.zero_grad(set_to_none=True)
+    mark = ranks.mark(objective)
+    total, collected = accumulate(micro_batches, objective, forward, device=device, dummy=dummy)
+    loss_value, norm_value, skipped = optimizer_step(
+        target.module,
+        target.optimizer,
+        loss=ranks.sum_loss(total),
+        grad_clip=target.grad_clip,
+        lr=target.lr,
+        device=device,
+        agree=ranks.agree,
+    )
+    if skipped and ranks.rank == 0:
+        logger.warning(
+            "%s update skipped%s: non-finite %s (loss=%s, grad_norm=%s); gradients dropped",
+            target.prefix,
+            "" if ranks.world == 1 else f" on all {ranks.world} ranks",
+            "loss or grad norm"
+            if ranks.world > 1
+            else "loss"
+            if not math.isfinite(loss_value)
+            else "grad norm",
+            loss_value,
+            norm_value,
+        )
+    metrics = ranks.metrics(collected, objective, mark)
+    metrics.update(
+        step_metrics(
+            target.prefix,
+            loss=loss_value,
+            grad_norm=norm_value,
+            lr=target.lr,
+            skipped=skipped,
+            num_micro_batches=num_micro_batches,
+        )
+    )
+    return metrics
 
 
 def floats(collected: Mapping[str, list[Any]]) -> dict[str, list[float]]:
@@ -245,16 +355,9 @@ def policy_update(backend: Updates, mini_batch: Batch, objective: Objective) -> 
     def forward(mb: Batch) -> tuple[Tensor, Tensor | None]:
         return backend._actor_forward(backend.actor, mb, with_entropy=needs_entropy, temperature=temp)
 
-    metrics: dict[str, float] = backend._update(
-        mini_batch,
-        objective,
-        forward,
-        module=backend.actor,
-        optimizer=backend.optimizer,
-        lr=backend.schedule.lr(backend.version),
-        grad_clip=backend.spec.optim.grad_clip,
-        prefix="actor",
-    )
+    lr = backend.schedule.lr(backend.version)
+    target = Target(backend.actor, backend.optimizer, lr, backend.spec.optim.grad_clip, "actor")
+    metrics = backend._update(mini_batch, objective, forward, target)
     if not metrics["actor/skipped_steps"]:
         backend.version += 1
     return metrics
@@ -269,16 +372,11 @@ def critic_update(backend: Updates, mini_batch: Batch, objective: Objective) -> 
     def forward(mb: Batch) -> tuple[Tensor, Tensor | None]:
         return backend._critic_forward(mb), None
 
-    metrics: dict[str, float] = backend._update(
-        mini_batch,
-        objective,
-        forward,
-        module=backend.critic,
-        optimizer=backend.critic_optimizer,
-        lr=backend.schedule.lr(backend.critic_steps, critic=True),
-        grad_clip=backend.spec.optim.critic_grad_clip,
-        prefix="critic",
+    lr = backend.schedule.lr(backend.critic_steps, critic=True)
+    target = Target(
+        backend.critic, backend.critic_optimizer, lr, backend.spec.optim.critic_grad_clip, "critic"
     )
+    metrics = backend._update(mini_batch, objective, forward, target)
     if not metrics["critic/skipped_steps"]:
         backend.critic_steps += 1
     return metrics
