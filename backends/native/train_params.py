@@ -28,7 +28,13 @@ class NativeTrainParams(HFTrainParams):
     ``Linear(hidden, 1)`` value head. Updates accumulate gradients over micro-batches without
     rescaling (the objective normalises by global counts), skip the step when the loss or the
     gradient norm is not finite, clip, step AdamW and the LR schedule. Checkpoints are
-    safetensors + JSON, written atomically. ``dtype`` / ``autocast``: see :class:`HFTrainParams`.
+    safetensors + JSON, written atomically.
+
+    dtype: the model is loaded and trained in ``dtype`` (``bfloat16`` means pure-bf16 weights and
+    optimizer state, no fp32 master copy); log-softmax always runs in fp32. Use ``float32`` for
+    small models and exactness. ``autocast: bfloat16`` is mixed precision on one device: fp32
+    weights, gradients and optimizer state, matmuls in bf16 under ``torch.autocast`` (on CPUs with
+    avx512_bf16 / AMX several times faster than fp32; see docs/recipes.md, SmolLM2).
     """
 
     kind: ClassVar[str] = "native"

@@ -17,14 +17,8 @@ __all__ = ["HFTrainParams"]
 
 @dataclass(frozen=True)
 class HFTrainParams:
-    """Device, dtypes, attention, padding-free forwards and temperature of a trainer of HF models.
-
-    dtype: the model is loaded and trained in ``dtype`` (``bfloat16`` means pure-bf16 weights and
-    optimizer state, no fp32 master copy); log-softmax always runs in fp32. Use ``float32`` for
-    small models and exactness. ``autocast: bfloat16`` is mixed precision on one device: fp32
-    weights, gradients and optimizer state, matmuls in bf16 under ``torch.autocast`` (on CPUs with
-    avx512_bf16 / AMX several times faster than fp32; see docs/recipes.md, SmolLM2).
-    """
+    """Device, dtypes, attention, padding-free forwards and temperature of a trainer of HF models
+    (each backend's params class documents what they mean for it)."""
 
     kind: ClassVar[str] = "train backend"
     """The backend's name in error messages."""
