@@ -56,7 +56,7 @@ from rlzoo.backends.megatron.vocab_parallel import tp_reductions, vocab_parallel
 from rlzoo.batch import Batch
 from rlzoo.protocols import Objective, TrainSpec
 from rlzoo.train_kit.logprobs import chunked_token_fn
-from rlzoo.train_kit.models import resolve_temperature
+from rlzoo.train_kit.models import resolve_temperature, select_model
 from rlzoo.train_kit.update import LRSchedule
 
 __all__ = ["MegatronTrainBackend", "attention_mask"]
@@ -435,16 +435,8 @@ class MegatronTrainBackend:
     def compute_log_probs(
         self, batch: Batch, *, model: str = "actor", with_entropy: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        if model == "actor":
-            module, ddp = self.actor_ddp, self.actor_ddp
-        elif model == "ref":
-            if self.ref is None:
-                raise ValueError(
-                    "compute_log_probs(model='ref'): no reference model (spec.need_reference=False)"
-                )
-            module, ddp = self.ref, None
-        else:
-            raise ValueError(f"compute_log_probs: model must be 'actor' or 'ref', got {model!r}")
+        module: Any = select_model(model, self.actor_ddp, self.ref)
+        ddp = self.actor_ddp if model == "actor" else None  # what param_offload moves; the reference has none
         T = batch["responses"].shape[1]
         if ddp is not None and self.params.param_offload:
             self._onload(ddp)
