@@ -21,7 +21,6 @@ core train kit's (:mod:`rlzoo.train_kit`), as in the native backend.
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 import logging
 import os
@@ -65,7 +64,6 @@ __all__ = ["FSDP2TrainBackend", "ensure_process_group"]
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "rlzoo-fsdp2-train/1"
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -116,7 +114,7 @@ class FSDP2TrainBackend:
             torch.cuda.set_device(self.device)
         else:
             self.device = torch.device("cpu")
-        self.dtype = _DTYPES[params.dtype]
+        self.dtype = models.DTYPES[params.dtype]
         self.mesh = self._make_mesh()
         self.offload = params.offload
         if self.offload and self.device.type == "cpu":
@@ -129,7 +127,7 @@ class FSDP2TrainBackend:
         model = model.to(dtype=self.dtype)
         self._actor_cls: Any = type(model)
         self._actor_config = copy.deepcopy(model.config)
-        self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._keep_arg = models.takes_logits_to_keep(model)
         if params.use_remove_padding and not self._keep_arg:
             raise ValueError("fsdp2: use_remove_padding needs a model whose forward takes logits_to_keep")
         # with LoRA the reference is the actor with its adapters off (below), not a copy

@@ -17,7 +17,6 @@ is a pure function of the number of optimizer steps taken. The pieces are the co
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 import logging
 from collections.abc import Iterator, Mapping
@@ -41,7 +40,6 @@ __all__ = ["NativeTrainBackend"]
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "rlzoo-native-train/1"
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -78,7 +76,7 @@ class NativeTrainBackend:
         self.device = torch.device(
             ("cuda" if torch.cuda.is_available() else "cpu") if params.device == "auto" else params.device
         )
-        self.dtype = _DTYPES[params.dtype]
+        self.dtype = models.DTYPES[params.dtype]
         self._tokenizer = tokenizer
 
         given_model = model is not None
@@ -128,7 +126,7 @@ class NativeTrainBackend:
                     m.activation_checkpointing_enable({"use_reentrant": False})
                 else:
                     m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self._keep_arg = "logits_to_keep" in inspect.signature(self.actor.forward).parameters
+        self._keep_arg = models.takes_logits_to_keep(self.actor)
         # the LM head applied per chunk inside the log-softmax (the ref model has the same architecture)
         self._fuse = params.fused_lm_head and not self._vl and models.fusable_lm_head(self.actor) is not None
         if params.fused_lm_head and not self._vl and not self._fuse:

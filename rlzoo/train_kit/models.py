@@ -9,6 +9,7 @@ and which module ``compute_log_probs(model=...)`` runs.
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +21,7 @@ from rlzoo.protocols import TrainSpec
 from rlzoo.train_kit.params import HFTrainParams
 
 __all__ = [
+    "DTYPES",
     "FUSED_LM_HEAD_MODEL_TYPES",
     "CriticModel",
     "critic_backbone",
@@ -29,7 +31,11 @@ __all__ = [
     "load_causal_lm",
     "resolve_temperature",
     "select_model",
+    "takes_logits_to_keep",
 ]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+"""``HFTrainParams.dtype`` -> the torch dtype."""
 
 FUSED_LM_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"})
 """HF model types whose causal-LM logits are exactly ``lm_head(decoder(...).last_hidden_state)``
@@ -90,6 +96,11 @@ def select_model(model: str, actor: nn.Module, ref: nn.Module | None) -> nn.Modu
             raise ValueError("compute_log_probs(model='ref'): no reference model (spec.need_reference=False)")
         return ref
     raise ValueError(f"compute_log_probs: model must be 'actor' or 'ref', got {model!r}")
+
+
+def takes_logits_to_keep(model: nn.Module) -> bool:
+    """Whether the model's forward takes ``logits_to_keep`` (only those positions reach the LM head)."""
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
 def fusable_lm_head(module: nn.Module) -> nn.Linear | None:
