@@ -132,7 +132,7 @@ class Target:
     lr: float
     grad_clip: float
     prefix: str
-    """"actor" or "critic": the metrics' prefix."""
+    """The metrics' prefix: "actor" or "critic"."""
 
 
 class Ranks(Protocol):
