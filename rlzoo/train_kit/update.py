@@ -349,7 +349,13 @@ def optimizer_step(
 def policy_update(backend: Updates, mini_batch: Batch, objective: Objective) -> dict[str, float]:
     """``backend.update_policy``: one actor step through ``backend._update`` at ``schedule.lr(version)``;
     ``version`` counts the steps not skipped."""
-    needs_entropy = objective.needs_entropy
+    try:
+        needs_entropy = bool(objective.needs_entropy)
+    except AttributeError:
+        raise TypeError(
+            f"update_policy: {objective!r} is not an rlzoo.protocols.Objective: it declares no "
+            "needs_entropy (a bool: whether the backend computes and passes the per-token entropy)"
+        ) from None
     temp = backend.temperature
 
     def forward(mb: Batch) -> tuple[Tensor, Tensor | None]:

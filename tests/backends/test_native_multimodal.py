@@ -232,10 +232,13 @@ def test_update_policy_trains_the_vision_tower(vl: tuple[Any, Any], sampled: lis
     backend = _trainer(model)
     visual = {n: p.detach().clone() for n, p in backend.actor.named_parameters() if "visual" in n}
 
-    def objective(mb: Any, log_probs: Any, entropy: Any) -> tuple[Any, dict]:
-        return -(log_probs * mb["response_mask"]).sum() / batch["response_mask"].sum(), {}
+    class MeanLogProb:  # a declared rlzoo.protocols.Objective
+        needs_entropy = False
 
-    metrics = backend.update_policy(batch, objective)
+        def __call__(self, mb: Any, log_probs: Any, entropy: Any) -> tuple[Any, dict]:
+            return -(log_probs * mb["response_mask"]).sum() / batch["response_mask"].sum(), {}
+
+    metrics = backend.update_policy(batch, MeanLogProb())
     assert metrics["actor/skipped_steps"] == 0.0 and metrics["actor/num_micro_batches"] == 3.0
     after = dict(backend.actor.named_parameters())
     assert any(not torch.equal(after[n], v) for n, v in visual.items())  # the vision tower learned too

@@ -332,3 +332,17 @@ def test_lr_schedule_record_is_what_a_checkpoint_keeps() -> None:
     assert rec["actor"] == {"steps": 1, "next_lr": pytest.approx(0.5e-3)}  # constant: s / W during warmup
     assert rec["critic"] == {"steps": 3, "next_lr": pytest.approx(2e-3)}
     assert (rec["schedule"], rec["warmup_steps"], rec["total_steps"]) == ("constant", 2, 10)
+
+
+def test_an_objective_without_needs_entropy_is_refused_with_the_contract() -> None:
+    from rlzoo.backends.native.train import NativeTrainBackend
+
+    from .test_native_train import sample_batch, tiny_model
+
+    be = NativeTrainBackend.from_module(tiny_model())
+
+    def plain(mb, log_probs, entropy):  # type: ignore[no-untyped-def]
+        return log_probs.sum(), {}
+
+    with pytest.raises(TypeError, match=r"not an rlzoo\.protocols\.Objective.*needs_entropy"):
+        be.update_policy(sample_batch(), plain)
