@@ -437,12 +437,30 @@ class MegatronTrainBackend:
     ) -> tuple[Tensor, Tensor | None]:
         module: Any = select_model(model, self.actor_ddp, self.ref)
         ddp = self.actor_ddp if model == "actor" else None  # what param_offload moves; the reference has none
+        T = batch["responses"].shape[1]
         if ddp is not None and self.params.param_offload:
             self._onload(ddp)
         if model == "ref" and self.params.ref_offload:
             self.ref.to(self.device)  # type: ignore[union-attr]
         try:
-            return self._forward_only(module, batch, values=False, with_entropy=with_entropy)
+            module.eval()
+            local, bounds = self._dp_slice(batch)
+            lps, ents, _ = self._run(
+                module,
+                local,
+                mb_size=self.spec.micro_batch.log_prob_size,
+                objective=None,
+                with_entropy=with_entropy,
+                values=False,
+                forward_only=True,
+            )
+            out = self._gather(lps, bounds, T).to(batch["input_ids"].device)
+            ent = None
+            if with_entropy:
+                ent = self._gather([e for e in ents if e is not None], bounds, T).to(
+                    batch["input_ids"].device
+                )
+            return out, ent
         finally:
             if model == "ref" and self.params.ref_offload:
                 self.ref.to("cpu")  # type: ignore[union-attr]
@@ -457,33 +475,21 @@ class MegatronTrainBackend:
         if self.params.param_offload:
             self._onload(self.critic_ddp)
         try:
-            return self._forward_only(self.critic_ddp, batch, values=True, with_entropy=False)[0]
+            self.critic_ddp.eval()
+            local, bounds = self._dp_slice(batch)
+            vals, _, _ = self._run(
+                self.critic_ddp,
+                local,
+                mb_size=self.spec.micro_batch.log_prob_size,
+                objective=None,
+                with_entropy=False,
+                values=True,
+                forward_only=True,
+            )
+            return self._gather(vals, bounds, batch["responses"].shape[1]).to(batch["input_ids"].device)
         finally:
             if self.params.param_offload:
                 self._offload(self.critic_ddp)
-
-    def _forward_only(
-        self, module: Any, batch: Batch, *, values: bool, with_entropy: bool
-    ) -> tuple[Tensor, Tensor | None]:
-        """Log-probs (or values) ``[B, T]`` of ``batch`` (and the entropy, if asked) on every rank,
-        on the batch's device: this DP rank's slice through ``module``, gathered."""
-        T = batch["responses"].shape[1]
-        module.eval()
-        local, bounds = self._dp_slice(batch)
-        outs, ents, _ = self._run(
-            module,
-            local,
-            mb_size=self.spec.micro_batch.log_prob_size,
-            objective=None,
-            with_entropy=with_entropy,
-            values=values,
-            forward_only=True,
-        )
-        device = batch["input_ids"].device
-        out = self._gather(outs, bounds, T).to(device)
-        if not with_entropy:
-            return out, None
-        return out, self._gather([e for e in ents if e is not None], bounds, T).to(device)
 
     # -- updates ----------------------------------------------------------------------------------
     def lr_at(self, step: int, *, critic: bool = False) -> float:
