@@ -105,7 +105,7 @@ class Run:
         self.config = config
         self.pm = pm
         self.run_dir: Path | None = None
-        self.lock: Any = None  # the run directory's one-writer lock (rlzoo.runners.checkpoint.RunLock)
+        self.lock: Any = None  # the run directory's one-writer lock (rlzoo.train.checkpoint.RunLock)
         self.resume_info: Any = None  # set by build_run for a resume from a saved config.yaml
 
     # -- the run directory ----------------------------------------------------------------------
@@ -130,7 +130,7 @@ class Run:
             while path.exists():
                 n += 1
                 path = Path(rc.dir).expanduser() / f"{rc.name}-{stamp}-{n}"
-        from rlzoo.runners.rundir import claim_run_dir
+        from rlzoo.train.rundir import claim_run_dir
 
         # one writer per run directory, and one run: checked before anything is written
         self.run_dir, self.lock = claim_run_dir(
@@ -221,7 +221,7 @@ def build_run(
             [f"{k}: not a part slot; slots are {', '.join(sorted(OBJECT_SLOTS))}" for k in unknown],
             header="build_run got unknown keyword arguments",
         )
-    from rlzoo.runners.rundir import load_resumed
+    from rlzoo.train.rundir import load_resumed
 
     # a resume continues the run directory's saved config, changed only by the overrides given now
     resumed = (

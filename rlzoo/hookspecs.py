@@ -207,9 +207,9 @@ def rlzoo_register_runners(registry: Registrar) -> None:
     """Register runners (kind ``runner``).
 
     A runner is a factory ``factory(params, run: Run) -> Runner``; what makes one runner differ from
-    another is only its batch source (:class:`rlzoo.runners.loop.BatchSource`: generate now,
+    another is only its batch source (:class:`rlzoo.train.loop.BatchSource`: generate now,
     generate one ahead, stream from the staleness-aware queue). The core's one loop
-    (:class:`rlzoo.runners.loop.TrainLoop`) owns everything else: validation, checkpoints, the
+    (:class:`rlzoo.train.loop.TrainLoop`) owns everything else: validation, checkpoints, the
     weight-push cadence, metrics, export and resume. Selected by ``runner.name``.
     """
 

@@ -27,12 +27,12 @@ import torch
 from torch import Tensor
 
 from rlzoo.algorithms.correction import RS_CRITERIA, parse_criteria
-from rlzoo.protocols import CorrectionInputs, CorrectionOutput
 
 # the mismatch diagnostics (and their exponent bound) are logged by the core's policy trainer too
-from rlzoo.runners.mismatch import SAFETY_BOUND, offpolicy_metrics
-from rlzoo.runners.mismatch import masked_max as _masked_max
-from rlzoo.runners.mismatch import masked_mean as _masked_mean
+from rlzoo.formulas import SAFETY_BOUND, offpolicy_metrics
+from rlzoo.formulas import masked_max as _masked_max
+from rlzoo.formulas import masked_mean as _masked_mean
+from rlzoo.protocols import CorrectionInputs, CorrectionOutput
 
 __all__ = [
     "RS_CRITERIA",

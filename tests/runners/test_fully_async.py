@@ -19,8 +19,8 @@ from rlzoo.config import load_config
 from rlzoo.errors import ConfigError
 from rlzoo.metrics import read_metrics
 from rlzoo.plugins import PluginManager
-from rlzoo.runners.async_params import FullyAsyncParams
-from rlzoo.runners.queue import RolloutFailed
+from rlzoo.sources.params import FullyAsyncParams
+from rlzoo.sources.queue import RolloutFailed
 
 from .conftest import SIM, build, overrides
 

@@ -25,7 +25,7 @@ from rlzoo.objective import (
     apply_kl_penalty,
 )
 from rlzoo.protocols import AdvantageInputs, CorrectionInputs, RewardComponentKeys, SumPiSquaredSource
-from rlzoo.runners.rewards import reward_components
+from rlzoo.train.rewards import reward_components
 
 
 @dataclass(frozen=True)

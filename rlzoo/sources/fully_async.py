@@ -7,11 +7,11 @@
     complete group -> queue.put ───▶ StalenessQueue ◀── (partial_rollout: pause, update, resume;
                                                           else: hold admission, drain, update)
 
-The two sides share only the :class:`~rlzoo.runners.queue.StalenessQueue` and the backends'
+The two sides share only the :class:`~rlzoo.sources.queue.StalenessQueue` and the backends'
 methods (``submit / stream / pause / resume / update_weights`` on the rollout side,
 ``export_weights`` and the update on the trainer side), so each can become an actor later.
 
-Staleness (see :mod:`rlzoo.runners.queue` and docs/runners.md): per sync window the Rollouter may
+Staleness (see :mod:`rlzoo.sources.queue` and docs/runners.md): per sync window the Rollouter may
 start at most ``floor((1 + staleness_threshold) * K * R * M)`` groups, counting the groups carried
 over from older weights; no group whose oldest token is more than ``ceil(staleness_threshold)``
 policy versions behind the trainer is ever trained on (dropped, counted, regenerated).
@@ -32,16 +32,16 @@ from rlzoo.batch import Batch
 from rlzoo.errors import ConfigError
 from rlzoo.metrics import PhaseTimer
 from rlzoo.protocols import GenerationRequest, RewardResult, Sample
-from rlzoo.runners.async_params import (
+from rlzoo.sources.params import (
     FullyAsyncParams,
     max_staleness_versions,
     mini_batch_groups,
     window_budget,
 )
-from rlzoo.runners.batching import rollout_metrics, samples_to_batch
-from rlzoo.runners.loop import SourceExhausted, TrainLoop
-from rlzoo.runners.queue import Group, QueueExhausted, StalenessQueue, TrainerFailed
-from rlzoo.runners.session import Session
+from rlzoo.sources.queue import Group, QueueExhausted, StalenessQueue, TrainerFailed
+from rlzoo.train.batching import rollout_metrics, samples_to_batch
+from rlzoo.train.loop import SourceExhausted, TrainLoop
+from rlzoo.train.session import Session
 
 logger = logging.getLogger("rlzoo")
 

@@ -22,12 +22,13 @@ from rlzoo.config import RecipeConfig, Selection
 from rlzoo.errors import ConfigError
 from rlzoo.failpoints import failpoint
 from rlzoo.failures import RewardFailures
+from rlzoo.formulas import offpolicy_metrics
 from rlzoo.metrics import MetricsLogger, missing_row
 from rlzoo.placement import make_placement
 from rlzoo.protocols import GenerationRequest, RewardResult, Sample
-from rlzoo.runners.batching import make_requests, sampling_params
-from rlzoo.runners.checkpoint import CheckpointManager, RunLock, rewind_metrics, write_summary
-from rlzoo.runners.inputs import (
+from rlzoo.train.batching import make_requests, sampling_params
+from rlzoo.train.checkpoint import CheckpointManager, RunLock, rewind_metrics, write_summary
+from rlzoo.train.inputs import (
     build_datasets,
     check_inputs,
     ensure_data,
@@ -37,9 +38,8 @@ from rlzoo.runners.inputs import (
     rollout_spec,
     train_spec,
 )
-from rlzoo.runners.mismatch import offpolicy_metrics
-from rlzoo.runners.policy import PolicyTrainer
-from rlzoo.runners.rewards import build_reward_manager, keep_mask, score_samples, validation_metrics
+from rlzoo.train.rewards import build_reward_manager, keep_mask, score_samples, validation_metrics
+from rlzoo.train.update import PolicyTrainer
 
 logger = logging.getLogger("rlzoo")
 
@@ -175,7 +175,7 @@ class Session:
             failpoint("resume:rewound")
             info = self.run.resume_info  # compose.Run: set by build_run on a resume
             if info is not None:  # recorded only now that the resume has happened
-                from rlzoo.runners.rundir import record_resume
+                from rlzoo.train.rundir import record_resume
 
                 record_resume(info, from_step=self.start_step, moved=[p for p in (branch, moved) if p])
                 failpoint("resume:recorded")

@@ -147,7 +147,7 @@ def is_due(step: int, freq: int, total: int) -> bool:
 
 
 class TrainLoop:
-    """Drives a :class:`BatchSource` through the steps of a :class:`~rlzoo.runners.session.Session`."""
+    """Drives a :class:`BatchSource` through the steps of a :class:`~rlzoo.train.session.Session`."""
 
     def __init__(self, session: Any, source: BatchSource, *, runner: str) -> None:
         self.s = session

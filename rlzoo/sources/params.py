@@ -1,7 +1,7 @@
 """Params of the asynchronous runners (import-light: no torch).
 
-``fully_async`` and ``one_step_off`` are registered from :mod:`rlzoo.runners`; their code lives in
-:mod:`rlzoo.runners.fully_async` and :mod:`rlzoo.runners.one_step_off` and is imported only when a
+``fully_async`` and ``one_step_off`` are registered from :mod:`rlzoo.sources`; their code lives in
+:mod:`rlzoo.sources.fully_async` and :mod:`rlzoo.sources.one_step_off` and is imported only when a
 run uses them. ``check(params, cfg)`` is called by :func:`rlzoo.checks.check_consistency`, so
 ``rlzoo validate`` reports every problem with the knobs before any model loads.
 

@@ -23,10 +23,10 @@ from typing import Any
 from rlzoo.batch import Batch
 from rlzoo.errors import ConfigError
 from rlzoo.metrics import PhaseTimer
-from rlzoo.runners.async_params import OneStepOffParams
-from rlzoo.runners.loop import SourceExhausted, TrainLoop
-from rlzoo.runners.session import Session
-from rlzoo.runners.sync import generate_groups
+from rlzoo.sources.params import OneStepOffParams
+from rlzoo.sources.sync import generate_groups
+from rlzoo.train.loop import SourceExhausted, TrainLoop
+from rlzoo.train.session import Session
 
 logger = logging.getLogger("rlzoo")
 

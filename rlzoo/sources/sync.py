@@ -1,4 +1,4 @@
-"""The synchronous runner: the batch source "generate now" for the one loop (:mod:`rlzoo.runners.loop`).
+"""The synchronous runner: the batch source "generate now" for the one loop (:mod:`rlzoo.train.loop`).
 
 prompts -> rollout (n per prompt) -> rewards -> [filter / refill] -> the loop's update -> weight push
 every step. Validation, checkpoints, metrics and resume are the loop's.
@@ -14,9 +14,9 @@ from typing import Any
 from rlzoo.batch import Batch
 from rlzoo.metrics import PhaseTimer
 from rlzoo.protocols import RewardResult, Sample
-from rlzoo.runners.batching import rollout_metrics, samples_to_batch
-from rlzoo.runners.loop import COMPUTE_PHASES, TrainLoop, is_due
-from rlzoo.runners.session import Session
+from rlzoo.train.batching import rollout_metrics, samples_to_batch
+from rlzoo.train.loop import COMPUTE_PHASES, TrainLoop, is_due
+from rlzoo.train.session import Session
 
 logger = logging.getLogger("rlzoo")
 

@@ -1,4 +1,4 @@
-"""Built-in runners (kind ``runner``): the loops that move batches between parts.
+"""Built-in runners (kind ``runner``): the batch sources that feed the core's one loop (:mod:`rlzoo.train.loop`).
 
 Import-light: each runner's code is imported only when it is used.
 """
@@ -24,7 +24,7 @@ class SyncParams:
 def rlzoo_register_runners(registry):  # type: ignore[no-untyped-def]
     registry.register(
         "sync",
-        "rlzoo.runners.sync:SyncRunner",
+        "rlzoo.sources.sync:SyncRunner",
         params=SyncParams,
         capabilities={"placements": ["local", "ray"]},
     )
@@ -35,17 +35,17 @@ def rlzoo_register_runners(registry):  # type: ignore[no-untyped-def]
 # ---------------------------------------------------------------------------------------------
 @hookimpl(specname="rlzoo_register_runners")
 def rlzoo_register_async_runners(registry):  # type: ignore[no-untyped-def]
-    from rlzoo.runners.async_params import FullyAsyncParams, OneStepOffParams
+    from rlzoo.sources.params import FullyAsyncParams, OneStepOffParams
 
     registry.register(
         "fully_async",
-        "rlzoo.runners.fully_async:FullyAsyncRunner",
+        "rlzoo.sources.fully_async:FullyAsyncRunner",
         params=FullyAsyncParams,
         capabilities={"placements": ["local", "ray"]},
     )
     registry.register(
         "one_step_off",
-        "rlzoo.runners.one_step_off:OneStepOffRunner",
+        "rlzoo.sources.one_step_off:OneStepOffRunner",
         params=OneStepOffParams,
         capabilities={"placements": ["local", "ray"]},
     )
