@@ -25,7 +25,14 @@ from rlzoo.failures import RewardFailures
 from rlzoo.formulas import offpolicy_metrics
 from rlzoo.metrics import MetricsLogger, missing_row
 from rlzoo.placement import make_placement
-from rlzoo.protocols import GenerationRequest, RewardResult, Sample
+from rlzoo.protocols import (
+    GenerationRequest,
+    JudgedMetric,
+    ReportsWeightSync,
+    RewardResult,
+    Sample,
+    StepPlan,
+)
 from rlzoo.train.batching import make_requests, sampling_params
 from rlzoo.train.checkpoint import CheckpointManager, RunLock, rewind_metrics, write_summary
 from rlzoo.train.inputs import (
@@ -59,41 +66,30 @@ def resume_step(value: Any) -> int | bool | None:
 
 
 class Session:
-    """Built by a runner from a :class:`rlzoo.compose.Run`.
+    """Built by :func:`rlzoo.train.loop.train` from a :class:`rlzoo.compose.Run`.
 
     Args:
         run: the composed run.
-        desc: the progress bar's label (the runner's name).
-        prompts_per_step: prompts one trainer step consumes (for counting steps per epoch).
-        step_limit: the run's trainer steps when the runner fixes them (fully-async
-            ``total_rollout_steps``); None: ``trainer.total_steps`` or epochs.
+        plan: how the run is cut into trainer steps (:func:`rlzoo.config.step_plan`).
     """
 
-    def __init__(
-        self,
-        run: Any,
-        *,
-        desc: str = "training",
-        prompts_per_step: int | None = None,
-        step_limit: int | None = None,
-    ) -> None:
+    def __init__(self, run: Any, plan: StepPlan) -> None:
         self.run = run
         cfg: RecipeConfig = run.config
         self.cfg = cfg
-        self.runner_name = desc
+        self.plan = plan
+        self.runner_name = cfg.runner.name if isinstance(cfg.runner, Selection) else "runner"
         self.run_dir: Path = run.make_run_dir()
         # make_run_dir took the one-writer lock; a run object without one gets it here
         self.lock = getattr(run, "lock", None) or RunLock(self.run_dir).acquire()
         self._closed = False
         try:
-            self._build(cfg, desc, prompts_per_step, step_limit)
+            self._build(cfg)
         except BaseException:
             self.close()
             raise
 
-    def _build(
-        self, cfg: RecipeConfig, desc: str, prompts_per_step: int | None, step_limit: int | None
-    ) -> None:
+    def _build(self, cfg: RecipeConfig) -> None:
         print(f"rlzoo: run directory {self.run_dir}", flush=True)
         torch.manual_seed(cfg.run.seed)
         self.resume_at = resume_step(cfg.resume)
@@ -105,11 +101,9 @@ class Session:
         self.tokenizer = load_tokenizer(cfg)
         self.processor = load_processor(cfg)  # None for a text model
         self.train_data, self.val_data = build_datasets(cfg, self.tokenizer, self.processor)
-        self.train_batch_size = cfg.data.train_batch_size  # prompts per generated batch (sync, one-step-off)
-        self.prompts_per_step = prompts_per_step or cfg.data.train_batch_size
-        per_epoch = max(1, len(self.train_data) // self.prompts_per_step)
-        if step_limit is not None:
-            self.total_steps = step_limit
+        per_epoch = max(1, len(self.train_data) // self.plan.prompts_per_step)
+        if self.plan.step_limit is not None:
+            self.total_steps = self.plan.step_limit
         else:
             self.total_steps = cfg.trainer.total_steps or per_epoch * cfg.trainer.total_epochs
         # flat settings the loop reads
@@ -121,7 +115,8 @@ class Session:
         self.max_response_length = cfg.data.max_response_length
         self.rollout_n = cfg.rollout.n
         self.filter: Selection | None = cfg.algorithm.sample_filter
-        self.filter_metric = str(getattr(self.filter.params, "metric", "reward")) if self.filter else "reward"
+        flt = self.filter.params if self.filter else None
+        self.filter_metric = flt.metric if isinstance(flt, JudgedMetric) else "reward"
         self.greedy_baseline = bool(cfg.algorithm.advantage.capability("needs_greedy_baseline"))
         self.reward_manager = build_reward_manager(cfg)
         self.reward_failures = RewardFailures(
@@ -187,7 +182,7 @@ class Session:
             cfg.run.loggers,
             total_steps=self.total_steps,
             progress=cfg.run.progress,
-            desc=desc,
+            desc=self.runner_name,
             initial_step=self.start_step,
             purge_step=None if self.resume_payload is None else self.start_step + (gap_row is None),
             redone_from=None if moved is None else self.start_step + 1,
@@ -216,15 +211,13 @@ class Session:
         out = {"weight_sync/seconds": time.perf_counter() - t0}
         if pushed is not None:
             out["perf/weight_push_bytes"] = float(pushed)
-        stats = getattr(self.rollout, "last_sync", None)
-        if stats is not None and hasattr(stats, "as_dict"):
-            out.update({f"weight_sync/{k}": v for k, v in stats.as_dict().items()})
         return out
 
     def send_weights(self, version: int) -> int | None:
         """``rollout.update_weights(train_backend.export_weights(), version)``; the bytes pushed when
         the export is a local stream of tensors (a whole model, or only a LoRA adapter); for a Ray
-        handle the rollout group moves itself, the bytes its sync reports (``last_sync``), if any."""
+        handle the rollout group moves itself, the bytes its sync reports
+        (:class:`~rlzoo.protocols.ReportsWeightSync`), if any."""
         from rlzoo.distributed.worker_group import WeightHandle
 
         exported = self.train_backend.export_weights()
@@ -233,8 +226,8 @@ class Session:
             self.rollout.update_weights(counter, version)
             return counter.bytes
         self.rollout.update_weights(exported, version)
-        report = getattr(self.rollout, "last_sync", None)  # rlzoo.distributed.worker_group.RolloutGroup
-        return int(report["bytes"]) if isinstance(report, dict) and "bytes" in report else None
+        report = self.rollout.last_sync if isinstance(self.rollout, ReportsWeightSync) else {}
+        return int(report["bytes"]) if "bytes" in report else None
 
     def train_requests(
         self, items: Sequence[dict[str, Any]], step: int, attempt: int, *, greedy: bool = False
