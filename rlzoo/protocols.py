@@ -535,7 +535,7 @@ class TrainSpec:
 
 
 class Objective(Protocol):
-    """Per micro-batch objective built by :mod:`rlzoo.objective` from the selected parts."""
+    """Per micro-batch objective built by :mod:`rlzoo.train.objective` from the selected parts."""
 
     def __call__(
         self, micro_batch: Batch, log_probs: Tensor, entropy: Tensor | None

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-# the KL-in-reward controllers and penalty are used by the core's policy trainer: they live there
-from rlzoo.objective import AdaptiveKLController, FixedKLController, apply_kl_penalty
+# the KL-in-reward controllers and penalty are used by the core's policy trainer: they live in its formulas
+from rlzoo.formulas import AdaptiveKLController, FixedKLController, apply_kl_penalty
 
 __all__ = [
     "AdaptiveKLController",

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-# the core builds the context for every update: it lives in rlzoo.objective
-from rlzoo.objective import make_agg_context
+# the core builds the context for every update: it lives in rlzoo.formulas
+from rlzoo.formulas import make_agg_context
 from rlzoo.protocols import AggContext, BoundAgg, LossAggFn
 
 __all__ = [

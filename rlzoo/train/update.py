@@ -15,15 +15,8 @@ import torch
 
 from rlzoo.batch import Batch
 from rlzoo.config import RecipeConfig, Selection
+from rlzoo.formulas import AdaptiveKLController, FixedKLController, apply_kl_penalty
 from rlzoo.metrics import mean_metrics
-from rlzoo.objective import (
-    AdaptiveKLController,
-    FixedKLController,
-    PolicyObjective,
-    ValueObjective,
-    agg_context,
-    apply_kl_penalty,
-)
 from rlzoo.protocols import (
     AdvantageInputs,
     CorrectionInputs,
@@ -31,6 +24,7 @@ from rlzoo.protocols import (
     RewardComponentKeys,
     SumPiSquaredSource,
 )
+from rlzoo.train.objective import PolicyObjective, ValueObjective, agg_context
 from rlzoo.train.rewards import reward_components
 
 
