@@ -525,7 +525,7 @@ class TrainSpec:
     need_reference: bool = False
     need_critic: bool = False
     critic_model_path: str | None = None
-    total_steps: int = 1  # optimizer steps the LR schedule spans (see rlzoo.config.optimizer_steps)
+    total_steps: int = 1  # optimizer steps the LR schedule spans (see rlzoo.recipe.optimizer_steps)
     trust_remote_code: bool = False
     pad_token_id: int = 0
     temperature: float = 1.0  # rollout sampling temperature: log-probs are of logits / temperature
@@ -602,7 +602,7 @@ class RewardComponentKeys(Protocol):
 @dataclass(frozen=True)
 class StepPlan:
     """How a run is cut into trainer steps: computed once from the recipe
-    (:func:`rlzoo.config.step_plan`), then read by the session, the loop and the batch source."""
+    (:func:`rlzoo.recipe.step_plan`), then read by the session, the loop and the batch source."""
 
     #: prompts (groups of ``rollout.n`` responses) one trainer step trains on; with the training
     #: data it gives the steps per epoch, with ``trainer.ppo_mini_batch_size`` the LR schedule

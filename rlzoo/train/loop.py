@@ -1,6 +1,6 @@
 """The one training loop. Runners differ only in the batch source that feeds it.
 
-    train(run): the step plan (rlzoo.config.step_plan), the session (rlzoo.train.session), the
+    train(run): the step plan (rlzoo.recipe.step_plan), the session (rlzoo.train.session), the
                 runner's batch source = its registered factory(params, session); on a resume
                 source.resume(the checkpoint's data)
     for step in start+1 .. total:
@@ -29,14 +29,16 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rlzoo.batch import Batch
-from rlzoo.compose import Run
-from rlzoo.config import Selection, step_plan
 from rlzoo.failpoints import failpoint
 from rlzoo.metrics import PhaseTimer
+from rlzoo.recipe import Selection, step_plan
 from rlzoo.train.session import Session
+
+if TYPE_CHECKING:
+    from rlzoo.compose import Run
 
 logger = logging.getLogger("rlzoo")
 

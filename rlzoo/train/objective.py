@@ -17,10 +17,10 @@ import torch
 from torch import Tensor
 
 from rlzoo.batch import Batch
-from rlzoo.config import Selection
 from rlzoo.formulas import make_agg_context, value_loss
 from rlzoo.metrics import to_float
 from rlzoo.protocols import AggContext, PolicyLossInputs
+from rlzoo.recipe import Selection
 
 
 def agg_context(mini_batch: Batch, max_response_length: int | None = None) -> AggContext:

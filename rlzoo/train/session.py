@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from rlzoo.config import RecipeConfig, Selection
 from rlzoo.errors import ConfigError
 from rlzoo.failpoints import failpoint
 from rlzoo.failures import RewardFailures
@@ -33,6 +32,7 @@ from rlzoo.protocols import (
     Sample,
     StepPlan,
 )
+from rlzoo.recipe import RecipeConfig, Selection
 from rlzoo.train.batching import make_requests, sampling_params
 from rlzoo.train.checkpoint import CheckpointManager, RunLock, rewind_metrics, write_summary
 from rlzoo.train.inputs import (
@@ -70,7 +70,7 @@ class Session:
 
     Args:
         run: the composed run.
-        plan: how the run is cut into trainer steps (:func:`rlzoo.config.step_plan`).
+        plan: how the run is cut into trainer steps (:func:`rlzoo.recipe.step_plan`).
     """
 
     def __init__(self, run: Any, plan: StepPlan) -> None:

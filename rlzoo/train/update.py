@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from rlzoo.batch import Batch
-from rlzoo.config import RecipeConfig, Selection
 from rlzoo.formulas import AdaptiveKLController, FixedKLController, apply_kl_penalty
 from rlzoo.metrics import mean_metrics
 from rlzoo.protocols import (
@@ -24,6 +23,7 @@ from rlzoo.protocols import (
     RewardComponentKeys,
     SumPiSquaredSource,
 )
+from rlzoo.recipe import RecipeConfig, Selection
 from rlzoo.train.objective import PolicyObjective, ValueObjective, agg_context
 from rlzoo.train.rewards import reward_components
 
