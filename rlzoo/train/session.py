@@ -18,7 +18,11 @@ from typing import Any
 
 import torch
 
+from rlzoo.agents.chat import ChatTemplate
+from rlzoo.data.dataset import PromptLoader
+from rlzoo.distributed.worker_group import WeightHandle
 from rlzoo.errors import ConfigError
+from rlzoo.export import HFExportable, copy_export, export_model, final_dir, step_dir, writable_export_dir
 from rlzoo.failpoints import failpoint
 from rlzoo.failures import RewardFailures
 from rlzoo.formulas import offpolicy_metrics
@@ -46,6 +50,7 @@ from rlzoo.train.inputs import (
     train_spec,
 )
 from rlzoo.train.rewards import build_reward_manager, keep_mask, score_samples, validation_metrics
+from rlzoo.train.rundir import record_resume
 from rlzoo.train.update import PolicyTrainer
 
 logger = logging.getLogger("rlzoo")
@@ -92,8 +97,7 @@ class Session:
     def _build(self, cfg: RecipeConfig) -> None:
         print(f"rlzoo: run directory {self.run_dir}", flush=True)
         torch.manual_seed(cfg.run.seed)
-        self.resume_at = resume_step(cfg.resume)
-        from rlzoo.export import final_dir, writable_export_dir
+        resume_at = resume_step(cfg.resume)
 
         writable_export_dir(final_dir(self.run_dir))  # a user's file in final/: say so now, not at the end
         ensure_data(cfg)
@@ -127,8 +131,6 @@ class Session:
         if (
             cfg.rollout.environment is not None
         ):  # a template that cannot do multi-turn fails before any model loads
-            from rlzoo.agents.chat import ChatTemplate
-
             ChatTemplate(self.tokenizer, stop_ids=self.rollout_spec.eos_token_ids).probe()
         tb: Selection = cfg.trainer.backend
         rb: Selection = cfg.rollout.backend
@@ -146,8 +148,8 @@ class Session:
         self.resume_payload: dict[str, Any] | None = None
         moved: Path | None = None
         gap_row: dict[str, Any] | None = None
-        if self.resume_at is not False:
-            step = None if self.resume_at is None else int(self.resume_at)
+        if resume_at is not False:
+            step = None if resume_at is None else int(resume_at)
             state = self.ckpt.load(self.train_backend, step)
             if state is None:
                 raise ConfigError(
@@ -170,8 +172,6 @@ class Session:
             failpoint("resume:rewound")
             info = self.run.resume_info  # compose.Run: set by build_run on a resume
             if info is not None:  # recorded only now that the resume has happened
-                from rlzoo.train.rundir import record_resume
-
                 record_resume(info, from_step=self.start_step, moved=[p for p in (branch, moved) if p])
                 failpoint("resume:recorded")
             print(f"rlzoo: resumed from {state['path']} (step {self.start_step})", flush=True)
@@ -198,8 +198,6 @@ class Session:
 
     # -- pieces the loop and the batch sources call ---------------------------------------------
     def make_loader(self, batch_size: int) -> Any:
-        from rlzoo.data.dataset import PromptLoader
-
         return PromptLoader(
             self.train_data, batch_size=batch_size, shuffle=self.cfg.data.shuffle, seed=self.seed
         )
@@ -218,8 +216,6 @@ class Session:
         the export is a local stream of tensors (a whole model, or only a LoRA adapter); for a Ray
         handle the rollout group moves itself, the bytes its sync reports
         (:class:`~rlzoo.protocols.ReportsWeightSync`), if any."""
-        from rlzoo.distributed.worker_group import WeightHandle
-
         exported = self.train_backend.export_weights()
         if not isinstance(exported, WeightHandle):
             counter = _ByteCounter(exported)
@@ -277,8 +273,6 @@ class Session:
     def export(self, step: int, total_steps: int) -> dict[str, float]:
         """Write the HF model folders due at ``step``: ``export/step_K/`` every ``run.export_every``
         steps, ``final/`` at ``total_steps``. Returns ``timing_s/export`` when something was written."""
-        from rlzoo.export import HFExportable, copy_export, export_model, final_dir, step_dir
-
         every = self.cfg.run.export_every
         targets = [step_dir(self.run_dir, step)] if every > 0 and step % every == 0 else []
         if step == total_steps:
