@@ -8,7 +8,8 @@ from typing import Any
 
 from math_verify import parse, verify
 
-from rlzoo.algorithms.functional.scoring.extract import last_boxed_content
+from ...scorers import MathParams
+from .extract import last_boxed_content
 
 
 def effective_timeout(timeout: int | None) -> int | None:
@@ -83,7 +84,7 @@ def math_equal(
 
 
 def compute_score(
-    response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any], params: Any
+    response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any], params: MathParams
 ) -> dict[str, Any]:
     """Score one response: 1.0 when math-verify says it equals the ground truth.
 
