@@ -79,10 +79,16 @@ def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True) -> Tens
     return whitened
 
 
+def _needed(x: Tensor | None, name: str, what: str) -> Tensor:
+    """``x``, or the error that says which input (and which capability) the estimator ``name`` needs."""
+    if x is None:
+        raise ValueError(f"advantage {name!r} needs {what}, got None")
+    return x
+
+
 def group_index(group_ids: Tensor | None, name: str) -> tuple[Tensor, int]:
     """Map arbitrary group ids ``[B]`` to dense indices ``0..G-1``; returns ``(inverse [B], G)``."""
-    if group_ids is None:
-        raise ValueError(f"advantage {name!r} needs group_ids (capability needs_group), got None")
+    group_ids = _needed(group_ids, name, "group_ids (capability needs_group)")
     _, inverse = torch.unique(group_ids, return_inverse=True)  # [B]
     num_groups = int(inverse.max().item()) + 1 if inverse.numel() else 0
     return inverse, num_groups
@@ -118,6 +124,12 @@ def _group_normalized(
     return adv
 
 
+def _token_rewards(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
+    """``(token_level_rewards, response_mask as their dtype)``, both ``[B, T]``."""
+    rewards = inputs.token_level_rewards  # [B, T]
+    return rewards, inputs.response_mask.to(rewards.dtype)  # [B, T]
+
+
 def _reward_to_go(rewards: Tensor, mask: Tensor) -> Tensor:
     """``G_t = sum_{s >= t} r_s m_s`` ``[B, T]`` (undiscounted)."""
     return (rewards * mask).flip(-1).cumsum(-1).flip(-1)  # [B, T]
@@ -140,11 +152,8 @@ def _broadcast(scores: Tensor, mask: Tensor) -> AdvantageOutput:
 @torch.no_grad()
 def gae(inputs: AdvantageInputs, params: GAEParams) -> AdvantageOutput:
     """Generalized Advantage Estimation (verl ``compute_gae_advantage_return``)."""
-    if inputs.values is None:
-        raise ValueError("advantage 'gae' needs values (capability needs_critic), got None")
-    rewards = inputs.token_level_rewards
-    values = inputs.values.to(rewards.dtype)  # [B, T]
-    mask = inputs.response_mask.to(rewards.dtype)  # [B, T]
+    rewards, mask = _token_rewards(inputs)  # [B, T]
+    values = _needed(inputs.values, "gae", "values (capability needs_critic)").to(rewards.dtype)  # [B, T]
     gamma, lam = float(params.gamma), float(params.lam)
     # time-major, so each step of the backward recurrence reads one contiguous row
     r_t, v_t, m_t = (rearrange(x, "b t -> t b").contiguous() for x in (rewards, values, mask))  # [T, B]
@@ -250,8 +259,7 @@ def grpo_passk(inputs: AdvantageInputs, params: GRPOPassKParams) -> AdvantageOut
 @torch.no_grad()
 def reinforce_plus_plus(inputs: AdvantageInputs, params: ReinforcePlusPlusParams) -> AdvantageOutput:
     """REINFORCE++ (verl ``compute_reinforce_plus_plus_outcome_advantage``)."""
-    rewards = inputs.token_level_rewards
-    mask = inputs.response_mask.to(rewards.dtype)  # [B, T]
+    rewards, mask = _token_rewards(inputs)  # [B, T]
     gamma = float(params.gamma)
     r_t, m_t = (rearrange(x, "b t -> t b").contiguous() for x in (rewards, mask))  # [T, B] time-major
     ret_t = torch.empty_like(r_t)  # [T, B]
@@ -286,12 +294,10 @@ def reinforce_plus_plus_baseline(
 @torch.no_grad()
 def remax(inputs: AdvantageInputs, params: ReMaxParams) -> AdvantageOutput:
     """ReMax (verl ``compute_remax_outcome_advantage``): return-to-go minus the greedy reward."""
-    if inputs.baseline_rewards is None:
-        raise ValueError("advantage 'remax' needs baseline_rewards (capability needs_greedy_baseline)")
-    rewards = inputs.token_level_rewards
-    mask = inputs.response_mask.to(rewards.dtype)  # [B, T]
+    greedy = _needed(inputs.baseline_rewards, "remax", "baseline_rewards (capability needs_greedy_baseline)")
+    rewards, mask = _token_rewards(inputs)  # [B, T]
     returns = _reward_to_go(rewards, mask)  # [B, T]
-    baseline = inputs.baseline_rewards.to(rewards.dtype).unsqueeze(-1)  # [B, 1]
+    baseline = greedy.to(rewards.dtype).unsqueeze(-1)  # [B, 1]
     advantages = (returns - baseline * mask) * mask  # [B, T]
     return AdvantageOutput(advantages=advantages, returns=returns * mask)
 
@@ -377,8 +383,7 @@ def _otb_parts(inputs: AdvantageInputs, name: str) -> tuple[Tensor, Tensor, Tens
             f"advantage {name!r} needs old_log_probs and sum_pi_squared [B, T] (sum over the "
             "vocabulary of pi^2 per token, from the train backend's old-log-prob forward)"
         )
-    rewards = inputs.token_level_rewards
-    mask = inputs.response_mask.to(rewards.dtype)  # [B, T]
+    rewards, mask = _token_rewards(inputs)  # [B, T]
     returns = _reward_to_go(rewards, mask)  # [B, T]
     # ||s_t||^2 proxy 1 - 2 pi_t + sum_v pi_v^2; with IS weights scaled by rho^2
     w = 1.0 - 2.0 * inputs.old_log_probs.to(rewards.dtype).exp() + inputs.sum_pi_squared.to(rewards.dtype)

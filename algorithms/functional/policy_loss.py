@@ -21,6 +21,7 @@ from rlzoo.protocols import PolicyLossInputs, PolicyLossOutput
 
 from ..policy_loss import (
     CISPOParams,
+    ClipBounds,
     ClipCovParams,
     DPPOKLParams,
     DPPOTVParams,
@@ -86,15 +87,6 @@ def _metrics(clipfrac: Tensor | float, kl: Tensor, clipfrac_lower: Tensor | floa
     return out
 
 
-class _ClipBounds(Protocol):
-    """What :func:`_clip_bounds` reads: the clip params of ppo_clip, gspo, cispo, geo_mean, clip_cov."""
-
-    @property
-    def clip_ratio_low(self) -> float: ...
-    @property
-    def clip_ratio_high(self) -> float: ...
-
-
 class _TruncatedRatio(Protocol):
     """What :func:`_dppo` reads: the IS-ratio truncation of dppo_tv and dppo_kl."""
 
@@ -102,7 +94,7 @@ class _TruncatedRatio(Protocol):
     def clip_ratio_c(self) -> float: ...
 
 
-def _clip_bounds(params: _ClipBounds) -> tuple[float, float]:
+def _clip_bounds(params: ClipBounds) -> tuple[float, float]:
     return float(params.clip_ratio_low), float(params.clip_ratio_high)
 
 
