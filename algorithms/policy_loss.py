@@ -9,8 +9,13 @@ and the differences from verl: docs/components/policy_loss.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl, param
+
+if TYPE_CHECKING:
+    from rlzoo.protocols import PolicyLossFn
+    from rlzoo.registry import Registrar
 
 _IMPL = "rlzoo.algorithms.functional.policy_loss"
 
@@ -194,7 +199,7 @@ _BATCH_STATS = {"batch_statistics": True}
 
 
 @hookimpl
-def rlzoo_register_policy_losses(registry):  # type: ignore[no-untyped-def]
+def rlzoo_register_policy_losses(registry: Registrar[PolicyLossFn]) -> None:
     registry.register(
         "ppo_clip", f"{_IMPL}:ppo_clip", params=PPOClipParams, capabilities=_OLD, aliases=("vanilla",)
     )

@@ -13,8 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl, param
+
+if TYPE_CHECKING:
+    from rlzoo.protocols import ScorerFn
+    from rlzoo.registry import Registrar
 
 _IMPL = "rlzoo.algorithms.functional.scoring"
 
@@ -125,7 +130,7 @@ RULE_SCORERS: Mapping[str, tuple[str, type]] = {
 
 
 @hookimpl
-def rlzoo_register_scorers(registry) -> None:  # type: ignore[no-untyped-def]
+def rlzoo_register_scorers(registry: Registrar[ScorerFn]) -> None:
     for name, (target, params) in RULE_SCORERS.items():
         registry.register(name, f"{_IMPL}.{target}", params=params)
     registry.register("auto", f"{_IMPL}.dispatch:compute_score", params=AutoParams)
