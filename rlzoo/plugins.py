@@ -26,7 +26,7 @@ from typing import Any
 
 import pluggy
 
-from rlzoo import hookspecs
+import rlzoo.hookspecs as hookspecs
 from rlzoo.errors import DuplicateComponentError, PluginError
 from rlzoo.kinds import KINDS
 from rlzoo.registry import Component, Registrar, Registry
@@ -104,7 +104,7 @@ def _rlzoo_version() -> str:
     try:
         return md.version("rlzoo")
     except md.PackageNotFoundError:  # running from a source tree
-        from rlzoo import __version__
+        from rlzoo.version import __version__
 
         return __version__
 
