@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from multiprocessing import connection as mp_connection
 from numbers import Real
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rlzoo.protocols import RewardItem, RewardResult
 
@@ -99,9 +99,17 @@ class BoundScorer:
         return f"BoundScorer({self.target!r}, {self.params!r})"
 
 
-def _is_batched(scorer: Any) -> bool:
-    caps = getattr(scorer, "capabilities", None) or {}
-    return bool(caps.get("batched", False) or getattr(scorer, "batched", False) is True)
+@runtime_checkable
+class BatchedScorer(Protocol):
+    """A scorer that says whether it takes and returns whole lists (:class:`BoundScorer` does, from
+    its ``batched`` capability); ``batch`` calls one that says True once per batch."""
+
+    @property
+    def batched(self) -> bool: ...
+
+
+def _is_batched(scorer: object) -> bool:
+    return isinstance(scorer, BatchedScorer) and scorer.batched is True
 
 
 # ---------------------------------------------------------------------------------------------
