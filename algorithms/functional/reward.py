@@ -93,7 +93,7 @@ class BoundScorer:
         return {"target": self.target, "params": self.params, "capabilities": self.capabilities}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["target"], state["params"], state["capabilities"])  # type: ignore[misc]
+        type(self).__init__(self, state["target"], state["params"], state["capabilities"])
 
     def __repr__(self) -> str:
         return f"BoundScorer({self.target!r}, {self.params!r})"
@@ -632,7 +632,7 @@ class ProcessPoolRewardManager:
         early_deaths = 0
         dead: list[_Worker] = []
         for obj in got:
-            w = conns.get(obj)  # type: ignore[call-overload]
+            w = conns.get(obj)
             if w is None:
                 continue
             try:
@@ -650,7 +650,7 @@ class ProcessPoolRewardManager:
                     to_result(value, self.failure_reward) if ok else failed_result(value, self.failure_reward)
                 )
         for obj in got:
-            w = sentinels.get(obj)  # type: ignore[call-overload]
+            w = sentinels.get(obj)
             if w is not None and w not in dead and not w.conn.poll():
                 dead.append(w)
         for w in dead:

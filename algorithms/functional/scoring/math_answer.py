@@ -35,7 +35,7 @@ def _parse_gold(latex: str, timeout: int | None) -> list[Any]:
     hit = _GOLD_CACHE.get(latex)
     if hit is not None:
         return hit
-    parsed = parse(latex, parsing_timeout=timeout)  # type: ignore[arg-type]
+    parsed = parse(latex, parsing_timeout=timeout)
     if parsed:
         if len(_GOLD_CACHE) >= _GOLD_CACHE_SIZE:
             _GOLD_CACHE.pop(next(iter(_GOLD_CACHE)))
@@ -47,11 +47,11 @@ def parse_prediction(response: str, *, require_boxed: bool, fallback_chars: int,
     """``(parsed, pred_text)``: math-verify's parse of the last boxed answer, else of the tail."""
     boxed = last_boxed_content(response)
     if boxed is not None:
-        return parse(f"\\boxed{{{boxed}}}", parsing_timeout=timeout), boxed  # type: ignore[arg-type]
+        return parse(f"\\boxed{{{boxed}}}", parsing_timeout=timeout), boxed
     if require_boxed:
         return [], ""
     tail = response[-fallback_chars:] if fallback_chars > 0 else response
-    parsed = parse(tail, parsing_timeout=timeout)  # type: ignore[arg-type]
+    parsed = parse(tail, parsing_timeout=timeout)
     return parsed, (str(parsed[-1]) if parsed else "")
 
 
