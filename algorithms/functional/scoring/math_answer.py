@@ -43,7 +43,9 @@ def _parse_gold(latex: str, timeout: int | None) -> list[Any]:
     return parsed
 
 
-def parse_prediction(response: str, *, require_boxed: bool, fallback_chars: int, timeout: int | None):
+def parse_prediction(
+    response: str, *, require_boxed: bool, fallback_chars: int, timeout: int | None
+) -> tuple[list[Any], str]:
     """``(parsed, pred_text)``: math-verify's parse of the last boxed answer, else of the tail."""
     boxed = last_boxed_content(response)
     if boxed is not None:
