@@ -72,7 +72,7 @@ def sample_batch(seed: int = 0, B: int = 7) -> Batch:
 class TokenMeanPG:
     """Hand-written objective: ``-sum(A * exp(logp - old) * mask) / global_tokens`` (token-mean).
 
-    Bound to the whole mini-batch's token count, as :mod:`rlzoo.objective` objectives are.
+    Bound to the whole mini-batch's token count, as :mod:`rlzoo.train.objective` objectives are.
     """
 
     needs_entropy = False

@@ -88,7 +88,7 @@ def test_a_push_is_the_adapter_only_and_the_engine_reproduces_the_trainers_log_p
     ]
     samples = engine.generate(requests)
     assert all(s.versions and set(s.versions) == {be.version} for s in samples)
-    from rlzoo.runners.batching import samples_to_batch
+    from rlzoo.train.batching import samples_to_batch
 
     batch = samples_to_batch(samples, None, pad_token_id=0)
     lp, _ = be.compute_log_probs(batch)

@@ -190,10 +190,10 @@ def test_a_megatron_run_exports_and_rlzoo_export_rebuilds_it(tmp_path: Path) -> 
     from rlzoo.compose import build_run
     from rlzoo.data.tokenizer import load_tokenizer
     from rlzoo.export import load_run_config
-    from rlzoo.runners.common import train_spec
     from rlzoo.tasks._quickstart import prepare
     from rlzoo.tasks.quickstart import QuickstartDataParams
     from rlzoo.testing.backends import make_train_batch
+    from rlzoo.train.inputs import train_spec
 
     if dist.is_initialized():
         pytest.skip("a process group was started outside this test")

@@ -283,7 +283,7 @@ def test_native_fused_lm_head_equals_logits_path():
 # the declared objective contract: accumulated metrics merged across data-parallel ranks
 # ---------------------------------------------------------------------------------------------
 def test_accumulated_metrics_merge_across_ranks_as_one_rank_would() -> None:
-    from rlzoo.objective import _Accumulator
+    from rlzoo.train.objective import _Accumulator
 
     ranks = [_Accumulator(), _Accumulator()]
     for acc in ranks:  # an earlier update, already merged: the same on both ranks

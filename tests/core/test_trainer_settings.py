@@ -14,7 +14,7 @@ import rlzoo
 from rlzoo.config import load_config
 from rlzoo.errors import ConfigError
 from rlzoo.recipe import mini_batches_per_step, optimizer_steps
-from rlzoo.runners.inputs import train_spec
+from rlzoo.train.inputs import train_spec
 
 TOKENIZER = SimpleNamespace(pad_token_id=0)
 
@@ -149,7 +149,7 @@ def test_lr_schedule_reaches_its_final_value_on_the_last_step(
 # the critic's value clip
 # ---------------------------------------------------------------------------------------------
 def test_value_clip_is_a_declared_validated_setting_the_trainer_uses() -> None:
-    from rlzoo.runners.policy import PolicyTrainer
+    from rlzoo.train.update import PolicyTrainer
 
     cfg = load_config("quickstart", ["algorithm.advantage=gae", "algorithm.value_clip=0.2"])
     assert cfg.algorithm.value_clip == 0.2

@@ -111,11 +111,11 @@ def test_resume_gives_the_same_next_step(tmp_path: Path, data_dir: Path) -> None
 
 def test_rollout_log_probs_match_trainer(data_dir: Path) -> None:
     """The engine's per-token log-probs equal the train backend's recomputation for the same weights."""
-    from rlzoo.runners.common import make_requests, samples_to_batch, sampling_params
+    from rlzoo.train.batching import make_requests, samples_to_batch, sampling_params
 
     run = rlzoo.build_run("quickstart", [f"data.dir={data_dir}", "rollout.temperature=0.7"])
     cfg = run.config
-    from rlzoo.runners.common import load_tokenizer, rollout_spec, train_spec
+    from rlzoo.train.inputs import load_tokenizer, rollout_spec, train_spec
 
     tok = load_tokenizer(cfg)
     rollout = cfg.rollout.backend.fn(cfg.rollout.backend.params, rollout_spec(cfg, tok))

@@ -23,11 +23,11 @@ from rlzoo.backends.native.train import NativeTrainBackend
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.batch import Batch
 from rlzoo.config import load_config
+from rlzoo.formulas import offpolicy_metrics
 from rlzoo.models.tiny import tiny_qwen2_config
 from rlzoo.protocols import AdvantageInputs, MicroBatchSettings, TrainSpec
-from rlzoo.runners.mismatch import offpolicy_metrics
-from rlzoo.runners.policy import PolicyTrainer
 from rlzoo.testing.backends import make_train_batch
+from rlzoo.train.update import PolicyTrainer
 
 V = 64
 ONE_MINI_BATCH = ("trainer.ppo_mini_batch_size=2", "trainer.ppo_epochs=1")  # 2 prompts x 4: exactly on-policy
@@ -202,7 +202,7 @@ def test_gdpo_failed_samples_get_zero_components(tmp_path: Path) -> None:
     infos = [dict(i) for i in INFOS]
     infos[2] = {"score": 0.0, "error": "TimeoutError"}  # a failed scorer call
     batch = _batch(be, infos)
-    from rlzoo.runners.rewards import reward_components
+    from rlzoo.train.rewards import reward_components
 
     comps = reward_components(batch, ("fmt",), "gdpo")
     assert comps.shape == (8, 1) and comps[2, 0] == 0.0 and comps[6, 0] == 0.5

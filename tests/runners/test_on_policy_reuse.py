@@ -13,11 +13,11 @@ from rlzoo.backends.native.train import NativeTrainBackend
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.batch import Batch
 from rlzoo.config import load_config
+from rlzoo.formulas import offpolicy_metrics
 from rlzoo.models.tiny import tiny_qwen2_config
 from rlzoo.protocols import MicroBatchSettings, OptimSettings, TrainSpec
-from rlzoo.runners.mismatch import offpolicy_metrics
-from rlzoo.runners.policy import PolicyTrainer
 from rlzoo.testing.backends import make_train_batch
+from rlzoo.train.update import PolicyTrainer
 
 V = 64
 

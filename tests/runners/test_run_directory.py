@@ -17,7 +17,7 @@ from rlzoo.backends.simulated.backend import SimulatedTrainBackend
 from rlzoo.errors import ConfigError
 from rlzoo.metrics import read_metrics
 from rlzoo.plugins import PluginManager
-from rlzoo.runners.checkpoint import CheckpointError, CheckpointManager
+from rlzoo.train.checkpoint import CheckpointError, CheckpointManager
 
 from .conftest import QUIET, SIM, build
 

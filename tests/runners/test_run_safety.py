@@ -22,7 +22,7 @@ from rlzoo.backends.simulated.backend import SimulatedTrainBackend
 from rlzoo.errors import RlzooError
 from rlzoo.metrics import read_metrics
 from rlzoo.plugins import PluginManager
-from rlzoo.runners.checkpoint import CheckpointError, CheckpointManager, RunDirLocked, RunLock
+from rlzoo.train.checkpoint import CheckpointError, CheckpointManager, RunDirLocked, RunLock
 
 from .conftest import QUIET, SIM, build
 
