@@ -329,23 +329,29 @@ def test_critic_values_and_update_lowers_mse(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # checkpoints and weights
 # ---------------------------------------------------------------------------------------------
-def test_checkpoint_round_trip(tmp_path):
-    spec = TrainSpec(model_path="", need_reference=True, need_critic=True, total_steps=10)
-    kw = {"lr": 1e-3, "critic_lr": 1e-3, "lr_scheduler": "cosine", "warmup_steps": 2, "micro_batch_size": 2}
-    model = tiny_model()
-    a = backend(copy.deepcopy(model), spec=spec, **kw)
+def train_then_save(a, ckpt_dir, extra):
+    """Three policy + critic updates of ``a`` on one batch, then the RNGs seeded (1, 2, 3), a
+    checkpoint with ``extra`` saved to ``ckpt_dir`` and one draw of each RNG: what a backend resumed
+    from it must draw next. Returns the batch, both objectives and the draws."""
     batch = sample_batch(seed=5)
     pg = TokenMeanPG(float(batch["response_mask"].sum()))
     vf = ValueMSE(float(batch["response_mask"].sum()))
     for _ in range(3):
         a.update_policy(batch, pg)
         a.update_critic(batch, vf)
-
     random.seed(1)
     np.random.seed(2)
     torch.manual_seed(3)
-    a.save_checkpoint(tmp_path / "ckpt", {"data_pos": 7, "epoch": 1, "uids": ["x/0"]})
-    draws = (random.random(), np.random.rand(), torch.rand(2))
+    a.save_checkpoint(ckpt_dir, extra)
+    return batch, pg, vf, (random.random(), np.random.rand(), torch.rand(2))
+
+
+def test_checkpoint_round_trip(tmp_path):
+    spec = TrainSpec(model_path="", need_reference=True, need_critic=True, total_steps=10)
+    kw = {"lr": 1e-3, "critic_lr": 1e-3, "lr_scheduler": "cosine", "warmup_steps": 2, "micro_batch_size": 2}
+    model = tiny_model()
+    a = backend(copy.deepcopy(model), spec=spec, **kw)
+    batch, pg, vf, draws = train_then_save(a, tmp_path / "ckpt", {"data_pos": 7, "epoch": 1, "uids": ["x/0"]})
     assert (tmp_path / "ckpt" / ckpt.COMPLETE_MARKER).is_file()
     assert not (tmp_path / "ckpt.tmp").exists()
 
