@@ -21,8 +21,9 @@ from rlzoo.metrics import read_metrics
 from rlzoo.plugins import PluginManager
 from rlzoo.runners.async_params import FullyAsyncParams
 from rlzoo.runners.queue import RolloutFailed
+from rlzoo.testing.runs import SIMULATED_BACKENDS
 
-from .conftest import SIM, build, overrides
+from .conftest import build, overrides
 
 ON_POLICY = [
     "runner.staleness_threshold=0",
@@ -68,7 +69,7 @@ def _sim_run(pm: PluginManager, quickstart_dir: Path, run_dir: Path, *extra: str
         "quickstart_async",
         quickstart_dir,
         run_dir,
-        *SIM,
+        *SIMULATED_BACKENDS,
         "trainer.test_freq=-1",
         "trainer.save_freq=-1",
         *extra,
