@@ -93,22 +93,32 @@ class Aime2024Params:
     dedup: bool = param(False, help="drop rows whose prompt repeats an earlier row's prompt")
 
 
-#: name -> (params, modalities, aliases); each is prepared by ``rlzoo.data.prepare.<name>:prepare``
-_DATASETS: dict[str, tuple[type, tuple[str, ...], tuple[str, ...]]] = {
-    "geometry3k": (Geometry3kParams, ("text", "image"), ("geo3k",)),
-    "gsm8k": (GSM8KParams, ("text",), ()),
-    "dapo_math": (DapoMathParams, ("text",), ("dapo-math-17k",)),
-    "aime2024": (Aime2024Params, ("text",), ("aime-2024",)),
-}
-
-
 @hookimpl
 def rlzoo_register_datasets(registry):  # type: ignore[no-untyped-def]
-    for name, (params, modalities, aliases) in _DATASETS.items():
-        registry.register(
-            name,
-            f"rlzoo.data.prepare.{name}:prepare",
-            params=params,
-            capabilities={"modalities": modalities},
-            aliases=aliases,
-        )
+    registry.register(
+        "geometry3k",
+        "rlzoo.data.prepare.geometry3k:prepare",
+        params=Geometry3kParams,
+        capabilities={"modalities": ("text", "image")},
+        aliases=("geo3k",),
+    )
+    registry.register(
+        "gsm8k",
+        "rlzoo.data.prepare.gsm8k:prepare",
+        params=GSM8KParams,
+        capabilities={"modalities": ("text",)},
+    )
+    registry.register(
+        "dapo_math",
+        "rlzoo.data.prepare.dapo_math:prepare",
+        params=DapoMathParams,
+        capabilities={"modalities": ("text",)},
+        aliases=("dapo-math-17k",),
+    )
+    registry.register(
+        "aime2024",
+        "rlzoo.data.prepare.aime2024:prepare",
+        params=Aime2024Params,
+        capabilities={"modalities": ("text",)},
+        aliases=("aime-2024",),
+    )
