@@ -28,22 +28,18 @@ HAVE_MCORE = (
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-class TestMegatronTrainCPUDistOpt(TrainBackendContract):
-    """TP=1 with the distributed optimizer (its checkpoint layout, its main-param views)."""
-
-    name = "megatron"
-    requires = ("megatron.core", "psutil")
-    params_overrides = {"device": "cpu", "dtype": "float32", "use_distributed_optimizer": True}
-    lp_atol = 1e-4
-    update_atol = 1e-5
-
-
 class TestMegatronTrainCPU(TrainBackendContract):
     name = "megatron"
     requires = ("megatron.core", "psutil")
     params_overrides = {"device": "cpu", "dtype": "float32", "use_distributed_optimizer": False}
     lp_atol = 1e-4
     update_atol = 1e-5
+
+
+class TestMegatronTrainCPUDistOpt(TestMegatronTrainCPU):
+    """TP=1 with the distributed optimizer (its checkpoint layout, its main-param views)."""
+
+    params_overrides = {**TestMegatronTrainCPU.params_overrides, "use_distributed_optimizer": True}
 
 
 # -- TP=2, PP=2, DP=2: two gloo processes under torchrun ----------------------------------------
