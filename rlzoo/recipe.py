@@ -58,8 +58,9 @@ class Selection:
         """The part's typed capability record (:mod:`rlzoo.capabilities`)."""
         return self.component.caps
 
-    def capability(self, key: str, default: Any = False) -> Any:
-        return self.component.capability(key, default)
+    def capability(self, key: str) -> Any:
+        """One capability by name (:meth:`rlzoo.registry.Component.capability`)."""
+        return self.component.capability(key)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call a function part with its params: ``sel(inputs)`` == ``fn(inputs, params)``."""

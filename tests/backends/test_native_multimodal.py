@@ -28,14 +28,7 @@ from rlzoo.models.tiny import build_tiny_qwen2_5_vl, png_bytes  # noqa: E402
 from rlzoo.protocols import MicroBatchSettings, OptimSettings, SamplingParams, TrainSpec  # noqa: E402
 from rlzoo.train.batching import make_requests, samples_to_batch  # noqa: E402
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matmuls gain nothing from threads, and intra-op threads thrash on a busy CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

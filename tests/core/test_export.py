@@ -52,17 +52,6 @@ def text_batch(tok: Any) -> Batch:
 
 
 @pytest.fixture(scope="module")
-def quickstart_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The quickstart task's data, word-level tokenizer and tiny Qwen2 model (offline)."""
-    from rlzoo.tasks._quickstart import prepare
-    from rlzoo.tasks.quickstart import QuickstartDataParams
-
-    out = tmp_path_factory.mktemp("quickstart")
-    prepare(out, QuickstartDataParams())
-    return out
-
-
-@pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory, quickstart_dir: Path) -> Path:
     """A 3-step quickstart run (native backend) with a checkpoint at steps 2 and 3 and exports."""
     from rlzoo.compose import build_run

@@ -99,14 +99,6 @@ def _hf_lrs(schedule: str, lr: float, warmup: int, total: int) -> list[float]:
     return out
 
 
-@pytest.fixture(scope="module")
-def quickstart_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("quickstart")
-    comp = rlzoo.get_plugin_manager().get("dataset", "quickstart")
-    comp.load()(d, comp.default_params())
-    return d
-
-
 @pytest.mark.parametrize(
     ("schedule", "mini_batch", "warmup"),
     [("linear", 16, 0), ("linear", 4, 0), ("cosine", 16, 1), ("cosine", 8, 2)],

@@ -29,6 +29,8 @@ from rlzoo.protocols import AdvantageInputs, MicroBatchSettings, TrainSpec
 from rlzoo.testing.backends import make_train_batch
 from rlzoo.train.update import PolicyTrainer
 
+from .conftest import as_rollout
+
 V = 64
 ONE_MINI_BATCH = ("trainer.ppo_mini_batch_size=2", "trainer.ppo_epochs=1")  # 2 prompts x 4: exactly on-policy
 
@@ -53,19 +55,7 @@ def _batch(be: NativeTrainBackend, infos: list[dict[str, Any]] | None = None) ->
     lp, _ = be.compute_log_probs(b)
     scores = torch.zeros_like(mask)
     scores[torch.arange(8), mask.sum(-1).long() - 1] = torch.tensor([1.0, 0, 0, 1, 1, 1, 0, 0])
-    out = Batch(
-        {
-            "input_ids": b["input_ids"],
-            "attention_mask": b["attention_mask"],
-            "position_ids": b["position_ids"],
-            "responses": b["responses"],
-            "response_mask": mask,
-            "rollout_log_probs": (lp + 0.05 * torch.randn(lp.shape, generator=g)) * mask,
-            "token_level_scores": scores,
-            "group_ids": torch.arange(8) // 4,
-        },
-        {"uid": [f"r{i // 4}/{i % 4}" for i in range(8)]},
-    )
+    out = as_rollout(b, lp, scores, g, {"uid": [f"r{i // 4}/{i % 4}" for i in range(8)]})
     if infos is not None:
         out["reward_info"] = infos
         out["failed"] = [bool(i.get("error")) for i in infos]

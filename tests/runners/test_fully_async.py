@@ -21,9 +21,10 @@ from rlzoo.metrics import read_metrics
 from rlzoo.plugins import PluginManager
 from rlzoo.sources.params import FullyAsyncParams
 from rlzoo.sources.queue import RolloutFailed
+from rlzoo.testing.runs import SIMULATED_BACKENDS
 from rlzoo.train.loop import build_loop
 
-from .conftest import SIM, build, overrides
+from .conftest import build, overrides
 
 ON_POLICY = [
     "runner.staleness_threshold=0",
@@ -69,7 +70,7 @@ def _sim_run(pm: PluginManager, quickstart_dir: Path, run_dir: Path, *extra: str
         "quickstart_async",
         quickstart_dir,
         run_dir,
-        *SIM,
+        *SIMULATED_BACKENDS,
         "trainer.test_freq=-1",
         "trainer.save_freq=-1",
         *extra,
