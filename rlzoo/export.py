@@ -424,16 +424,17 @@ def _export_adapter(run_dir: Path, out: Path, step: int | None) -> Path:
         )
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise RlzooError(f"export --adapter: {out} exists and is not an empty folder; choose a new --out")
-    staging = out.with_name(f".{out.name}.merged")
-    if staging.exists():
-        shutil.rmtree(staging)
+    # the merged export is built in a fresh folder of ours next to out (marked, like every export's
+    # staging: a leftover of a killed export is recognised and removed; nothing else is touched)
+    staging = _staging(out)
     try:
-        export_checkpoint(run_dir, staging, step=step)
-        if not (staging / "adapter" / "adapter_config.json").is_file():
-            raise RlzooError(f"export: the train backend wrote no LoRA adapter in {staging / 'adapter'}")
+        merged = staging / "merged"
+        export_checkpoint(run_dir, merged, step=step)
+        if not (merged / "adapter" / "adapter_config.json").is_file():
+            raise RlzooError(f"export: the train backend wrote no LoRA adapter in {merged / 'adapter'}")
         if out.exists():
             out.rmdir()  # empty (checked above)
-        (staging / "adapter").rename(out)
+        (merged / "adapter").rename(out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out
