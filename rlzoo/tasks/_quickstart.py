@@ -55,9 +55,9 @@ def build_tokenizer() -> Any:
 
 
 def build_model(tokenizer: Any, hidden_size: int, num_layers: int, seed: int) -> Any:
-    from rlzoo.models.tiny import build_tiny_qwen2
+    from rlzoo.models.tiny import build_tiny_llama
 
-    model, _ = build_tiny_qwen2(
+    model, _ = build_tiny_llama(
         tokenizer=tokenizer,
         hidden_size=hidden_size,
         num_layers=num_layers,
@@ -86,7 +86,8 @@ def prepare(out_dir: Path, params: Any) -> dict[str, Path]:
 
     out = Path(out_dir)
     files = {"train": out / "train.parquet", "val": out / "val.parquet", "model": out / "model"}
-    stamp = BuildStamp(out, "quickstart", params)  # files built by other params are rebuilt
+    # files built by other params, or with the tiny Qwen2 of earlier versions, are rebuilt
+    stamp = BuildStamp(out, "quickstart", params, model="llama")
     if stamp.current(files.values()):
         return files
     out.mkdir(parents=True, exist_ok=True)

@@ -11,10 +11,14 @@ from typing import Any
 
 
 class BuildStamp:
-    def __init__(self, out: Path, name: str, params: Any) -> None:
+    def __init__(self, out: Path, name: str, params: Any, **built: Any) -> None:
+        """``built``: what the files are besides the params (``model="llama"``): a cache written
+        before the task changed it is rebuilt too."""
         self.path = Path(out) / f"{name}_params.json"
         fields = dataclasses.asdict(params)
-        self.key = json.dumps({k: v for k, v in fields.items() if k != "overwrite"}, sort_keys=True)
+        key = {k: v for k, v in fields.items() if k != "overwrite"}
+        key.update({f"_{k}": v for k, v in built.items()})
+        self.key = json.dumps(key, sort_keys=True)
         self.overwrite = bool(fields.get("overwrite", False))
 
     def current(self, files: Iterable[Path]) -> bool:
