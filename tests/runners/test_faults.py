@@ -192,7 +192,7 @@ def test_a_disk_that_fills_up_mid_run_is_a_message_and_the_run_resumes(
     the OS refuses every write that grows a file, so safetensors raises its own SafetensorError):
     one line saying what failed, where, and how to go on; a non-zero exit; the first checkpoint
     intact; the printed resume finishes the run. Before: a SafetensorError traceback."""
-    from rlzoo.runners.checkpoint import CheckpointManager
+    from rlzoo.train.checkpoint import CheckpointManager
 
     args = ["quickstart", f"data.dir={quickstart_dir}", *QUIET, *COMMON, *RUNNER["sync"]]
     out = tmp_path / "run"
