@@ -9,7 +9,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def quickstart_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The quickstart task's data, word-level tokenizer and tiny Qwen2 model (offline), prepared once
+    """The quickstart task's data, word-level tokenizer and tiny Llama model (offline), prepared once
     per session; tests read it (``data.dir``) and write their runs elsewhere."""
     from rlzoo.tasks._quickstart import prepare
     from rlzoo.tasks.quickstart import QuickstartDataParams

@@ -55,9 +55,9 @@ def build_tokenizer() -> Any:
 
 
 def build_model(tokenizer: Any, hidden_size: int, num_layers: int, seed: int) -> Any:
-    from rlzoo.models.tiny import build_tiny_qwen2
+    from rlzoo.models.tiny import build_tiny_llama
 
-    model, _ = build_tiny_qwen2(
+    model, _ = build_tiny_llama(
         tokenizer=tokenizer,
         hidden_size=hidden_size,
         num_layers=num_layers,
@@ -96,7 +96,8 @@ def prepare(out_dir: Path, params: Any) -> dict[str, Path]:
         model = build_model(tok, params.hidden_size, params.num_layers, params.seed)
         return rows(train, "train"), rows(val, "val"), tok, model
 
-    return build_task_folder(out_dir, "quickstart", params, build)
+    # files built by other params, or with the tiny Qwen2 of earlier versions, are rebuilt
+    return build_task_folder(out_dir, "quickstart", params, build, model="llama")
 
 
 def score(

@@ -12,10 +12,14 @@ from typing import Any
 
 
 class BuildStamp:
-    def __init__(self, out: Path, name: str, params: Any) -> None:
+    def __init__(self, out: Path, name: str, params: Any, **built: Any) -> None:
+        """``built``: what the files are besides the params (``model="llama"``): a cache written
+        before the task changed it is rebuilt too."""
         self.path = Path(out) / f"{name}_params.json"
         fields = dataclasses.asdict(params)
-        self.key = json.dumps({k: v for k, v in fields.items() if k != "overwrite"}, sort_keys=True)
+        key = {k: v for k, v in fields.items() if k != "overwrite"}
+        key.update({f"_{k}": v for k, v in built.items()})
+        self.key = json.dumps(key, sort_keys=True)
         self.overwrite = bool(fields.get("overwrite", False))
 
     def current(self, files: Iterable[Path]) -> bool:
@@ -29,17 +33,21 @@ class BuildStamp:
 
 
 def build_task_folder(
-    out_dir: Path, name: str, params: Any, build: Callable[[], tuple[list[dict], list[dict], Any, Any]]
+    out_dir: Path,
+    name: str,
+    params: Any,
+    build: Callable[[], tuple[list[dict], list[dict], Any, Any]],
+    **built: Any,
 ) -> dict[str, Path]:
     """``train.parquet``, ``val.parquet`` and ``model/`` (weights, tokenizer, generation config) in
     ``out_dir``: ``build()`` returns ``(train rows, val rows, tokenizer, model)`` and runs only when
-    the folder was not built with these params already."""
+    the folder was not built with these params already (``built``: see :class:`BuildStamp`)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     out = Path(out_dir)
     files = {"train": out / "train.parquet", "val": out / "val.parquet", "model": out / "model"}
-    stamp = BuildStamp(out, name, params)  # files built by other params are rebuilt
+    stamp = BuildStamp(out, name, params, **built)  # files built by other params are rebuilt
     if stamp.current(files.values()):
         return files
     out.mkdir(parents=True, exist_ok=True)
