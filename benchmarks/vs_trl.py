@@ -18,9 +18,10 @@ What each side may choose (a *configuration*, ``side:precision:micro[:packed]``)
 
 Every configuration runs in a fresh subprocess, so each one's peak RSS (``wait4``'s ``ru_maxrss``,
 the whole process: model load, generation, update) is its own. s/batch: the median over the
-``--steps`` batches after the first (warm-up) of one full batch: rlzoo's ``timing_s/step``
-(generation, reward, advantages, update, weight push; not the end-of-run export), TRL's cycle from
-one optimizer step's end to the next (its generation, reward, forward/backward, optimizer step,
+``--steps`` batches after the first (warm-up; ``--steps 1`` measures the one batch) of a full step
+cycle, from one batch's end to the next's: rlzoo's metrics rows (generation, reward, advantages,
+update, weight push, logging; the last batch, whose row follows the end-of-run HF export, by its
+``timing_s/step``), TRL's optimizer steps (generation, reward, forward/backward, optimizer step,
 logging). Mean completion length: rlzoo's ``response_length/mean``, TRL's
 ``completions/mean_length``.
 
@@ -41,6 +42,7 @@ where the model ends them (SmolLM2 writes ~40 tokens for these prompts).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -177,11 +179,15 @@ def measure_rlzoo(
         o = rlzoo_overrides(s, precision, steps, f"{tmp}/run", micro=micro, packed=packed)
         run = rlzoo.build_run(s["recipe"], [*o, *extra])
         run.train()
+        assert run.run_dir is not None
         recs = [r for r in read_metrics(run.run_dir) if r["step"] > 0 and "timing_s/step" in r]
         if records is not None:
             records.extend(recs)
     timed = recs[1:] or recs  # batch 1: warm-up
-    sec = statistics.median(r["timing_s/step"] for r in timed)
+    # full cycles (metrics row to metrics row, as TRL's) of batches 2 .. n-1: the last one's row
+    # comes after the end-of-run HF export; with fewer batches, the batch's own timing_s/step
+    cycles = [b["time"] - a["time"] for a, b in itertools.pairwise(recs)][:-1]
+    sec = statistics.median(cycles) if cycles else statistics.median(r["timing_s/step"] for r in timed)
     resp = statistics.median(r["response_length/mean"] for r in timed)
     toks = statistics.median(
         (r["prompt_length/mean"] + r["response_length/mean"]) * PROMPTS * N for r in timed
@@ -226,8 +232,8 @@ def measure_trl(
     ds = ds.map(lambda r: {"ground_truth": r["reward_model"]["ground_truth"]})
     ds = ds.select_columns(["prompt", "ground_truth"])
 
-    def reward(prompts: list, completions: list, ground_truth: list, **_: Any) -> list[float]:
-        out = []
+    def reward(prompts: list, completions: list, ground_truth: list, **_: Any) -> list[float | None]:
+        out: list[float | None] = []
         for c, gt in zip(completions, ground_truth):
             text = c[0]["content"] if isinstance(c, list) else c
             r = score_fn(text, gt, "", {}, score_params)
@@ -244,6 +250,9 @@ def measure_trl(
             self.lengths: list[float] = []
             self._t: float | None = None
             self._seen = 0
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self._t, self._seen = time.perf_counter(), state.num_input_tokens_seen
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             now = time.perf_counter()
@@ -297,12 +306,12 @@ def measure_trl(
             peft_config=peft_config,
         )
         trainer.train()
-    # clock.times[0] is batch 2 (a cycle needs a previous step's end): batch 1 is the warm-up
-    sec = statistics.median(clock.times)
+    times, tokens = clock.times[1:] or clock.times, clock.tokens[1:] or clock.tokens  # batch 1: warm-up
+    sec = statistics.median(times)
     lengths = clock.lengths[1:] or clock.lengths
     return {
         "sec": sec,
-        "tok_s": statistics.median(clock.tokens) / sec,
+        "tok_s": statistics.median(tokens) / sec,
         "completion": statistics.median(lengths) if lengths else float("nan"),
         "phases": {},
     }
@@ -376,7 +385,7 @@ def print_table(rows: list[dict[str, Any]], title: str) -> None:
             continue
         ph = ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items() if v)
         print(
-            f"{name(r):<22} {r['sec']:>8.1f} {r['tok_s']:>7.0f} {r['completion']:>10.1f} "
+            f"{name(r):<22} {r['sec']:>8.2f} {r['tok_s']:>7.0f} {r['completion']:>10.1f} "
             f"{r['peak_rss_mb']:>11.0f} {r['load']:>5.1f}  {ph}"
         )
     best = {}
@@ -412,14 +421,17 @@ def main() -> None:
     )
     ap.add_argument("--max-new", type=int, default=None, help="response limit (default: the recipe's, 16)")
     ap.add_argument("--ignore-eos", action="store_true", help="responses run to --max-new on both sides")
-    ap.add_argument("--steps", type=int, default=3, help="batches per configuration; the first is warm-up")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=3,
+        help="batches per configuration; the first is a warm-up (1: the one batch is measured)",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ns = ap.parse_args()
     if ns.child:
         child(json.loads(ns.child))
         return
-    if ns.steps < 2:
-        raise SystemExit("--steps must be >= 2: the first batch is a warm-up")
     cfgs = [parse_config(c) for c in ns.configs]
     s = settings(ns.model, ns.max_new)
     if not (s["dir"] / "train.parquet").exists():  # prepare once, as `rlzoo train` would
@@ -432,7 +444,8 @@ def main() -> None:
     title = (
         f"{ns.model}: {PROMPTS} prompts x {N} samples, <= {s['max_new']} new tokens"
         f"{' (EOS ignored)' if ns.ignore_eos else ''}, one optimizer step per batch, "
-        f"median of {ns.steps - 1} batch(es) after 1 warm-up, {os.cpu_count()} CPUs"
+        + (f"median of {ns.steps - 1} batch(es) after 1 warm-up" if ns.steps > 1 else "1 batch, no warm-up")
+        + f", {os.cpu_count()} CPUs"
     )
     rows = []
     for c in cfgs:

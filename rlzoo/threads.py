@@ -21,22 +21,32 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["choose_wait_policy"]
+__all__ = ["DEFAULT_WAIT_POLICY", "WAIT_POLICIES", "choose_wait_policy"]
+
+# RLZOO_OMP_WAIT_POLICY -> the libgomp variables it sets (docs/performance.md, benchmarks/busy.py)
+WAIT_POLICIES: dict[str, dict[str, str]] = {
+    "keep": {},  # libgomp's own: spin 300,000 times in a barrier, then sleep
+    "passive": {"OMP_WAIT_POLICY": "PASSIVE"},  # sleep at once
+    "short": {"GOMP_SPINCOUNT": "10000"},  # spin briefly, then sleep
+}
+DEFAULT_WAIT_POLICY = "keep"
 
 
-def choose_wait_policy(environ: dict[str, str] | None = None) -> str | None:
-    """Set ``OMP_WAIT_POLICY=PASSIVE`` in ``environ`` (default ``os.environ``) when
-    ``RLZOO_OMP_WAIT_POLICY=passive`` asks and the user chose no OpenMP policy; returns the value
-    set, or None when nothing was set."""
+def choose_wait_policy(environ: dict[str, str] | None = None) -> dict[str, str] | None:
+    """Set the OpenMP variables of ``RLZOO_OMP_WAIT_POLICY`` (:data:`WAIT_POLICIES`, default
+    :data:`DEFAULT_WAIT_POLICY`) in ``environ`` (default ``os.environ``) unless the user chose an
+    OpenMP policy (``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` set); returns what was set, or None
+    when nothing was."""
     env = os.environ if environ is None else environ
-    choice = env.get("RLZOO_OMP_WAIT_POLICY", "keep").lower()
-    if choice not in ("keep", "passive"):
-        raise ValueError(f"RLZOO_OMP_WAIT_POLICY must be 'keep' or 'passive', got {choice!r}")
-    if choice == "keep":
-        return None
-    if "OMP_WAIT_POLICY" in env or "GOMP_SPINCOUNT" in env:
+    choice = env.get("RLZOO_OMP_WAIT_POLICY", DEFAULT_WAIT_POLICY).lower()
+    if choice not in WAIT_POLICIES:
+        raise ValueError(
+            f"RLZOO_OMP_WAIT_POLICY must be one of {', '.join(map(repr, WAIT_POLICIES))}, got {choice!r}"
+        )
+    wanted = WAIT_POLICIES[choice]
+    if not wanted or "OMP_WAIT_POLICY" in env or "GOMP_SPINCOUNT" in env:
         return None
     if environ is None and "torch" in sys.modules:
         return None  # too late: libgomp has read its environment already
-    env["OMP_WAIT_POLICY"] = "PASSIVE"
-    return "PASSIVE"
+    env.update(wanted)
+    return dict(wanted)
