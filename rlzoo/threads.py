@@ -1,4 +1,4 @@
-"""How rlzoo's CPU thread pools wait: opt-in passive waiting for machines shared with other work.
+"""How rlzoo's CPU thread pools wait: opt-in passive / short waiting for machines shared with other work.
 
 torch's CPU kernels run on an OpenMP pool (GNU libgomp in the PyPI wheels). By default a libgomp
 thread that reaches a barrier first spins for a while before it sleeps; when another process holds
@@ -8,8 +8,9 @@ that partner needs: a tiny-model run on 2 cores with one core busy took 2.4-4.5x
 
 libgomp reads its environment once, when torch is imported, so :func:`choose_wait_policy` runs when
 ``rlzoo`` is imported (``rlzoo/__init__.py``, which imports no torch). With
-``RLZOO_OMP_WAIT_POLICY=passive`` it sets ``OMP_WAIT_POLICY=PASSIVE`` unless the user set
-``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``; by default (``keep``) it changes nothing. Passive is
+``RLZOO_OMP_WAIT_POLICY=passive`` it sets ``OMP_WAIT_POLICY=PASSIVE``, with ``short``
+``GOMP_SPINCOUNT=10000`` (spin briefly, then sleep; libgomp's default is 300,000 spins), unless the
+user set ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``; by default (``keep``) it changes nothing. Passive is
 not the default because on a quiet 2-core machine it made the quickstart slower (18.4 s against
 10.5 s for 15 steps, docs/performance.md: waking a sleeping thread for every small kernel costs
 more than the spin). A program that imported torch before rlzoo keeps torch's waiting. The thread
