@@ -58,12 +58,13 @@ def _busy_loop() -> subprocess.Popen:
 
 
 def quickstart(steps: int, env_extra: dict[str, str], tmp: Path) -> dict:
+    out_dir = tmp / f"run{len(list(tmp.glob('run*')))}"  # a fresh run directory per run
     drop = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT", "RLZOO_OMP_WAIT_POLICY")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(env_extra)
     args = [
         f"data.dir={tmp}/data",
-        f"run.output_dir={tmp}/run",
+        f"run.output_dir={out_dir}",
         "run.progress=false",
         f"trainer.total_steps={steps}",
         "trainer.val_before_train=false",
