@@ -36,7 +36,7 @@ where the model ends them (SmolLM2 writes ~40 tokens for these prompts).
     python benchmarks/vs_trl.py --model tiny           # the quickstart model (2 response tokens)
     python benchmarks/vs_trl.py --model smollm2        # SmolLM2-135M-Instruct, <= 16 new tokens
     python benchmarks/vs_trl.py --model smollm2 --max-new 256 --ignore-eos --steps 2 \\
-        --configs rlzoo:bf16:16 trl:bf16:64
+        --configs rlzoo:bf16:16 trl:bf16:16
 """
 
 from __future__ import annotations
