@@ -13,7 +13,9 @@ responses per step), and prints the training reward per sample consumed side by 
 windows of 10 steps): the issue's target is fully_async within 0.1 of sync at an equal number of
 samples.
 
-    python benchmarks/agents.py [--steps N] [--async] [extra overrides ...]
+    python benchmarks/agents.py [--steps N] [--async [--fa OVERRIDE ...]] [extra overrides ...]
+
+``--fa``: an override for the fully_async run only (e.g. an off-policy correction).
 """
 
 from __future__ import annotations
@@ -69,12 +71,12 @@ def curve(recs: list[dict[str, Any]]) -> dict[int, tuple[float, float]]:
     return out
 
 
-def compare_runners(steps: int, overrides: list[str]) -> None:
+def compare_runners(steps: int, overrides: list[str], fa_overrides: list[str]) -> None:
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.time()
         sync = run(tmp, True, steps, overrides, "sync")
-        fa = run(tmp, True, steps, [*overrides, FULLY_ASYNC], "fully_async")
+        fa = run(tmp, True, steps, [*overrides, FULLY_ASYNC, *fa_overrides], "fully_async")
         wall = time.time() - t0
     print(f"load average at start: {load:.2f}; wall {wall:.0f} s for both runs")
     print(f"{'steps':>9} {'samples':>8} | {'reward sync':>11} | {'reward fully_async':>18} | {'diff':>6}")
@@ -109,9 +111,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--async", dest="compare_async", action="store_true", help="sync vs fully_async")
+    ap.add_argument(
+        "--fa", action="append", default=[], help="an override for the fully_async run only (repeatable)"
+    )
     args, overrides = ap.parse_known_args()
     if args.compare_async:
-        compare_runners(args.steps, overrides)
+        compare_runners(args.steps, overrides, args.fa)
         return
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
@@ -130,6 +135,9 @@ def main() -> None:
         last = [r for r in recs if r["step"] > 0][-1]
         keys = (
             "critic/score/mean",
+            "agent/env/acc",
+            "agent/env/call_match",
+            "agent/env/answer_match",
             "agent/turns/mean",
             "agent/tool_calls/mean",
             "agent/tool_errors/mean",
