@@ -18,10 +18,10 @@ from rlzoo.params import param
 from rlzoo.plugins import get_plugin_manager, reset_plugin_manager
 from rlzoo.registry import Component, Registrar, Registry
 from rlzoo.threads import choose_wait_policy
+from rlzoo.version import __version__
 
 choose_wait_policy()  # RLZOO_OMP_WAIT_POLICY=passive: before torch is imported (none of the above does)
 
-__version__ = "0.1.0"
 
 __all__ = [
     "KINDS",
@@ -34,6 +34,7 @@ __all__ = [
     "RlzooError",
     "Run",
     "UnknownComponentError",
+    "__version__",
     "build_run",
     "get_plugin_manager",
     "hookimpl",

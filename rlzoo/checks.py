@@ -12,8 +12,8 @@ import dataclasses
 from typing import Any
 
 from rlzoo.binding import range_problems
-from rlzoo.config import RecipeConfig, Selection
 from rlzoo.protocols import RunReadyParams
+from rlzoo.recipe import RecipeConfig, Selection
 
 __all__ = [
     "CONSISTENCY_RULES",

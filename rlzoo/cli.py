@@ -97,7 +97,7 @@ def cmd_plugins(ns: argparse.Namespace) -> int:
 
 
 def cmd_recipes(ns: argparse.Namespace) -> int:
-    from rlzoo.config import list_recipes
+    from rlzoo.recipe_files import list_recipes
 
     recipes = list_recipes()
     if ns.json:
@@ -337,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TypeError:  # argparse refuses intermixed parsing with subparsers (Python 3.11)
         ns = parser.parse_args(argv)
     if ns.version:
-        from rlzoo import __version__
+        from rlzoo.version import __version__
 
         print(__version__)
         return 0

@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlzoo.config import RecipeConfig, Selection, load_config
+from rlzoo.config import load_config
 from rlzoo.errors import ConfigError
 from rlzoo.plugins import PluginManager, get_plugin_manager
+from rlzoo.recipe import RecipeConfig, Selection
 from rlzoo.registry import Component
 
 #: keyword of build_run -> (kind, config attribute path)

@@ -348,7 +348,7 @@ def _check_step(run_dir: Path, steps: list[int], step: int | None) -> None:
 
 
 def load_run_config(run_dir: str | Path) -> Any:
-    """The :class:`~rlzoo.config.RecipeConfig` a run directory's ``config.yaml`` records.
+    """The :class:`~rlzoo.recipe.RecipeConfig` a run directory's ``config.yaml`` records.
 
     ``config.yaml`` notes which plugin provided each part (``{name, plugin, **params}``); the
     ``plugin`` notes are dropped before binding (the names are looked up again).

@@ -217,7 +217,7 @@ def _run_context(
 class MetricsLogger:
     """Sends every step's record to the run's loggers (``run.loggers``); keeps the history.
 
-    ``loggers``: bound selections of kind ``logger`` (what :class:`~rlzoo.config.RecipeConfig`
+    ``loggers``: bound selections of kind ``logger`` (what :class:`~rlzoo.recipe.RecipeConfig`
     holds) or registered names. The context each logger gets is read from the run directory
     (``config.yaml``, ``plugins.json``), which the run writes before it starts.
     """

@@ -17,9 +17,9 @@ import torch
 from torch import Tensor
 
 from rlzoo.batch import Batch
-from rlzoo.config import Selection
 from rlzoo.metrics import to_float
 from rlzoo.protocols import AggContext, BoundAgg, PolicyLossInputs
+from rlzoo.recipe import Selection
 
 
 def make_agg_context(

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlzoo.binding import field_types
-from rlzoo.config import RecipeConfig
 from rlzoo.plugins import PluginManager
+from rlzoo.recipe import RecipeConfig
 
 __all__ = ["PartOverride", "apply_part_overrides", "part_paths", "split_part_overrides"]
 

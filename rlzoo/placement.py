@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlzoo.config import RecipeConfig, Selection
 from rlzoo.protocols import RolloutSpec, TrainSpec
+from rlzoo.recipe import RecipeConfig, Selection
 
 
 class LocalPlacement:

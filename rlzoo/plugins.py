@@ -15,10 +15,13 @@ Environment variables:
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import importlib
 import importlib.metadata as md
+import inspect
 import os
-import sys
+import types
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -26,7 +29,7 @@ from typing import Any
 
 import pluggy
 
-from rlzoo import hookspecs
+import rlzoo.hookspecs as hookspecs
 from rlzoo.errors import DuplicateComponentError, PluginError
 from rlzoo.kinds import KINDS
 from rlzoo.registry import Component, Registrar, Registry
@@ -104,7 +107,7 @@ def _rlzoo_version() -> str:
     try:
         return md.version("rlzoo")
     except md.PackageNotFoundError:  # running from a source tree
-        from rlzoo import __version__
+        from rlzoo.version import __version__
 
         return __version__
 
@@ -126,6 +129,7 @@ class PluginManager:
         self._pm = pluggy.PluginManager(hookspecs.PROJECT)
         self._pm.add_hookspecs(hookspecs)
         self._info: dict[str, PluginInfo] = {}
+        self._originals: dict[str, object] = {}  # name -> the plugin object as given
         self._registries: dict[str, Registry[Any]] | None = None
         version = _rlzoo_version()
         for modname in builtins:
@@ -191,6 +195,7 @@ class PluginManager:
                 self.check_pending()
             except PluginError as exc:  # a misspelt hook: skip this plugin, keep the others
                 self._pm.unregister(name=ep.name)
+                self._originals.pop(ep.name, None)
                 info.status, info.error, info.hooks = "failed", str(exc), []
                 warnings.warn(
                     f"rlzoo plugin {ep.name!r} (from {dist or ep.value}) was skipped: {exc}",
@@ -199,15 +204,18 @@ class PluginManager:
                 )
 
     def _register(self, plugin: object, name: str, info: PluginInfo) -> None:
+        if any(original is plugin for original in self._originals.values()):
+            raise PluginError(f"plugin {name!r} could not be registered: it is already registered")
         try:
-            self._pm.register(plugin, name=name)
+            self._pm.register(_attributed_plugin(plugin, name), name=name)
         except pluggy.PluginValidationError as exc:
             raise PluginError(f"plugin {name!r}: {exc}") from exc
         except ValueError as exc:
             raise PluginError(f"plugin {name!r} could not be registered: {exc}") from exc
+        self._originals[name] = plugin
         info.hooks = sorted(
             impl.name
-            for impl in self._pm.get_hookcallers(plugin) or []  # type: ignore[union-attr]
+            for impl in self._pm.get_hookcallers(self._pm.get_plugin(name)) or []  # type: ignore[union-attr]
         )
         self._info[name] = info
         self._registries = None
@@ -225,6 +233,7 @@ class PluginManager:
 
     def unregister(self, name: str) -> None:
         self._pm.unregister(name=name)
+        self._originals.pop(name, None)
         self._info.pop(name, None)
         self._registries = None
 
@@ -274,6 +283,7 @@ class PluginManager:
                     raise
                 info = self._info[culprit]
                 self._pm.unregister(name=culprit)
+                self._originals.pop(culprit, None)
                 info.status, info.error, info.hooks = "failed", str(exc), []
                 self._registries = None
                 warnings.warn(
@@ -288,13 +298,12 @@ class PluginManager:
             for kind in KINDS:
                 reg: Registry[Any] = Registry(kind.name)
                 caller = getattr(self._pm.hook, kind.hook)
-                owners = {_code(impl.function): impl.plugin_name for impl in caller.get_hookimpls()}
                 try:
-                    caller(registry=HookRegistrar(reg, owners))  # pluggy's caller: order, wrappers
+                    caller(registry=HookRegistrar(reg))  # pluggy's caller: order, wrappers
                 except PluginError:
                     raise
                 except Exception as exc:
-                    plugin = _owner_in_traceback(exc, owners) or "?"
+                    plugin = getattr(exc, _FAILED_IN, "?")
                     raise PluginError(
                         f"plugin {plugin!r} failed in hook {kind.hook}: {type(exc).__name__}: {exc}"
                     ) from exc
@@ -344,40 +353,64 @@ def _unknown_hook(pm: pluggy.PluginManager, known: Iterable[str]) -> str | None:
     return None
 
 
-def _code(fn: Any) -> Any:
-    return getattr(getattr(fn, "__func__", fn), "__code__", None)
+#: the plugin whose register-hook implementation is running (set around each implementation)
+_CURRENT_PLUGIN: contextvars.ContextVar[str] = contextvars.ContextVar("rlzoo_current_plugin", default="?")
+#: attribute an exception raised inside a plugin's register hook carries: that plugin's name
+_FAILED_IN = "_rlzoo_failed_in_plugin"
+_REGISTER_HOOKS = frozenset(kind.hook for kind in KINDS)
 
 
-def _owner_in_traceback(exc: BaseException, owners: dict[Any, str]) -> str | None:
-    """The plugin whose hook implementation is on ``exc``'s traceback (innermost wins)."""
-    found = None
-    tb = exc.__traceback__
-    while tb is not None:
-        found = owners.get(tb.tb_frame.f_code, found)
-        tb = tb.tb_next
-    return found
+def _attributed(fn: Any, plugin: str) -> Any:
+    """``fn`` (one plugin's register-hook implementation) run with that plugin as the current one."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        token = _CURRENT_PLUGIN.set(plugin)
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if not hasattr(exc, _FAILED_IN):
+                setattr(exc, _FAILED_IN, plugin)
+            raise
+        finally:
+            _CURRENT_PLUGIN.reset(token)
+
+    return call
+
+
+def _attributed_plugin(plugin: object, name: str) -> object:
+    """What rlzoo registers with pluggy for ``plugin``: the same hook implementations (markers,
+    order, ``tryfirst``, hook wrappers unchanged), its register hooks run with ``name`` as the
+    current plugin, so every part they register is stamped with it."""
+    marker = f"{hookspecs.PROJECT}_impl"
+    stand_in = types.SimpleNamespace()
+    for attr in dir(plugin):
+        fn = getattr(plugin, attr, None)
+        opts = getattr(fn, marker, None) if inspect.isroutine(fn) else None
+        if opts is None:
+            continue
+        hook = opts.get("specname") or attr
+        if hook in _REGISTER_HOOKS and not (opts.get("hookwrapper") or opts.get("wrapper")):
+            fn = _attributed(fn, name)
+            setattr(fn, marker, opts)
+        setattr(stand_in, attr, fn)
+    stand_in.__name__ = getattr(plugin, "__name__", name)
+    return stand_in
 
 
 class HookRegistrar(Registrar[Any]):
     """The registry one hook call hands to every implementation (through pluggy's hook caller).
 
-    Each part is stamped with the plugin whose hook implementation is registering it: the
-    nearest caller frame that runs one of ``owners``' implementation functions.
+    Each part is stamped with the plugin whose implementation is running: rlzoo sets it around
+    every register-hook implementation when the plugin is registered.
     """
 
-    def __init__(self, registry: Registry[Any], owners: dict[Any, str]) -> None:
+    def __init__(self, registry: Registry[Any]) -> None:
         super().__init__(registry, plugin="?")
-        self._owners = owners
 
     @property  # type: ignore[override]
     def plugin(self) -> str:
-        frame = sys._getframe(1)
-        while frame is not None:
-            owner = self._owners.get(frame.f_code)
-            if owner is not None:
-                return owner
-            frame = frame.f_back  # type: ignore[assignment]
-        return "?"
+        return _CURRENT_PLUGIN.get()
 
     @plugin.setter
     def plugin(self, value: str) -> None:

@@ -493,7 +493,7 @@ class TrainSpec:
     need_reference: bool = False
     need_critic: bool = False
     critic_model_path: str | None = None
-    total_steps: int = 1  # optimizer steps the LR schedule spans (see rlzoo.config.optimizer_steps)
+    total_steps: int = 1  # optimizer steps the LR schedule spans (see rlzoo.recipe.optimizer_steps)
     trust_remote_code: bool = False
     pad_token_id: int = 0
     temperature: float = 1.0  # rollout sampling temperature: log-probs are of logits / temperature
@@ -572,6 +572,6 @@ class Runner(Protocol):
 class StepPlan(Protocol):
     """Optional on a runner's params: how many prompts one trainer step trains on, when that is not
     ``data.train_batch_size`` (fully-async: ``require_batches`` mini-batches). The LR schedule's
-    length in optimizer steps is derived from it (:func:`rlzoo.config.optimizer_steps`)."""
+    length in optimizer steps is derived from it (:func:`rlzoo.recipe.optimizer_steps`)."""
 
     def prompts_per_step(self, cfg: Any) -> int: ...

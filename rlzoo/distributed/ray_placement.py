@@ -24,11 +24,11 @@ import logging
 import os
 from typing import Any
 
-from rlzoo.config import RecipeConfig, Selection
 from rlzoo.distributed.resources import PoolPlan, check_pools, plan_pools
 from rlzoo.distributed.worker_group import RolloutGroup, TrainGroup, WorkerSet
 from rlzoo.errors import ConfigError
 from rlzoo.protocols import RolloutSpec, TrainSpec
+from rlzoo.recipe import RecipeConfig, Selection
 
 __all__ = ["RayPlacement", "init_ray"]
 

@@ -38,7 +38,7 @@ from typing import Any
 from rlzoo.distributed.worker import BackendWorker
 from rlzoo.errors import RlzooError
 
-__all__ = ["BackendWorker", "RolloutGroup", "TrainGroup", "WeightHandle", "WorkerError", "WorkerSet"]
+__all__ = ["RolloutGroup", "TrainGroup", "WeightHandle", "WorkerError", "WorkerSet"]
 
 logger = logging.getLogger("rlzoo.distributed")
 

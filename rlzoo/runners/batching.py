@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from rlzoo.batch import Batch
-from rlzoo.config import RecipeConfig
 from rlzoo.protocols import GenerationRequest, RewardResult, Sample, SamplingParams
+from rlzoo.recipe import RecipeConfig
 
 
 def sampling_params(

@@ -1,6 +1,6 @@
 """Inputs: data preparation, the checks that run before any model loads, tokenizer, specs, datasets.
 
-Everything here reads the recipe: it is the edge where a :class:`~rlzoo.config.RecipeConfig` turns
+Everything here reads the recipe: it is the edge where a :class:`~rlzoo.recipe.RecipeConfig` turns
 into the flat objects the loop and the backends take.
 """
 
@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from rlzoo.config import RecipeConfig, Selection, optimizer_steps
 from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.protocols import RolloutSpec, TrainSpec
+from rlzoo.recipe import RecipeConfig, Selection, optimizer_steps
 
 logger = logging.getLogger("rlzoo")
 

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from rlzoo.batch import Batch
-from rlzoo.config import RecipeConfig, Selection
 from rlzoo.metrics import mean_metrics
 from rlzoo.objective import (
     AdaptiveKLController,
@@ -25,6 +24,7 @@ from rlzoo.objective import (
     apply_kl_penalty,
 )
 from rlzoo.protocols import AdvantageInputs, CorrectionInputs, RewardComponentKeys, SumPiSquaredSource
+from rlzoo.recipe import RecipeConfig, Selection
 from rlzoo.runners.rewards import reward_components
 
 

@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from numbers import Real
 from typing import Any
 
-from rlzoo.config import RecipeConfig, Selection
 from rlzoo.protocols import RewardItem, RewardResult, Sample
+from rlzoo.recipe import RecipeConfig, Selection
 
 logger = logging.getLogger("rlzoo")
 

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlzoo.config import RecipeConfig, load_config
+from rlzoo.config import load_config
 from rlzoo.errors import ConfigError
+from rlzoo.recipe import RecipeConfig
 from rlzoo.runners.checkpoint import LOCK_FILE
 
 #: overrides that say where and whether to resume; never recorded as changes of the run

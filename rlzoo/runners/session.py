@@ -18,13 +18,13 @@ from typing import Any
 
 import torch
 
-from rlzoo.config import RecipeConfig, Selection
 from rlzoo.errors import ConfigError
 from rlzoo.failpoints import failpoint
 from rlzoo.failures import RewardFailures
 from rlzoo.metrics import MetricsLogger, missing_row
 from rlzoo.placement import make_placement
 from rlzoo.protocols import GenerationRequest, RewardResult, Sample
+from rlzoo.recipe import RecipeConfig, Selection
 from rlzoo.runners.batching import make_requests, sampling_params
 from rlzoo.runners.checkpoint import CheckpointManager, RunLock, rewind_metrics, write_summary
 from rlzoo.runners.inputs import (

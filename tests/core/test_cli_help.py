@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -36,3 +38,9 @@ def test_examples_keep_their_line_breaks(capsys: pytest.CaptureFixture[str]) -> 
         main(["plot", "--help"])
     text = capsys.readouterr().out
     assert "\n  rlzoo plot runs/sync-run runs/async-run --out plots/compare" in text
+
+
+def test_version_is_the_packaged_one(capsys: pytest.CaptureFixture[str]) -> None:
+    declared = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == declared["project"]["version"]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rlzoo.config import list_recipes
 from rlzoo.plugins import PluginManager
+from rlzoo.recipe_files import list_recipes
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "compose_run.py"
 

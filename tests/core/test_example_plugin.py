@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from rlzoo.cli import main
-from rlzoo.config import bind_config, list_recipes
+from rlzoo.config import bind_config
 from rlzoo.errors import ConfigError
 from rlzoo.plugins import PluginManager
+from rlzoo.recipe_files import list_recipes
 
 from .conftest import EXAMPLE_DIST, MINIMAL_RECIPE
 

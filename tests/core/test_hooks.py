@@ -97,7 +97,7 @@ def test_register_hook_of_each_kind(every_hook: PluginManager, kind: str) -> Non
 
 
 def test_recipe_search_paths_hook(every_hook: PluginManager) -> None:
-    from rlzoo.config import recipe_search_paths
+    from rlzoo.recipe_files import recipe_search_paths
 
     paths = [str(p) for p in recipe_search_paths(every_hook)]
     assert "/nonexistent/every-hook-recipes" in paths

@@ -95,6 +95,22 @@ def test_argument_not_in_spec_names_plugin_hook_and_argument(pm: PluginManager) 
     assert "extra_arg_plugin" in msg and "rlzoo_register_kls" in msg and "config" in msg
 
 
+def test_one_plugin_object_is_registered_once(pm: PluginManager) -> None:
+    class Once:
+        @rlzoo.hookimpl(specname="rlzoo_register_loss_aggs")
+        def register_under_another_name(self, registry):  # type: ignore[no-untyped-def]
+            registry.register("once_agg", _fn)
+
+    plugin = Once()
+    pm.register(plugin, "once_plugin")
+    try:
+        with pytest.raises(PluginError, match="'twice_plugin' could not be registered: it is already"):
+            pm.register(plugin, "twice_plugin")
+        assert pm.registry("loss_agg").get("once_agg").plugin == "once_plugin"  # specname hooks too
+    finally:
+        pm.unregister("once_plugin")
+
+
 def test_hook_that_raises_names_plugin_and_hook(pm: PluginManager) -> None:
     class Raises:
         @rlzoo.hookimpl

@@ -62,7 +62,7 @@ def step(label, fn):
 
 step("extra: " + sys.argv[3], lambda: exec(sys.argv[3], {}))
 from rlzoo.cli import main
-from rlzoo.config import list_recipes
+from rlzoo.recipe_files import list_recipes
 from rlzoo.kinds import KIND_NAMES
 from rlzoo.plugins import BUILTIN_PLUGINS, get_plugin_manager
 

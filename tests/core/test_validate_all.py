@@ -116,7 +116,7 @@ def test_a_local_recipe_shadowing_a_builtin_says_so(
     (tmp_path / "recipes").mkdir()
     builtin = Path(rlzoo.__file__).parent / "recipes" / "quickstart.yaml"
     if not builtin.exists():
-        from rlzoo.config import list_recipes
+        from rlzoo.recipe_files import list_recipes
 
         builtin = list_recipes()["quickstart"]
     (tmp_path / "recipes" / "quickstart.yaml").write_text(builtin.read_text())

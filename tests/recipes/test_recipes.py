@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
-from rlzoo.config import RecipeConfig, list_recipes, load_config
+from rlzoo.config import load_config
 from rlzoo.models.tiny import TINY_RECIPES, build_tiny
+from rlzoo.recipe import RecipeConfig
+from rlzoo.recipe_files import list_recipes
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 ALL_RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))

@@ -1,0 +1,130 @@
+"""No import cycles among rlzoo's modules, counting imports inside functions.
+
+A function-local import only postpones a cycle to the first call; the graph here includes them
+(``if TYPE_CHECKING:`` blocks excepted: they never run). Two modules that need each other's names
+are one module, or share a third that both import.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+#: package -> folder
+TREES = {"rlzoo": ROOT / "rlzoo"}
+
+
+def _modules() -> dict[str, Path]:
+    mods: dict[str, Path] = {}
+    for pkg, folder in TREES.items():
+        for path in folder.rglob("*.py"):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            mods[".".join([pkg, *parts])] = path
+    return mods
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            skip.update(id(sub) for stmt in node.body for sub in ast.walk(stmt))
+    return skip
+
+
+def _targets(node: ast.AST, here: str, is_pkg: bool, mods: dict[str, Path]) -> list[str]:
+    """The rlzoo modules an import statement runs (the deepest existing module of each name)."""
+    names: list[str] = []
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:
+            anchor = here.split(".") if is_pkg else here.split(".")[:-1]
+            anchor = anchor[: len(anchor) - node.level + 1]
+            base = ".".join([*anchor, *([node.module] if node.module else [])])
+        # `from pkg import sub` runs pkg.sub when sub is a module, else only pkg
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+    out = []
+    for name in names:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        if name and name != here:
+            out.append(name)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        skip = _type_checking_nodes(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in skip:
+                graph[mod].update(_targets(node, mod, path.name == "__init__.py", mods))
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (iterative Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    found.append(sorted(comp))
+    return found
+
+
+def test_no_import_cycles() -> None:
+    graph = _graph()
+    cycles = _cycles(graph)
+    detail = []
+    for comp in cycles:
+        members = set(comp)
+        detail.append(" <-> ".join(comp))
+        detail += [f"    {m} -> {', '.join(sorted(graph[m] & members))}" for m in comp]
+    assert not cycles, "import cycles (function-local imports count):\n" + "\n".join(detail)
+
+
+def test_the_check_finds_a_cycle_a_deferred_import_hides() -> None:
+    graph = {"rlzoo.a": {"rlzoo.b"}, "rlzoo.b": {"rlzoo.c"}, "rlzoo.c": {"rlzoo.a"}, "rlzoo.d": {"rlzoo.a"}}
+    assert _cycles(graph) == [["rlzoo.a", "rlzoo.b", "rlzoo.c"]]
+    tree = ast.parse("def f():\n    from rlzoo.config import load_config\n")
+    mods = {"rlzoo.config": Path("x"), "rlzoo.metrics": Path("y")}
+    found = [t for n in ast.walk(tree) for t in _targets(n, "rlzoo.metrics", False, mods)]
+    assert found == ["rlzoo.config"]
