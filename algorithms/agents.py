@@ -7,8 +7,13 @@ in :mod:`rlzoo.algorithms.functional.agents` (pure Python as well, no torch).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl, param
+
+if TYPE_CHECKING:
+    from rlzoo.protocols import EnvironmentFactory, ToolFactory
+    from rlzoo.registry import Registrar
 
 _IMPL = "rlzoo.algorithms.functional.agents"
 
@@ -66,12 +71,12 @@ class ToolArithmeticParams:
 
 
 @hookimpl
-def rlzoo_register_tools(registry):  # type: ignore[no-untyped-def]
+def rlzoo_register_tools(registry: Registrar[ToolFactory]) -> None:
     registry.register("calc", f"{_IMPL}:make_calc", params=CalcParams)
 
 
 @hookimpl
-def rlzoo_register_environments(registry):  # type: ignore[no-untyped-def]
+def rlzoo_register_environments(registry: Registrar[EnvironmentFactory]) -> None:
     registry.register(
         "tool_arithmetic",
         f"{_IMPL}:make_tool_arithmetic",

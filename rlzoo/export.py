@@ -389,8 +389,8 @@ def export_checkpoint(
         return _export_adapter(run_dir, Path(out_dir).expanduser(), step)
     if step is None and not (run_dir / "checkpoints").is_dir() and final_dir(run_dir).is_dir():
         return copy_export(final_dir(run_dir), out_dir, step=export_step(final_dir(run_dir)))
-    from rlzoo.runners.checkpoint import CheckpointManager
-    from rlzoo.runners.common import expand, load_processor, load_tokenizer, train_spec
+    from rlzoo.train.checkpoint import CheckpointManager
+    from rlzoo.train.inputs import expand, load_processor, load_tokenizer, train_spec
 
     checkpoints = CheckpointManager(run_dir)
     _check_step(run_dir, checkpoints.steps(), step)

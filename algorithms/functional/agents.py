@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from rlzoo.algorithms.agents import CalcParams, ToolArithmeticParams
 from rlzoo.protocols import AgentTurn, EnvStep, Tool
+
+from ..agents import CalcParams, ToolArithmeticParams
 
 __all__ = ["CalcTool", "ToolArithmetic", "evaluate", "make_calc", "make_tool_arithmetic", "spaced"]
 
@@ -73,10 +74,10 @@ class CalcTool:
             "required": ["expression"],
         }
     )
+    timeout_s: float = field(init=False)  # from params (the Tool protocol declares it an attribute)
 
-    @property
-    def timeout_s(self) -> float:
-        return self.params.timeout_s
+    def __post_init__(self) -> None:
+        self.timeout_s = self.params.timeout_s
 
     def call(self, arguments: Mapping[str, Any]) -> str:
         expression = arguments.get("expression")

@@ -54,7 +54,7 @@ def merge_across_ranks(
 ) -> dict[str, float]:
     """Means of the per-micro-batch metrics over all ranks; merge the objective's accumulator.
 
-    :class:`rlzoo.objective.PolicyObjective` accumulates additive sums (already globally
+    :class:`rlzoo.train.objective.PolicyObjective` accumulates additive sums (already globally
     normalised) and per-micro-batch means in ``objective.acc``; each rank saw only its shard, so
     what this update added is summed (sums) or concatenated (means) over ranks, in place, so that
     ``objective.summary()`` reads the same on every rank.

@@ -1,11 +1,12 @@
 """The build stamp of a task's prepared files (``NAME_params.json``): the params the files were built
-with, so a cache written by other params (or an older task) is rebuilt rather than reused."""
+with, so a cache written by other params (or an older task) is rebuilt rather than reused; and
+:func:`build_task_folder`, the folder a synthetic task writes."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,3 +26,28 @@ class BuildStamp:
     def write(self) -> None:
         """Record the params, once the files are complete."""
         self.path.write_text(self.key)
+
+
+def build_task_folder(
+    out_dir: Path, name: str, params: Any, build: Callable[[], tuple[list[dict], list[dict], Any, Any]]
+) -> dict[str, Path]:
+    """``train.parquet``, ``val.parquet`` and ``model/`` (weights, tokenizer, generation config) in
+    ``out_dir``: ``build()`` returns ``(train rows, val rows, tokenizer, model)`` and runs only when
+    the folder was not built with these params already."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir)
+    files = {"train": out / "train.parquet", "val": out / "val.parquet", "model": out / "model"}
+    stamp = BuildStamp(out, name, params)  # files built by other params are rebuilt
+    if stamp.current(files.values()):
+        return files
+    out.mkdir(parents=True, exist_ok=True)
+    train, val, tok, model = build()
+    pq.write_table(pa.Table.from_pylist(train), files["train"])
+    pq.write_table(pa.Table.from_pylist(val), files["val"])
+    model.save_pretrained(files["model"], safe_serialization=True)
+    tok.save_pretrained(files["model"])
+    model.generation_config.save_pretrained(files["model"])
+    stamp.write()
+    return files

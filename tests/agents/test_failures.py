@@ -20,9 +20,9 @@ from rlzoo.algorithms.functional.agents import CalcTool, ToolArithmetic
 from rlzoo.failures import RewardFailureError, RewardFailures
 from rlzoo.models.tiny import build_tokenizer
 from rlzoo.protocols import AgentTurn, EnvStep, Sample, Tool
-from rlzoo.runners.batching import rollout_metrics, samples_to_batch
-from rlzoo.runners.rewards import score_samples
 from rlzoo.tasks._tools import CHAT_TEMPLATE, WORDS
+from rlzoo.train.batching import rollout_metrics, samples_to_batch
+from rlzoo.train.rewards import score_samples
 
 TOK = build_tokenizer((*WORDS, "slow", "boom"), CHAT_TEMPLATE, extra_special=("<|tool|>",))
 EOS = int(TOK.eos_token_id)

@@ -26,16 +26,9 @@ from rlzoo.backends.native.train import NativeTrainBackend  # noqa: E402
 from rlzoo.backends.native.train_params import NativeTrainParams  # noqa: E402
 from rlzoo.models.tiny import build_tiny_qwen2_5_vl, png_bytes  # noqa: E402
 from rlzoo.protocols import MicroBatchSettings, OptimSettings, SamplingParams, TrainSpec  # noqa: E402
-from rlzoo.runners.common import make_requests, samples_to_batch  # noqa: E402
+from rlzoo.train.batching import make_requests, samples_to_batch  # noqa: E402
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matmuls gain nothing from threads, and intra-op threads thrash on a busy CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -254,7 +247,7 @@ def test_backends_and_processor_load_a_vl_folder(tmp_path: Path) -> None:
     from rlzoo.backends.native.rollout_params import NativeRolloutParams
     from rlzoo.models.tiny import build_tiny_qwen2
     from rlzoo.protocols import RolloutSpec
-    from rlzoo.runners.common import load_processor
+    from rlzoo.train.inputs import load_processor
 
     build_tiny_qwen2_5_vl(tmp_path / "vl")
     build_tiny_qwen2(tmp_path / "text")

@@ -18,6 +18,7 @@ from rlzoo.backends.native.train import NativeTrainBackend
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.batch import Batch
 from rlzoo.protocols import MicroBatchSettings, SumPiSquaredSource, TrainSpec
+from rlzoo.testing.backends import response_logits
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fsdp2_worker import PARAMS, SETTINGS, sample_batch, tiny_model
@@ -26,13 +27,7 @@ from fsdp2_worker import PARAMS, SETTINGS, sample_batch, tiny_model
 def direct_sum_pi_squared(model: torch.nn.Module, batch: Batch, temperature: float) -> torch.Tensor:
     T = batch["responses"].shape[1]
     P = batch["input_ids"].shape[1] - T
-    with torch.no_grad():
-        logits = model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
-        ).logits.double()  # [B, P+T, V]
-    probs = torch.softmax(logits[:, P - 1 : P + T - 1] / temperature, dim=-1)  # [B, T, V]
+    probs = torch.softmax(response_logits(model, batch) / temperature, dim=-1)  # [B, T, V]
     valid = batch["attention_mask"][:, P:].double()  # [B, T]
     return probs.square().sum(-1) * valid  # [B, T]
 

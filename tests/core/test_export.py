@@ -34,7 +34,7 @@ def hf_log_probs(model: Any, batch: Batch) -> torch.Tensor:
 
 def text_batch(tok: Any) -> Batch:
     from rlzoo.protocols import Sample
-    from rlzoo.runners.common import samples_to_batch
+    from rlzoo.train.batching import samples_to_batch
 
     msgs = [[{"role": "user", "content": f"first of {a} {b}"}] for a, b in ((3, 7), (5, 1), (2, 2))]
     prompts = [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True) for m in msgs]
@@ -49,17 +49,6 @@ def text_batch(tok: Any) -> Batch:
     ]
     batch = samples_to_batch(samples, None, pad_token_id=int(tok.pad_token_id))
     return batch
-
-
-@pytest.fixture(scope="module")
-def quickstart_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The quickstart task's data, word-level tokenizer and tiny Qwen2 model (offline)."""
-    from rlzoo.tasks._quickstart import prepare
-    from rlzoo.tasks.quickstart import QuickstartDataParams
-
-    out = tmp_path_factory.mktemp("quickstart")
-    prepare(out, QuickstartDataParams())
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +77,7 @@ def test_final_loads_in_plain_transformers_and_matches_the_trainer(run_dir: Path
 
     from rlzoo.backends.native.train import NativeTrainBackend
     from rlzoo.data.tokenizer import load_tokenizer
-    from rlzoo.runners.common import train_spec
+    from rlzoo.train.inputs import train_spec
 
     final = run_dir / "final"
     for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer_config.json"):

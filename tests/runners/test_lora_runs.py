@@ -16,18 +16,11 @@ from rlzoo.metrics import read_metrics
 from rlzoo.plugins import PluginManager
 
 from .conftest import build
+from .test_run_safety import RUNNER
 
 pytest.importorskip("peft")
 
 LORA = ["trainer.lora.rank=4", "trainer.lora.alpha=8", "trainer.optim.lr=1e-2", "algorithm.use_kl_loss=true"]
-RUNNER = {
-    "sync": ["runner=sync"],
-    "one_step_off": ["runner=one_step_off"],
-    "fully_async": [
-        "~runner",
-        "+runner={name:fully_async,trigger_parameter_sync_step:1,staleness_threshold:0.5}",
-    ],
-}
 
 
 def adapter_bytes(model_dir: Path, rank: int) -> int:
