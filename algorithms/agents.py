@@ -45,7 +45,8 @@ class ToolArithmeticParams:
     ``spaced_digits`` as here), and says how to call it in the tool-call format of the recipe
     (``plain``: a turn ``calc <expression>``). The first turn without a tool call is the answer:
     reward 1.0 when its digits (the words after ``Answer:``, or the whole turn) equal ``a + b``,
-    else 0.0 (plus the ``call_credit`` shaping); the episode ends.
+    else 0.0 (plus the ``call_credit`` and ``answer_credit`` shaping; the ``acc`` info, which
+    the held-out metric reads, stays the exact answer); the episode ends.
     """
 
     with_tool: bool = param(True, help="offer the calc tool (False: the same task without it)")
@@ -60,6 +61,12 @@ class ToolArithmeticParams:
         ge=0,
         help="shaping: reward of the answer turn plus call_credit x the share of the question's words "
         "that the first calc call before it repeats in place (0: the answer alone is rewarded)",
+    )
+    answer_credit: float = param(
+        0.0,
+        ge=0,
+        help="shaping: the answer turn also earns answer_credit x the share of the calc result's digits "
+        "it repeats in place x the share of the question the call repeated (0: off; 'acc' stays exact)",
     )
 
 
