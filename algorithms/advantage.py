@@ -8,8 +8,13 @@ imported when a part is loaded. Formulas match verl's ``core_algos.py``; see
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl, param
+
+if TYPE_CHECKING:
+    from rlzoo.protocols import AdvantageFn
+    from rlzoo.registry import Registrar
 
 _IMPL = "rlzoo.algorithms.functional.advantage"
 
@@ -186,7 +191,7 @@ class TIROptimalTokenBaselineParams:
 
 
 @hookimpl
-def rlzoo_register_advantages(registry):  # type: ignore[no-untyped-def]
+def rlzoo_register_advantages(registry: Registrar[AdvantageFn]) -> None:
     group = {"needs_group": True}
     registry.register("gae", f"{_IMPL}:gae", params=GAEParams, capabilities={"needs_critic": True})
     # verl's *_vectorized estimators are the same formulas (see docs: a group of one under rloo)

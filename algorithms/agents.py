@@ -7,8 +7,13 @@ in :mod:`rlzoo.algorithms.functional.agents` (pure Python as well, no torch).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl, param
+
+if TYPE_CHECKING:
+    from rlzoo.protocols import EnvironmentFactory, ToolFactory
+    from rlzoo.registry import Registrar
 
 _IMPL = "rlzoo.algorithms.functional.agents"
 
@@ -40,7 +45,8 @@ class ToolArithmeticParams:
     ``spaced_digits`` as here), and says how to call it in the tool-call format of the recipe
     (``plain``: a turn ``calc <expression>``). The first turn without a tool call is the answer:
     reward 1.0 when its digits (the words after ``Answer:``, or the whole turn) equal ``a + b``,
-    else 0.0 (plus the ``call_credit`` shaping); the episode ends.
+    else 0.0 (plus the ``call_credit`` and ``answer_credit`` shaping; the ``acc`` info, which
+    the held-out metric reads, stays the exact answer); the episode ends.
     """
 
     with_tool: bool = param(True, help="offer the calc tool (False: the same task without it)")
@@ -56,15 +62,21 @@ class ToolArithmeticParams:
         help="shaping: reward of the answer turn plus call_credit x the share of the question's words "
         "that the first calc call before it repeats in place (0: the answer alone is rewarded)",
     )
+    answer_credit: float = param(
+        0.0,
+        ge=0,
+        help="shaping: the answer turn also earns answer_credit x the share of the calc result's digits "
+        "it repeats in place x the share of the question the call repeated (0: off; 'acc' stays exact)",
+    )
 
 
 @hookimpl
-def rlzoo_register_tools(registry):  # type: ignore[no-untyped-def]
+def rlzoo_register_tools(registry: Registrar[ToolFactory]) -> None:
     registry.register("calc", f"{_IMPL}:make_calc", params=CalcParams)
 
 
 @hookimpl
-def rlzoo_register_environments(registry):  # type: ignore[no-untyped-def]
+def rlzoo_register_environments(registry: Registrar[EnvironmentFactory]) -> None:
     registry.register(
         "tool_arithmetic",
         f"{_IMPL}:make_tool_arithmetic",

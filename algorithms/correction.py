@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl, param
+
+if TYPE_CHECKING:
+    from rlzoo.protocols import CorrectionFn
+    from rlzoo.registry import Registrar
 
 _IMPL = "rlzoo.algorithms.functional.correction"
 
@@ -180,7 +185,7 @@ class RejectionParams:
 
 
 @hookimpl
-def rlzoo_register_rollout_corrections(registry):  # type: ignore[no-untyped-def]
+def rlzoo_register_rollout_corrections(registry: Registrar[CorrectionFn]) -> None:
     needs = {"needs_old_log_probs": True}
     registry.register(
         "none", f"{_IMPL}:none", params=NoCorrectionParams, capabilities={"needs_old_log_probs": False}

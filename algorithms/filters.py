@@ -7,8 +7,13 @@ Import-light: the tensor code lives in :mod:`rlzoo.algorithms.functional.filters
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl, param
+
+if TYPE_CHECKING:
+    from rlzoo.protocols import SampleFilterFn
+    from rlzoo.registry import Registrar
 
 _IMPL = "rlzoo.algorithms.functional.filters"
 
@@ -37,7 +42,7 @@ class DynamicSamplingParams:
 
 
 @hookimpl
-def rlzoo_register_sample_filters(registry):  # type: ignore[no-untyped-def]
+def rlzoo_register_sample_filters(registry: Registrar[SampleFilterFn]) -> None:
     registry.register("none", f"{_IMPL}:none", params=NoFilterParams, capabilities={})
     registry.register(
         "dynamic_sampling",

@@ -9,9 +9,12 @@ from __future__ import annotations
 import re
 import string
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlzoo import hookimpl, param
+
+if TYPE_CHECKING:
+    from rlzoo.registry import PartFactory, Registrar
 
 #: the fields a judge template may name
 TEMPLATE_FIELDS = ("prompt", "response", "ground_truth", "data_source")
@@ -85,7 +88,7 @@ def check_template(template: str) -> None:
 
 
 @hookimpl
-def rlzoo_register_reward_managers(registry) -> None:  # type: ignore[no-untyped-def]
+def rlzoo_register_reward_managers(registry: Registrar[PartFactory]) -> None:
     registry.register(
         "judge",
         "rlzoo.algorithms.functional.judge:JudgeManager",

@@ -7,8 +7,13 @@ Import-light: the tensor code, the KL controllers and ``apply_kl_penalty`` live 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl
+
+if TYPE_CHECKING:
+    from rlzoo.protocols import KLFn
+    from rlzoo.registry import Registrar
 
 _IMPL = "rlzoo.algorithms.functional.kl"
 #: every KL estimator compares against a frozen reference policy
@@ -75,7 +80,7 @@ class FullParams:
 
 
 @hookimpl
-def rlzoo_register_kls(registry):  # type: ignore[no-untyped-def]
+def rlzoo_register_kls(registry: Registrar[KLFn]) -> None:
     registry.register("k1", f"{_IMPL}:k1", params=K1Params, capabilities=_CAPS, aliases=("kl",))
     registry.register("abs", f"{_IMPL}:abs_kl", params=AbsParams, capabilities=_CAPS)
     registry.register(

@@ -9,8 +9,13 @@ mini-batch into micro-batches or ranks gives the full-batch value. See docs/comp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl, param
+
+if TYPE_CHECKING:
+    from rlzoo.protocols import LossAggFn
+    from rlzoo.registry import Registrar
 
 _IMPL = "rlzoo.algorithms.functional.loss_agg"
 
@@ -57,7 +62,7 @@ class SeqMeanTokenSumNormParams:
 
 
 @hookimpl
-def rlzoo_register_loss_aggs(registry):  # type: ignore[no-untyped-def]
+def rlzoo_register_loss_aggs(registry: Registrar[LossAggFn]) -> None:
     registry.register("token-mean", f"{_IMPL}:token_mean", params=TokenMeanParams)
     registry.register("token-sum", f"{_IMPL}:token_sum", params=TokenSumParams)
     registry.register("seq-mean-token-sum", f"{_IMPL}:seq_mean_token_sum", params=SeqMeanTokenSumParams)

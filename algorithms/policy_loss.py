@@ -9,8 +9,13 @@ and the differences from verl: docs/components/policy_loss.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl, param
+
+if TYPE_CHECKING:
+    from rlzoo.protocols import PolicyLossFn
+    from rlzoo.registry import Registrar
 
 _IMPL = "rlzoo.algorithms.functional.policy_loss"
 
@@ -18,13 +23,20 @@ _CLIP_LOW = "ratio lower clip: r is clipped at 1 - clip_ratio_low"
 _CLIP_HIGH = "ratio upper clip: r is clipped at 1 + clip_ratio_high (clip-higher: > clip_ratio_low)"
 
 
-def _check_clip(low: float, high: float) -> None:
-    if low < 0 or high < 0:
-        raise ValueError(f"clip_ratio_low / clip_ratio_high must be >= 0, got {low} / {high}")
+class ClipBounds:
+    """Base of the params with clip bounds: ``clip_ratio_low`` and ``clip_ratio_high`` must be >= 0."""
+
+    clip_ratio_low: float
+    clip_ratio_high: float
+
+    def __post_init__(self) -> None:
+        low, high = self.clip_ratio_low, self.clip_ratio_high
+        if low < 0 or high < 0:
+            raise ValueError(f"clip_ratio_low / clip_ratio_high must be >= 0, got {low} / {high}")
 
 
 @dataclass(frozen=True)
-class PPOClipParams:
+class PPOClipParams(ClipBounds):
     """PPO clipped surrogate with clip-higher and dual clip (verl: vanilla).
 
     l = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)), and for A < 0 also min(l, -A c)
@@ -37,13 +49,13 @@ class PPOClipParams:
     clip_ratio_c: float = param(3.0, help="dual-clip bound for A < 0: the loss is at most -A * c (c > 1)")
 
     def __post_init__(self) -> None:
-        _check_clip(self.clip_ratio_low, self.clip_ratio_high)
+        super().__post_init__()
         if not self.clip_ratio_c > 1.0:
             raise ValueError(f"clip_ratio_c must be > 1 for dual-clip PPO, got {self.clip_ratio_c}")
 
 
 @dataclass(frozen=True)
-class GSPOParams:
+class GSPOParams(ClipBounds):
     """GSPO: PPO clip on the sequence ratio (geometric mean of token ratios), token form.
 
     s_i = exp(mean_t log r_t); per token s_it = sg[s_i] pi_t / sg[pi_t];
@@ -54,12 +66,9 @@ class GSPOParams:
     clip_ratio_low: float = param(3e-4, help=_CLIP_LOW + " (the paper: 3e-4)")
     clip_ratio_high: float = param(4e-4, help=_CLIP_HIGH + " (the paper: 4e-4)")
 
-    def __post_init__(self) -> None:
-        _check_clip(self.clip_ratio_low, self.clip_ratio_high)
-
 
 @dataclass(frozen=True)
-class CISPOParams:
+class CISPOParams(ClipBounds):
     """CISPO: REINFORCE with a clipped, stop-gradient IS weight; no token loses its gradient.
 
     l = -sg[clip(r, 1 - eps_low, 1 + eps_high)] A log pi (MiniMax-M1, https://arxiv.org/abs/2506.13585).
@@ -67,9 +76,6 @@ class CISPOParams:
 
     clip_ratio_low: float = param(0.2, help=_CLIP_LOW + "; 1.0 removes the lower bound (the paper)")
     clip_ratio_high: float = param(0.2, help=_CLIP_HIGH)
-
-    def __post_init__(self) -> None:
-        _check_clip(self.clip_ratio_low, self.clip_ratio_high)
 
 
 @dataclass(frozen=True)
@@ -97,7 +103,7 @@ class GPGParams:
 
 
 @dataclass(frozen=True)
-class GeoMeanParams:
+class GeoMeanParams(ClipBounds):
     """GMPO: maximise the geometric mean of token-clipped ratios times the sequence advantage.
 
     d_t = sgn(A) min(sgn(A) log r_t, sgn(A) clip(log r_t, -eps_low, eps_high));
@@ -108,12 +114,9 @@ class GeoMeanParams:
     clip_ratio_low: float = param(0.4, help="log-ratio lower clip: log r clipped at -clip_ratio_low")
     clip_ratio_high: float = param(0.4, help="log-ratio upper clip: log r clipped at +clip_ratio_high")
 
-    def __post_init__(self) -> None:
-        _check_clip(self.clip_ratio_low, self.clip_ratio_high)
-
 
 @dataclass(frozen=True)
-class DPPOTVParams:
+class DPPOTVParams(ClipBounds):
     """DPPO-Binary-TV: keep a token's gradient only while |p - p_old| stays within a TV bound.
 
     l = -A sg[min(r, c)] log pi * keep; keep = (p - p_old <= delta_high) for A > 0,
@@ -124,12 +127,9 @@ class DPPOTVParams:
     clip_ratio_high: float = param(0.2, help="TV threshold delta_high for A > 0 (on p - p_old, not on r)")
     clip_ratio_c: float = param(20.0, help="truncation of the (stop-gradient) IS ratio: min(r, c)")
 
-    def __post_init__(self) -> None:
-        _check_clip(self.clip_ratio_low, self.clip_ratio_high)
-
 
 @dataclass(frozen=True)
-class DPPOKLParams:
+class DPPOKLParams(ClipBounds):
     """DPPO-Binary-KL: keep a token's gradient only while the binary KL stays within a bound.
 
     KL_b = p_old log(p_old / p) + (1 - p_old) log((1 - p_old) / (1 - p)); keep = KL_b <= delta_high
@@ -141,12 +141,9 @@ class DPPOKLParams:
     clip_ratio_high: float = param(0.2, help="binary-KL threshold delta_high for A > 0 (nats)")
     clip_ratio_c: float = param(20.0, help="truncation of the (stop-gradient) IS ratio: min(r, c)")
 
-    def __post_init__(self) -> None:
-        _check_clip(self.clip_ratio_low, self.clip_ratio_high)
-
 
 @dataclass(frozen=True)
-class ClipCovParams:
+class ClipCovParams(ClipBounds):
     """Clip-Cov: PPO clip, and detach a random few tokens of high advantage/log-prob covariance.
 
     Entropy Mechanism of RL, https://arxiv.org/abs/2505.22617.
@@ -159,7 +156,7 @@ class ClipCovParams:
     clip_cov_ub: float = param(5.0, help="only tokens with covariance below this are candidates")
 
     def __post_init__(self) -> None:
-        _check_clip(self.clip_ratio_low, self.clip_ratio_high)
+        super().__post_init__()
         if not self.clip_cov_ratio > 0:
             raise ValueError(f"clip_cov_ratio must be > 0, got {self.clip_cov_ratio}")
 
@@ -202,7 +199,7 @@ _BATCH_STATS = {"batch_statistics": True}
 
 
 @hookimpl
-def rlzoo_register_policy_losses(registry):  # type: ignore[no-untyped-def]
+def rlzoo_register_policy_losses(registry: Registrar[PolicyLossFn]) -> None:
     registry.register(
         "ppo_clip", f"{_IMPL}:ppo_clip", params=PPOClipParams, capabilities=_OLD, aliases=("vanilla",)
     )

@@ -14,8 +14,12 @@ raises, times out or returns NaN / inf / a non-number gives a failed result, nev
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl, param
+
+if TYPE_CHECKING:
+    from rlzoo.registry import PartFactory, Registrar
 
 _IMPL = "rlzoo.algorithms.functional.reward"
 
@@ -128,7 +132,7 @@ class ProcessPoolParams:
 
 
 @hookimpl
-def rlzoo_register_reward_managers(registry) -> None:  # type: ignore[no-untyped-def]
+def rlzoo_register_reward_managers(registry: Registrar[PartFactory]) -> None:
     registry.register("naive", f"{_IMPL}:NaiveRewardManager", params=NaiveParams)
     registry.register("dapo", f"{_IMPL}:DAPORewardManager", params=DAPOParams)
     registry.register(

@@ -7,9 +7,12 @@ transformers are imported when it first scores. See ``docs/components/reward_mod
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from rlzoo import hookimpl, param
+
+if TYPE_CHECKING:
+    from rlzoo.registry import PartFactory, Registrar
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ class RewardModelParams:
 
 
 @hookimpl
-def rlzoo_register_reward_managers(registry) -> None:  # type: ignore[no-untyped-def]
+def rlzoo_register_reward_managers(registry: Registrar[PartFactory]) -> None:
     registry.register(
         "reward_model",
         "rlzoo.algorithms.functional.reward_model:RewardModelManager",

@@ -11,9 +11,15 @@ metrics). No scorer ever ``eval``s model output.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl, param
+
+if TYPE_CHECKING:
+    from rlzoo.protocols import ScorerFn
+    from rlzoo.registry import Registrar
 
 _IMPL = "rlzoo.algorithms.functional.scoring"
 
@@ -112,11 +118,19 @@ class AutoParams:
     fallback: str = param("math", help="scorer for unknown data sources; '' raises instead")
 
 
+#: the rule-based scorers, name -> (``"module:function"`` under :mod:`rlzoo.algorithms.functional.scoring`,
+#: params class): registered below, and what the ``auto`` scorer routes to.
+RULE_SCORERS: Mapping[str, tuple[str, type]] = {
+    "math": ("math_answer:compute_score", MathParams),
+    "gsm8k": ("gsm8k:compute_score", GSM8KParams),
+    "geo3k": ("geo3k:compute_score", Geo3KParams),
+    "dapo_math": ("dapo_math:compute_score", DAPOMathParams),
+    "aime": ("dapo_math:compute_score_aime", AIMEParams),
+}
+
+
 @hookimpl
-def rlzoo_register_scorers(registry) -> None:  # type: ignore[no-untyped-def]
-    registry.register("math", f"{_IMPL}.math_answer:compute_score", params=MathParams)
-    registry.register("gsm8k", f"{_IMPL}.gsm8k:compute_score", params=GSM8KParams)
-    registry.register("geo3k", f"{_IMPL}.geo3k:compute_score", params=Geo3KParams)
-    registry.register("dapo_math", f"{_IMPL}.dapo_math:compute_score", params=DAPOMathParams)
-    registry.register("aime", f"{_IMPL}.dapo_math:compute_score_aime", params=AIMEParams)
+def rlzoo_register_scorers(registry: Registrar[ScorerFn]) -> None:
+    for name, (target, params) in RULE_SCORERS.items():
+        registry.register(name, f"{_IMPL}.{target}", params=params)
     registry.register("auto", f"{_IMPL}.dispatch:compute_score", params=AutoParams)

@@ -7,13 +7,16 @@ one after the other (run it under the shared lock: ``flock /tmp/rlzoo-heavy.lock
 benchmarks/agents.py``), validating every 10 steps, and prints both validation curves with the
 elapsed training time, then the agent metrics of the last step.
 
-``--async``: instead, runs the recipe (with the tool) under ``sync`` and under ``fully_async``
+``--async``: instead, runs the recipe (with the tool) under ``sync``, under ``fully_async``
 (partial rollouts, a weight push every step, staleness <= 1 version, the same 32 prompts x n
-responses per step), and prints the training reward per sample consumed side by side (means over
-windows of 10 steps): the issue's target is fully_async within 0.1 of sync at an equal number of
-samples.
+responses per step), and under ``fully_async`` with truncated importance sampling
+(``algorithm.rollout_correction.name=token_is``), and prints the training reward per sample
+consumed side by side (means over windows of 10 steps): the issue's target is fully_async within
+0.1 of sync at an equal number of samples.
 
-    python benchmarks/agents.py [--steps N] [--async] [extra overrides ...]
+    python benchmarks/agents.py [--steps N] [--async [--fa OVERRIDE ...]] [extra overrides ...]
+
+``--fa``: an override for the fully_async run only (e.g. an off-policy correction).
 """
 
 from __future__ import annotations
@@ -69,37 +72,43 @@ def curve(recs: list[dict[str, Any]]) -> dict[int, tuple[float, float]]:
     return out
 
 
-def compare_runners(steps: int, overrides: list[str]) -> None:
+#: the off-policy correction the fully_async column runs with (truncated importance sampling)
+TIS = "algorithm.rollout_correction.name=token_is"
+
+
+def compare_runners(steps: int, overrides: list[str], fa_overrides: list[str]) -> None:
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.time()
-        sync = run(tmp, True, steps, overrides, "sync")
-        fa = run(tmp, True, steps, [*overrides, FULLY_ASYNC], "fully_async")
+        runs = {
+            "sync": run(tmp, True, steps, overrides, "sync"),
+            "fully_async": run(tmp, True, steps, [*overrides, FULLY_ASYNC, *fa_overrides], "fully_async"),
+            "fully_async+tis": run(tmp, True, steps, [*overrides, FULLY_ASYNC, TIS, *fa_overrides], "fa_tis"),
+        }
         wall = time.time() - t0
-    print(f"load average at start: {load:.2f}; wall {wall:.0f} s for both runs")
-    print(f"{'steps':>9} {'samples':>8} | {'reward sync':>11} | {'reward fully_async':>18} | {'diff':>6}")
-    rows = []
-    a = [r for r in sync if r["step"] > 0]
-    b = [r for r in fa if r["step"] > 0]
-    for lo in range(0, min(len(a), len(b)), 10):
-        wa, wb = a[lo : lo + 10], b[lo : lo + 10]
-        ra = sum(r["critic/score/mean"] for r in wa) / len(wa)
-        rb = sum(r["critic/score/mean"] for r in wb) / len(wb)
-        samples = sum(r["bench/samples"] for r in a[: lo + len(wa)])
-        rows.append((lo + 1, lo + len(wa), samples, ra, rb))
-    for s0, s1, samples, ra, rb in rows:
-        print(f"{s0:>4}-{s1:<4} {samples:>8.0f} | {ra:>11.3f} | {rb:>18.3f} | {rb - ra:>+6.3f}")
-    if b:
-        last = b[-1]
-        print(
-            "fully_async last step: "
-            + ", ".join(
-                f"{k}={last.get(k, float('nan')):.3g}"
-                for k in ("staleness/max", "rollout/partial_ratio", "rollout/version_span/max")
-            )
-        )
+    print(f"load average at start: {load:.2f}; wall {wall:.0f} s for the three runs")
+    print("training reward per sample, means over 10 steps (diff: fully_async+tis - sync)")
+    print(f"{'steps':>9} {'samples':>8} | " + " | ".join(f"{k:>15}" for k in runs) + f" | {'diff':>6}")
+    trained = {k: [r for r in v if r["step"] > 0] for k, v in runs.items()}
+    a = trained["sync"]
+    for lo in range(0, min(len(v) for v in trained.values()), 10):
+        means = [
+            sum(r["critic/score/mean"] for r in v[lo : lo + 10]) / len(v[lo : lo + 10])
+            for v in trained.values()
+        ]
+        hi = lo + len(a[lo : lo + 10])
+        samples = sum(r["bench/samples"] for r in a[:hi])
+        cells = " | ".join(f"{m:>15.3f}" for m in means)
+        print(f"{lo + 1:>4}-{hi:<4} {samples:>8.0f} | {cells} | {means[2] - means[0]:>+6.3f}")
+    for k in ("fully_async", "fully_async+tis"):
+        b = trained[k]
+        worst = {
+            key: max((r.get(key, float("nan")) for r in b), default=float("nan"))
+            for key in ("rollout_corr/kl", "actor/grad_norm", "staleness/max")
+        }
+        print(f"{k}: max over steps " + ", ".join(f"{key}={v:.3g}" for key, v in worst.items()))
     # fully_async's steps take the same prompts as sync's (require_batches x mini-batch)
-    consumed = [r.get("trainer/prompts_consumed") for r in b[:2]]
+    consumed = [r.get("trainer/prompts_consumed") for r in trained["fully_async"][:2]]
     print(
         f"fully_async prompts consumed after steps 1, 2: {consumed} (sync: {a[0]['bench/samples']} samples/step)"
     )
@@ -109,9 +118,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--async", dest="compare_async", action="store_true", help="sync vs fully_async")
+    ap.add_argument(
+        "--fa", action="append", default=[], help="an override for the fully_async run only (repeatable)"
+    )
     args, overrides = ap.parse_known_args()
     if args.compare_async:
-        compare_runners(args.steps, overrides)
+        compare_runners(args.steps, overrides, args.fa)
         return
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
@@ -130,6 +142,9 @@ def main() -> None:
         last = [r for r in recs if r["step"] > 0][-1]
         keys = (
             "critic/score/mean",
+            "agent/env/acc",
+            "agent/env/call_match",
+            "agent/env/answer_match",
             "agent/turns/mean",
             "agent/tool_calls/mean",
             "agent/tool_errors/mean",

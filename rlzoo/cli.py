@@ -356,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RlzooError as exc:
         print(f"rlzoo {ns.command}: error: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:  # the disk refused a write mid-run (full, read-only): say so, no traceback
+    except Exception as exc:  # the disk refused a write mid-run (full, read-only): say so, no traceback
         from rlzoo.storage import storage_message
 
         message = storage_message(exc)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlzoo.checks import own_rules
 from rlzoo.config import load_config
 from rlzoo.errors import ConfigError
 from rlzoo.plugins import PluginManager, get_plugin_manager
@@ -100,13 +101,13 @@ def _set_path(cfg: Any, path: str, value: Any) -> None:
 
 
 class Run:
-    """A composed, validated run. ``train()`` creates the run directory and drives the runner."""
+    """A composed, validated run. ``train()`` creates the run directory and runs the core's loop."""
 
     def __init__(self, config: RecipeConfig, pm: PluginManager) -> None:
         self.config = config
         self.pm = pm
         self.run_dir: Path | None = None
-        self.lock: Any = None  # the run directory's one-writer lock (rlzoo.runners.checkpoint.RunLock)
+        self.lock: Any = None  # the run directory's one-writer lock (rlzoo.train.checkpoint.RunLock)
         self.resume_info: Any = None  # set by build_run for a resume from a saved config.yaml
 
     # -- the run directory ----------------------------------------------------------------------
@@ -131,7 +132,7 @@ class Run:
             while path.exists():
                 n += 1
                 path = Path(rc.dir).expanduser() / f"{rc.name}-{stamp}-{n}"
-        from rlzoo.runners.rundir import claim_run_dir
+        from rlzoo.train.rundir import claim_run_dir
 
         # one writer per run directory, and one run: checked before anything is written
         self.run_dir, self.lock = claim_run_dir(
@@ -172,21 +173,18 @@ class Run:
             )
 
     # -- running ----------------------------------------------------------------------------------
-    def build_runner(self) -> Any:
-        runner = self.config.runner
-        assert isinstance(runner, Selection)
-        return runner.fn(runner.params, self)
-
     def train(self) -> dict[str, Any]:
-        """Run the selected runner to the end; returns its summary."""
+        """Train to the end with the selected runner's batch source (:func:`rlzoo.train.loop.train`);
+        returns the run's summary."""
+        from rlzoo.train.loop import train
+
         self.make_run_dir()
         try:
-            result: dict[str, Any] = self.build_runner().run()
+            return train(self)
         finally:
             if self.lock is not None:
                 self.lock.release()
                 self.lock = None
-        return result
 
 
 def _library_versions() -> dict[str, str]:
@@ -222,7 +220,7 @@ def build_run(
             [f"{k}: not a part slot; slots are {', '.join(sorted(OBJECT_SLOTS))}" for k in unknown],
             header="build_run got unknown keyword arguments",
         )
-    from rlzoo.runners.rundir import load_resumed
+    from rlzoo.train.rundir import load_resumed
 
     # a resume continues the run directory's saved config, changed only by the overrides given now
     resumed = (
@@ -237,6 +235,10 @@ def build_run(
     for slot, obj in objects.items():
         kind, path = OBJECT_SLOTS[slot]
         _set_path(cfg, path, _selection_for(kind, path, obj))
+    if objects:  # parts placed now were not there when load_config checked the recipe
+        problems = own_rules(cfg.runner, cfg) + own_rules(cfg.rollout.backend, cfg)
+        if problems:
+            raise ConfigError(problems)
     run = Run(cfg, pm)
     run.resume_info = resumed[1] if resumed is not None else None
     return run

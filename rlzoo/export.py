@@ -29,6 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from rlzoo.errors import RlzooError
 from rlzoo.failpoints import failpoint
+from rlzoo.storage import StorageError, disk_refusal
 
 __all__ = [
     "HFExportable",
@@ -100,23 +101,47 @@ def export_model(
             "export_hf(path) method (rlzoo.export.HFExportable); the native, fsdp2 and megatron backends have one"
         )
     out = writable_export_dir(out_dir)
-    staging = _staging(out)
+    staging: Path | None = None
     try:
-        model = staging / "model"
-        train_backend.export_hf(model)
-        if not model.is_dir():  # a multi-process backend whose rank 0 lives elsewhere wrote nothing here
-            raise RlzooError(
-                f"export: the train backend wrote nothing to {model} (is it on a shared filesystem?)"
-            )
-        _complete(model, Path(src_model_dir).expanduser() if src_model_dir else None, tokenizer, processor)
-        check_hf_folder(model)
-        note = _auto_tokenizer_note(model, tokenizer)
-        failpoint("export:written")
-        _install(staging, out, step, note)
-        failpoint("export:installed")
+        staging = _staging(out)
+        _build_and_install(train_backend, src_model_dir, out, staging, tokenizer, processor, step)
+    except Exception as exc:
+        refused = disk_refusal(exc)
+        if refused is None:
+            raise
+        kept = "the earlier export there is unchanged" if out.exists() else "nothing was written there"
+        raise StorageError(
+            f"could not write the model folder {out}: {os.strerror(refused[0])}; {kept}. Free some space, "
+            "then run the command again (a run: resume it, the export is redone)"
+        ) from exc
     finally:
-        shutil.rmtree(staging, ignore_errors=True)  # a fresh folder of ours (see _staging)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)  # a fresh folder of ours (see _staging)
     return out
+
+
+def _build_and_install(
+    train_backend: Any,
+    src_model_dir: str | Path | None,
+    out: Path,
+    staging: Path,
+    tokenizer: Any,
+    processor: Any,
+    step: int | None,
+) -> None:
+    """:func:`export_model`'s work: the folder built in ``staging/model``, then moved to ``out``."""
+    model = staging / "model"
+    train_backend.export_hf(model)
+    if not model.is_dir():  # a multi-process backend whose rank 0 lives elsewhere wrote nothing here
+        raise RlzooError(
+            f"export: the train backend wrote nothing to {model} (is it on a shared filesystem?)"
+        )
+    _complete(model, Path(src_model_dir).expanduser() if src_model_dir else None, tokenizer, processor)
+    check_hf_folder(model)
+    note = _auto_tokenizer_note(model, tokenizer)
+    failpoint("export:written")
+    _install(staging, out, step, note)
+    failpoint("export:installed")
 
 
 def copy_export(folder: str | Path, out_dir: str | Path, *, step: int | None = None) -> Path:
@@ -188,7 +213,11 @@ def _staging(out: Path) -> Path:
         if old.is_dir() and (old / _STAGING_NOTE).is_file():
             shutil.rmtree(old, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=prefix, dir=out.parent))
-    (staging / _STAGING_NOTE).write_text(f"an rlzoo export in progress into {out}\n")
+    try:
+        (staging / _STAGING_NOTE).write_text(f"an rlzoo export in progress into {out}\n")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # just made, ours
+        raise
     return staging
 
 
@@ -389,8 +418,8 @@ def export_checkpoint(
         return _export_adapter(run_dir, Path(out_dir).expanduser(), step)
     if step is None and not (run_dir / "checkpoints").is_dir() and final_dir(run_dir).is_dir():
         return copy_export(final_dir(run_dir), out_dir, step=export_step(final_dir(run_dir)))
-    from rlzoo.runners.checkpoint import CheckpointManager
-    from rlzoo.runners.common import expand, load_processor, load_tokenizer, train_spec
+    from rlzoo.train.checkpoint import CheckpointManager
+    from rlzoo.train.inputs import expand, load_processor, load_tokenizer, train_spec
 
     checkpoints = CheckpointManager(run_dir)
     _check_step(run_dir, checkpoints.steps(), step)
@@ -424,16 +453,17 @@ def _export_adapter(run_dir: Path, out: Path, step: int | None) -> Path:
         )
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise RlzooError(f"export --adapter: {out} exists and is not an empty folder; choose a new --out")
-    staging = out.with_name(f".{out.name}.merged")
-    if staging.exists():
-        shutil.rmtree(staging)
+    # the merged export is built in a fresh folder of ours next to out (marked, like every export's
+    # staging: a leftover of a killed export is recognised and removed; nothing else is touched)
+    staging = _staging(out)
     try:
-        export_checkpoint(run_dir, staging, step=step)
-        if not (staging / "adapter" / "adapter_config.json").is_file():
-            raise RlzooError(f"export: the train backend wrote no LoRA adapter in {staging / 'adapter'}")
+        merged = staging / "merged"
+        export_checkpoint(run_dir, merged, step=step)
+        if not (merged / "adapter" / "adapter_config.json").is_file():
+            raise RlzooError(f"export: the train backend wrote no LoRA adapter in {merged / 'adapter'}")
         if out.exists():
             out.rmdir()  # empty (checked above)
-        (staging / "adapter").rename(out)
+        (merged / "adapter").rename(out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out

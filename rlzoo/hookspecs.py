@@ -206,11 +206,37 @@ def rlzoo_register_rollout_backends(registry: Registrar) -> None:
 def rlzoo_register_runners(registry: Registrar) -> None:
     """Register runners (kind ``runner``).
 
-    A runner is a factory ``factory(params, run: Run) -> Runner``; what makes one runner differ from
-    another is only its batch source (:class:`rlzoo.runners.loop.BatchSource`: generate now,
-    generate one ahead, stream from the staleness-aware queue). The core's one loop
-    (:class:`rlzoo.runners.loop.TrainLoop`) owns everything else: validation, checkpoints, the
-    weight-push cadence, metrics, export and resume. Selected by ``runner.name``.
+    A runner is a batch source: the part registers a factory ``factory(params, session) ->
+    BatchSource`` (a class will do) and the core's one loop (:func:`rlzoo.train.loop.train`) owns
+    everything else: validation, checkpoints (one payload), the weight-push cadence, metrics,
+    export and resume. A source (:class:`rlzoo.train.loop.BatchSource`) has five methods:
+    ``resume(state)``, ``next_batch(step, timer) -> Batch | None``, ``push_weights(timer)``,
+    ``step_done(batch) -> metrics`` and ``state_dict()``; one that generates while the trainer
+    trains also has ``hold()`` and ``close(exc)`` (:class:`rlzoo.train.loop.Background`). The
+    ``session`` (:class:`rlzoo.train.session.Session`) gives the step plan (``session.plan``), the
+    backends and the helpers to draw prompts, generate, score and push weights. Params may declare
+    ``step_plan(cfg)`` (:class:`rlzoo.protocols.PlansSteps`) and ``check(cfg)``
+    (:class:`rlzoo.protocols.ChecksRecipe`). A plugin's whole runner, e.g.::
+
+        class GenerateOnce:
+            def __init__(self, params, session):
+                self.s, self.loader = session, session.make_loader(session.plan.prompts_per_step)
+            def resume(self, state):
+                self.loader.load_state_dict(state["loader"])
+            def next_batch(self, step, timer):
+                with timer.wait("gen"):
+                    samples = self.s.rollout.generate(self.s.train_requests(next(self.loader), step, 1))
+                return samples_to_batch(samples, self.s.score(samples), self.s.pad_token_id)
+            def push_weights(self, timer):
+                return self.s.sync_weights()
+            def step_done(self, batch):
+                return {}
+            def state_dict(self):
+                return {"loader": self.loader.state_dict()}
+
+        registry.register("generate_once", GenerateOnce, params=GenerateOnceParams)
+
+    Selected by ``runner.name``.
     """
 
 

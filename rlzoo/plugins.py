@@ -56,7 +56,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlzoo.backends.fsdp2",
     "rlzoo.backends.vllm",
     "rlzoo.backends.megatron",
-    "rlzoo.runners",
+    "rlzoo.sources",
     "rlzoo.loggers",
     "rlzoo.tasks.quickstart",
     "rlzoo.tasks.tools",

@@ -130,11 +130,35 @@ class CorrectionFn(Protocol):
     def __call__(self, inputs: CorrectionInputs, params: Any) -> CorrectionOutput: ...
 
 
+@runtime_checkable
+class CorrectionMode(Protocol):
+    """Params of a rollout-correction part: ``mode`` ``decoupled`` (old log-probs recomputed by
+    the trainer) or ``bypass`` (the rollout log-probs serve as old log-probs). Without it: decoupled."""
+
+    mode: str
+
+
 # ---------------------------------------------------------------------------------------------
 # sample filter
 # ---------------------------------------------------------------------------------------------
 class SampleFilterFn(Protocol):
     def __call__(self, rewards: Tensor, group_ids: Tensor, params: Any) -> Tensor: ...
+
+
+@runtime_checkable
+class JudgedMetric(Protocol):
+    """Sample-filter params that choose the per-sample value the filter judges: ``reward`` (the
+    default, also without these params), ``score``, ``acc`` or another key of the scorer's info."""
+
+    metric: str
+
+
+@runtime_checkable
+class RefillLimit(Protocol):
+    """Params of a sample filter with the ``refills`` capability: the most generation rounds a
+    runner makes to fill one batch (0: until it is full). Without them: until it is full."""
+
+    max_num_gen_batches: int
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,6 +377,14 @@ class RolloutBackend(Protocol):
     def shutdown(self) -> None: ...
 
 
+@runtime_checkable
+class ReportsWeightSync(Protocol):
+    """A rollout side that moves pushed weights itself (the Ray rollout group, given a weight handle):
+    what its last sync moved (``bytes``, ``seconds``, ``path`` ...), for the push metrics."""
+
+    last_sync: Mapping[str, Any]
+
+
 # ---------------------------------------------------------------------------------------------
 # training
 # ---------------------------------------------------------------------------------------------
@@ -508,11 +540,42 @@ class TrainSpec:
 
 
 class Objective(Protocol):
-    """Per micro-batch objective built by :mod:`rlzoo.objective` from the selected parts."""
+    """Per micro-batch objective built by :mod:`rlzoo.train.objective` from the selected parts.
+
+    A train backend calls it on each micro-batch with the log-probs (or values) ``[b, T]`` and,
+    when ``needs_entropy``, the per-token entropy ``[b, T]`` (else None), back-propagates the loss
+    and reports the returned metrics (mean over micro-batches).
+    """
+
+    @property
+    def needs_entropy(self) -> bool: ...
 
     def __call__(
         self, micro_batch: Batch, log_probs: Tensor, entropy: Tensor | None
     ) -> tuple[Tensor, dict[str, Any]]: ...
+
+
+class MetricAccumulator(Protocol):
+    """Metrics an objective accumulates over an update's micro-batches, read with ``summary()``.
+
+    A data-parallel backend, whose ranks each see their shard, makes ``summary()`` read the same
+    on every rank: ``mark()`` before the update; after it, ``since(mark)`` on each rank (what this
+    rank added; picklable), gathered from all ranks, then ``merge(mark, gathered)``.
+    """
+
+    def summary(self) -> dict[str, float]: ...
+    def mark(self) -> Any: ...
+    def since(self, mark: Any) -> Any: ...
+    def merge(self, mark: Any, added: Sequence[Any]) -> None: ...
+
+
+@runtime_checkable
+class AccumulatingObjective(Objective, Protocol):
+    """An :class:`Objective` whose metrics accumulate in ``acc`` (:class:`rlzoo.train.objective.PolicyObjective`,
+    ``ValueObjective``); a plain objective returns its metrics per micro-batch only."""
+
+    @property
+    def acc(self) -> MetricAccumulator: ...
 
 
 @runtime_checkable
@@ -569,14 +632,38 @@ class RewardComponentKeys(Protocol):
     reward_keys: Sequence[str]
 
 
-class Runner(Protocol):
-    def run(self) -> dict[str, Any]: ...
+# ---------------------------------------------------------------------------------------------
+# runner: the step plan and what a runner's (or a rollout backend's) params may declare
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepPlan:
+    """How a run is cut into trainer steps: computed once from the recipe
+    (:func:`rlzoo.recipe.step_plan`), then read by the session, the loop and the batch source."""
+
+    #: prompts (groups of ``rollout.n`` responses) one trainer step trains on; with the training
+    #: data it gives the steps per epoch, with ``trainer.ppo_mini_batch_size`` the LR schedule
+    prompts_per_step: int
+    #: trainer steps between two weight pushes (the loop also pushes after the last step)
+    push_every: int = 1
+    #: the run's trainer steps when the runner fixes them (fully-async ``total_rollout_steps``);
+    #: None: ``trainer.total_steps``, else ``trainer.total_epochs`` epochs
+    step_limit: int | None = None
 
 
 @runtime_checkable
-class StepPlan(Protocol):
-    """Optional on a runner's params: how many prompts one trainer step trains on, when that is not
-    ``data.train_batch_size`` (fully-async: ``require_batches`` mini-batches). The LR schedule's
-    length in optimizer steps is derived from it (:func:`rlzoo.recipe.optimizer_steps`)."""
+class PlansSteps(Protocol):
+    """Runner params whose steps differ from the default plan (``data.train_batch_size`` prompts
+    per step, a weight push every step): fully-async's ``require_batches`` mini-batches per step,
+    a push every ``trigger_parameter_sync_step`` steps."""
 
-    def prompts_per_step(self, cfg: Any) -> int: ...
+    def step_plan(self, cfg: Any) -> StepPlan: ...
+
+
+@runtime_checkable
+class ChecksRecipe(Protocol):
+    """Params with rules across the recipe (a runner's knobs against the data and the backends, a
+    rollout backend against the placement). ``check(cfg)`` returns one sentence per problem, the
+    config key first; :mod:`rlzoo.checks` reports them at ``rlzoo validate`` / load time, before
+    anything is written or loaded."""
+
+    def check(self, cfg: Any) -> list[str]: ...

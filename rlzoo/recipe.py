@@ -17,7 +17,7 @@ from typing import Any, Literal
 from rlzoo.agents.settings import MultiTurnSettings
 from rlzoo.binding import to_plain
 from rlzoo.params import param
-from rlzoo.protocols import LoraSettings, MicroBatchSettings, OptimSettings, StepPlan
+from rlzoo.protocols import LoraSettings, MicroBatchSettings, OptimSettings, PlansSteps, StepPlan
 from rlzoo.registry import Component
 
 
@@ -58,8 +58,9 @@ class Selection:
         """The part's typed capability record (:mod:`rlzoo.capabilities`)."""
         return self.component.caps
 
-    def capability(self, key: str, default: Any = False) -> Any:
-        return self.component.capability(key, default)
+    def capability(self, key: str) -> Any:
+        """One capability by name (:meth:`rlzoo.registry.Component.capability`)."""
+        return self.component.capability(key)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call a function part with its params: ``sel(inputs)`` == ``fn(inputs, params)``."""
@@ -318,17 +319,26 @@ class RecipeConfig:
         return conv(self)  # type: ignore[no-any-return]
 
 
+def step_plan(cfg: RecipeConfig) -> StepPlan:
+    """How the run is cut into trainer steps (:class:`~rlzoo.protocols.StepPlan`), computed once.
+
+    The runner's params plan it when they declare :class:`~rlzoo.protocols.PlansSteps` (fully-async:
+    ``require_batches`` mini-batches per step, a push every ``trigger_parameter_sync_step`` steps);
+    otherwise a step trains on ``data.train_batch_size`` prompts and pushes weights after it.
+    """
+    runner = cfg.runner
+    if isinstance(runner, Selection) and isinstance(runner.params, PlansSteps):
+        return runner.params.step_plan(cfg)
+    return StepPlan(prompts_per_step=cfg.data.train_batch_size)
+
+
 def mini_batches_per_step(cfg: RecipeConfig) -> int:
     """PPO mini-batches (= optimizer steps per epoch) in one trainer step.
 
-    A trainer step trains on ``data.train_batch_size`` prompts, or on what the runner's params plan
-    (:class:`~rlzoo.protocols.StepPlan`, e.g. fully-async's ``require_batches`` mini-batches),
-    split into mini-batches of ``trainer.ppo_mini_batch_size`` prompts (default: one).
+    A trainer step trains on the step plan's prompts (:func:`step_plan`), split into mini-batches
+    of ``trainer.ppo_mini_batch_size`` prompts (default: one).
     """
-    prompts = cfg.data.train_batch_size
-    runner = cfg.runner
-    if isinstance(runner, Selection) and isinstance(runner.params, StepPlan):
-        prompts = runner.params.prompts_per_step(cfg)
+    prompts = step_plan(cfg).prompts_per_step
     per_mini_batch = cfg.trainer.ppo_mini_batch_size or prompts
     return max(1, math.ceil(prompts / max(1, per_mini_batch)))
 

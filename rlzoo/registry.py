@@ -146,10 +146,9 @@ class Component(Generic[T]):
         """An instance of the params dataclass with every default (None if the part has none)."""
         return self.params() if self.params is not None else None
 
-    def capability(self, key: str, default: Any = None) -> Any:
+    def capability(self, key: str) -> Any:
         """One capability by name (its declared value, else the record's default). A key the kind's
-        record does not declare is an error, not a silent False. ``default`` is ignored (kept for
-        callers written before the typed records)."""
+        record does not declare is an error, not a silent False."""
         record = self.caps
         if key not in {f.name for f in dataclasses.fields(record)}:
             known = ", ".join(sorted(f.name for f in dataclasses.fields(record))) or "(none)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from pathlib import Path
 
 from rlzoo.errors import RlzooError
@@ -13,8 +14,11 @@ from rlzoo.errors import RlzooError
 #: checkpoint of even the quickstart's tiny model need more.
 MIN_FREE_BYTES = 64 * 2**20
 
-#: OS errors that mean "this place cannot be written" (not a bug of rlzoo's)
-STORAGE_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT})
+#: OS errors that mean "this place cannot be written" (not a bug of rlzoo's); EFBIG: a file larger
+#: than the file system or the process's file-size limit allows
+STORAGE_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+#: how safetensors' SafetensorError (a Rust ``io::Error``) names the OS error: "... (os error 28) at path "X""
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)(?: at path \"([^\"]*)\")?")
 
 
 class StorageError(RlzooError):
@@ -45,10 +49,34 @@ def check_writable(path: Path, key: str, min_free: int = MIN_FREE_BYTES) -> None
         )
 
 
-def storage_message(exc: OSError) -> str | None:
-    """A one-line message for an OS error that means the disk refused a write (read-only, full,
-    permission); None for any other error."""
-    if exc.errno not in STORAGE_ERRNOS:
+def disk_refusal(exc: BaseException) -> tuple[int, str | None] | None:
+    """``(errno, file or None)`` when ``exc`` means the disk refused a write (read-only, full,
+    permission, file too large); None for any other error.
+
+    An :class:`OSError` carries its errno; safetensors' ``SafetensorError`` (what ``save_file`` and
+    ``save_pretrained`` raise on a full disk) is not an OSError and names it in its text.
+    """
+    if isinstance(exc, OSError):
+        code, where = exc.errno, exc.filename
+    else:
+        try:
+            from safetensors import SafetensorError
+        except ImportError:  # pragma: no cover - safetensors is a dependency
+            return None
+        if not isinstance(exc, SafetensorError) or not (m := _RUST_OS_ERROR.search(str(exc))):
+            return None
+        code, where = int(m.group(1)), m.group(2)
+    if code not in STORAGE_ERRNOS:
         return None
-    where = f" {exc.filename}" if exc.filename else ""
-    return f"cannot write{where}: {exc.strerror or exc}; free some space or choose a writable folder (run.output_dir=DIR)"
+    return code, (str(where) if where else None)
+
+
+def storage_message(exc: BaseException) -> str | None:
+    """A one-line message for an error that means the disk refused a write (read-only, full,
+    permission); None for any other error."""
+    refused = disk_refusal(exc)
+    if refused is None:
+        return None
+    code, where = refused
+    at = f" {where}" if where else ""
+    return f"cannot write{at}: {os.strerror(code)}; free some space or choose a writable folder (run.output_dir=DIR)"

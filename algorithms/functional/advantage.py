@@ -20,13 +20,27 @@ Shapes: ``B`` responses, ``T`` response tokens, ``G`` distinct group ids.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from einops import rearrange
 from torch import Tensor
 
 from rlzoo.protocols import AdvantageInputs, AdvantageOutput
+
+from ..advantage import (
+    GAEParams,
+    GDPOParams,
+    GPGParams,
+    GRPOParams,
+    GRPOPassKParams,
+    OPOParams,
+    OptimalTokenBaselineParams,
+    ReinforcePlusPlusBaselineParams,
+    ReinforcePlusPlusParams,
+    ReMaxParams,
+    RLOOParams,
+    TIROptimalTokenBaselineParams,
+    TurnGRPOParams,
+)
 
 __all__ = [
     "gae",
@@ -67,10 +81,16 @@ def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True) -> Tens
     return whitened
 
 
+def _needed(x: Tensor | None, name: str, what: str) -> Tensor:
+    """``x``, or the error that says which input (and which capability) the estimator ``name`` needs."""
+    if x is None:
+        raise ValueError(f"advantage {name!r} needs {what}, got None")
+    return x
+
+
 def group_index(group_ids: Tensor | None, name: str) -> tuple[Tensor, int]:
     """Map arbitrary group ids ``[B]`` to dense indices ``0..G-1``; returns ``(inverse [B], G)``."""
-    if group_ids is None:
-        raise ValueError(f"advantage {name!r} needs group_ids (capability needs_group), got None")
+    group_ids = _needed(group_ids, name, "group_ids (capability needs_group)")
     _, inverse = torch.unique(group_ids, return_inverse=True)  # [B]
     num_groups = int(inverse.max().item()) + 1 if inverse.numel() else 0
     return inverse, num_groups
@@ -89,6 +109,34 @@ def _group_stats(scores: Tensor, inverse: Tensor, num_groups: int) -> tuple[Tens
     return count, mean, std
 
 
+def _group_normalized(
+    scores: Tensor, inverse: Tensor, num_groups: int, norm_by_std: bool, epsilon: float
+) -> Tensor:
+    """GRPO's ``(r - mean_g) / (std_g + eps)`` ``[B]`` (``r - mean_g`` without ``norm_by_std``).
+
+    As verl, a group of one gets mean 0 and std 1.
+    """
+    count, mean, std = _group_stats(scores, inverse, num_groups)  # [G]
+    single = count == 1  # [G]
+    mean = torch.where(single, torch.zeros_like(mean), mean)  # [G]
+    std = torch.where(single, torch.ones_like(std), std)  # [G]
+    adv = scores - mean[inverse]  # [B]
+    if norm_by_std:
+        adv = adv / (std[inverse] + epsilon)  # [B]
+    return adv
+
+
+def _token_rewards(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
+    """``(token_level_rewards, response_mask as their dtype)``, both ``[B, T]``."""
+    rewards = inputs.token_level_rewards  # [B, T]
+    return rewards, inputs.response_mask.to(rewards.dtype)  # [B, T]
+
+
+def _reward_to_go(rewards: Tensor, mask: Tensor) -> Tensor:
+    """``G_t = sum_{s >= t} r_s m_s`` ``[B, T]`` (undiscounted)."""
+    return (rewards * mask).flip(-1).cumsum(-1).flip(-1)  # [B, T]
+
+
 def _outcome_scores(inputs: AdvantageInputs) -> Tensor:
     # The reward of a response: its token-level rewards summed over T (verl sums over all T too;
     # the reward manager puts the outcome on the last valid token and zeros elsewhere).
@@ -104,13 +152,10 @@ def _broadcast(scores: Tensor, mask: Tensor) -> AdvantageOutput:
 # critic-based
 # ---------------------------------------------------------------------------------------------
 @torch.no_grad()
-def gae(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+def gae(inputs: AdvantageInputs, params: GAEParams) -> AdvantageOutput:
     """Generalized Advantage Estimation (verl ``compute_gae_advantage_return``)."""
-    if inputs.values is None:
-        raise ValueError("advantage 'gae' needs values (capability needs_critic), got None")
-    rewards = inputs.token_level_rewards
-    values = inputs.values.to(rewards.dtype)  # [B, T]
-    mask = inputs.response_mask.to(rewards.dtype)  # [B, T]
+    rewards, mask = _token_rewards(inputs)  # [B, T]
+    values = _needed(inputs.values, "gae", "values (capability needs_critic)").to(rewards.dtype)  # [B, T]
     gamma, lam = float(params.gamma), float(params.lam)
     # time-major, so each step of the backward recurrence reads one contiguous row
     r_t, v_t, m_t = (rearrange(x, "b t -> t b").contiguous() for x in (rewards, values, mask))  # [T, B]
@@ -136,17 +181,11 @@ def gae(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
 # group-relative (outcome reward)
 # ---------------------------------------------------------------------------------------------
 @torch.no_grad()
-def grpo(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+def grpo(inputs: AdvantageInputs, params: GRPOParams) -> AdvantageOutput:
     """GRPO (verl ``compute_grpo_outcome_advantage``): ``(r - mean_g) / (std_g + eps)``."""
     scores = _outcome_scores(inputs)  # [B]
     inverse, num_groups = group_index(inputs.group_ids, "grpo")
-    count, mean, std = _group_stats(scores, inverse, num_groups)  # [G]
-    single = count == 1  # [G] verl: a group of one has mean 0 and std 1
-    mean = torch.where(single, torch.zeros_like(mean), mean)  # [G]
-    std = torch.where(single, torch.ones_like(std), std)  # [G]
-    adv = scores - mean[inverse]  # [B]
-    if params.norm_by_std:
-        adv = adv / (std[inverse] + params.epsilon)  # [B]
+    adv = _group_normalized(scores, inverse, num_groups, params.norm_by_std, params.epsilon)  # [B]
     return _broadcast(adv, inputs.response_mask)
 
 
@@ -165,7 +204,7 @@ def turn_index(inputs: AdvantageInputs) -> Tensor:
 
 
 @torch.no_grad()
-def turn_grpo(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+def turn_grpo(inputs: AdvantageInputs, params: TurnGRPOParams) -> AdvantageOutput:
     """GRPO on turn-level returns: ``(G_ik - mean_g(G_0)) / (std_g(G_0) + eps)`` on turn k's tokens.
 
     ``r_ik`` sums the token rewards of turn ``k`` (unmasked tokens only), ``G_ik = sum_{j >= k}
@@ -199,7 +238,7 @@ def turn_grpo(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
 
 
 @torch.no_grad()
-def rloo(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+def rloo(inputs: AdvantageInputs, params: RLOOParams) -> AdvantageOutput:
     """RLOO (verl ``compute_rloo_outcome_advantage``): ``r - mean of the other n-1 rewards``."""
     scores = _outcome_scores(inputs)  # [B]
     inverse, num_groups = group_index(inputs.group_ids, "rloo")
@@ -212,7 +251,7 @@ def rloo(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
 
 
 @torch.no_grad()
-def opo(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+def opo(inputs: AdvantageInputs, params: OPOParams) -> AdvantageOutput:
     """OPO (verl ``compute_opo_outcome_advantage``): length-weighted group baseline."""
     scores = _outcome_scores(inputs)  # [B]
     lengths = inputs.response_mask.to(scores.dtype).sum(dim=-1)  # [B]
@@ -226,7 +265,7 @@ def opo(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
 
 
 @torch.no_grad()
-def gpg(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+def gpg(inputs: AdvantageInputs, params: GPGParams) -> AdvantageOutput:
     """GPG (verl ``compute_gpg_outcome_advantage``): ``alpha * (r - mean_g) / f_norm``."""
     scores = _outcome_scores(inputs)  # [B]
     inverse, num_groups = group_index(inputs.group_ids, "gpg")
@@ -239,7 +278,7 @@ def gpg(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
 
 
 @torch.no_grad()
-def grpo_passk(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+def grpo_passk(inputs: AdvantageInputs, params: GRPOPassKParams) -> AdvantageOutput:
     """Pass@k GRPO (verl ``compute_grpo_passk_outcome_advantage``): only the best response
     of each group gets ``r_max - r_second``, divided by ``std_g + eps`` when ``norm_by_std``."""
     scores = _outcome_scores(inputs)  # [B]
@@ -268,10 +307,9 @@ def grpo_passk(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
 # batch-normalised REINFORCE family
 # ---------------------------------------------------------------------------------------------
 @torch.no_grad()
-def reinforce_plus_plus(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+def reinforce_plus_plus(inputs: AdvantageInputs, params: ReinforcePlusPlusParams) -> AdvantageOutput:
     """REINFORCE++ (verl ``compute_reinforce_plus_plus_outcome_advantage``)."""
-    rewards = inputs.token_level_rewards
-    mask = inputs.response_mask.to(rewards.dtype)  # [B, T]
+    rewards, mask = _token_rewards(inputs)  # [B, T]
     gamma = float(params.gamma)
     r_t, m_t = (rearrange(x, "b t -> t b").contiguous() for x in (rewards, mask))  # [T, B] time-major
     ret_t = torch.empty_like(r_t)  # [T, B]
@@ -289,7 +327,9 @@ def reinforce_plus_plus(inputs: AdvantageInputs, params: Any) -> AdvantageOutput
 
 
 @torch.no_grad()
-def reinforce_plus_plus_baseline(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+def reinforce_plus_plus_baseline(
+    inputs: AdvantageInputs, params: ReinforcePlusPlusBaselineParams
+) -> AdvantageOutput:
     """REINFORCE++-baseline (verl ``compute_reinforce_plus_plus_baseline_outcome_advantage``)."""
     scores = _outcome_scores(inputs)  # [B]
     mask = inputs.response_mask.to(scores.dtype)  # [B, T]
@@ -302,14 +342,12 @@ def reinforce_plus_plus_baseline(inputs: AdvantageInputs, params: Any) -> Advant
 
 
 @torch.no_grad()
-def remax(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+def remax(inputs: AdvantageInputs, params: ReMaxParams) -> AdvantageOutput:
     """ReMax (verl ``compute_remax_outcome_advantage``): return-to-go minus the greedy reward."""
-    if inputs.baseline_rewards is None:
-        raise ValueError("advantage 'remax' needs baseline_rewards (capability needs_greedy_baseline)")
-    rewards = inputs.token_level_rewards
-    mask = inputs.response_mask.to(rewards.dtype)  # [B, T]
-    returns = (rewards * mask).flip(-1).cumsum(-1).flip(-1)  # [B, T] reward-to-go
-    baseline = inputs.baseline_rewards.to(rewards.dtype).unsqueeze(-1)  # [B, 1]
+    greedy = _needed(inputs.baseline_rewards, "remax", "baseline_rewards (capability needs_greedy_baseline)")
+    rewards, mask = _token_rewards(inputs)  # [B, T]
+    returns = _reward_to_go(rewards, mask)  # [B, T]
+    baseline = greedy.to(rewards.dtype).unsqueeze(-1)  # [B, 1]
     advantages = (returns - baseline * mask) * mask  # [B, T]
     return AdvantageOutput(advantages=advantages, returns=returns * mask)
 
@@ -318,7 +356,7 @@ def remax(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
 # decoupled multi-reward GRPO and optimal token baselines
 # ---------------------------------------------------------------------------------------------
 @torch.no_grad()
-def gdpo(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+def gdpo(inputs: AdvantageInputs, params: GDPOParams) -> AdvantageOutput:
     """GDPO (verl ``compute_gdpo_outcome_advantage``): GRPO per reward component, weighted sum,
     then whitened over the batch's valid tokens.
 
@@ -344,14 +382,7 @@ def gdpo(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
     inverse, num_groups = group_index(inputs.group_ids, "gdpo")
     total = torch.zeros_like(comps[:, 0])  # [B]
     for j in range(k):
-        scores = comps[:, j]  # [B]
-        count, mean, std = _group_stats(scores, inverse, num_groups)  # [G]
-        single = count == 1  # [G]
-        mean = torch.where(single, torch.zeros_like(mean), mean)
-        std = torch.where(single, torch.ones_like(std), std)
-        adv = scores - mean[inverse]  # [B]
-        if params.norm_by_std:
-            adv = adv / (std[inverse] + params.epsilon)
+        adv = _group_normalized(comps[:, j], inverse, num_groups, params.norm_by_std, params.epsilon)  # [B]
         total = total + float(weights[j]) * adv
     summed = total.unsqueeze(-1) * mask  # [B, T]
     advantages = masked_whiten(summed, mask) * mask  # [B, T]
@@ -402,9 +433,8 @@ def _otb_parts(inputs: AdvantageInputs, name: str) -> tuple[Tensor, Tensor, Tens
             f"advantage {name!r} needs old_log_probs and sum_pi_squared [B, T] (sum over the "
             "vocabulary of pi^2 per token, from the train backend's old-log-prob forward)"
         )
-    rewards = inputs.token_level_rewards
-    mask = inputs.response_mask.to(rewards.dtype)  # [B, T]
-    returns = (rewards * mask).flip(-1).cumsum(-1).flip(-1)  # [B, T] reward-to-go
+    rewards, mask = _token_rewards(inputs)  # [B, T]
+    returns = _reward_to_go(rewards, mask)  # [B, T]
     # ||s_t||^2 proxy 1 - 2 pi_t + sum_v pi_v^2; with IS weights scaled by rho^2
     w = 1.0 - 2.0 * inputs.old_log_probs.to(rewards.dtype).exp() + inputs.sum_pi_squared.to(rewards.dtype)
     if inputs.rollout_is_weights is not None:
@@ -415,7 +445,7 @@ def _otb_parts(inputs: AdvantageInputs, name: str) -> tuple[Tensor, Tensor, Tens
 
 
 @torch.no_grad()
-def optimal_token_baseline(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+def optimal_token_baseline(inputs: AdvantageInputs, params: OptimalTokenBaselineParams) -> AdvantageOutput:
     """Optimal token baseline (verl ``compute_optimal_token_baseline_advantage``).
 
     ``A_t = G_t - B_t`` with the per-position group baseline ``B_t = E[G_t W_t] / E[W_t]``,
@@ -430,7 +460,9 @@ def optimal_token_baseline(inputs: AdvantageInputs, params: Any) -> AdvantageOut
 
 
 @torch.no_grad()
-def tir_optimal_token_baseline(inputs: AdvantageInputs, params: Any) -> AdvantageOutput:
+def tir_optimal_token_baseline(
+    inputs: AdvantageInputs, params: TIROptimalTokenBaselineParams
+) -> AdvantageOutput:
     """Multi-turn optimal token baseline (verl ``compute_multi_turn_optimal_token_baseline_advantage``).
 
     As :func:`optimal_token_baseline`, but positions are counted in valid tokens: each response's

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from rlzoo.algorithms.agents import CalcParams, ToolArithmeticParams
 from rlzoo.protocols import AgentTurn, EnvStep, Tool
+
+from ..agents import CalcParams, ToolArithmeticParams
 
 __all__ = ["CalcTool", "ToolArithmetic", "evaluate", "make_calc", "make_tool_arithmetic", "spaced"]
 
@@ -73,10 +74,10 @@ class CalcTool:
             "required": ["expression"],
         }
     )
+    timeout_s: float = field(init=False)  # from params (the Tool protocol declares it an attribute)
 
-    @property
-    def timeout_s(self) -> float:
-        return self.params.timeout_s
+    def __post_init__(self) -> None:
+        self.timeout_s = self.params.timeout_s
 
     def call(self, arguments: Mapping[str, Any]) -> str:
         expression = arguments.get("expression")
@@ -139,13 +140,28 @@ class ToolArithmetic:
         ok = self.answer is not None and _digits(text) == str(self.answer)
         reward = 1.0 if ok else 0.0
         info = {"acc": float(ok)}
-        if self.params.call_credit > 0:
-            calls = [c for c in turn.tool_calls if c.name == "calc"]
+        calls = [c for c in turn.tool_calls if c.name == "calc"]
+        call_share = 0.0
+        if self.params.call_credit > 0 or self.params.answer_credit > 0:
             said = str(calls[0].arguments.get("expression", "")).split() if calls else []
             want = self.question.split()
-            share = sum(1 for x, y in zip(said, want) if x == y) / max(len(want), len(said))
-            reward += self.params.call_credit * share
-            info["call_match"] = share
+            call_share = sum(1 for x, y in zip(said, want) if x == y) / max(len(want), len(said))
+            reward += self.params.call_credit * call_share
+            info["call_match"] = call_share
+        if self.params.answer_credit > 0:
+            # the calc result the model read (an error message is no result to repeat)
+            results = [
+                r
+                for c, r in zip(turn.tool_calls, turn.tool_results, strict=False)
+                if c.name == "calc" and re.fullmatch(r"[\d\s]+", r)
+            ]
+            said_digits, want_digits = _digits(text), _digits(results[-1]) if results else ""
+            share = sum(1 for x, y in zip(said_digits, want_digits) if x == y) / max(
+                len(want_digits), len(said_digits), 1
+            )
+            # x call_share: repeating the result of a call that is not the question earns nothing
+            reward += self.params.answer_credit * call_share * share
+            info["answer_match"] = share
         return EnvStep(messages=[], reward=reward, done=True, info=info)
 
 

@@ -21,18 +21,26 @@ Names and metrics follow verl's ``rollout_corr_helper.py``. Metrics are detached
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from rlzoo.algorithms.correction import RS_CRITERIA, parse_criteria
+# the mismatch diagnostics (and their exponent bound) are logged by the core's policy trainer too
+from rlzoo.formulas import SAFETY_BOUND, offpolicy_metrics
+from rlzoo.formulas import masked_max as _masked_max
+from rlzoo.formulas import masked_mean as _masked_mean
 from rlzoo.protocols import CorrectionInputs, CorrectionOutput
 
-# the mismatch diagnostics (and their exponent bound) are logged by the core's policy trainer too
-from rlzoo.runners.mismatch import SAFETY_BOUND, offpolicy_metrics
-from rlzoo.runners.mismatch import masked_max as _masked_max
-from rlzoo.runners.mismatch import masked_mean as _masked_mean
+from ..correction import (
+    RS_CRITERIA,
+    IcePopParams,
+    NoCorrectionParams,
+    RejectionParams,
+    SeqISParams,
+    TokenISParams,
+    parse_criteria,
+)
 
 __all__ = [
     "RS_CRITERIA",
@@ -52,7 +60,30 @@ MODES = ("decoupled", "bypass")
 PREFIX = "rollout_corr/"
 
 
-def _check_mode(params: Any) -> str:
+class _Mode(Protocol):
+    """What every correction part reads: its ``mode``."""
+
+    @property
+    def mode(self) -> str: ...
+
+
+class _Vetoed(_Mode, Protocol):
+    """What :func:`_finish` reads: ``mode`` and the token veto (every part but ``none``)."""
+
+    @property
+    def token_veto_threshold(self) -> float | None: ...
+
+
+class _TruncatedIS(_Vetoed, Protocol):
+    """What :func:`_truncated_is` reads (token_is, seq_is)."""
+
+    @property
+    def threshold(self) -> float | None: ...
+    @property
+    def batch_normalize(self) -> bool: ...
+
+
+def _check_mode(params: _Mode) -> str:
     mode = params.mode
     if mode not in MODES:
         raise ValueError(f"rollout_correction mode must be one of {MODES}, got {mode!r}")
@@ -281,7 +312,7 @@ def token_veto(log_ratio: Tensor, mask: Tensor, threshold: float | None) -> tupl
 
 def _finish(
     inputs: CorrectionInputs,
-    params: Any,
+    params: _Vetoed,
     weights: Tensor | None,
     keep: Tensor | None,
     metrics: dict[str, Tensor],
@@ -317,7 +348,7 @@ def _finish(
 # ---------------------------------------------------------------------------------------------
 # parts
 # ---------------------------------------------------------------------------------------------
-def none(inputs: CorrectionInputs, params: Any) -> CorrectionOutput:
+def none(inputs: CorrectionInputs, params: NoCorrectionParams) -> CorrectionOutput:
     """No correction: no weights, mask unchanged, no metrics (mode still honoured)."""
     return CorrectionOutput(weights=None, mask=inputs.response_mask, metrics={}, mode=_check_mode(params))
 
@@ -327,26 +358,26 @@ def _prepare(inputs: CorrectionInputs) -> tuple[Tensor, Tensor]:
     return inputs.old_log_probs - inputs.rollout_log_probs, mask  # [B, T] log(pi_old / pi_rollout)
 
 
+def _truncated_is(inputs: CorrectionInputs, params: _TruncatedIS, level: str) -> CorrectionOutput:
+    log_ratio, mask = _prepare(inputs)
+    weights, metrics = importance_weights(log_ratio, mask, level, params.threshold, params.batch_normalize)
+    return _finish(inputs, params, weights, None, metrics)
+
+
 @torch.no_grad()
-def token_is(inputs: CorrectionInputs, params: Any) -> CorrectionOutput:
+def token_is(inputs: CorrectionInputs, params: TokenISParams) -> CorrectionOutput:
     """Token-level truncated importance sampling: ``min(exp(rho_t), threshold)``."""
-    log_ratio, mask = _prepare(inputs)
-    weights, metrics = importance_weights(log_ratio, mask, "token", params.threshold, params.batch_normalize)
-    return _finish(inputs, params, weights, None, metrics)
+    return _truncated_is(inputs, params, "token")
 
 
 @torch.no_grad()
-def seq_is(inputs: CorrectionInputs, params: Any) -> CorrectionOutput:
+def seq_is(inputs: CorrectionInputs, params: SeqISParams) -> CorrectionOutput:
     """Sequence-level truncated importance sampling: ``min(exp(sum_t rho_t), threshold)``."""
-    log_ratio, mask = _prepare(inputs)
-    weights, metrics = importance_weights(
-        log_ratio, mask, "sequence", params.threshold, params.batch_normalize
-    )
-    return _finish(inputs, params, weights, None, metrics)
+    return _truncated_is(inputs, params, "sequence")
 
 
 @torch.no_grad()
-def icepop(inputs: CorrectionInputs, params: Any) -> CorrectionOutput:
+def icepop(inputs: CorrectionInputs, params: IcePopParams) -> CorrectionOutput:
     """IcePop: weight 0 for tokens whose ratio is outside [low, high], the ratio elsewhere.
 
     As verl (``rollout_is_threshold: "low_high"``), the response mask is left alone: zero-weight
@@ -360,7 +391,7 @@ def icepop(inputs: CorrectionInputs, params: Any) -> CorrectionOutput:
 
 
 @torch.no_grad()
-def rejection(inputs: CorrectionInputs, params: Any) -> CorrectionOutput:
+def rejection(inputs: CorrectionInputs, params: RejectionParams) -> CorrectionOutput:
     """Rejection sampling by chained k1 / k2 / k3 criteria, optionally with truncated IS weights."""
     log_ratio, mask = _prepare(inputs)
     keep, metrics = rejection_mask(log_ratio, mask, params.criteria, params.thresholds)

@@ -6,21 +6,21 @@ with segment reductions (no Python loop over groups).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
+
+from ..filters import DynamicSamplingParams, NoFilterParams
 
 __all__ = ["dynamic_sampling", "none"]
 
 
-def none(rewards: Tensor, group_ids: Tensor, params: Any) -> Tensor:
+def none(rewards: Tensor, group_ids: Tensor, params: NoFilterParams) -> Tensor:
     """Keep everything."""
     return torch.ones(rewards.shape[0], dtype=torch.bool, device=rewards.device)  # [N]
 
 
 @torch.no_grad()
-def dynamic_sampling(rewards: Tensor, group_ids: Tensor, params: Any) -> Tensor:
+def dynamic_sampling(rewards: Tensor, group_ids: Tensor, params: DynamicSamplingParams) -> Tensor:
     """DAPO dynamic sampling: keep the groups whose metric varies (std > 0), and groups of one.
 
     ``std > 0`` is tested exactly as ``max > min`` within the group (no rounding).

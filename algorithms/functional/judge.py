@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from rlzoo.algorithms.functional.reward import BoundScorerFn, failed_result
 from rlzoo.errors import RlzooError
 from rlzoo.protocols import (
     GenerationRequest,
@@ -24,6 +23,9 @@ from rlzoo.protocols import (
     RolloutSpec,
     SamplingParams,
 )
+
+from ..judge import JudgeParams
+from .reward import BoundScorerFn, failed_result
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +39,12 @@ class JudgeManager:
     """
 
     def __init__(
-        self, params: Any, scorer: BoundScorerFn | None = None, *, engine: Any = None, tokenizer: Any = None
+        self,
+        params: JudgeParams,
+        scorer: BoundScorerFn | None = None,
+        *,
+        engine: Any = None,
+        tokenizer: Any = None,
     ) -> None:
         self.pattern = re.compile(params.score_pattern)  # checked by JudgeParams
         self.params = params

@@ -13,13 +13,22 @@ masked) and match verl's ``kl_penalty`` (Schulman, http://joschu.net/blog/kl-app
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
-# the KL-in-reward controllers and penalty are used by the core's policy trainer: they live there
-from rlzoo.objective import AdaptiveKLController, FixedKLController, apply_kl_penalty
+# the KL-in-reward controllers and penalty are used by the core's policy trainer: they live in its formulas
+from rlzoo.formulas import AdaptiveKLController, FixedKLController, apply_kl_penalty
+
+from ..kl import (
+    AbsParams,
+    AbsPlusParams,
+    FullParams,
+    K1Params,
+    K1PlusParams,
+    K2Params,
+    K3Params,
+    K3PlusParams,
+)
 
 __all__ = [
     "AdaptiveKLController",
@@ -37,28 +46,28 @@ __all__ = [
 ]
 
 
-def k1(log_probs: Tensor, ref_log_probs: Tensor, params: Any = None) -> Tensor:
+def k1(log_probs: Tensor, ref_log_probs: Tensor, params: K1Params | None = None) -> Tensor:
     """``log p - log p_ref`` (unbiased, high variance, can be negative)."""
     return log_probs - ref_log_probs  # [B, T]
 
 
-def abs_kl(log_probs: Tensor, ref_log_probs: Tensor, params: Any = None) -> Tensor:
+def abs_kl(log_probs: Tensor, ref_log_probs: Tensor, params: AbsParams | None = None) -> Tensor:
     """``|log p - log p_ref|``."""
     return (log_probs - ref_log_probs).abs()  # [B, T]
 
 
-def k2(log_probs: Tensor, ref_log_probs: Tensor, params: Any = None) -> Tensor:
+def k2(log_probs: Tensor, ref_log_probs: Tensor, params: K2Params | None = None) -> Tensor:
     """``(log p - log p_ref)**2 / 2`` (verl ``mse``)."""
     return 0.5 * (log_probs - ref_log_probs).square()  # [B, T]
 
 
-def k3(log_probs: Tensor, ref_log_probs: Tensor, params: Any = None) -> Tensor:
+def k3(log_probs: Tensor, ref_log_probs: Tensor, params: K3Params | None = None) -> Tensor:
     """``exp(log p_ref - log p) - (log p_ref - log p) - 1``, clamped like verl's ``low_var_kl``."""
     kl = torch.clamp(ref_log_probs - log_probs, min=-20, max=20)  # [B, T]
     return torch.clamp(torch.exp(kl) - kl - 1, min=-10, max=10)  # [B, T]
 
 
-def full(log_probs: Tensor, ref_log_probs: Tensor, params: Any = None) -> Tensor:
+def full(log_probs: Tensor, ref_log_probs: Tensor, params: FullParams | None = None) -> Tensor:
     """Exact ``KL(p || p_ref) = sum_v p_v (log p_v - log p_ref_v)`` per token, from ``[B, T, V]``
     log-probabilities over the whole vocabulary (verl's ``full``, which verl 0.9.1 leaves
     unimplemented). Returns ``[B, T]``."""
@@ -77,16 +86,16 @@ def straight_through(value: Tensor, log_probs: Tensor, ref_log_probs: Tensor) ->
     return backward - backward.detach() + value.detach()  # [B, T]
 
 
-def k1_plus(log_probs: Tensor, ref_log_probs: Tensor, params: Any = None) -> Tensor:
+def k1_plus(log_probs: Tensor, ref_log_probs: Tensor, params: K1PlusParams | None = None) -> Tensor:
     """Value of ``k1``, gradient of ``k2``."""
     return straight_through(k1(log_probs, ref_log_probs), log_probs, ref_log_probs)
 
 
-def abs_kl_plus(log_probs: Tensor, ref_log_probs: Tensor, params: Any = None) -> Tensor:
+def abs_kl_plus(log_probs: Tensor, ref_log_probs: Tensor, params: AbsPlusParams | None = None) -> Tensor:
     """Value of ``abs``, gradient of ``k2``."""
     return straight_through(abs_kl(log_probs, ref_log_probs), log_probs, ref_log_probs)
 
 
-def k3_plus(log_probs: Tensor, ref_log_probs: Tensor, params: Any = None) -> Tensor:
+def k3_plus(log_probs: Tensor, ref_log_probs: Tensor, params: K3PlusParams | None = None) -> Tensor:
     """Value of ``k3`` (``low_var_kl``), gradient of ``k2``."""
     return straight_through(k3(log_probs, ref_log_probs), log_probs, ref_log_probs)

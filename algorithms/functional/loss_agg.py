@@ -17,14 +17,20 @@ Values at masked positions never reach the result (they are replaced by zero wit
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
-# the core builds the context for every update: it lives in rlzoo.objective
-from rlzoo.objective import make_agg_context
+# the core builds the context for every update: it lives in rlzoo.formulas
+from rlzoo.formulas import make_agg_context
 from rlzoo.protocols import AggContext, BoundAgg, LossAggFn
+
+from ..loss_agg import (
+    SeqMeanTokenMeanParams,
+    SeqMeanTokenSumNormParams,
+    SeqMeanTokenSumParams,
+    TokenMeanParams,
+    TokenSumParams,
+)
 
 __all__ = [
     "bind_agg",
@@ -37,8 +43,9 @@ __all__ = [
 ]
 
 
-def bind_agg(fn: LossAggFn, ctx: AggContext, params: Any = None) -> BoundAgg:
-    """Bind an aggregation to its context and params: ``agg(per_token_loss, mask) -> scalar``."""
+def bind_agg(fn: LossAggFn, ctx: AggContext, params: object = None) -> BoundAgg:
+    """Bind an aggregation to its context and params (its own params dataclass, or None for its
+    defaults): ``agg(per_token_loss, mask) -> scalar``."""
 
     def agg(per_token_loss: Tensor, mask: Tensor) -> Tensor:
         return fn(per_token_loss, mask, ctx, params)
@@ -60,23 +67,31 @@ def _positive(x: float) -> float:
 
 
 # -- aggregations ---------------------------------------------------------------------------------
-def token_mean(per_token_loss: Tensor, mask: Tensor, ctx: AggContext, params: Any = None) -> Tensor:
+def token_mean(
+    per_token_loss: Tensor, mask: Tensor, ctx: AggContext, params: TokenMeanParams | None = None
+) -> Tensor:
     """sum_{b,t} m_bt l_bt / N_tokens (N_tokens global). DAPO's token-level loss."""
     return _masked(per_token_loss, mask).sum() / _positive(ctx.global_tokens)
 
 
-def token_sum(per_token_loss: Tensor, mask: Tensor, ctx: AggContext, params: Any = None) -> Tensor:
+def token_sum(
+    per_token_loss: Tensor, mask: Tensor, ctx: AggContext, params: TokenSumParams | None = None
+) -> Tensor:
     """sum_{b,t} m_bt l_bt / ctx.loss_scale_factor (a plain sum when the factor is 1)."""
     return _masked(per_token_loss, mask).sum() / ctx.loss_scale_factor
 
 
-def seq_mean_token_sum(per_token_loss: Tensor, mask: Tensor, ctx: AggContext, params: Any = None) -> Tensor:
+def seq_mean_token_sum(
+    per_token_loss: Tensor, mask: Tensor, ctx: AggContext, params: SeqMeanTokenSumParams | None = None
+) -> Tensor:
     """(1 / N_seq) sum_b sum_t m_bt l_bt, N_seq = global number of non-empty sequences."""
     seq_sum = _masked(per_token_loss, mask).sum(dim=-1)  # [B]
     return seq_sum.sum() / _positive(ctx.global_sequences)
 
 
-def seq_mean_token_mean(per_token_loss: Tensor, mask: Tensor, ctx: AggContext, params: Any = None) -> Tensor:
+def seq_mean_token_mean(
+    per_token_loss: Tensor, mask: Tensor, ctx: AggContext, params: SeqMeanTokenMeanParams | None = None
+) -> Tensor:
     """(1 / N_seq) sum_b (sum_t m_bt l_bt / n_b); fully masked rows (n_b = 0) contribute 0."""
     seq_sum = _masked(per_token_loss, mask).sum(dim=-1)  # [B]
     seq_len = mask.bool().sum(dim=-1).clamp(min=1).to(seq_sum.dtype)  # [B]
@@ -84,7 +99,7 @@ def seq_mean_token_mean(per_token_loss: Tensor, mask: Tensor, ctx: AggContext, p
 
 
 def seq_mean_token_sum_norm(
-    per_token_loss: Tensor, mask: Tensor, ctx: AggContext, params: Any = None
+    per_token_loss: Tensor, mask: Tensor, ctx: AggContext, params: SeqMeanTokenSumNormParams | None = None
 ) -> Tensor:
     """(1 / N_seq) sum_b (sum_t m_bt l_bt / L), L = params.loss_scale_factor or ctx.max_response_length.
 

@@ -12,12 +12,27 @@ response mask. Metrics are detached scalar tensors (no host sync): ``pg_clipfrac
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
 from rlzoo.protocols import PolicyLossInputs, PolicyLossOutput
+
+from ..policy_loss import (
+    CISPOParams,
+    ClipBounds,
+    ClipCovParams,
+    DPPOKLParams,
+    DPPOTVParams,
+    DROParams,
+    GeoMeanParams,
+    GPGParams,
+    GSPOParams,
+    KLCovParams,
+    PPOClipParams,
+    SAPOParams,
+)
 
 __all__ = [
     "cispo",
@@ -72,12 +87,19 @@ def _metrics(clipfrac: Tensor | float, kl: Tensor, clipfrac_lower: Tensor | floa
     return out
 
 
-def _clip_bounds(params: Any) -> tuple[float, float]:
+class _TruncatedRatio(Protocol):
+    """What :func:`_dppo` reads: the IS-ratio truncation of dppo_tv and dppo_kl."""
+
+    @property
+    def clip_ratio_c(self) -> float: ...
+
+
+def _clip_bounds(params: ClipBounds) -> tuple[float, float]:
     return float(params.clip_ratio_low), float(params.clip_ratio_high)
 
 
 # -- PPO family -----------------------------------------------------------------------------------
-def ppo_clip(inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput:
+def ppo_clip(inputs: PolicyLossInputs, params: PPOClipParams) -> PolicyLossOutput:
     """PPO clipped surrogate with clip-higher and dual clip (verl ``vanilla``).
 
     l1 = -A r, l2 = -A clip(r, 1 - eps_low, 1 + eps_high), l = max(l1, l2);
@@ -107,7 +129,7 @@ def ppo_clip(inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput:
     return PolicyLossOutput(loss, _metrics(pg_clipfrac, ppo_kl, pg_clipfrac_lower))
 
 
-def gspo(inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput:
+def gspo(inputs: PolicyLossInputs, params: GSPOParams) -> PolicyLossOutput:
     """GSPO (https://arxiv.org/abs/2507.18071), token form with a sequence-level ratio.
 
     s_i = exp(mean_t log(pi / pi_old)) (geometric mean of the token ratios of response i);
@@ -139,7 +161,7 @@ def gspo(inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput:
     return PolicyLossOutput(loss, _metrics(pg_clipfrac, ppo_kl, 0.0))
 
 
-def cispo(inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput:
+def cispo(inputs: PolicyLossInputs, params: CISPOParams) -> PolicyLossOutput:
     """CISPO (MiniMax-M1, https://arxiv.org/abs/2506.13585): clip the IS weight, not the update.
 
     l = -sg[clip(r, 1 - eps_low, 1 + eps_high)] * A * log pi. Every token keeps a gradient.
@@ -157,7 +179,7 @@ def cispo(inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput:
     return PolicyLossOutput(loss, _metrics(pg_clipfrac, ppo_kl, 0.0))
 
 
-def sapo(inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput:
+def sapo(inputs: PolicyLossInputs, params: SAPOParams) -> PolicyLossOutput:
     """SAPO (https://arxiv.org/abs/2511.20347): a soft sigmoid gate instead of a hard clip.
 
     f(r; tau) = (4 / tau) sigmoid(tau (r - 1)), tau = tau_pos if A > 0 else tau_neg;
@@ -178,7 +200,7 @@ def sapo(inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput:
     return PolicyLossOutput(loss, _metrics(0.0, _masked_mean(-log_ratio, mask), 0.0))
 
 
-def gpg(inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput:
+def gpg(inputs: PolicyLossInputs, params: GPGParams) -> PolicyLossOutput:
     """GPG (https://arxiv.org/abs/2504.02546): plain policy gradient, l = -A log pi (no ratio)."""
     mask = _float_mask(inputs)
     pg_losses = -inputs.log_probs * inputs.advantages  # [B, T]
@@ -187,7 +209,7 @@ def gpg(inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput:
     return PolicyLossOutput(loss, _metrics(0.0, ppo_kl, 0.0))
 
 
-def dro(inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput:
+def dro(inputs: PolicyLossInputs, params: DROParams) -> PolicyLossOutput:
     """DRO (verl ``dro``): policy gradient with a quadratic log-ratio penalty, no clip.
 
     l = -(A log pi - beta / 2 (log pi - log pi_old)^2); the log-ratio is not clamped (as verl).
@@ -199,7 +221,7 @@ def dro(inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput:
     return PolicyLossOutput(loss, _metrics(0.0, _masked_mean(-log_ratio, mask), 0.0))
 
 
-def geo_mean(inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput:
+def geo_mean(inputs: PolicyLossInputs, params: GeoMeanParams) -> PolicyLossOutput:
     """GMPO (https://arxiv.org/abs/2507.20673): geometric mean of token-clipped ratios.
 
     d_t = log r_t (not clamped, as in verl); d'_t = sgn(A) min(sgn(A) d_t, sgn(A) clip(d_t, -eps_low,
@@ -240,7 +262,9 @@ def geo_mean(inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput:
 
 
 # -- DPPO -----------------------------------------------------------------------------------------
-def _dppo(inputs: PolicyLossInputs, params: Any, valid_pos: Tensor, valid_neg: Tensor) -> PolicyLossOutput:
+def _dppo(
+    inputs: PolicyLossInputs, params: _TruncatedRatio, valid_pos: Tensor, valid_neg: Tensor
+) -> PolicyLossOutput:
     mask = _float_mask(inputs)
     adv = inputs.advantages  # [B, T]
     log_ratio = _log_ratio(inputs)  # [B, T]
@@ -258,7 +282,7 @@ def _dppo(inputs: PolicyLossInputs, params: Any, valid_pos: Tensor, valid_neg: T
     return PolicyLossOutput(loss, _metrics(pg_clipfrac, ppo_kl, pg_clipfrac_lower))
 
 
-def dppo_tv(inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput:
+def dppo_tv(inputs: PolicyLossInputs, params: DPPOTVParams) -> PolicyLossOutput:
     """DPPO-Binary-TV (https://arxiv.org/abs/2602.04879): mask tokens by probability change.
 
     l = -A sg[min(r, c)] log pi * keep, keep = (p - p_old <= delta_high) for A > 0 and
@@ -271,7 +295,7 @@ def dppo_tv(inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput:
     return _dppo(inputs, params, valid_pos, valid_neg)
 
 
-def dppo_kl(inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput:
+def dppo_kl(inputs: PolicyLossInputs, params: DPPOKLParams) -> PolicyLossOutput:
     """DPPO-Binary-KL (https://arxiv.org/abs/2602.04879): mask tokens by binary KL.
 
     KL_b = p_old log(p_old / p) + (1 - p_old) log((1 - p_old) / (1 - p)) (1e-8 guarded);
@@ -290,7 +314,7 @@ def dppo_kl(inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput:
 
 
 # -- covariance-based (Entropy Mechanism of RL, https://arxiv.org/abs/2505.22617) ------------------
-def clip_cov(inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput:
+def clip_cov(inputs: PolicyLossInputs, params: ClipCovParams) -> PolicyLossOutput:
     """Clip-Cov: PPO clip, plus a random few high-covariance tokens get no gradient at all.
 
     cov_t = (A_t - mean A) (log pi_t - mean log pi) over valid tokens; among valid, not already
@@ -329,7 +353,7 @@ def clip_cov(inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput:
     return PolicyLossOutput(loss, _metrics(pg_clipfrac, ppo_kl, 0.0))
 
 
-def kl_cov(inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput:
+def kl_cov(inputs: PolicyLossInputs, params: KLCovParams) -> PolicyLossOutput:
     """KL-Cov: no clip; the top ``kl_cov_ratio`` fraction of tokens by covariance get a KL penalty.
 
     cov_t = (A_t - mean A) (log pi_t - mean log pi) over valid tokens; the

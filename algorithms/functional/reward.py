@@ -25,9 +25,14 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from multiprocessing import connection as mp_connection
 from numbers import Real
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rlzoo.protocols import RewardItem, RewardResult
+
+from ..reward import DAPOParams, ProcessPoolParams
+
+if TYPE_CHECKING:
+    from rlzoo.registry import Component
 
 #: the largest finite float32: rewards travel in float32 tensors, so a score beyond it is a failure
 FLOAT32_MAX = 3.4028234663852886e38
@@ -50,7 +55,7 @@ class BoundScorer:
     def __init__(
         self,
         target: str | Callable[..., Any],
-        params: Any = None,
+        params: object = None,
         capabilities: Mapping[str, Any] | None = None,
     ) -> None:
         self.target = target
@@ -59,7 +64,7 @@ class BoundScorer:
         self._fn: Callable[..., Any] | None = None if isinstance(target, str) else target
 
     @classmethod
-    def from_component(cls, component: Any, params: Any = None) -> BoundScorer:
+    def from_component(cls, component: Component[Any], params: object = None) -> BoundScorer:
         """Bind a registered scorer (:class:`rlzoo.registry.Component`); params default to its defaults."""
         return cls(
             component.target,
@@ -88,15 +93,23 @@ class BoundScorer:
         return {"target": self.target, "params": self.params, "capabilities": self.capabilities}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["target"], state["params"], state["capabilities"])  # type: ignore[misc]
+        type(self).__init__(self, state["target"], state["params"], state["capabilities"])
 
     def __repr__(self) -> str:
         return f"BoundScorer({self.target!r}, {self.params!r})"
 
 
-def _is_batched(scorer: Any) -> bool:
-    caps = getattr(scorer, "capabilities", None) or {}
-    return bool(caps.get("batched", False) or getattr(scorer, "batched", False) is True)
+@runtime_checkable
+class BatchedScorer(Protocol):
+    """A scorer that says whether it takes and returns whole lists (:class:`BoundScorer` does, from
+    its ``batched`` capability); ``batch`` calls one that says True once per batch."""
+
+    @property
+    def batched(self) -> bool: ...
+
+
+def _is_batched(scorer: object) -> bool:
+    return isinstance(scorer, BatchedScorer) and scorer.batched is True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,6 +286,17 @@ def call_each_with_timeout(
     return [calls.outcomes[i] for i in range(len(fns))]
 
 
+def outcome_result(outcome: tuple[bool, Any], failure_reward: float) -> RewardResult:
+    """The result of one :func:`call_each_with_timeout` outcome: the verdict, or a failed result for
+    an exception. KeyboardInterrupt, SystemExit (not scoring failures) are raised again."""
+    ok, value = outcome
+    if ok:
+        return to_result(value, failure_reward)
+    if not isinstance(value, Exception):
+        raise value
+    return failed_result(_describe(value), failure_reward)
+
+
 def score_item(
     scorer: BoundScorerFn, item: RewardItem, failure_reward: float, timeout: float | None = None
 ) -> RewardResult:
@@ -289,10 +313,21 @@ def score_item(
 # ---------------------------------------------------------------------------------------------
 # managers
 # ---------------------------------------------------------------------------------------------
+class ScoringParams(Protocol):
+    """What :class:`NaiveRewardManager` reads: the params of ``naive``, ``dapo`` and ``batch``."""
+
+    @property
+    def failure_reward(self) -> float: ...
+    @property
+    def timeout(self) -> float | None: ...
+    @property
+    def threads(self) -> int: ...
+
+
 class NaiveRewardManager:
     """Call the scorer once per sample; reward = score."""
 
-    def __init__(self, params: Any, scorer: BoundScorerFn) -> None:
+    def __init__(self, params: ScoringParams, scorer: BoundScorerFn) -> None:
         self.params = params
         self.scorer = scorer
         self.failure_reward = float(params.failure_reward)
@@ -305,15 +340,8 @@ class NaiveRewardManager:
             functools.partial(scorer, it.response, it.ground_truth, it.data_source, it.extra_info)
             for it in items
         ]
-        return [self._result(out) for out in call_each_with_timeout(calls, self.timeout, self.threads)]
-
-    def _result(self, outcome: tuple[bool, Any]) -> RewardResult:
-        ok, value = outcome
-        if ok:
-            return to_result(value, self.failure_reward)
-        if not isinstance(value, Exception):  # KeyboardInterrupt, SystemExit: not a scoring failure
-            raise value
-        return failed_result(_describe(value), self.failure_reward)
+        outcomes = call_each_with_timeout(calls, self.timeout, self.threads)
+        return [outcome_result(out, self.failure_reward) for out in outcomes]
 
 
 def overlong_penalty(length: int, max_response_length: int, buffer_len: int, penalty_factor: float) -> float:
@@ -329,7 +357,7 @@ def overlong_penalty(length: int, max_response_length: int, buffer_len: int, pen
 class DAPORewardManager(NaiveRewardManager):
     """Naive scoring plus DAPO's overlong-buffer penalty on ``item.response_length`` tokens."""
 
-    def __init__(self, params: Any, scorer: BoundScorerFn) -> None:
+    def __init__(self, params: DAPOParams, scorer: BoundScorerFn) -> None:
         super().__init__(params, scorer)
         self.enable = bool(params.enable)
         self.buffer_len = int(params.overlong_buffer_len)
@@ -475,7 +503,7 @@ class _Worker:
 WORKER_START_TIMEOUT = 120.0
 
 
-class ProcessPoolRewardManager(NaiveRewardManager):
+class ProcessPoolRewardManager:
     """Score in ``num_workers`` worker processes (spawn), each sample within ``timeout`` seconds.
 
     A sample's clock starts when it is handed to an idle worker, so samples run in parallel and a
@@ -486,7 +514,7 @@ class ProcessPoolRewardManager(NaiveRewardManager):
     it as a context manager) to stop the workers.
     """
 
-    def __init__(self, params: Any, scorer: BoundScorerFn) -> None:
+    def __init__(self, params: ProcessPoolParams, scorer: BoundScorerFn) -> None:
         self.params = params
         self.scorer = scorer
         self.failure_reward = float(params.failure_reward)
@@ -604,7 +632,7 @@ class ProcessPoolRewardManager(NaiveRewardManager):
         early_deaths = 0
         dead: list[_Worker] = []
         for obj in got:
-            w = conns.get(obj)  # type: ignore[call-overload]
+            w = conns.get(obj)
             if w is None:
                 continue
             try:
@@ -622,7 +650,7 @@ class ProcessPoolRewardManager(NaiveRewardManager):
                     to_result(value, self.failure_reward) if ok else failed_result(value, self.failure_reward)
                 )
         for obj in got:
-            w = sentinels.get(obj)  # type: ignore[call-overload]
+            w = sentinels.get(obj)
             if w is not None and w not in dead and not w.conn.poll():
                 dead.append(w)
         for w in dead:

@@ -12,15 +12,11 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from rlzoo.algorithms.functional.reward import (
-    BoundScorerFn,
-    _describe,
-    call_each_with_timeout,
-    failed_result,
-    to_result,
-)
 from rlzoo.errors import RlzooError
 from rlzoo.protocols import RewardItem, RewardResult
+
+from ..reward_model import RewardModelParams
+from .reward import BoundScorerFn, call_each_with_timeout, outcome_result
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -28,7 +24,7 @@ _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 class RewardModelManager:
     """``manager(items) -> [RewardResult]``: the reward model's score, plus the scorer's as asked."""
 
-    def __init__(self, params: Any, scorer: BoundScorerFn) -> None:
+    def __init__(self, params: RewardModelParams, scorer: BoundScorerFn) -> None:
         self.params = params
         self.scorer = scorer
         self._model: Any = None
@@ -105,13 +101,8 @@ class RewardModelManager:
             for it in items
         ]
         results: list[RewardResult] = []
-        for (ok, value), s in zip(call_each_with_timeout(calls, p.timeout), rm, strict=True):
-            if ok:
-                r = to_result(value, p.failure_reward)
-            elif isinstance(value, Exception):
-                r = failed_result(_describe(value), p.failure_reward)
-            else:  # KeyboardInterrupt, SystemExit: not a scoring failure
-                raise value
+        for outcome, s in zip(call_each_with_timeout(calls, p.timeout), rm, strict=True):
+            r = outcome_result(outcome, p.failure_reward)
             r.info["rm_score"] = s
             if not r.failed:
                 r.reward = s + r.score if p.with_scorer == "add" else s

@@ -12,7 +12,7 @@ critic loss is also invariant to the micro-batch split.
 
 from __future__ import annotations
 
-# the core's ValueObjective uses it: the formula lives in rlzoo.objective
-from rlzoo.objective import value_loss
+# the core's ValueObjective uses it: the formula lives in rlzoo.formulas
+from rlzoo.formulas import value_loss
 
 __all__ = ["value_loss"]

@@ -6,16 +6,17 @@ The implementation lives in :mod:`rlzoo.backends.fsdp2.train`; see ``docs/backen
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from rlzoo import hookimpl
-from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.params import param
+from rlzoo.train_kit.params import HFTrainParams
 
 __all__ = ["FSDP2Params"]
 
 
 @dataclass(frozen=True)
-class FSDP2Params(NativeTrainParams):
+class FSDP2Params(HFTrainParams):
     """Data-parallel PyTorch FSDP2 trainer (fully_shard): sharded actor, critic and reference, SPMD.
 
     Runs in every rank of a torch.distributed group (it starts a one-process group itself when none
@@ -31,7 +32,8 @@ class FSDP2Params(NativeTrainParams):
     ``torch.distributed.checkpoint`` directories written atomically; ``export_hf`` gathers a full
     HF safetensors model on rank 0.
 
-    Inherits every field of the native backend; the optimizer, LR schedule and micro-batch sizes
+    The fields every HF trainer shares come from :class:`~rlzoo.train_kit.params.HFTrainParams`
+    (as the native backend's do); the optimizer, LR schedule and micro-batch sizes
     are the trainer's (``trainer.optim``, ``trainer.micro_batch``; micro-batches are per rank).
     ``dtype`` is the dtype of the stored (master) weights and optimizer state.
     """
@@ -58,6 +60,8 @@ class FSDP2Params(NativeTrainParams):
     reshard_after_forward: bool = param(
         True, help="free gathered params after each layer's forward (ZeRO-3); False keeps them until backward"
     )
+
+    kind: ClassVar[str] = "fsdp2"
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -1,5 +1,6 @@
 """The fsdp2 backend's process-group and cross-rank helpers: starting (or joining) the default
-group, and merging each rank's metrics and objective accumulator after an update.
+group, and joining the ranks in one update (:class:`ProcessGroupRanks`: loss sum, skip verdict,
+each rank's metrics and objective accumulator merged).
 
 :func:`ensure_process_group` is re-exported by :mod:`rlzoo.backends.fsdp2.train`.
 """
@@ -11,9 +12,14 @@ import socket
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
+from torch import Tensor
 
-__all__ = ["acc_snapshot", "ensure_process_group", "merge_across_ranks"]
+from rlzoo.protocols import AccumulatingObjective, Objective
+from rlzoo.train_kit.update import floats
+
+__all__ = ["ProcessGroupRanks", "ensure_process_group", "merge_across_ranks"]
 
 
 def _free_port() -> int:
@@ -39,47 +45,49 @@ def ensure_process_group(device_type: str) -> bool:
     return True
 
 
-def acc_snapshot(objective: Any) -> tuple[dict[str, float], dict[str, int]] | None:
-    """What the objective's accumulator held before this update (None: it has none)."""
-    acc = getattr(objective, "acc", None)
-    if acc is None or not hasattr(acc, "sums") or not hasattr(acc, "means"):
-        return None
-    return dict(acc.sums), {k: len(v) for k, v in acc.means.items()}
-
-
 def merge_across_ranks(
-    collected: dict[str, list[float]],
-    objective: Any,
-    snapshot: tuple[dict[str, float], dict[str, int]] | None,
+    collected: dict[str, list[float]], objective: Objective, mark: Any | None
 ) -> dict[str, float]:
     """Means of the per-micro-batch metrics over all ranks; merge the objective's accumulator.
 
-    :class:`rlzoo.objective.PolicyObjective` accumulates additive sums (already globally
-    normalised) and per-micro-batch means in ``objective.acc``; each rank saw only its shard, so
-    what this update added is summed (sums) or concatenated (means) over ranks, in place, so that
-    ``objective.summary()`` reads the same on every rank.
+    An :class:`~rlzoo.protocols.AccumulatingObjective` (``mark``: its ``acc.mark()`` from before
+    the update) accumulates metrics in ``objective.acc``; each rank saw only its shard, so what
+    this update added on every rank is merged into it (``acc.merge``), and ``objective.acc.summary()``
+    reads the same on every rank. One ``all_gather_object`` carries both.
     """
-    local: dict[str, Any] = {"collected": collected}
-    acc: Any = getattr(objective, "acc", None)
-    if snapshot is not None:
-        sums0, lens0 = snapshot
-        local["sums"] = {k: v - sums0.get(k, 0.0) for k, v in acc.sums.items()}
-        local["means"] = {k: list(v[lens0.get(k, 0) :]) for k, v in acc.means.items()}
+    acc = objective.acc if isinstance(objective, AccumulatingObjective) and mark is not None else None
+    local: dict[str, Any] = {"collected": collected, "acc": None if acc is None else acc.since(mark)}
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, local)
     merged: dict[str, list[float]] = {}
     for g in gathered:
         for k, v in g["collected"].items():
             merged.setdefault(k, []).extend(v)
-    if snapshot is not None:
-        sums0, lens0 = snapshot
-        for k in list(acc.sums):
-            acc.sums[k] = sums0.get(k, 0.0)
-        for k in list(acc.means):
-            del acc.means[k][lens0.get(k, 0) :]
-        for g in gathered:
-            for k, v in g["sums"].items():
-                acc.sums[k] += v
-            for k, v in g["means"].items():
-                acc.means[k].extend(v)
+    if acc is not None:
+        acc.merge(mark, [g["acc"] for g in gathered])
     return {k: sum(v) / len(v) for k, v in merged.items() if v}
+
+
+class ProcessGroupRanks:
+    """The default group's ranks in one update (:class:`rlzoo.train_kit.update.Ranks`): the loss
+    summed over ranks, a step skipped on all ranks when any rank's is not finite, the metrics
+    and the objective's accumulator merged (:func:`merge_across_ranks`)."""
+
+    def __init__(self, rank: int, world: int, device: torch.device) -> None:
+        self.rank, self.world, self.device = rank, world, device
+
+    def sum_loss(self, total: Tensor) -> Tensor:
+        dist.all_reduce(total)  # sum over ranks
+        return total
+
+    def agree(self, bad: bool) -> bool:
+        flag = torch.tensor([1.0 if bad else 0.0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def mark(self, objective: Objective) -> Any:
+        """``objective.acc.mark()`` of an accumulating objective, else None (nothing to merge)."""
+        return objective.acc.mark() if isinstance(objective, AccumulatingObjective) else None
+
+    def metrics(self, collected: dict[str, list[Any]], objective: Objective, mark: Any) -> dict[str, float]:
+        return merge_across_ranks(floats(collected), objective, mark)

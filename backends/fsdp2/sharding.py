@@ -1,4 +1,4 @@
-"""Pure helpers of the fsdp2 backend: data-parallel sharding plans (packing: :mod:`rlzoo.train_kit`).
+"""Pure helpers of the fsdp2 backend: data-parallel sharding plans (packing: :mod:`rlzoo.train_kit.logprobs`).
 
 Nothing here talks to other ranks. Every rank receives the same full mini-batch and computes the
 same plan from it, so the plan itself needs no communication: rank ``r`` trains on
@@ -17,9 +17,8 @@ import torch
 from torch import Tensor
 
 from rlzoo.batch import Batch
-from rlzoo.train_kit import Packed, pack, unpack  # padding-free packing lives in the core train kit
 
-__all__ = ["Packed", "ShardPlan", "balanced_shards", "micro_batch_bounds", "pack", "plan_shards", "unpack"]
+__all__ = ["ShardPlan", "balanced_shards", "micro_batch_bounds", "plan_shards"]
 
 
 def balanced_shards(tokens: Sequence[int], world: int) -> list[list[int]]:

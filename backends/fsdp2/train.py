@@ -14,24 +14,23 @@ Contract (see ``docs/backends/fsdp2.md``):
 - **export_weights** is collective: every rank must iterate it to the end; rank 0 receives
   ``(name, full tensor)`` one parameter at a time, the other ranks receive nothing.
 
-Log-prob / value conventions are the native backend's (:mod:`rlzoo.backends.native.train`).
+Log-prob / value conventions, the LR schedule, the update loop and the checkpoint helpers are the
+core train kit's (:mod:`rlzoo.train_kit`), as in the native backend.
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from einops import rearrange
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -51,26 +50,20 @@ from torch.distributed.tensor import DTensor
 
 from rlzoo import lora
 from rlzoo.backends.fsdp2 import FSDP2Params
-from rlzoo.backends.fsdp2.collectives import acc_snapshot, ensure_process_group, merge_across_ranks
-from rlzoo.backends.fsdp2.sharding import Packed, ShardPlan, pack, plan_shards, unpack
-from rlzoo.backends.native import checkpoint as ckpt
-from rlzoo.backends.native import common
-from rlzoo.backends.native.train import (
-    CriticModel,
-    actor_log_probs,
-    actor_log_probs_and_sum_pi_squared,
-    critic_values,
-)
+from rlzoo.backends.fsdp2.collectives import ProcessGroupRanks, ensure_process_group
+from rlzoo.backends.fsdp2.sharding import ShardPlan, plan_shards
 from rlzoo.batch import Batch
 from rlzoo.protocols import Objective, TrainSpec
-from rlzoo.train_kit import token_log_probs
+from rlzoo.train_kit import checkpoint as ckpt
+from rlzoo.train_kit import models, update
+from rlzoo.train_kit.logprobs import actor_log_probs, actor_log_probs_and_sum_pi_squared, critic_values
+from rlzoo.train_kit.update import Forward, LRSchedule, Target
 
 __all__ = ["FSDP2TrainBackend", "ensure_process_group"]
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "rlzoo-fsdp2-train/1"
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -105,7 +98,9 @@ class FSDP2TrainBackend:
         every rank). ``critic_backbone`` / ``tokenizer`` as in the native backend."""
         self.params = params
         self.spec = spec
-        self.temperature = common.resolve_temperature(params, spec)  # None: the rollout's, as native
+        self.temperature = models.resolve_temperature(
+            params.temperature, spec
+        )  # None: the rollout's, as native
         self.version = 0
         self.critic_steps = 0
         self._tokenizer = tokenizer
@@ -119,7 +114,7 @@ class FSDP2TrainBackend:
             torch.cuda.set_device(self.device)
         else:
             self.device = torch.device("cpu")
-        self.dtype = _DTYPES[params.dtype]
+        self.dtype = models.DTYPES[params.dtype]
         self.mesh = self._make_mesh()
         self.offload = params.offload
         if self.offload and self.device.type == "cpu":
@@ -128,11 +123,11 @@ class FSDP2TrainBackend:
 
         given_model = model is not None
         if model is None:
-            model = common.load_causal_lm(spec.model_path, self._hf_kwargs(), vision=False)
+            model = models.load_causal_lm(spec.model_path, self._hf_kwargs(), vision=False)
         model = model.to(dtype=self.dtype)
         self._actor_cls: Any = type(model)
         self._actor_config = copy.deepcopy(model.config)
-        self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._keep_arg = models.takes_logits_to_keep(model)
         if params.use_remove_padding and not self._keep_arg:
             raise ValueError("fsdp2: use_remove_padding needs a model whose forward takes logits_to_keep")
         # with LoRA the reference is the actor with its adapters off (below), not a copy
@@ -141,12 +136,12 @@ class FSDP2TrainBackend:
             if spec.need_reference and spec.lora is None
             else None
         )
-        critic: CriticModel | None = None
+        critic: models.CriticModel | None = None
         if spec.need_critic:
-            backbone: Any = common.critic_backbone(
+            backbone: Any = models.critic_backbone(
                 spec, critic_backbone, model, given_model=given_model, kwargs=self._hf_kwargs()
             )
-            critic = CriticModel(backbone.to(self.dtype), int(backbone.config.hidden_size))
+            critic = models.CriticModel(backbone.to(self.dtype), int(backbone.config.hidden_size))
         # LoRA: adapters injected in place before sharding (FSDP2 shards frozen and trainable alike)
         self._lora: Any = None
         if spec.lora is not None:  # peft makes the adapters fp32 under a bf16 base: one dtype for FSDP2
@@ -170,7 +165,7 @@ class FSDP2TrainBackend:
             if self.critic is None
             else self._adamw(self.critic, spec.optim.critic_lr, spec.optim.critic_weight_decay)
         )
-        self.warmup_steps = common.warmup_steps(spec)
+        self.schedule = LRSchedule.from_spec(spec)
         if self.rank == 0:
             logger.info(
                 "fsdp2: world=%d mesh=%s device=%s dtype=%s mixed_precision=%s offload=%s remove_padding=%s",
@@ -243,11 +238,11 @@ class FSDP2TrainBackend:
         )
 
     def _hf_kwargs(self) -> dict[str, Any]:
-        return common.hf_kwargs(self.params, self.spec, self.dtype)
+        return models.hf_kwargs(self.params, self.spec, self.dtype)
 
     def lr_at(self, step: int, *, critic: bool = False) -> float:
         """The LR of optimizer step ``step`` (0-based) of the actor or the critic."""
-        return common.scheduled_lr(self.spec, self.warmup_steps, step, critic=critic)
+        return self.schedule.lr(step, critic=critic)
 
     # -- planning -------------------------------------------------------------------------------
     def plan(self, batch: Batch, *, update: bool) -> ShardPlan:
@@ -274,64 +269,33 @@ class FSDP2TrainBackend:
         self, module: nn.Module, mb: Batch, *, with_entropy: bool, temperature: float
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (+ entropy) ``[b, T]`` of one micro-batch on the device; zero on padding."""
-        chunk = self.spec.micro_batch.log_prob_chunk
-        if self.params.use_remove_padding:
-            logits, pk = self._packed_logits(module, mb)  # [1, n, V]
-            lp, ent = token_log_probs(
-                logits,
-                rearrange(pk.targets, "n -> 1 n"),
-                temperature=temperature,
-                with_entropy=with_entropy,
-                chunk_tokens=chunk,
-            )  # [1, n]
-            return unpack(lp[0], pk.response_valid), None if ent is None else unpack(
-                ent[0], pk.response_valid
-            )
         return actor_log_probs(
             module,
             mb,
             keep_arg=self._keep_arg,
             temperature=temperature,
             with_entropy=with_entropy,
-            chunk_tokens=chunk,
+            chunk_tokens=self.spec.micro_batch.log_prob_chunk,
+            packed=self.params.use_remove_padding,
         )
-
-    @staticmethod
-    def _packed_logits(module: nn.Module, mb: Batch) -> tuple[Tensor, Packed]:
-        """Logits ``[1, n, V]`` at the packed positions that predict ``mb``'s response tokens."""
-        pk: Packed = pack(mb)
-        logits = module(
-            input_ids=pk.input_ids,
-            position_ids=pk.position_ids,
-            use_cache=False,
-            logits_to_keep=pk.predict_at,
-        ).logits  # [1, n, V]
-        return logits, pk
 
     def _actor_forward_sum_pi_squared(
         self, module: nn.Module, mb: Batch, *, temperature: float
     ) -> tuple[Tensor, Tensor]:
         """Log-probs and ``sum_v pi_v^2`` ``[b, T]`` of one micro-batch from one forward; zero on padding."""
-        chunk = self.spec.micro_batch.log_prob_chunk
-        if self.params.use_remove_padding:
-            logits, pk = self._packed_logits(module, mb)  # [1, n, V]
-            lp, _ = token_log_probs(
-                logits, rearrange(pk.targets, "n -> 1 n"), temperature=temperature, chunk_tokens=chunk
-            )
-            sps = common.sum_pi_squared(logits, temperature=temperature, chunk_tokens=max(1, chunk))  # [1, n]
-            return unpack(lp[0], pk.response_valid), unpack(sps[0], pk.response_valid)
         return actor_log_probs_and_sum_pi_squared(
-            module, mb, keep_arg=self._keep_arg, temperature=temperature, chunk_tokens=chunk
+            module,
+            mb,
+            keep_arg=self._keep_arg,
+            temperature=temperature,
+            chunk_tokens=self.spec.micro_batch.log_prob_chunk,
+            packed=self.params.use_remove_padding,
         )
 
     def _critic_forward(self, mb: Batch) -> Tensor:
         """Values ``[b, T]`` of one micro-batch (value at ``P - 1 + t``); zero on padding."""
         assert self.critic is not None
-        if self.params.use_remove_padding:
-            pk = pack(mb)
-            values = self.critic(pk.input_ids, None, pk.position_ids, keep_index=pk.predict_at)[0]  # [n]
-            return unpack(values, pk.response_valid)
-        return critic_values(self.critic, mb)
+        return critic_values(self.critic, mb, packed=self.params.use_remove_padding)
 
     def _gather_rows(self, local: Tensor, plan: ShardPlan, width: int) -> Tensor:
         """All-gather every rank's ``[n_r, width]`` rows; return ``[B, width]`` in the original order."""
@@ -346,9 +310,7 @@ class FSDP2TrainBackend:
         return out
 
     @torch.no_grad()
-    def _inference(
-        self, batch: Batch, forward: Callable[[Batch], tuple[Tensor, Tensor | None]], *, second: bool
-    ) -> tuple[Tensor, Tensor | None]:
+    def _inference(self, batch: Batch, forward: Forward, *, second: bool) -> tuple[Tensor, Tensor | None]:
         """Run ``forward`` over this rank's shard; all-gather its outputs (and the second, if asked)."""
         plan = self.plan(batch, update=False)
         T = batch["responses"].shape[1]
@@ -377,7 +339,7 @@ class FSDP2TrainBackend:
 
         fp32, on this rank's device, zero on response padding; ``model``: "actor" or "ref".
         """
-        module = common.select_model(model, self.actor, self.ref)
+        module = models.select_model(model, self.actor, self.ref)
         temp = self.temperature if temperature is None else temperature
         was_training = module.training
         module.eval()
@@ -425,76 +387,26 @@ class FSDP2TrainBackend:
         """One actor optimizer step over ``mini_batch`` (collective). Metrics as the native backend:
         the objective's + ``actor/loss`` (sum over micro-batches and ranks), ``actor/grad_norm``,
         ``actor/lr``, ``actor/skipped_steps``, ``actor/num_micro_batches`` (per rank)."""
-        return common.policy_update(self, mini_batch, objective)
+        return update.policy_update(self, mini_batch, objective)
 
     def update_critic(self, mini_batch: Batch, objective: Objective) -> dict[str, float]:
         """One critic optimizer step (collective): ``loss, metrics = objective(mb, values, None)``."""
-        return common.critic_update(self, mini_batch, objective)
+        return update.critic_update(self, mini_batch, objective)
 
     def _update(
-        self,
-        mini_batch: Batch,
-        objective: Objective,
-        forward: Callable[[Batch], tuple[Tensor, Tensor | None]],
-        *,
-        module: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        lr: float,
-        grad_clip: float,
-        prefix: str,
+        self, mini_batch: Batch, objective: Objective, forward: Forward, target: Target
     ) -> dict[str, float]:
-        module.train()
-        optimizer.zero_grad(set_to_none=True)
-        snapshot = acc_snapshot(objective)
         plan = self.plan(mini_batch, update=True)
-        collected: dict[str, list[float]] = {}
-        total_loss = torch.zeros((), device=self.device)
-        mbs = self._my_micro_batches(mini_batch, plan)
-        for mb in mbs:
-            if mb is None:  # pad this rank's passes: same collectives, zero gradient
-                out, _ = forward(self._dummy(mini_batch).to(self.device))
-                (out.sum() * 0.0).backward()
-                continue
-            out, entropy = forward(mb)
-            loss, mb_metrics = objective(mb, out, entropy)
-            loss.backward()  # summed, never averaged: the objective divides by global counts
-            total_loss += loss.detach().float()
-            for k, v in mb_metrics.items():
-                collected.setdefault(k, []).append(
-                    float(v.detach().float()) if isinstance(v, Tensor) else float(v)
-                )
-
-        dist.all_reduce(total_loss)  # sum over ranks
-
-        def agree(bad: bool) -> bool:  # every rank skips together
-            flag = torch.tensor([1.0 if bad else 0.0], device=self.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            return bool(flag.item())
-
-        loss_value, norm_value, skipped = common.optimizer_step(
-            module, optimizer, loss=total_loss, grad_clip=grad_clip, lr=lr, device=self.device, agree=agree
+        return update.run_update(
+            target,
+            self._my_micro_batches(mini_batch, plan),
+            objective,
+            forward,
+            device=self.device,
+            num_micro_batches=plan.num_micro_batches,
+            ranks=ProcessGroupRanks(self.rank, self.world, self.device),
+            dummy=lambda: self._dummy(mini_batch).to(self.device),  # pad this rank's passes
         )
-        if skipped and self.rank == 0:
-            logger.warning(
-                "%s update skipped on all %d ranks: non-finite loss or grad norm (loss=%s, grad_norm=%s); "
-                "gradients dropped",
-                prefix,
-                self.world,
-                loss_value,
-                norm_value,
-            )
-        metrics = merge_across_ranks(collected, objective, snapshot)
-        metrics.update(
-            common.step_metrics(
-                prefix,
-                loss=loss_value,
-                grad_norm=norm_value,
-                lr=lr,
-                skipped=skipped,
-                num_micro_batches=plan.num_micro_batches,
-            )
-        )
-        return metrics
 
     # -- weights --------------------------------------------------------------------------------
     def export_weights(self) -> Iterator[tuple[str, Tensor]]:
@@ -511,7 +423,7 @@ class FSDP2TrainBackend:
         for name, t in state.items() if self._lora is None else lora.adapter_items(state):
             if isinstance(t, DTensor):
                 if t.device.type != self.device.type:  # offloaded shard: gather on the device
-                    t = t.to(self.device)
+                    t = cast(DTensor, t.to(self.device))  # .to keeps a DTensor (typed as Tensor)
                 full = t.full_tensor()
             else:
                 full = t.detach()
@@ -530,20 +442,12 @@ class FSDP2TrainBackend:
         state = self.full_state_dict()
         if self.rank == 0 and self._lora is not None:
             with ckpt.atomic_dir(Path(path), {"format": "hf"}) as tmp:
-                common.save_lora_export(state, self._actor_cls, self._actor_config, self.spec, tmp)
-                common.save_tokenizer(self._tokenizer, self.spec, tmp)
+                ckpt.save_lora_export(state, self._actor_cls, self._actor_config, self.spec, tmp)
+                ckpt.save_tokenizer(self._tokenizer, self.spec, tmp)
         elif self.rank == 0:
             with ckpt.atomic_dir(Path(path), {"format": "hf"}) as tmp:
-                with torch.device("meta"):
-                    model: Any = self._actor_cls(copy.deepcopy(self._actor_config))
-                model.load_state_dict(state, strict=False, assign=True)
-                if getattr(self._actor_config, "tie_word_embeddings", False):
-                    model.tie_weights()
-                missing = [n for n, p in model.named_parameters() if p.is_meta]
-                if missing:
-                    raise RuntimeError(f"export_hf: parameters missing from the gathered state: {missing}")
-                model.save_pretrained(str(tmp))
-                common.save_tokenizer(self._tokenizer, self.spec, tmp)
+                ckpt.save_hf_model(state, self._actor_cls, self._actor_config, tmp, what="the gathered state")
+                ckpt.save_tokenizer(self._tokenizer, self.spec, tmp)
         dist.barrier()
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -565,7 +469,7 @@ class FSDP2TrainBackend:
         (``ignore_frozen_params`` alone keeps a tied LM head, whose name is not its parameter's)."""
         model_sd, optim_sd = get_state_dict(module, opt, options=self._state_options(module))
         if module is self.actor and self._lora is not None:
-            model_sd = dict(lora.adapter_items(model_sd))
+            model_sd = dict(lora.adapter_items(cast(dict[str, Tensor], model_sd)))  # a model's: tensors
         return dict(model_sd), optim_sd
 
     def save_checkpoint(self, path: Path, extra_state: Mapping[str, Any]) -> None:
@@ -576,10 +480,13 @@ class FSDP2TrainBackend:
         (version, schedule, world size, extra_state), ``COMPLETE`` last; written in ``PATH.tmp`` by
         all ranks and renamed by rank 0 only after every rank finished.
         """
-        meta = common.checkpoint_meta(
-            self,
+        meta = ckpt.checkpoint_meta(
             CHECKPOINT_FORMAT,
             extra_state,
+            version=self.version,
+            critic_steps=self.critic_steps,
+            schedule=self.schedule,
+            has_critic=self.critic is not None,
             world_size=self.world,
             lora=lora.settings_record(self.spec.lora),
         )
@@ -611,10 +518,10 @@ class FSDP2TrainBackend:
         states then come from rank ``r % saved_world``. Returns ``extra_state``.
         """
         path = Path(path)
-        meta = common.read_checkpoint_meta(
+        meta = ckpt.read_checkpoint_meta(
             path, CHECKPOINT_FORMAT, "an fsdp2 train", has_critic=self.critic is not None
         )
-        common.check_checkpoint_lora(path, meta, self.spec.lora)
+        ckpt.check_checkpoint_lora(path, meta, self.spec.lora)
         for name, module, opt in self._parts():
             options = self._state_options(module)
             model_sd, optim_sd = self._state_dicts(module, opt)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlzoo.backends.native import checkpoint as ckpt
+from rlzoo.train_kit import checkpoint as ckpt
 
 if TYPE_CHECKING:
     from rlzoo.backends.megatron.train import MegatronTrainBackend

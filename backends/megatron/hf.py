@@ -11,8 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from rlzoo.backends.megatron.convert import mcore_to_hf, merge_tp, stage_layers
-from rlzoo.backends.native import checkpoint as ckpt
-from rlzoo.backends.native import common
+from rlzoo.train_kit import checkpoint as ckpt
 
 if TYPE_CHECKING:
     from rlzoo.backends.megatron.train import MegatronTrainBackend
@@ -80,6 +79,8 @@ def export_tensors(backend: MegatronTrainBackend) -> dict[str, Tensor]:
                         meta, src=src, group=backend.mpu.get_pipeline_model_parallel_group()
                     )
                     if t is None:
+                        if meta[0] is None:
+                            raise RuntimeError(f"export: pipeline stage {s} sent no shape for {name!r}")
                         t = torch.empty(meta[0][0], dtype=meta[0][1], device=backend.device)
                     dist.broadcast(t, src=src, group=backend.mpu.get_pipeline_model_parallel_group())
                 if name.startswith("decoder.layers."):
@@ -113,7 +114,7 @@ def export_hf(backend: MegatronTrainBackend, path: str | Path) -> None:
         try:
             with ckpt.atomic_dir(Path(path), {"format": "hf"}) as tmp:
                 backend._hf_model(state).save_pretrained(str(tmp))
-                common.save_tokenizer(None, backend.spec, tmp)
+                ckpt.save_tokenizer(None, backend.spec, tmp)
         except Exception as e:
             error[0] = f"{type(e).__name__}: {e}"
             raise

@@ -53,10 +53,11 @@ from rlzoo.backends.megatron.convert import (
 from rlzoo.backends.megatron.hf import _load_hf_state_dict
 from rlzoo.backends.megatron.parallel import _init_distributed, _require_psutil, _seed
 from rlzoo.backends.megatron.vocab_parallel import tp_reductions, vocab_parallel_log_probs
-from rlzoo.backends.native import common
 from rlzoo.batch import Batch
 from rlzoo.protocols import Objective, TrainSpec
-from rlzoo.train_kit import chunked_token_fn
+from rlzoo.train_kit.logprobs import chunked_token_fn
+from rlzoo.train_kit.models import resolve_temperature, select_model
+from rlzoo.train_kit.update import LRSchedule
 
 __all__ = ["MegatronTrainBackend", "attention_mask"]
 
@@ -151,10 +152,10 @@ class MegatronTrainBackend:
         from megatron.core import parallel_state as mpu
         from transformers import AutoConfig
 
-        self.temperature = params.temperature if params.temperature is not None else spec.temperature
+        self.temperature = resolve_temperature(params.temperature, spec)
         self.version = 0
         self.critic_steps = 0
-        self.warmup_steps = common.warmup_steps(spec)
+        self.schedule = LRSchedule.from_spec(spec)
         _init_distributed(params.device)
         tp, pp = params.tensor_model_parallel_size, params.pipeline_model_parallel_size
         parallel.claim_owned(mpu, tp, pp)
@@ -434,16 +435,8 @@ class MegatronTrainBackend:
     def compute_log_probs(
         self, batch: Batch, *, model: str = "actor", with_entropy: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        if model == "actor":
-            module, ddp = self.actor_ddp, self.actor_ddp
-        elif model == "ref":
-            if self.ref is None:
-                raise ValueError(
-                    "compute_log_probs(model='ref'): no reference model (spec.need_reference=False)"
-                )
-            module, ddp = self.ref, None
-        else:
-            raise ValueError(f"compute_log_probs: model must be 'actor' or 'ref', got {model!r}")
+        module: Any = select_model(model, self.actor_ddp, self.ref)
+        ddp = self.actor_ddp if model == "actor" else None  # what param_offload moves; the reference has none
         T = batch["responses"].shape[1]
         if ddp is not None and self.params.param_offload:
             self._onload(ddp)
@@ -501,7 +494,7 @@ class MegatronTrainBackend:
     # -- updates ----------------------------------------------------------------------------------
     def lr_at(self, step: int, *, critic: bool = False) -> float:
         """The LR of optimizer step ``step`` (0-based) of the actor or the critic (``trainer.optim``)."""
-        return common.scheduled_lr(self.spec, self.warmup_steps, step, critic=critic)
+        return self.schedule.lr(step, critic=critic)
 
     def _grads_finite(self, ddp: Any) -> bool:
         """Whether every rank's gradients are finite (megatron keeps them in ``main_grad``)."""
@@ -536,7 +529,7 @@ class MegatronTrainBackend:
             ddp.zero_grad_buffer()
             optimizer.zero_grad()
             local, _ = self._dp_slice(mini_batch)
-            needs_entropy = bool(getattr(objective, "needs_entropy", False)) and not values
+            needs_entropy = objective.needs_entropy and not values
             _, _, info = self._run(
                 ddp,
                 local,

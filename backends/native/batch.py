@@ -2,8 +2,8 @@
 
 The right-aligned row layout, padding and column cutting described in the "Layout of the running
 batch" section of :mod:`rlzoo.backends.native.engine`'s docstring: :class:`_Seq` (one sample being
-generated), :class:`_Batch` (its rows' tensors and KV cache) and :class:`_BatchSurgery` (the
-engine's methods that add rows, drop rows and re-prefill them).
+generated), :class:`_Batch` (its rows' tensors and KV cache) and :class:`BatchSurgery` (the part of the
+engine that adds rows, drops rows and re-prefills them).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rlzoo.backends.native.forward import _ModelCalls
+from rlzoo.backends.native.forward import ModelCalls
 from rlzoo.backends.native.sampling import _NO_TOP_K
 from rlzoo.protocols import GenerationRequest, Sample
 
@@ -103,21 +103,28 @@ def _pad_right(x: Tensor, width: int, value: float = 0) -> Tensor:
     return x if extra <= 0 else F.pad(x, (0, extra), value=value)
 
 
-class _BatchSurgery(_ModelCalls):
-    """The engine's batch surgery (a mixin of :class:`~rlzoo.backends.native.engine.NativeEngine`)."""
+class BatchSurgery:
+    """The engine's running batch and its surgery: admit (prefill and append) rows, drop finished
+    rows (their samples go to ``out``), re-prefill the rows after a weight update. Model calls go
+    through ``calls``."""
 
-    _batch: _Batch
-    _kv_stale: bool
-    _out: queue.Queue[Sample]
-    pad_token_id: int
-    max_prefill_tokens: int
+    def __init__(
+        self, calls: ModelCalls, *, pad_token_id: int, max_prefill_tokens: int, out: queue.Queue[Sample]
+    ) -> None:
+        self.calls = calls
+        self.device = calls.device
+        self.pad_token_id = pad_token_id
+        self.max_prefill_tokens = max_prefill_tokens
+        self.out = out
+        self.batch = _Batch(calls.device)
 
-    def _to_sample(
-        self, s: _Seq, response: list[int], log_probs: list[float], versions: list[int], reason: str
+    @staticmethod
+    def to_sample(
+        s: _Seq, response: list[int], log_probs: list[float], versions: list[int], reason: str
     ) -> Sample:
         return Sample.of_request(s.request, s.index, response, log_probs, versions, reason)
 
-    def _admit(self, joiners: list[_Seq]) -> None:
+    def admit(self, joiners: list[_Seq]) -> None:
         """Prefill ``joiners`` (identical contexts once) and append them to the running batch."""
         dev = self.device
         # one prefill row per distinct context: the n samples of a prompt share it (with a VL
@@ -126,7 +133,7 @@ class _BatchSurgery(_ModelCalls):
         first: list[_Seq] = []  # a member of each distinct context
         which = []
         for s in joiners:
-            mm = self._images(s) if self._vl else None
+            mm = self.calls.images(s) if self.calls.vl else None
             key = (tuple(s.tokens[:-1]), None if mm is None else id(mm))
             if key not in rows:
                 rows[key] = len(rows)
@@ -157,8 +164,8 @@ class _BatchSurgery(_ModelCalls):
                 dtype=torch.long,
                 device=dev,
             ).reshape(len(chunk), p)  # [c, P]
-            cache, deltas = self._prefill(
-                ids, mask, [self._images(first[k]) for k in chunk] if self._vl else None
+            cache, deltas = self.calls.prefill(
+                ids, mask, [self.calls.images(first[k]) for k in chunk] if self.calls.vl else None
             )
             expand = torch.tensor(
                 [chunk_rows[which[i]] for i in members], dtype=torch.long, device=dev
@@ -171,22 +178,22 @@ class _BatchSurgery(_ModelCalls):
                 ids, mask = ids.index_select(0, expand), mask.index_select(0, expand)
                 if deltas is not None:
                     deltas = deltas.index_select(0, expand)
-            self._append_rows([joiners[i] for i in members], ids, mask, cache, deltas)
+            self.append_rows([joiners[i] for i in members], ids, mask, cache, deltas)
 
-    def _append_rows(
+    def append_rows(
         self, seqs: list[_Seq], ids: Tensor, mask: Tensor, cache: Any, rope_delta: Tensor | None = None
     ) -> None:
         """Concatenate new rows (contexts ``ids``/``mask`` [j, P], their ``cache``, VL ``rope_delta``
         [j]: None is 0) to the batch."""
-        b, dev = self._batch, self.device
+        b, dev = self.batch, self.device
         t, p = b.ctx_ids.shape[1], ids.shape[1]
         width = max(t, p)
-        if not self._use_cache:
+        if not self.calls.use_cache:
             b.cache = None
         elif len(b) == 0:
             b.cache = cache
         elif b.cache is not None or cache is not None:
-            b.cache = self._concat_caches(b.cache, len(b), cache, len(seqs), width)
+            b.cache = self.concat_caches(b.cache, len(b), cache, len(seqs), width)
         b.ctx_ids = torch.cat(
             [_pad_left(b.ctx_ids, width, 1, self.pad_token_id), _pad_left(ids, width, 1, self.pad_token_id)]
         )  # [B + j, T']
@@ -208,7 +215,7 @@ class _BatchSurgery(_ModelCalls):
         b.refresh_sampling()
 
     @staticmethod
-    def _concat_caches(a: Any, rows_a: int, c: Any, rows_c: int, width: int) -> Any:
+    def concat_caches(a: Any, rows_a: int, c: Any, rows_c: int, width: int) -> Any:
         """Batch-concatenate cache ``a`` (``rows_a`` rows, ``t`` columns) and ``c`` (``p`` columns),
         both left-padded to ``width`` columns; either may be None (no columns yet)."""
         base = a if a is not None else c
@@ -229,11 +236,11 @@ class _BatchSurgery(_ModelCalls):
             layer.values = torch.cat(parts_v)
         return base
 
-    def _keep_rows(self, keep: list[int]) -> None:
+    def keep_rows(self, keep: list[int]) -> None:
         """Drop every row not in ``keep`` and cut leading all-padding columns."""
-        b = self._batch
+        b = self.batch
         if not keep:
-            self._batch = _Batch(self.device)
+            self.batch = _Batch(self.device)
             return
         idx = torch.tensor(keep, dtype=torch.long, device=self.device)
         b.seqs = [b.seqs[i] for i in keep]
@@ -262,9 +269,9 @@ class _BatchSurgery(_ModelCalls):
                     layer.values = layer.values.index_select(0, idx)[:, :, first:]
         b.refresh_sampling()
 
-    def _finish_rows(self, rows: list[int], reasons: list[str]) -> None:
+    def finish_rows(self, rows: list[int], reasons: list[str]) -> None:
         """Emit the samples of ``rows`` and remove them from the batch."""
-        b = self._batch
+        b = self.batch
         idx = torch.tensor(rows, dtype=torch.long, device=self.device)
         n_gen = b.n_gen.index_select(0, idx).tolist()
         toks = b.gen_tok.index_select(0, idx).tolist()
@@ -272,17 +279,16 @@ class _BatchSurgery(_ModelCalls):
         vers = b.gen_ver.index_select(0, idx).tolist()
         for k, r in enumerate(rows):
             n = n_gen[k]
-            self._out.put(self._to_sample(b.seqs[r], toks[k][:n], lps[k][:n], vers[k][:n], reasons[k]))
+            self.out.put(self.to_sample(b.seqs[r], toks[k][:n], lps[k][:n], vers[k][:n], reasons[k]))
         gone = set(rows)
-        self._keep_rows([i for i in range(len(b)) if i not in gone])
+        self.keep_rows([i for i in range(len(b)) if i not in gone])
 
-    def _reprefill(self) -> None:
+    def reprefill(self) -> None:
         """Recompute the running batch's KV with the current weights (same layout)."""
-        b = self._batch
-        self._kv_stale = False
-        if not self._use_cache or len(b) == 0:
+        b = self.batch
+        if not self.calls.use_cache or len(b) == 0:
             return
-        self.stats["recomputes"] += 1
-        b.cache, _ = self._prefill(
-            b.ctx_ids, b.ctx_mask, [self._images(s) for s in b.seqs] if self._vl else None
+        self.calls.stats["recomputes"] += 1
+        b.cache, _ = self.calls.prefill(
+            b.ctx_ids, b.ctx_mask, [self.calls.images(s) for s in b.seqs] if self.calls.vl else None
         )

@@ -4,10 +4,11 @@ Works with any Hugging Face causal LM (anything whose ``forward`` takes ``input_
 ``attention_mask``, ``position_ids`` and a ``DynamicCache``) and, without a cache, with any module
 that maps ``input_ids`` (+ ``attention_mask`` / ``position_ids``) to logits.
 
-Modules: the sequence / batch state and the batch surgery below are in
-:mod:`rlzoo.backends.native.batch`, the model calls (forwards, prefills, VL inputs) in
-:mod:`rlzoo.backends.native.forward`, the seeds and top-k / top-p filter in
-:mod:`rlzoo.backends.native.sampling`; this module holds :class:`NativeEngine`, its loop and its decode step.
+Parts, composed (each an object the engine holds): the sequence / batch state and the batch
+surgery below (:class:`~rlzoo.backends.native.batch.BatchSurgery`), the model calls (forwards,
+prefills, VL inputs; :class:`~rlzoo.backends.native.forward.ModelCalls`); the seeds and top-k /
+top-p filter are in :mod:`rlzoo.backends.native.sampling`. This module holds :class:`NativeEngine`,
+its requests, threads, loop and decode step.
 
 Layout of the running batch
 ---------------------------
@@ -79,7 +80,6 @@ a small model's training step took twice as long.
 
 from __future__ import annotations
 
-import inspect
 import queue
 import threading
 from collections import deque
@@ -88,7 +88,8 @@ from collections.abc import Iterable, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from rlzoo.backends.native.batch import _Batch, _BatchSurgery, _Seq
+from rlzoo.backends.native.batch import BatchSurgery, _Batch, _Seq
+from rlzoo.backends.native.forward import ModelCalls
 from rlzoo.backends.native.sampling import _NEG_INF, _filter_top_k_top_p, _mix_seed
 from rlzoo.protocols import GenerationRequest, Sample
 from rlzoo.streams import POLL_S, collect_requested, requested_keys, stream_samples
@@ -96,7 +97,7 @@ from rlzoo.streams import POLL_S, collect_requested, requested_keys, stream_samp
 __all__ = ["NativeEngine"]
 
 
-class NativeEngine(_BatchSurgery):
+class NativeEngine:
     """Continuous-batching sampler over a causal LM. See the module docstring for the design.
 
     Args:
@@ -141,18 +142,10 @@ class NativeEngine(_BatchSurgery):
         self.recompute_kv_on_update = recompute_kv_on_update
         self.version = 0
 
-        first_param = next(iter(model.parameters()), None)
-        self.device = first_param.device if first_param is not None else torch.device("cpu")
-        sig = inspect.signature(model.forward).parameters
-        var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.values())
-        self._cache_kw = next((k for k in ("cache", "past_key_values") if k in sig), None)
-        self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in sig), None)
-        self._takes_mask = "attention_mask" in sig or var_kw
-        self._takes_pos = "position_ids" in sig or var_kw
-        self._use_cache = bool(use_kv_cache) and self._cache_kw is not None
-        from rlzoo.backends.native.multimodal import is_multimodal_model
-
-        self._vl = is_multimodal_model(model)  # images + M-RoPE positions (module docstring)
+        self.stats = {"steps": 0, "decode_forwards": 0, "prefill_forwards": 0, "tokens": 0, "recomputes": 0}
+        self._calls = ModelCalls(model, use_kv_cache=use_kv_cache, stats=self.stats)
+        self.device = self._calls.device
+        self._vl = self._calls.vl
         self._banned: Tensor | None = None  # tokens never sampled (a VL model's placeholders)
         if self._vl:
             cfg = model.config
@@ -161,7 +154,13 @@ class NativeEngine(_BatchSurgery):
             if banned:
                 self._banned = torch.tensor(banned, dtype=torch.long, device=self.device)
 
-        self._batch = _Batch(self.device)
+        self._out: queue.Queue[Sample] = queue.Queue()
+        self._rows = BatchSurgery(
+            self._calls,
+            pad_token_id=self.pad_token_id,
+            max_prefill_tokens=self.max_prefill_tokens,
+            out=self._out,
+        )
         self._waiting: deque[_Seq] = deque()
         self._kv_stale = False
         self._num_requests = 0  # submission counter: seeds requests that carry no seed
@@ -171,7 +170,6 @@ class NativeEngine(_BatchSurgery):
         self._step_lock = threading.RLock()
         self._cv = threading.Condition()
         self._inbox: deque[_Seq] = deque()
-        self._out: queue.Queue[Sample] = queue.Queue()
         self._submitted = 0
         self._delivered = 0
         self._paused = False
@@ -180,7 +178,6 @@ class NativeEngine(_BatchSurgery):
         self._drivers = 0  # generate() calls driving the steps themselves; the loop stands by
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self.stats = {"steps": 0, "decode_forwards": 0, "prefill_forwards": 0, "tokens": 0, "recomputes": 0}
 
     # ------------------------------------------------------------------------------------------
     # public API
@@ -201,7 +198,7 @@ class NativeEngine(_BatchSurgery):
             self._submitted += len(seqs) + len(done)
             self._cv.notify_all()
         for s in done:  # nothing to generate: finished at once
-            self._out.put(self._to_sample(s, [], [], [], "length"))
+            self._out.put(BatchSurgery.to_sample(s, [], [], [], "length"))
 
     def step(self) -> int:
         """One engine iteration: admit queued sequences, then decode one token for every row.
@@ -214,13 +211,14 @@ class NativeEngine(_BatchSurgery):
                     return 0
                 self._waiting.extend(self._inbox)
                 self._inbox.clear()
-            b = self._batch
+            b = self._rows.batch
             if self._kv_stale:
-                self._reprefill()
+                self._kv_stale = False
+                self._rows.reprefill()
             free = self.max_num_seqs - len(b)
             if free > 0 and self._waiting:
                 joiners = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
-                self._admit(joiners)
+                self._rows.admit(joiners)
             if len(b) == 0:
                 return 0
             self.stats["steps"] += 1
@@ -326,7 +324,7 @@ class NativeEngine(_BatchSurgery):
                     f"update_weights: {len(unknown)} names the model does not have, e.g. {unknown[:5]}"
                 )
             self.version = int(version)
-            if self.recompute_kv_on_update and self._use_cache and len(self._batch) > 0:
+            if self.recompute_kv_on_update and self._calls.use_cache and len(self._rows.batch) > 0:
                 self._kv_stale = True
 
     def abort(self, request_ids: Iterable[str] | None = None) -> int:
@@ -347,10 +345,10 @@ class NativeEngine(_BatchSurgery):
             queued = [s for s in self._waiting if hit(s)]
             self._waiting = deque(s for s in self._waiting if not hit(s))
             for s in queued:
-                self._out.put(self._to_sample(s, [], [], [], "abort"))
-            rows = [i for i, s in enumerate(self._batch.seqs) if hit(s)]
+                self._out.put(BatchSurgery.to_sample(s, [], [], [], "abort"))
+            rows = [i for i, s in enumerate(self._rows.batch.seqs) if hit(s)]
             if rows:
-                self._finish_rows(rows, ["abort"] * len(rows))
+                self._rows.finish_rows(rows, ["abort"] * len(rows))
         return len(queued) + len(rows)
 
     def num_pending(self) -> int:
@@ -360,7 +358,7 @@ class NativeEngine(_BatchSurgery):
 
     def num_running(self) -> int:
         """Sequences in the batch now."""
-        return len(self._batch)
+        return len(self._rows.batch)
 
     def num_waiting(self) -> int:
         """Sequences queued for a slot."""
@@ -377,7 +375,7 @@ class NativeEngine(_BatchSurgery):
             self._thread.join()
         self._thread = None
         with self._step_lock:
-            self._batch = _Batch(self.device)
+            self._rows.batch = _Batch(self.device)
             self._waiting.clear()
             self._inbox.clear()
 
@@ -388,7 +386,7 @@ class NativeEngine(_BatchSurgery):
         return self._thread is not None and self._thread.is_alive()
 
     def _has_work(self) -> bool:
-        return bool(self._inbox or self._waiting or len(self._batch))
+        return bool(self._inbox or self._waiting or len(self._rows.batch))
 
     def _loop(self) -> None:
         while True:
@@ -499,20 +497,20 @@ class NativeEngine(_BatchSurgery):
     # ------------------------------------------------------------------------------------------
     def _decode(self) -> int:
         """Feed ``last_tok``, sample one token per row, retire the rows that finished."""
-        b = self._batch
+        b = self._rows.batch
         n = len(b)
         ones = torch.ones(n, 1, dtype=torch.long, device=self.device)
         mask = torch.cat([b.ctx_mask, ones], dim=1)  # [B, T + 1]
         ids = torch.cat([b.ctx_ids, b.last_tok[:, None]], dim=1)  # [B, T + 1]
         self.stats["decode_forwards"] += 1
-        if self._use_cache:
+        if self._calls.use_cache:
             pos = b.pos[:, None]  # [B, 1]
             if self._vl:
                 from rlzoo.backends.native.multimodal import decode_position_ids
 
                 pos = decode_position_ids(b.rope_delta[:, None], pos)  # [3, B, 1]
-            logits, cache = self._forward(b.last_tok[:, None], mask, pos, b.cache, want_cache=True)
-            if not self._use_cache:  # the model's cache turned out unusable: redo this step without it
+            logits, cache = self._calls.forward(b.last_tok[:, None], mask, pos, b.cache, want_cache=True)
+            if not self._calls.use_cache:  # the model's cache turned out unusable: redo this step without it
                 logits, cache = self._recompute_logits(ids, mask)
         else:
             logits, cache = self._recompute_logits(ids, mask)
@@ -534,21 +532,23 @@ class NativeEngine(_BatchSurgery):
             return 0
         done_rows = done.nonzero().flatten().tolist()
         stop_rows = stopped.tolist()
-        self._finish_rows(done_rows, ["stop" if stop_rows[r] else "length" for r in done_rows])
+        self._rows.finish_rows(done_rows, ["stop" if stop_rows[r] else "length" for r in done_rows])
         return len(done_rows)
 
     def _recompute_logits(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, None]:
         if self._vl:  # the whole context again: the rows' pixels and M-RoPE positions
-            pos, _, extra = self._vl_inputs(ids, mask, [self._images(s) for s in self._batch.seqs])
-            logits, _ = self._forward(ids, mask, pos, None, want_cache=False, extra=extra)
+            pos, _, extra = self._calls.vl_inputs(
+                ids, mask, [self._calls.images(s) for s in self._rows.batch.seqs]
+            )
+            logits, _ = self._calls.forward(ids, mask, pos, None, want_cache=False, extra=extra)
             return logits, None
         pos = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, T + 1]
-        logits, _ = self._forward(ids, mask, pos, None, want_cache=False)
+        logits, _ = self._calls.forward(ids, mask, pos, None, want_cache=False)
         return logits, None
 
     def _sample(self, logits: Tensor) -> tuple[Tensor, Tensor]:
         """Sampled token [B] and its log-prob [B] (full distribution at the row's temperature)."""
-        b = self._batch
+        b = self._rows.batch
         scaled = logits / b.temperature[:, None]  # [B, V]
         logp = scaled.log_softmax(dim=-1)  # [B, V]
         if self._banned is not None:  # VL: never sample an image / video placeholder

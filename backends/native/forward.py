@@ -1,10 +1,12 @@
-"""Model calls of the native engine: forwards, prefills and a VL model's pixel / M-RoPE inputs.
+"""Model calls of the native engine (a part it holds): forwards, prefills and a VL model's pixel /
+M-RoPE inputs.
 
 See the "Vision-language models" section of :mod:`rlzoo.backends.native.engine`'s docstring.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -14,20 +16,31 @@ if TYPE_CHECKING:
     from rlzoo.backends.native.batch import _Seq
 
 
-class _ModelCalls:
-    """The engine's model calls (a mixin of :class:`~rlzoo.backends.native.engine.NativeEngine`)."""
+class ModelCalls:
+    """The engine's model calls: what the model's ``forward`` takes (mask, positions, a cache,
+    ``logits_to_keep``), whether the KV cache is usable, and a VL model's extra inputs.
 
-    model: nn.Module
-    device: torch.device
-    stats: dict[str, int]
-    _cache_kw: str | None
-    _keep_kw: str | None
-    _takes_mask: bool
-    _takes_pos: bool
-    _use_cache: bool
-    _vl: bool
+    ``use_cache`` turns False for good the first time the model returns a cache whose layers cannot
+    be sliced per row (:meth:`cache_ok`); ``stats`` is the engine's counter dict (prefills counted here).
+    """
 
-    def _forward(
+    def __init__(self, model: nn.Module, *, use_kv_cache: bool, stats: dict[str, int]) -> None:
+        self.model = model
+        self.stats = stats
+        first_param = next(iter(model.parameters()), None)
+        self.device = first_param.device if first_param is not None else torch.device("cpu")
+        sig = inspect.signature(model.forward).parameters
+        var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.values())
+        self.cache_kw = next((k for k in ("cache", "past_key_values") if k in sig), None)
+        self.keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in sig), None)
+        self.takes_mask = "attention_mask" in sig or var_kw
+        self.takes_pos = "position_ids" in sig or var_kw
+        self.use_cache = bool(use_kv_cache) and self.cache_kw is not None
+        from rlzoo.backends.native.multimodal import is_multimodal_model
+
+        self.vl = is_multimodal_model(model)  # images + M-RoPE positions (engine docstring)
+
+    def forward(
         self,
         ids: Tensor,
         mask: Tensor,
@@ -41,16 +54,16 @@ class _ModelCalls:
         ``extra``: more keyword arguments of the model (a VL model's pixel inputs).
         """
         kw: dict[str, Any] = {"input_ids": ids, **(extra or {})}
-        if self._takes_mask:
+        if self.takes_mask:
             kw["attention_mask"] = mask
-        if self._takes_pos:
+        if self.takes_pos:
             kw["position_ids"] = pos
-        if self._cache_kw is not None:
+        if self.cache_kw is not None:
             kw["use_cache"] = want_cache
             if want_cache and cache is not None:
-                kw[self._cache_kw] = cache
-        if self._keep_kw is not None:
-            kw[self._keep_kw] = 1
+                kw[self.cache_kw] = cache
+        if self.keep_kw is not None:
+            kw[self.keep_kw] = 1
         out = self.model(**kw)
         if isinstance(out, Tensor):
             logits, new_cache = out, None
@@ -61,14 +74,14 @@ class _ModelCalls:
             new_cache = getattr(out, "cache", None)
             if new_cache is None:
                 new_cache = getattr(out, "past_key_values", None)
-        if want_cache and not self._cache_ok(new_cache):
-            self._use_cache = False  # e.g. sliding-window / linear-attention layers: recompute from now on
+        if want_cache and not self.cache_ok(new_cache):
+            self.use_cache = False  # e.g. sliding-window / linear-attention layers: recompute from now on
             new_cache = None
         logits = logits[:, -1].float()  # [B, V]
         return logits, (new_cache if want_cache else None)
 
     @staticmethod
-    def _cache_ok(cache: Any) -> bool:
+    def cache_ok(cache: Any) -> bool:
         """Whether the cache is one whose layers we can slice and concatenate per row/column."""
         from transformers.cache_utils import DynamicCache, DynamicLayer
 
@@ -76,23 +89,23 @@ class _ModelCalls:
             return False
         return all(type(layer) is DynamicLayer for layer in cache.layers)
 
-    def _prefill(
+    def prefill(
         self, ctx_ids: Tensor, ctx_mask: Tensor, images: list[dict[str, Any] | None] | None = None
     ) -> tuple[Any, Tensor | None]:
         """The KV cache of left-padded contexts [b, P] (None if P == 0 or no cache is used) and,
         for a VL model, the rows' M-RoPE ``rope_delta`` [b] (``images``: each row's pixel inputs)."""
         deltas, pos, extra = None, None, None
-        if self._vl and ctx_ids.shape[1] > 0:
-            pos, deltas, extra = self._vl_inputs(ctx_ids, ctx_mask, images or [None] * len(ctx_ids))
-        if ctx_ids.shape[1] == 0 or not self._use_cache:
+        if self.vl and ctx_ids.shape[1] > 0:
+            pos, deltas, extra = self.vl_inputs(ctx_ids, ctx_mask, images or [None] * len(ctx_ids))
+        if ctx_ids.shape[1] == 0 or not self.use_cache:
             return None, deltas
         if pos is None:
             pos = (ctx_mask.cumsum(-1) - 1).clamp(min=0)  # [b, P]
         self.stats["prefill_forwards"] += 1
-        _, cache = self._forward(ctx_ids, ctx_mask, pos, None, want_cache=True, extra=extra)
+        _, cache = self.forward(ctx_ids, ctx_mask, pos, None, want_cache=True, extra=extra)
         return cache, deltas
 
-    def _vl_inputs(
+    def vl_inputs(
         self, ids: Tensor, mask: Tensor, images: list[dict[str, Any] | None]
     ) -> tuple[Tensor, Tensor, dict[str, Any]]:
         """M-RoPE positions [3, b, L], ``rope_delta`` [b] and the pixel keyword arguments of a full
@@ -104,7 +117,7 @@ class _ModelCalls:
         return pos, deltas.reshape(-1).to(device=self.device, dtype=torch.long), extra
 
     @staticmethod
-    def _images(s: _Seq) -> dict[str, Any] | None:
+    def images(s: _Seq) -> dict[str, Any] | None:
         """The pixel inputs of a sequence's prompt (None: text only)."""
         mm = s.request.multi_modal
         return mm if mm and "pixel_values" in mm else None

@@ -38,13 +38,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from rlzoo.batch import Batch
 from rlzoo.models.processor import (
     expand_prompt,
     has_vision_config,
     image_only_processor_class,
     load_processor,
 )
-from rlzoo.train_kit import DEFAULT_LOG_PROB_CHUNK, token_log_probs
+from rlzoo.train_kit.logprobs import DEFAULT_LOG_PROB_CHUNK, pad_response, token_log_probs, trim
 
 __all__ = [
     "collate_images",
@@ -56,6 +57,7 @@ __all__ = [
     "load_processor",
     "mm_token_type_ids",
     "rope_position_ids",
+    "vl_actor_log_probs",
     "vl_forward_inputs",
     "vl_token_log_probs",
 ]
@@ -181,7 +183,7 @@ def vl_token_log_probs(
     ``input_ids`` / ``attention_mask`` ``[B, P+T]`` (prompt left-padded to P, response right-padded
     to T, :mod:`rlzoo.batch`), ``responses`` ``[B, T]``, ``images`` from :func:`collate_images`.
     Position ``P - 1 + t`` predicts response token ``t``; ``log softmax(logits / temperature)`` in
-    fp32 by :func:`rlzoo.train_kit.token_log_probs` (chunks of ``chunk_tokens`` positions, as the
+    fp32 by :func:`rlzoo.train_kit.logprobs.token_log_probs` (chunks of ``chunk_tokens`` positions, as the
     text path); zero where the response is padding. Gradients flow (call under ``torch.no_grad()`` for old / ref log-probs).
     """
     T = responses.shape[1]
@@ -208,3 +210,37 @@ def vl_token_log_probs(
     if ent is None:
         return lp, None
     return lp, torch.where(valid, ent, torch.zeros_like(ent))  # [B, T], [B, T]
+
+
+def vl_actor_log_probs(
+    module: nn.Module,
+    mb: Batch,
+    *,
+    temperature: float,
+    with_entropy: bool,
+    vision_dtype: torch.dtype,
+    chunk_tokens: int = DEFAULT_LOG_PROB_CHUNK,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (+ entropy) ``[b, T]`` of one VL micro-batch already on the device; zero on padding.
+
+    The rows' images (``mb["multi_modal"]``, concatenated in row order, pixels cast to
+    ``vision_dtype``) go into the forward and positions are M-RoPE ones computed from the ids
+    (``mb["position_ids"]`` is ignored); the text path is :func:`rlzoo.train_kit.logprobs.actor_log_probs`.
+    """
+    images = collate_images(mb.get("multi_modal") or [None] * len(mb), device=mb["input_ids"].device)
+    if "pixel_values" in images:
+        images["pixel_values"] = images["pixel_values"].to(vision_dtype)
+    # columns no row attends to are cut as in the text path: M-RoPE positions only count
+    # attended tokens, so the result is the same as over the untrimmed micro-batch
+    ids, attn, _, t_eff, _ = trim(mb)
+    lp, ent = vl_token_log_probs(
+        module,
+        ids,
+        attn,
+        mb["responses"][:, :t_eff],
+        images,
+        temperature=temperature,
+        with_entropy=with_entropy,
+        chunk_tokens=chunk_tokens,
+    )  # [b, T_eff]
+    return pad_response(lp, mb), None if ent is None else pad_response(ent, mb)  # [b, T]

@@ -1,21 +1,21 @@
 """Params of the native train backend (``train_backend: native``). Import-light: no torch here.
 
-The implementation lives in :mod:`rlzoo.backends.native.train`; checkpoint helpers shared with
-other backends in :mod:`rlzoo.backends.native.checkpoint`.
+The implementation lives in :mod:`rlzoo.backends.native.train`; the fields every HF trainer shares
+in :class:`rlzoo.train_kit.params.HFTrainParams`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from rlzoo.params import param
-from rlzoo.protocols import LR_SCHEDULES
+from rlzoo.train_kit.params import HFTrainParams
 
-__all__ = ["LR_SCHEDULES", "NativeTrainParams"]
+__all__ = ["NativeTrainParams"]
 
 
 @dataclass(frozen=True)
-class NativeTrainParams:
+class NativeTrainParams(HFTrainParams):
     """Single-process PyTorch trainer for any HF causal LM: AdamW, optional critic and reference.
 
     The optimizer, LR schedule and micro-batch sizes are trainer settings shared by every train
@@ -37,46 +37,4 @@ class NativeTrainParams:
     avx512_bf16 / AMX several times faster than fp32; see docs/recipes.md, SmolLM2).
     """
 
-    device: str = param("auto", help="'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'")
-    dtype: str = param("float32", help="weights dtype: 'float32' or 'bfloat16' (see the class doc)")
-    autocast: str | None = param(
-        None,
-        help="'bfloat16': mixed precision, forwards and backwards under torch.autocast in bf16 while the "
-        "weights and AdamW state stay in fp32 (needs dtype float32; fast on CPUs with avx512_bf16 / AMX)",
-    )
-    attn_implementation: str | None = param(
-        None, help="HF attention implementation ('sdpa', 'eager', 'flash_attention_2'); None: HF's default"
-    )
-    gradient_checkpointing: bool = param(False, help="recompute activations in backward (actor and critic)")
-    fused_lm_head: bool = param(
-        True,
-        help="log-probs from the last hidden states, the LM head applied chunk by chunk inside the chunked "
-        "log-softmax (no [rows, T, vocab] logits at all; trainer.micro_batch.log_prob_chunk > 0), for text "
-        "models whose logits are exactly hidden @ lm_head.weight.T (llama, qwen2, qwen3, mistral families; "
-        "others use the logits)",
-    )
-    use_remove_padding: bool = param(
-        False,
-        help="padding-free forwards: a micro-batch's real tokens packed end to end in one row, positions "
-        "restarting per sequence (attention stays within each sequence; needs sdpa, eager or "
-        "flash_attention_2 in transformers >= 5); text models (VL models keep the padded forward)",
-    )
-    temperature: float | None = param(
-        None,
-        help="logits are divided by this before log-softmax (None: the rollout temperature, from the spec)",
-    )
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.dtype not in ("float32", "bfloat16"):
-            problems.append(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
-        if self.autocast not in (None, "bfloat16"):
-            problems.append(f"autocast must be null or 'bfloat16', got {self.autocast!r}")
-        elif self.autocast is not None and self.dtype != "float32":
-            problems.append(
-                f"autocast keeps fp32 master weights: it needs dtype 'float32', got {self.dtype!r}"
-            )
-        if self.temperature is not None and self.temperature <= 0:
-            problems.append(f"temperature must be > 0, got {self.temperature}")
-        if problems:
-            raise ValueError("invalid native train params: " + "; ".join(problems))
+    kind: ClassVar[str] = "native"

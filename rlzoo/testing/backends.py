@@ -50,6 +50,9 @@ __all__ = [
     "TokenMeanObjective",
     "TrainBackendContract",
     "make_train_batch",
+    "padded_ids",
+    "reference_batch_log_probs",
+    "response_logits",
     "save_tiny_qwen2",
 ]
 
@@ -116,6 +119,56 @@ def reference_log_probs(
     return lp.gather(-1, torch.tensor(response)[:, None])[:, 0].tolist()
 
 
+def padded_ids(
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    P: int | None = None,
+    T: int | None = None,
+) -> tuple[Any, Any]:
+    """``(input_ids, attention_mask)``, both ``[B, P + T]`` long, in the rlzoo.batch layout: each prompt
+    left-padded to ``P`` (default: the longest), each response right-padded to ``T``; pad id 0."""
+    import torch
+
+    P = P or max(map(len, prompts))
+    T = T or max(map(len, responses))
+    B = len(prompts)
+    ids = torch.full((B, P + T), PAD, dtype=torch.long)
+    attn = torch.zeros(B, P + T, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        ids[i, P - len(p) : P] = torch.tensor(list(p))
+        ids[i, P : P + len(r)] = torch.tensor(list(r))
+        attn[i, P - len(p) : P + len(r)] = 1
+    return ids, attn
+
+
+def response_logits(model: Any, batch: Any) -> Any:
+    """A plain HF forward of ``batch`` (rlzoo.batch layout): the logits that predict each response
+    token, in float64, ``[B, T, V]`` (position ``P + t - 1`` predicts response token ``t``)."""
+    import torch
+
+    T = batch["responses"].shape[1]
+    P = batch["input_ids"].shape[1] - T
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+        ).logits.double()  # [B, P+T, V]
+    return logits[:, P - 1 : P + T - 1]  # [B, T, V]
+
+
+def reference_batch_log_probs(model: Any, batch: Any, temperature: float) -> Any:
+    """``log_softmax(logits / T)`` at each response token of ``batch`` under an HF model (fp32),
+    ``[B, T]``, zero on response padding."""
+    import torch
+
+    T = batch["responses"].shape[1]
+    logits = response_logits(model, batch).float()  # [B, T, V] (fp32 -> fp64 -> fp32: exact)
+    lp = torch.log_softmax(logits / temperature, -1)  # [B, T, V]
+    lp = lp.gather(-1, batch["responses"][..., None])[..., 0]  # [B, T]
+    return torch.where(batch["attention_mask"][:, -T:].bool(), lp, 0.0)
+
+
 def make_train_batch(
     prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], seed: int = 0
 ) -> Any:
@@ -124,13 +177,9 @@ def make_train_batch(
 
     from rlzoo.batch import Batch
 
-    P, T, B = max(map(len, prompts)), max(map(len, responses)), len(prompts)
-    ids = torch.full((B, P + T), PAD, dtype=torch.long)
-    attn = torch.zeros(B, P + T, dtype=torch.long)
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        ids[i, P - len(p) : P] = torch.tensor(list(p))
-        ids[i, P : P + len(r)] = torch.tensor(list(r))
-        attn[i, P - len(p) : P + len(r)] = 1
+    ids, attn = padded_ids(prompts, responses)
+    B, T = len(prompts), max(map(len, responses))
+    P = ids.shape[1] - T
     g = torch.Generator().manual_seed(seed)
     mask = attn[:, P:].float()  # [B, T]
     return Batch(
@@ -432,20 +481,6 @@ class TrainBackendContract(BackendContract):
         )
         return self.component.load()(p, spec)
 
-    def _ref_log_probs(self, model: Any, batch: Any, temperature: float) -> Any:
-        import torch
-
-        T = batch["responses"].shape[1]
-        with torch.no_grad():
-            logits = model(
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"],
-            ).logits.float()  # [B, P+T, V]
-        lp = torch.log_softmax(logits[:, -T - 1 : -1] / temperature, -1)  # [B, T, V]
-        lp = lp.gather(-1, batch["responses"][..., None])[..., 0]  # [B, T]
-        return torch.where(batch["attention_mask"][:, -T:].bool(), lp, 0.0)
-
     def _close(self, a: Any, b: Any, what: str, atol: float) -> None:
         import torch
 
@@ -473,7 +508,10 @@ class TrainBackendContract(BackendContract):
         finally:
             b.shutdown()
         self._close(
-            lp, self._ref_log_probs(_load_reference(self.model_dir()), batch, 0.9), "log-probs", self.lp_atol
+            lp,
+            reference_batch_log_probs(_load_reference(self.model_dir()), batch, 0.9),
+            "log-probs",
+            self.lp_atol,
         )
         assert ent is not None and ent.shape == lp.shape
 
@@ -499,7 +537,7 @@ class TrainBackendContract(BackendContract):
             "the update changed nothing"
         )
         self._close(
-            self._ref_log_probs(fresh.eval(), batch, 0.9),
+            reference_batch_log_probs(fresh.eval(), batch, 0.9),
             lp,
             "log-probs of the exported weights",
             self.lp_atol,

@@ -19,6 +19,7 @@ import pytest
 
 import rlzoo
 from rlzoo.metrics import read_metrics
+from rlzoo.train.loop import build_loop
 
 BATCH = 8
 RUNNER = (
@@ -81,16 +82,16 @@ def test_kill_9_mid_trajectories_then_resume_loses_and_repeats_nothing(tmp_path:
     run = rlzoo.build_run(
         "quickstart_tools", ["resume=latest", f"run.output_dir={out}", f"trainer.total_steps={step + 3}"]
     )
-    runner = run.build_runner()
+    runner = build_loop(run)
     runner.run()
-    order = runner.prompts.loader.order(0)
+    order = runner.source.prompts.loader.order(0)
     assert data["loader"]["epoch"] == 0
     before = [(0, i) for i in order[: data["loader"]["position"]] if (0, i) not in outstanding]
-    after = list(runner.prompts.trained_keys)
+    after = list(runner.source.prompts.trained_keys)
     assert len(before) == step * BATCH  # what the checkpoint says was trained
     assert len(after) == 3 * BATCH and len(set(after)) == len(after)
     assert not set(before) & set(after)  # nothing trained twice across the crash
-    st = runner.prompts.state_dict()
+    st = runner.source.prompts.state_dict()
     left = [(e, i) for e, i, _, _ in st["pending"] + st["buffer"]]
     assert st["loader"]["epoch"] == 0
     # nothing lost: trained before + after + still outstanding == the loader's order so far

@@ -17,7 +17,7 @@ import torch
 
 from agents.helpers import Chatter, Recorder, _segments, check_sampled_ids_are_trained, requests
 from rlzoo.protocols import RolloutSpec, Sample, TrainSpec
-from rlzoo.runners.batching import samples_to_batch
+from rlzoo.train.batching import samples_to_batch
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,9 @@ from rlzoo.algorithms.functional.agents import CalcTool, ToolArithmetic
 from rlzoo.failures import RewardFailureError, RewardFailures
 from rlzoo.models.tiny import build_tokenizer
 from rlzoo.protocols import AgentTurn, EnvStep, Sample, Tool
-from rlzoo.runners.batching import rollout_metrics, samples_to_batch
-from rlzoo.runners.rewards import score_samples
 from rlzoo.tasks._tools import CHAT_TEMPLATE, WORDS
+from rlzoo.train.batching import rollout_metrics, samples_to_batch
+from rlzoo.train.rewards import score_samples
 
 TOK = build_tokenizer((*WORDS, "slow", "boom"), CHAT_TEMPLATE, extra_special=("<|tool|>",))
 EOS = int(TOK.eos_token_id)
@@ -190,3 +190,26 @@ def test_the_environment_sees_the_turn_s_tool_calls_and_shapes_on_them() -> None
     script = {0: "calc 1 2 3 + 4 5 6", 1: "Answer: 5 7 9"}
     (s,) = run(lambda t, _: script[t], lambda: ToolArithmetic(ToolArithmeticParams(call_credit=0.5)))
     assert s.agent is not None and s.agent["reward"] == pytest.approx(1.5)
+
+
+def test_answer_credit_pays_for_repeating_the_result_of_a_call_that_repeated_the_question() -> None:
+    """answer_credit: the answer turn also earns answer_credit x (the share of the calc result's
+    digits it repeats in place) x (the call's share of the question). By hand, question 1 2 3 + 4 5 6
+    (sum 579), answer_credit 1, call_credit 0:"""
+    env = lambda: ToolArithmetic(ToolArithmeticParams(answer_credit=1.0))  # noqa: E731
+    # the call repeats 6/7 words; the tool says 5 8 0; the answer "5 8 1" repeats 2 of its 3 digits
+    (s,) = run(lambda t, _: {0: "calc 1 2 3 + 4 5 7", 1: "Answer: 5 8 1"}[t], env)
+    assert s.agent is not None
+    assert s.agent["reward"] == pytest.approx(6 / 7 * 2 / 3)
+    assert s.agent["env_info"]["answer_match"] == pytest.approx(2 / 3)
+    # a call unrelated to the question ("calc 7"): repeating its result earns nothing
+    (s,) = run(lambda t, _: {0: "calc 7", 1: "Answer: 7"}[t], env)
+    assert s.agent is not None and s.agent["reward"] == 0.0 and s.agent["env_info"]["answer_match"] == 1.0
+    # no call: the digits of a guess earn nothing (only the exact sum: 1.0 + 0)
+    (s,) = run(lambda t, _: {0: "5 7 0"}[t], env)
+    assert s.agent is not None and s.agent["reward"] == 0.0
+    (s,) = run(lambda t, _: {0: "5 7 9"}[t], env)
+    assert s.agent is not None and s.agent["reward"] == 1.0
+    # the right call and answer: 1 (exact) + 1 x 1 x 1
+    (s,) = run(lambda t, _: {0: "calc 1 2 3 + 4 5 6", 1: "Answer: 5 7 9"}[t], env)
+    assert s.agent is not None and s.agent["reward"] == pytest.approx(2.0)

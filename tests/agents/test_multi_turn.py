@@ -16,8 +16,8 @@ import rlzoo
 from agents.helpers import Chatter, Recorder, check_sampled_ids_are_trained, requests
 from rlzoo.agents.rollout import MultiTurnRollout
 from rlzoo.agents.settings import MultiTurnSettings
-from rlzoo.runners.batching import samples_to_batch
-from rlzoo.runners.inputs import load_tokenizer, rollout_spec, train_spec
+from rlzoo.train.batching import samples_to_batch
+from rlzoo.train.inputs import load_tokenizer, rollout_spec, train_spec
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def parts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     data_dir = tmp_path_factory.mktemp("tools")
     run = rlzoo.build_run("quickstart_tools", [f"data.dir={data_dir}", "data.max_response_length=160"])
     cfg = run.config
-    from rlzoo.runners.inputs import ensure_data
+    from rlzoo.train.inputs import ensure_data
 
     ensure_data(cfg)
     tok = load_tokenizer(cfg)

@@ -1,4 +1,5 @@
-"""A few steps of the ``quickstart_tools`` recipe on every runner (sync, one_step_off, fully_async):
+"""A few steps of the ``quickstart_tools`` recipe on every runner (sync, one_step_off, fully_async,
+and fully_async with ``token_is``):
 the multi-turn rollout is the batch source of each, the calc tool is called, and the agent metrics
 are logged. No accuracy assertion (``benchmarks/agents.py`` prints the learning curves)."""
 
@@ -20,6 +21,8 @@ RUNNERS = {
         "require_batches:1,partial_rollout:true}"
     ],
 }
+#: fully_async with the off-policy correction benchmarks/agents.py --async measures (docs/agents.md)
+RUNNERS["fully_async_tis"] = [*RUNNERS["fully_async"], "algorithm.rollout_correction.name=token_is"]
 
 
 @pytest.fixture(scope="module")
@@ -57,3 +60,7 @@ def test_quickstart_tools_trains_on_every_runner(runner: str, data_dir: Path, tm
     # the untrained model calls calc in some trajectories (its first word), and the tool answers
     assert sum(r["agent/tool_calls/mean"] for r in recs) > 0
     assert sum(r["agent/env_tokens/mean"] for r in recs) > 0
+    # the environment's shaping is reported (the held-out metric reads "acc", the exact answer)
+    assert all("agent/env/call_match" in r and "agent/env/answer_match" in r for r in recs)
+    if runner == "fully_async_tis":  # the importance weights were applied to the stale samples
+        assert all(0 < r["rollout_corr/rollout_is_mean"] <= 2.0 for r in recs)

@@ -18,10 +18,10 @@ from rlzoo.agents.rollout import MultiTurnRollout
 from rlzoo.agents.settings import MultiTurnSettings
 from rlzoo.config import bind_part
 from rlzoo.plugins import PluginManager
-from rlzoo.runners.batching import samples_to_batch
-from rlzoo.runners.rewards import score_samples
 from rlzoo.tasks._textarena import TextArenaError, start
 from rlzoo.testing import EnvironmentConformance
+from rlzoo.train.batching import samples_to_batch
+from rlzoo.train.rewards import score_samples
 
 #: GuessTheNumber-v0 (1..20, 20 guesses) at seed 3: the target is 8 (TextArena's game state)
 ROW = {"extra_info": {"env_id": "GuessTheNumber-v0", "seed": 3}}

@@ -16,10 +16,10 @@ from rlzoo.algorithms.advantage import GRPOParams, TurnGRPOParams
 from rlzoo.algorithms.functional.advantage import grpo, turn_grpo
 from rlzoo.models.tiny import build_tokenizer
 from rlzoo.protocols import AdvantageInputs, AgentTurn, EnvStep, RewardResult, Sample
-from rlzoo.runners.batching import samples_to_batch
-from rlzoo.runners.rewards import score_samples
 from rlzoo.tasks._tools import CHAT_TEMPLATE, WORDS
 from rlzoo.testing import AdvantageConformance
+from rlzoo.train.batching import samples_to_batch
+from rlzoo.train.rewards import score_samples
 
 
 class TestTurnGRPO(AdvantageConformance):

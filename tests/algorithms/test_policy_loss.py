@@ -146,6 +146,17 @@ def test_ppo_params_validated():
         P.PPOClipParams(clip_ratio_low=-0.1)
 
 
+@pytest.mark.parametrize("name", [n for n, (_, p) in LOSSES.items() if hasattr(p, "clip_ratio_low")])
+@pytest.mark.parametrize("field", ["clip_ratio_low", "clip_ratio_high"])
+def test_every_clipped_loss_refuses_a_negative_clip_bound(name, field):
+    # the clipped params share one check (ClipBounds); a loss whose own __post_init__ forgot to
+    # call it would accept -0.1 here
+    cls = type(LOSSES[name][1])
+    assert issubclass(cls, P.ClipBounds)
+    with pytest.raises(ValueError, match="clip_ratio_low / clip_ratio_high must be >= 0"):
+        cls(**{field: -0.1})
+
+
 # ---------------------------------------------------------------------------------------------
 # gspo
 # ---------------------------------------------------------------------------------------------

@@ -22,9 +22,9 @@ from transformers import AutoModelForCausalLM
 from rlzoo.batch import Batch
 from rlzoo.models.tiny import tiny_qwen2_config
 from rlzoo.protocols import AggContext, MicroBatchSettings, OptimSettings
+from rlzoo.testing.backends import make_train_batch
 
 V = 64
-PAD = 0
 
 
 def tiny_model(seed: int = 0, tie: bool = True) -> torch.nn.Module:
@@ -34,45 +34,18 @@ def tiny_model(seed: int = 0, tie: bool = True) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(cfg).float()
 
 
-def make_batch(prompts: list[list[int]], responses: list[list[int]], seed: int = 0) -> Batch:
-    """rlzoo.batch layout: prompt left-padded to P, response right-padded to T."""
-    P, T, B = max(map(len, prompts)), max(map(len, responses)), len(prompts)
-    ids = torch.full((B, P + T), PAD, dtype=torch.long)
-    attn = torch.zeros(B, P + T, dtype=torch.long)
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        ids[i, P - len(p) : P] = torch.tensor(p)
-        ids[i, P : P + len(r)] = torch.tensor(r)
-        attn[i, P - len(p) : P + len(r)] = 1
-    g = torch.Generator().manual_seed(seed)
-    resp_mask = attn[:, P:].float()
-    old = -torch.rand(B, T, generator=g) * 3 * resp_mask
-    return Batch(
-        {
-            "input_ids": ids,
-            "attention_mask": attn,
-            "position_ids": (attn.cumsum(-1) - 1).clamp(min=0),
-            "responses": ids[:, P:],
-            "response_mask": resp_mask,
-            "old_log_probs": old,
-            "advantages": torch.randn(B, T, generator=g) * resp_mask,
-            "returns": torch.randn(B, T, generator=g) * resp_mask,
-            "values": torch.zeros(B, T),
-        }
-    )
-
-
 def sample_batch(seed: int = 0, B: int = 7) -> Batch:
     """B samples with different prompt / response lengths (odd B: uneven shards)."""
     rng = random.Random(seed)
     prompts = [[rng.randrange(1, V) for _ in range(rng.randint(1, 9))] for _ in range(B)]
     responses = [[rng.randrange(1, V) for _ in range(rng.randint(1, 11))] for _ in range(B)]
-    return make_batch(prompts, responses, seed=seed)
+    return make_train_batch(prompts, responses, seed=seed)
 
 
 class TokenMeanPG:
     """Hand-written objective: ``-sum(A * exp(logp - old) * mask) / global_tokens`` (token-mean).
 
-    Bound to the whole mini-batch's token count, as :mod:`rlzoo.objective` objectives are.
+    Bound to the whole mini-batch's token count, as :mod:`rlzoo.train.objective` objectives are.
     """
 
     needs_entropy = False

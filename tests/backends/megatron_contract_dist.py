@@ -25,12 +25,7 @@ LAYOUTS = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    import torch
-
-    torch.set_num_threads(1)
-    yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class TestMegatronTrainDist(TrainBackendContract):

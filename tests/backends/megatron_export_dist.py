@@ -26,7 +26,12 @@ def main(layout: str, shared: Path) -> None:
     from rlzoo.backends.megatron import MegatronParams
     from rlzoo.backends.megatron.train import MegatronTrainBackend
     from rlzoo.protocols import OptimSettings, TrainSpec
-    from rlzoo.testing.backends import TokenMeanObjective, _random_batch, save_tiny_qwen2
+    from rlzoo.testing.backends import (
+        TokenMeanObjective,
+        _random_batch,
+        reference_batch_log_probs,
+        save_tiny_qwen2,
+    )
 
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
@@ -46,11 +51,8 @@ def main(layout: str, shared: Path) -> None:
         be.shutdown()
     if rank != 0:
         return
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_megatron_export import hf_log_probs
-
     model = AutoModelForCausalLM.from_pretrained(shared / "hf", dtype=torch.float32).eval()
-    diff = (hf_log_probs(model, batch, temperature) - trainer_lp).abs().max().item()
+    diff = (reference_batch_log_probs(model, batch, temperature) - trainer_lp).abs().max().item()
     rows = int(model.get_input_embeddings().weight.shape[0])
     (shared / "result.json").write_text(json.dumps({"max_abs_diff": diff, "vocab_rows": rows}))
 

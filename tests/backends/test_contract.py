@@ -14,16 +14,7 @@ import pytest
 
 from rlzoo.testing.backends import RolloutBackendContract, TrainBackendContract
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matmuls gain nothing from threads, and intra-op threads thrash on a busy CPU."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # -- rollout ------------------------------------------------------------------------------------

@@ -8,8 +8,6 @@ native backend (the reference: one process, no sharding) on the same tiny model 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,13 +16,18 @@ import torch
 from safetensors.torch import load_file
 
 from rlzoo.backends.fsdp2 import FSDP2Params
-from rlzoo.backends.fsdp2.sharding import balanced_shards, micro_batch_bounds, pack, plan_shards, unpack
+from rlzoo.backends.fsdp2.sharding import balanced_shards, micro_batch_bounds, plan_shards
 from rlzoo.backends.native.train import NativeTrainBackend
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.protocols import TrainBackend, TrainSpec
+from rlzoo.testing.backends import make_train_batch
+from rlzoo.train_kit.logprobs import pack, unpack
+from rlzoo.train_kit.params import HFTrainParams
+
+from .conftest import torchrun
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fsdp2_worker import PARAMS, SETTINGS, TokenMeanPG, TokenMeanValue, make_batch, sample_batch, tiny_model
+from fsdp2_worker import PARAMS, SETTINGS, TokenMeanPG, TokenMeanValue, sample_batch, tiny_model
 
 WORKER = Path(__file__).with_name("fsdp2_worker.py")
 SPEC = TrainSpec(model_path="", need_reference=True, need_critic=True, total_steps=10, **SETTINGS)
@@ -59,7 +62,7 @@ def test_plan_pads_short_ranks_with_dummy_passes() -> None:
 
 def test_pack_positions_and_targets() -> None:
     # sample 0: prompt [5, 6], response [7, 8]; sample 1: prompt [9], response [10] (+1 pad)
-    b = make_batch([[5, 6], [9]], [[7, 8], [10]])
+    b = make_train_batch([[5, 6], [9]], [[7, 8], [10]])
     pk = pack(b)
     assert pk.input_ids.tolist() == [[5, 6, 7, 8, 9, 10]]
     assert pk.position_ids.tolist() == [[0, 1, 2, 3, 0, 1]]
@@ -72,7 +75,9 @@ def test_pack_positions_and_targets() -> None:
 def test_params_validate() -> None:
     with pytest.raises(ValueError, match="fsdp_size"):
         FSDP2Params(fsdp_size=0)
-    assert isinstance(FSDP2Params(), NativeTrainParams)
+    with pytest.raises(ValueError, match="invalid fsdp2 train params: dtype"):
+        FSDP2Params(dtype="float16")
+    assert isinstance(FSDP2Params(), HFTrainParams)
 
 
 def test_registered_as_train_backend() -> None:
@@ -138,21 +143,7 @@ def test_single_process_group_matches_native() -> None:
 @pytest.fixture(scope="module")
 def dist_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, Path]:
     out = tmp_path_factory.mktemp("fsdp2")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(WORKER),
-        str(out),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0:
-        pytest.fail(
-            f"torchrun worker failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-        )
+    torchrun(str(WORKER), str(out), timeout=300)
     tensors = load_file(str(out / "results.safetensors"))
     numbers = json.loads((out / "results.json").read_text())
     return tensors, numbers, out

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +14,8 @@ from rlzoo import lora
 from rlzoo.backends.native.train import NativeTrainBackend
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.protocols import TrainSpec
+
+from .conftest import torchrun
 
 pytest.importorskip("peft")
 sys.path.insert(0, str(Path(__file__).parent))
@@ -29,21 +29,7 @@ ATOL = 1e-5
 @pytest.fixture(scope="module")
 def dist_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, Path]:
     out = tmp_path_factory.mktemp("fsdp2_lora")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(WORKER),
-        str(out),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0:
-        pytest.fail(
-            f"torchrun worker failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-        )
+    torchrun(str(WORKER), str(out), timeout=300)
     return load_file(str(out / "results.safetensors")), json.loads((out / "results.json").read_text()), out
 
 

@@ -30,9 +30,5 @@ class TestNativeTrainCUDA(TrainBackendContract):
 
 
 @pytest.mark.gpu
-class TestFSDP2TrainCUDA(TrainBackendContract):
+class TestFSDP2TrainCUDA(TestNativeTrainCUDA):
     name = "fsdp2"
-    needs_cuda = True
-    params_overrides = {"device": "cuda"}
-    lp_atol = 1e-3
-    update_atol = 1e-4

@@ -17,7 +17,15 @@ from rlzoo.backends.native.rollout_params import NativeRolloutParams
 from rlzoo.errors import RlzooError
 from rlzoo.protocols import GenerationRequest, LoraSettings, RolloutSpec, SamplingParams, TrainSpec
 
-from .test_native_train import TokenMeanPG, ValueMSE, backend, manual_log_probs, sample_batch, tiny_model
+from .test_native_train import (
+    TokenMeanPG,
+    ValueMSE,
+    backend,
+    manual_log_probs,
+    sample_batch,
+    tiny_model,
+    train_then_save,
+)
 
 peft = pytest.importorskip("peft")
 
@@ -88,7 +96,7 @@ def test_a_push_is_the_adapter_only_and_the_engine_reproduces_the_trainers_log_p
     ]
     samples = engine.generate(requests)
     assert all(s.versions and set(s.versions) == {be.version} for s in samples)
-    from rlzoo.runners.batching import samples_to_batch
+    from rlzoo.train.batching import samples_to_batch
 
     batch = samples_to_batch(samples, None, pad_token_id=0)
     lp, _ = be.compute_log_probs(batch)
@@ -126,19 +134,9 @@ def test_checkpoint_holds_the_adapter_and_resume_is_exact(tmp_path):
     kw = {"lr": 1e-2, "critic_lr": 1e-3, "lr_scheduler": "cosine", "warmup_steps": 2, "micro_batch_size": 2}
     model = tiny_model()
     a = lora_backend(copy.deepcopy(model), spec=spec, **kw)
-    batch = sample_batch(seed=5)
-    pg = TokenMeanPG(float(batch["response_mask"].sum()))
-    vf = ValueMSE(float(batch["response_mask"].sum()))
-    for _ in range(3):
-        a.update_policy(batch, pg)
-        a.update_critic(batch, vf)
-    random.seed(1)
-    np.random.seed(2)
-    torch.manual_seed(3)
-    a.save_checkpoint(tmp_path / "ckpt", {"data_pos": 7})
-    draws = (random.random(), np.random.rand(), torch.rand(2))
+    batch, pg, vf, draws = train_then_save(a, tmp_path / "ckpt", {"data_pos": 7})
 
-    from rlzoo.backends.native import checkpoint as ckpt
+    from rlzoo.train_kit import checkpoint as ckpt
 
     saved = ckpt.load_state_dict(tmp_path / "ckpt" / "actor" / "model.safetensors")
     assert set(saved) == {n for n, _ in lora.adapter_items(a.actor.state_dict())}  # the adapter only

@@ -8,9 +8,7 @@ under ``torchrun --nproc_per_node=2``). Skipped with a reason when megatron-core
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,29 +18,14 @@ from rlzoo.backends.megatron import MegatronParams
 from rlzoo.backends.megatron.convert import ModelDims, transformer_config_kwargs
 from rlzoo.testing.backends import TrainBackendContract, save_tiny_qwen2
 
+from .conftest import torchrun
+
 HAVE_MCORE = (
     importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-class TestMegatronTrainCPUDistOpt(TrainBackendContract):
-    """TP=1 with the distributed optimizer (its checkpoint layout, its main-param views)."""
-
-    name = "megatron"
-    requires = ("megatron.core", "psutil")
-    params_overrides = {"device": "cpu", "dtype": "float32", "use_distributed_optimizer": True}
-    lp_atol = 1e-4
-    update_atol = 1e-5
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class TestMegatronTrainCPU(TrainBackendContract):
@@ -53,6 +36,12 @@ class TestMegatronTrainCPU(TrainBackendContract):
     update_atol = 1e-5
 
 
+class TestMegatronTrainCPUDistOpt(TestMegatronTrainCPU):
+    """TP=1 with the distributed optimizer (its checkpoint layout, its main-param views)."""
+
+    params_overrides = {**TestMegatronTrainCPU.params_overrides, "use_distributed_optimizer": True}
+
+
 # -- TP=2, PP=2, DP=2: two gloo processes under torchrun ----------------------------------------
 DIST_MODULE = Path(__file__).with_name("megatron_contract_dist.py")
 
@@ -61,31 +50,14 @@ DIST_MODULE = Path(__file__).with_name("megatron_contract_dist.py")
 @pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core not installed")
 @pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2"])
 def test_contract_in_two_processes(layout: str, tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join(sys.path),
-        "RLZOO_MEGATRON_LAYOUT": layout,
-        "RLZOO_CONTRACT_DIR": str(tmp_path),
-    }
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-W",
-        "ignore",
-        str(DIST_MODULE),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"{layout}: torchrun failed ({proc.returncode}):\n{out[-6000:]}"
+    pytest_args = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore", str(DIST_MODULE))
+    out = torchrun(
+        *pytest_args,
+        timeout=600,
+        what=f"{layout}: torchrun",
+        RLZOO_MEGATRON_LAYOUT=layout,
+        RLZOO_CONTRACT_DIR=str(tmp_path),
+    )
     n = str(sum(1 for name in dir(TrainBackendContract) if name.startswith("test_")))
     assert re.findall(r"(\d+) passed", out) == [n, n], out[-3000:]  # both ranks, every contract test
 

@@ -11,38 +11,23 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None,
-    reason="megatron-core not installed",
-)
+from rlzoo.testing.backends import reference_batch_log_probs
 
+from .conftest import torchrun
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def hf_log_probs(model: Any, batch: Any, temperature: float) -> torch.Tensor:
-    """log p(response token | prefix) under a bare HF forward, logits divided by ``temperature``."""
-    ids, attn = batch["input_ids"], batch["attention_mask"]  # [B, P + T]
-    T = batch["responses"].shape[1]
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits.float()  # [B, P+T, V]
-    logp = torch.log_softmax(logits[:, -T - 1 : -1] / temperature, dim=-1)  # [B, T, V]
-    return logp.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1) * batch["response_mask"]  # [B, T]
+pytestmark = [
+    pytest.mark.skipif(
+        importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None,
+        reason="megatron-core not installed",
+    ),
+    pytest.mark.usefixtures("one_thread"),
+]
 
 
 def build(model_dir: Path, **params: Any) -> Any:
@@ -82,9 +67,13 @@ def test_export_loads_in_transformers_with_the_trainers_log_probs(tmp_path: Path
         be.shutdown()
 
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    torch.testing.assert_close(hf_log_probs(model, batch, temperature), trainer_lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        reference_batch_log_probs(model, batch, temperature), trainer_lp, atol=1e-5, rtol=0
+    )
     base = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
-    assert not torch.allclose(hf_log_probs(base, batch, temperature), trainer_lp, atol=1e-3)  # trained
+    assert not torch.allclose(
+        reference_batch_log_probs(base, batch, temperature), trainer_lp, atol=1e-3
+    )  # trained
 
     # a standard folder: the base config (tying as it does), real vocabulary rows, tokenizer, generation
     cfg = json.loads((out / "config.json").read_text())
@@ -158,20 +147,7 @@ DIST_SCRIPT = Path(__file__).with_name("megatron_export_dist.py")
 @pytest.mark.distributed
 @pytest.mark.parametrize("layout", ["tp2", "pp2"])
 def test_export_in_two_processes(layout: str, tmp_path: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(DIST_SCRIPT),
-        layout,
-        str(tmp_path),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"{layout}: torchrun failed ({proc.returncode}):\n{out[-6000:]}"
+    torchrun(str(DIST_SCRIPT), layout, str(tmp_path), timeout=600, what=f"{layout}: torchrun")
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["max_abs_diff"] <= 1e-5 and result["vocab_rows"] == 64, result
 
@@ -190,10 +166,10 @@ def test_a_megatron_run_exports_and_rlzoo_export_rebuilds_it(tmp_path: Path) -> 
     from rlzoo.compose import build_run
     from rlzoo.data.tokenizer import load_tokenizer
     from rlzoo.export import load_run_config
-    from rlzoo.runners.common import train_spec
     from rlzoo.tasks._quickstart import prepare
     from rlzoo.tasks.quickstart import QuickstartDataParams
     from rlzoo.testing.backends import make_train_batch
+    from rlzoo.train.inputs import train_spec
 
     if dist.is_initialized():
         pytest.skip("a process group was started outside this test")
@@ -246,6 +222,8 @@ def test_a_megatron_run_exports_and_rlzoo_export_rebuilds_it(tmp_path: Path) -> 
     finally:
         be.shutdown()
     model = AutoModelForCausalLM.from_pretrained(run_dir / "final", dtype=torch.float32).eval()
-    torch.testing.assert_close(hf_log_probs(model, batch, temperature), trainer_lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        reference_batch_log_probs(model, batch, temperature), trainer_lp, atol=1e-5, rtol=0
+    )
     base = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32).eval()
-    assert not torch.allclose(hf_log_probs(base, batch, temperature), trainer_lp, atol=1e-4)
+    assert not torch.allclose(reference_batch_log_probs(base, batch, temperature), trainer_lp, atol=1e-4)

@@ -30,13 +30,7 @@ def _tiny(seed: int) -> nn.Module:
     return transformers.AutoModelForCausalLM.from_config(cfg).eval()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads; on a busy machine they cost a lot."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -26,16 +26,9 @@ from rlzoo.backends.native.train import NativeTrainBackend  # noqa: E402
 from rlzoo.backends.native.train_params import NativeTrainParams  # noqa: E402
 from rlzoo.models.tiny import build_tiny_qwen2_5_vl, png_bytes  # noqa: E402
 from rlzoo.protocols import MicroBatchSettings, OptimSettings, SamplingParams, TrainSpec  # noqa: E402
-from rlzoo.runners.common import make_requests, samples_to_batch  # noqa: E402
+from rlzoo.train.batching import make_requests, samples_to_batch  # noqa: E402
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matmuls gain nothing from threads, and intra-op threads thrash on a busy CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -232,10 +225,13 @@ def test_update_policy_trains_the_vision_tower(vl: tuple[Any, Any], sampled: lis
     backend = _trainer(model)
     visual = {n: p.detach().clone() for n, p in backend.actor.named_parameters() if "visual" in n}
 
-    def objective(mb: Any, log_probs: Any, entropy: Any) -> tuple[Any, dict]:
-        return -(log_probs * mb["response_mask"]).sum() / batch["response_mask"].sum(), {}
+    class MeanLogProb:  # a declared rlzoo.protocols.Objective
+        needs_entropy = False
 
-    metrics = backend.update_policy(batch, objective)
+        def __call__(self, mb: Any, log_probs: Any, entropy: Any) -> tuple[Any, dict]:
+            return -(log_probs * mb["response_mask"]).sum() / batch["response_mask"].sum(), {}
+
+    metrics = backend.update_policy(batch, MeanLogProb())
     assert metrics["actor/skipped_steps"] == 0.0 and metrics["actor/num_micro_batches"] == 3.0
     after = dict(backend.actor.named_parameters())
     assert any(not torch.equal(after[n], v) for n, v in visual.items())  # the vision tower learned too
@@ -254,7 +250,7 @@ def test_backends_and_processor_load_a_vl_folder(tmp_path: Path) -> None:
     from rlzoo.backends.native.rollout_params import NativeRolloutParams
     from rlzoo.models.tiny import build_tiny_qwen2
     from rlzoo.protocols import RolloutSpec
-    from rlzoo.runners.common import load_processor
+    from rlzoo.train.inputs import load_processor
 
     build_tiny_qwen2_5_vl(tmp_path / "vl")
     build_tiny_qwen2(tmp_path / "text")

@@ -15,13 +15,7 @@ from rlzoo.protocols import MicroBatchSettings, TrainSpec
 
 from .test_native_train import TokenMeanPG, ValueMSE, sample_batch, tiny_model
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _pair(max_tokens: int | None, attn: str):

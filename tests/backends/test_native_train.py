@@ -13,24 +13,19 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlzoo.backends.native import checkpoint as ckpt
-from rlzoo.backends.native.train import NativeTrainBackend, lr_multiplier
+from rlzoo.backends.native.train import NativeTrainBackend
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.batch import Batch
 from rlzoo.models.tiny import tiny_qwen2_config
 from rlzoo.protocols import OptimSettings, TrainBackend, TrainSpec
+from rlzoo.testing.backends import padded_ids, response_logits
+from rlzoo.train_kit import checkpoint as ckpt
+from rlzoo.train_kit.update import lr_multiplier
 
 V = 64
-PAD = 0
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matmuls gain nothing from threads, and intra-op threads thrash on a busy CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_model(seed: int = 0, tie: bool = True) -> torch.nn.Module:
@@ -41,15 +36,9 @@ def tiny_model(seed: int = 0, tie: bool = True) -> torch.nn.Module:
 
 def make_batch(prompts, responses, P=None, T=None, seed=0) -> Batch:
     """Prompt left-padded to P, response right-padded to T (rlzoo.batch layout)."""
-    P = P or max(map(len, prompts))
-    T = T or max(map(len, responses))
-    B = len(prompts)
-    ids = torch.full((B, P + T), PAD, dtype=torch.long)
-    attn = torch.zeros(B, P + T, dtype=torch.long)
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        ids[i, P - len(p) : P] = torch.tensor(p)
-        ids[i, P : P + len(r)] = torch.tensor(r)
-        attn[i, P - len(p) : P + len(r)] = 1
+    ids, attn = padded_ids(prompts, responses, P, T)
+    B, T = len(prompts), T or max(map(len, responses))
+    P = ids.shape[1] - T
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     g = torch.Generator().manual_seed(seed)
     return Batch(
@@ -74,15 +63,7 @@ def sample_batch(seed: int = 0, B: int = 5) -> Batch:
 
 def manual_log_probs(model, batch: Batch, temperature: float = 1.0):
     """Full forward, full log_softmax: the obvious reference implementation."""
-    T = batch["responses"].shape[1]
-    P = batch["input_ids"].shape[1] - T
-    with torch.no_grad():
-        logits = model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
-        ).logits.double()  # [B, P+T, V]
-    logp = torch.log_softmax(logits[:, P - 1 : P + T - 1] / temperature, -1)  # [B, T, V]
+    logp = torch.log_softmax(response_logits(model, batch) / temperature, -1)  # [B, T, V]
     lp = logp.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)  # [B, T]
     ent = -(logp.exp() * logp).sum(-1)  # [B, T]
     return lp, ent
@@ -107,6 +88,8 @@ class TokenMeanPG:
 
 
 class ValueMSE:
+    needs_entropy = False
+
     def __init__(self, global_tokens: float) -> None:
         self.global_tokens = global_tokens
 
@@ -349,23 +332,29 @@ def test_critic_values_and_update_lowers_mse(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # checkpoints and weights
 # ---------------------------------------------------------------------------------------------
-def test_checkpoint_round_trip(tmp_path):
-    spec = TrainSpec(model_path="", need_reference=True, need_critic=True, total_steps=10)
-    kw = {"lr": 1e-3, "critic_lr": 1e-3, "lr_scheduler": "cosine", "warmup_steps": 2, "micro_batch_size": 2}
-    model = tiny_model()
-    a = backend(copy.deepcopy(model), spec=spec, **kw)
+def train_then_save(a, ckpt_dir, extra):
+    """Three policy + critic updates of ``a`` on one batch, then the RNGs seeded (1, 2, 3), a
+    checkpoint with ``extra`` saved to ``ckpt_dir`` and one draw of each RNG: what a backend resumed
+    from it must draw next. Returns the batch, both objectives and the draws."""
     batch = sample_batch(seed=5)
     pg = TokenMeanPG(float(batch["response_mask"].sum()))
     vf = ValueMSE(float(batch["response_mask"].sum()))
     for _ in range(3):
         a.update_policy(batch, pg)
         a.update_critic(batch, vf)
-
     random.seed(1)
     np.random.seed(2)
     torch.manual_seed(3)
-    a.save_checkpoint(tmp_path / "ckpt", {"data_pos": 7, "epoch": 1, "uids": ["x/0"]})
-    draws = (random.random(), np.random.rand(), torch.rand(2))
+    a.save_checkpoint(ckpt_dir, extra)
+    return batch, pg, vf, (random.random(), np.random.rand(), torch.rand(2))
+
+
+def test_checkpoint_round_trip(tmp_path):
+    spec = TrainSpec(model_path="", need_reference=True, need_critic=True, total_steps=10)
+    kw = {"lr": 1e-3, "critic_lr": 1e-3, "lr_scheduler": "cosine", "warmup_steps": 2, "micro_batch_size": 2}
+    model = tiny_model()
+    a = backend(copy.deepcopy(model), spec=spec, **kw)
+    batch, pg, vf, draws = train_then_save(a, tmp_path / "ckpt", {"data_pos": 7, "epoch": 1, "uids": ["x/0"]})
     assert (tmp_path / "ckpt" / ckpt.COMPLETE_MARKER).is_file()
     assert not (tmp_path / "ckpt.tmp").exists()
 

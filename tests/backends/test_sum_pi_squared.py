@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlzoo.backends.native import common
 from rlzoo.backends.native.train import NativeTrainBackend
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.batch import Batch
 from rlzoo.protocols import MicroBatchSettings, SumPiSquaredSource, TrainSpec
+from rlzoo.testing.backends import response_logits
+from rlzoo.train_kit.logprobs import sum_pi_squared
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fsdp2_worker import PARAMS, SETTINGS, sample_batch, tiny_model
@@ -26,13 +27,7 @@ from fsdp2_worker import PARAMS, SETTINGS, sample_batch, tiny_model
 def direct_sum_pi_squared(model: torch.nn.Module, batch: Batch, temperature: float) -> torch.Tensor:
     T = batch["responses"].shape[1]
     P = batch["input_ids"].shape[1] - T
-    with torch.no_grad():
-        logits = model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
-        ).logits.double()  # [B, P+T, V]
-    probs = torch.softmax(logits[:, P - 1 : P + T - 1] / temperature, dim=-1)  # [B, T, V]
+    probs = torch.softmax(response_logits(model, batch) / temperature, dim=-1)  # [B, T, V]
     valid = batch["attention_mask"][:, P:].double()  # [B, T]
     return probs.square().sum(-1) * valid  # [B, T]
 
@@ -42,11 +37,11 @@ def test_chunked_formula_equals_softmax() -> None:
     logits = torch.randn(3, 7, 50, generator=g) * 4  # [B, T, V], peaked rows too
     want = torch.softmax(logits.double() / 0.6, -1).square().sum(-1)  # [B, T]
     for chunk in (1, 3, 1024):
-        got = common.sum_pi_squared(logits, temperature=0.6, chunk_tokens=chunk)
+        got = sum_pi_squared(logits, temperature=0.6, chunk_tokens=chunk)
         torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=1e-5)
     strided = logits[:, 1:-1]  # a slice, as the trainer passes it
     torch.testing.assert_close(
-        common.sum_pi_squared(strided, chunk_tokens=2).double(),
+        sum_pi_squared(strided, chunk_tokens=2).double(),
         torch.softmax(strided.double(), -1).square().sum(-1),
         atol=1e-6,
         rtol=1e-5,

@@ -8,11 +8,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlzoo.backends.megatron.vocab_parallel import simulate_vocab_parallel
-from rlzoo.backends.native.train import actor_log_probs
 from rlzoo.batch import Batch
 from rlzoo.models.tiny import tiny_qwen2_config
 from rlzoo.protocols import MicroBatchSettings
-from rlzoo.train_kit import (
+from rlzoo.train_kit.logprobs import (
+    actor_log_probs,
     chunked_token_fn,
     chunks,
     linear_token_log_probs,
@@ -249,9 +249,10 @@ def test_native_fused_lm_head_equals_logits_path():
     import copy
     import dataclasses
 
-    from rlzoo.backends.native.train import NativeTrainBackend, fusable_lm_head
+    from rlzoo.backends.native.train import NativeTrainBackend
     from rlzoo.backends.native.train_params import NativeTrainParams
     from rlzoo.protocols import TrainSpec
+    from rlzoo.train_kit.models import fusable_lm_head
 
     from .test_native_train import TokenMeanPG, sample_batch, tiny_model
 
@@ -276,3 +277,72 @@ def test_native_fused_lm_head_equals_logits_path():
         assert m1["actor/loss"] == pytest.approx(m0["actor/loss"], rel=1e-5, abs=1e-8)
         for a, b in zip(g1, g0):
             torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# the declared objective contract: accumulated metrics merged across data-parallel ranks
+# ---------------------------------------------------------------------------------------------
+def test_accumulated_metrics_merge_across_ranks_as_one_rank_would() -> None:
+    from rlzoo.train.objective import _Accumulator
+
+    ranks = [_Accumulator(), _Accumulator()]
+    for acc in ranks:  # an earlier update, already merged: the same on both ranks
+        acc.add("actor/pg_loss", 1.0)
+        acc.mean("actor/clipfrac", 0.5)
+    marks = [acc.mark() for acc in ranks]
+    ranks[0].add("actor/pg_loss", 0.25)  # rank 0's shard: one micro-batch
+    ranks[0].mean("actor/clipfrac", 0.1)
+    ranks[1].add("actor/pg_loss", 0.5)  # rank 1's shard: two micro-batches
+    ranks[1].add("actor/pg_loss", 0.125)
+    ranks[1].mean("actor/clipfrac", 0.2)
+    ranks[1].mean("actor/clipfrac", 0.3)
+    added = [acc.since(m) for acc, m in zip(ranks, marks)]
+    for acc, m in zip(ranks, marks):
+        acc.merge(m, added)
+    for acc in ranks:  # sums: 1 + 0.25 + 0.5 + 0.125; means over the 4 micro-batch values
+        assert acc.summary() == {
+            "actor/pg_loss": 1.875,
+            "actor/clipfrac": pytest.approx((0.5 + 0.1 + 0.2 + 0.3) / 4),
+        }
+
+
+def test_accumulate_needs_a_dummy_for_padding_passes() -> None:
+    from rlzoo.train_kit.update import accumulate
+
+    class Never:
+        needs_entropy = False
+
+        def __call__(self, mb, out, entropy):  # type: ignore[no-untyped-def]
+            raise AssertionError("a padding pass has no objective call")
+
+    with pytest.raises(ValueError, match="dummy"):
+        accumulate([None], Never(), lambda mb: (torch.zeros(1, 1), None), device=torch.device("cpu"))
+
+
+def test_lr_schedule_record_is_what_a_checkpoint_keeps() -> None:
+    from rlzoo.protocols import OptimSettings, TrainSpec
+    from rlzoo.train_kit.update import LRSchedule
+
+    spec = TrainSpec(
+        model_path="", total_steps=10, optim=OptimSettings(lr=1e-3, critic_lr=2e-3, warmup_ratio=0.2)
+    )
+    sched = LRSchedule.from_spec(spec)
+    assert sched.warmup_steps == 2  # warmup_ratio 0.2 of 10 steps
+    rec = sched.record(1, 3)
+    assert rec["actor"] == {"steps": 1, "next_lr": pytest.approx(0.5e-3)}  # constant: s / W during warmup
+    assert rec["critic"] == {"steps": 3, "next_lr": pytest.approx(2e-3)}
+    assert (rec["schedule"], rec["warmup_steps"], rec["total_steps"]) == ("constant", 2, 10)
+
+
+def test_an_objective_without_needs_entropy_is_refused_with_the_contract() -> None:
+    from rlzoo.backends.native.train import NativeTrainBackend
+
+    from .test_native_train import sample_batch, tiny_model
+
+    be = NativeTrainBackend.from_module(tiny_model())
+
+    def plain(mb, log_probs, entropy):  # type: ignore[no-untyped-def]
+        return log_probs.sum(), {}
+
+    with pytest.raises(TypeError, match=r"not an rlzoo\.protocols\.Objective.*needs_entropy"):
+        be.update_policy(sample_batch(), plain)

@@ -306,8 +306,8 @@ def test_multi_turn_on_vllm_trains_exactly_the_sampled_tokens(tmp_path) -> None:
     from rlzoo.agents.settings import MultiTurnSettings
     from rlzoo.algorithms.agents import CalcParams
     from rlzoo.algorithms.functional.agents import CalcTool
-    from rlzoo.runners.batching import samples_to_batch
-    from rlzoo.runners.inputs import ensure_data, load_tokenizer, rollout_spec, train_spec
+    from rlzoo.train.batching import samples_to_batch
+    from rlzoo.train.inputs import ensure_data, load_tokenizer, rollout_spec, train_spec
 
     run = rlzoo.build_run(
         "quickstart_tools",

@@ -34,7 +34,7 @@ def hf_log_probs(model: Any, batch: Batch) -> torch.Tensor:
 
 def text_batch(tok: Any) -> Batch:
     from rlzoo.protocols import Sample
-    from rlzoo.runners.common import samples_to_batch
+    from rlzoo.train.batching import samples_to_batch
 
     msgs = [[{"role": "user", "content": f"first of {a} {b}"}] for a, b in ((3, 7), (5, 1), (2, 2))]
     prompts = [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True) for m in msgs]
@@ -49,17 +49,6 @@ def text_batch(tok: Any) -> Batch:
     ]
     batch = samples_to_batch(samples, None, pad_token_id=int(tok.pad_token_id))
     return batch
-
-
-@pytest.fixture(scope="module")
-def quickstart_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The quickstart task's data, word-level tokenizer and tiny Qwen2 model (offline)."""
-    from rlzoo.tasks._quickstart import prepare
-    from rlzoo.tasks.quickstart import QuickstartDataParams
-
-    out = tmp_path_factory.mktemp("quickstart")
-    prepare(out, QuickstartDataParams())
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +77,7 @@ def test_final_loads_in_plain_transformers_and_matches_the_trainer(run_dir: Path
 
     from rlzoo.backends.native.train import NativeTrainBackend
     from rlzoo.data.tokenizer import load_tokenizer
-    from rlzoo.runners.common import train_spec
+    from rlzoo.train.inputs import train_spec
 
     final = run_dir / "final"
     for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer_config.json"):
@@ -302,17 +291,56 @@ def test_a_kill_during_the_final_export_is_redone_by_the_resume(
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
-def test_a_tokenizer_plain_autotokenizer_would_misread_is_flagged(run_dir: Path) -> None:
-    """The quickstart's word-level tokenizer next to a Qwen2 config: transformers 5's AutoTokenizer
-    loads it as Qwen2Tokenizer and loses words. Before: nothing said so (the model then scored 0.0
-    instead of 0.42 with it). Now the export says how to load it, in its log and its record."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+def test_final_round_trips_in_plain_auto_tokenizer(run_dir: Path, quickstart_dir: Path) -> None:
+    """The quickstart's ``final/`` in nothing but transformers: ``AutoTokenizer`` encodes every
+    validation prompt (chat template applied) and the answers to the run's own token ids, and
+    decodes them back; ``AutoModelForCausalLM`` loads it. Before: its tiny Qwen2 made transformers 5
+    load the word-level tokenizer as Qwen2Tokenizer, which dropped words ("last" and "first")."""
+    import pyarrow.parquet as pq
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlzoo.data.tokenizer import load_tokenizer
+    from rlzoo.tasks._quickstart import WORDS
 
     final = run_dir / "final"
     run_tok = load_tokenizer(load_run_config(run_dir).model.path)
-    text = "last of 4 9"
+    auto = AutoTokenizer.from_pretrained(final)
+    rows = pq.read_table(quickstart_dir / "val.parquet").to_pylist()
+    assert rows
+    for row in rows:
+        text = run_tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
+        assert auto.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False) == text
+        ids = run_tok(text)["input_ids"]
+        assert run_tok.unk_token_id not in ids
+        assert auto(text)["input_ids"] == ids, text
+        answer = run_tok(row["reward_model"]["ground_truth"])["input_ids"]
+        assert auto(row["reward_model"]["ground_truth"])["input_ids"] == answer
+        assert auto.decode(ids, skip_special_tokens=True) == run_tok.decode(ids, skip_special_tokens=True)
+    every_word = " ".join(WORDS)  # the task's whole vocabulary, "first" and "last" included
+    assert auto(every_word)["input_ids"] == run_tok(every_word)["input_ids"]
+    assert auto.decode(auto(every_word)["input_ids"]) == every_word
+    assert "tokenizer" not in json.loads((final / "rlzoo_export.json").read_text())  # no warning due
+    model = AutoModelForCausalLM.from_pretrained(final)
+    assert model.config.vocab_size == len(auto)
+
+
+def test_a_tokenizer_plain_autotokenizer_would_misread_is_flagged(tmp_path: Path) -> None:
+    """A word-level tokenizer next to a Qwen2 config (the tiny recipes' models): transformers 5's
+    AutoTokenizer loads it as Qwen2Tokenizer and loses words. Before: nothing said so (the
+    quickstart's model, then a Qwen2, scored 0.0 instead of 0.42 with it). The export says how to
+    load it, in its log and its record."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from rlzoo.backends.native.train import NativeTrainBackend
+    from rlzoo.backends.native.train_params import NativeTrainParams
+    from rlzoo.models.tiny import build_tiny_qwen2
+    from rlzoo.protocols import TrainSpec
+
+    src = tmp_path / "qwen2"
+    _, run_tok = build_tiny_qwen2(src)
+    be = NativeTrainBackend(NativeTrainParams(device="cpu"), TrainSpec(model_path=str(src)))
+    final = export_model(be, src, tmp_path / "final", tokenizer=run_tok)
+    text = "the x is 4 9"
     auto = AutoTokenizer.from_pretrained(final)
     assert auto(text)["input_ids"] != run_tok(text)["input_ids"]  # the transformers behaviour itself
     note = json.loads((final / "rlzoo_export.json").read_text())["tokenizer"]

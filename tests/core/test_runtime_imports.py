@@ -171,3 +171,69 @@ def test_core_imports_no_algorithm_or_backend(where: str) -> None:
                 if any(name == p or name.startswith(p + ".") for p in IMPLEMENTATION_PACKAGES):
                     bad.append(f"{path.relative_to(ROOT)}:{lineno}: imports {name}")
     assert not bad, "the core must reach built-in parts through the registry:\n" + "\n".join(sorted(set(bad)))
+
+
+# ---------------------------------------------------------------------------------------------
+# layering, the other way: algorithms are formulas over tensors, never the runtime's
+# ---------------------------------------------------------------------------------------------
+#: the loop, the session and the batch sources; algorithms share math through rlzoo.formulas
+RUNTIME_PACKAGES = ("rlzoo.train", "rlzoo.sources")
+
+
+def _runtime_imports(root: Path) -> list[str]:
+    bad: list[str] = []
+    for path in sorted(root.rglob("*.py")):
+        for lineno, name in _imports(ast.parse(path.read_text(), filename=str(path))):
+            if any(name == p or name.startswith(p + ".") for p in RUNTIME_PACKAGES):
+                bad.append(f"{path.relative_to(root.parent)}:{lineno}: imports {name}")
+    return bad
+
+
+def test_algorithms_import_no_runtime() -> None:
+    bad = _runtime_imports(ROOT / "algorithms")
+    assert not bad, (
+        "algorithms/ may import rlzoo.formulas and rlzoo.protocols, never the runtime:\n" + "\n".join(bad)
+    )
+
+
+def test_the_reverse_rule_sees_a_function_local_import(tmp_path: Path) -> None:
+    pkg = tmp_path / "algorithms"
+    pkg.mkdir()
+    (pkg / "bad.py").write_text("def f():\n    from rlzoo.train.loop import train\n    return train\n")
+    assert "algorithms/bad.py:2: imports rlzoo.train.loop" in _runtime_imports(pkg)
+
+
+# ---------------------------------------------------------------------------------------------
+# backends are peers: what they share lives in the core (rlzoo.train_kit), never in one of them
+# ---------------------------------------------------------------------------------------------
+def _backend_of(name: str) -> str | None:
+    """``rlzoo.backends.X...`` -> ``X`` (None for anything else)."""
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["rlzoo", "backends"] else None
+
+
+def _backend_files() -> list[tuple[str, Path]]:
+    return [(p.relative_to(ROOT / "backends").parts[0], p) for p in sorted((ROOT / "backends").rglob("*.py"))]
+
+
+def test_no_backend_imports_another_backend() -> None:
+    """Counting imports inside functions; relative imports that climb out of a backend too."""
+    bad: list[str] = []
+    files = _backend_files()
+    assert {"native", "fsdp2", "megatron", "vllm", "simulated"} <= {b for b, _ in files}
+    for backend, path in files:
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.level > len(path.relative_to(ROOT / "backends").parts) - 1
+            ):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: relative import above its backend")
+        for lineno, name in _imports(tree):
+            other = _backend_of(name)
+            if other is not None and other != backend:
+                bad.append(f"{path.relative_to(ROOT)}:{lineno}: imports {name}")
+    assert not bad, (
+        "a backend imports another backend; move what they share into the core train kit "
+        "(rlzoo/train_kit/):\n" + "\n".join(sorted(set(bad)))
+    )

@@ -98,3 +98,19 @@ def test_a_file_in_the_way_is_named(tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("x")
     with pytest.raises(StorageError, match=r"afile is a file"):
         check_writable(tmp_path / "afile" / "run", "run.output_dir")
+
+
+def test_a_safetensors_write_the_disk_refuses_is_a_message() -> None:
+    """safetensors raises its own SafetensorError (not an OSError) on a full disk; the OS error it
+    names makes it the same one-line message (the run-level test: tests/runners/test_faults.py)."""
+    from safetensors import SafetensorError
+
+    full = SafetensorError(
+        'Error while serializing: I/O error: No space left on device (os error 28) at path "/x/.tmpAb12"'
+    )
+    assert storage_message(full) == (
+        "cannot write /x/.tmpAb12: No space left on device; free some space or choose a writable "
+        "folder (run.output_dir=DIR)"
+    )
+    assert storage_message(SafetensorError("Error while deserializing header: HeaderTooLarge")) is None
+    assert storage_message(ValueError("No space left on device (os error 28)")) is None

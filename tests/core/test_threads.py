@@ -13,16 +13,18 @@ from rlzoo.threads import choose_wait_policy
 
 def test_passive_when_asked_unless_the_user_chose():
     env = {"RLZOO_OMP_WAIT_POLICY": "passive"}
-    assert choose_wait_policy(env) == "PASSIVE" and env["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert choose_wait_policy(env) == {"OMP_WAIT_POLICY": "PASSIVE"} and env["OMP_WAIT_POLICY"] == "PASSIVE"
+    env = {"RLZOO_OMP_WAIT_POLICY": "short"}
+    assert choose_wait_policy(env) == {"GOMP_SPINCOUNT": "10000"} and "OMP_WAIT_POLICY" not in env
     for given in (
-        {},
         {"RLZOO_OMP_WAIT_POLICY": "keep"},
+        {"RLZOO_OMP_WAIT_POLICY": "short", "GOMP_SPINCOUNT": "300000"},
         {"RLZOO_OMP_WAIT_POLICY": "passive", "OMP_WAIT_POLICY": "ACTIVE"},
         {"RLZOO_OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "10000"},
     ):
         env = dict(given)
         assert choose_wait_policy(env) is None and env == given
-    with pytest.raises(ValueError, match="'keep' or 'passive'"):
+    with pytest.raises(ValueError, match="one of 'keep', 'passive', 'short'"):
         choose_wait_policy({"RLZOO_OMP_WAIT_POLICY": "sleepy"})
 
 

@@ -15,28 +15,11 @@ from rlzoo.config import load_config
 from rlzoo.errors import ConfigError
 from rlzoo.metrics import read_metrics
 from rlzoo.plugins import PluginManager
+from rlzoo.testing.runs import SIMULATED_BACKENDS
 
 from .test_loggers import wandb_records, wandb_run
 
 QUIET = ["run.progress=false", "trainer.val_before_train=false"]
-#: the simulated backends (built-in, near-free): what is under test here is the loggers
-SIM = [
-    "~rollout.backend",
-    "+rollout.backend={name:simulated,decode_step_s:0.001,mean_response_length:6,sigma:1.0}",
-    "~trainer.backend",
-    "+trainer.backend={name:simulated,update_s_per_token:2e-6,forward_s_per_token:2e-7}",
-    "data.max_response_length=32",
-]
-
-
-@pytest.fixture(scope="module")
-def quickstart_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rlzoo.tasks._quickstart import prepare
-    from rlzoo.tasks.quickstart import QuickstartDataParams
-
-    out = tmp_path_factory.mktemp("quickstart")
-    prepare(out, QuickstartDataParams())
-    return out
 
 
 @pytest.fixture
@@ -53,7 +36,14 @@ def _train(pm: PluginManager, quickstart_dir: Path, out: Path, *extra: str) -> d
 
     return rlzoo.build_run(
         "quickstart",
-        [f"data.dir={quickstart_dir}", f"run.output_dir={out}", *QUIET, *SIM, "trainer.test_freq=-1", *extra],
+        [
+            f"data.dir={quickstart_dir}",
+            f"run.output_dir={out}",
+            *QUIET,
+            *SIMULATED_BACKENDS,
+            "trainer.test_freq=-1",
+            *extra,
+        ],
         pm=pm,
     ).train()
 

@@ -14,7 +14,7 @@ import rlzoo
 from rlzoo.config import load_config
 from rlzoo.errors import ConfigError
 from rlzoo.recipe import mini_batches_per_step, optimizer_steps
-from rlzoo.runners.inputs import train_spec
+from rlzoo.train.inputs import train_spec
 
 TOKENIZER = SimpleNamespace(pad_token_id=0)
 
@@ -99,14 +99,6 @@ def _hf_lrs(schedule: str, lr: float, warmup: int, total: int) -> list[float]:
     return out
 
 
-@pytest.fixture(scope="module")
-def quickstart_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("quickstart")
-    comp = rlzoo.get_plugin_manager().get("dataset", "quickstart")
-    comp.load()(d, comp.default_params())
-    return d
-
-
 @pytest.mark.parametrize(
     ("schedule", "mini_batch", "warmup"),
     [("linear", 16, 0), ("linear", 4, 0), ("cosine", 16, 1), ("cosine", 8, 2)],
@@ -149,7 +141,7 @@ def test_lr_schedule_reaches_its_final_value_on_the_last_step(
 # the critic's value clip
 # ---------------------------------------------------------------------------------------------
 def test_value_clip_is_a_declared_validated_setting_the_trainer_uses() -> None:
-    from rlzoo.runners.policy import PolicyTrainer
+    from rlzoo.train.update import PolicyTrainer
 
     cfg = load_config("quickstart", ["algorithm.advantage=gae", "algorithm.value_clip=0.2"])
     assert cfg.algorithm.value_clip == 0.2

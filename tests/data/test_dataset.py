@@ -438,21 +438,9 @@ def test_ground_truth_must_be_a_string_or_a_number(tmp_path: Path, tokenizer: An
     with pytest.raises(SchemaError, match=r"'ground_truth' must hold the answer as a string .*got list"):
         PromptDataset([str(flat)], tokenizer, max_prompt_length=512)
     # numbers are read as their decimal text
-    nums = write_rows(
-        tmp_path / "num.parquet", [chat_row("a", ground_truth=18), chat_row("b", ground_truth=7)]
-    )
-    assert [
-        item["ground_truth"] for item in PromptDataset([str(nums)], tokenizer, max_prompt_length=512)
-    ] == [
-        "18",
-        "7",
-    ]
-    floats = write_rows(
-        tmp_path / "f.parquet", [chat_row("a", ground_truth=2.0), chat_row("b", ground_truth=0.5)]
-    )
-    assert [
-        item["ground_truth"] for item in PromptDataset([str(floats)], tokenizer, max_prompt_length=512)
-    ] == [
-        "2",
-        "0.5",
-    ]
+    for name, numbers, texts in [("num", (18, 7), ["18", "7"]), ("f", (2.0, 0.5), ["2", "0.5"])]:
+        path = write_rows(
+            tmp_path / f"{name}.parquet", [chat_row(q, ground_truth=n) for q, n in zip("ab", numbers)]
+        )
+        dataset = PromptDataset([str(path)], tokenizer, max_prompt_length=512)
+        assert [item["ground_truth"] for item in dataset] == texts

@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlzoo.data.tokenizer import declared_class, load_tokenizer
-from rlzoo.tasks._quickstart import build_model, build_tokenizer
+from rlzoo.models.tiny import build_tiny_qwen2
+from rlzoo.tasks._quickstart import build_tokenizer
 
 
 def test_generic_tokenizer_next_to_a_qwen2_config(tmp_path: Path) -> None:
     tok = build_tokenizer()
-    model = build_model(tok, hidden_size=32, num_layers=1, seed=0)
+    model, _ = build_tiny_qwen2(tokenizer=tok, num_layers=1)
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     # the prompt keeps every word, "first" included (AutoTokenizer would load this folder as

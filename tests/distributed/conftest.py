@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,27 @@ def ray_cluster() -> Any:
     )
     yield ray
     ray.shutdown()
+
+
+def free_cpus_after_release(ray: Any) -> float:
+    """The cluster's free CPUs once the actors and bundles of earlier runs are released (Ray does it
+    asynchronously): waits up to 20 s for all 4."""
+    deadline = time.monotonic() + 20
+    while ray.available_resources().get("CPU", 0.0) < 4.0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return ray.available_resources().get("CPU", 0.0)
+
+
+def ray_run_overrides(run_dir: Path, *extra: str) -> list[str]:
+    """A quiet quickstart run on ``placement.name=ray`` writing to ``run_dir``, plus ``extra``."""
+    return [
+        "placement.name=ray",
+        f"run.dir={run_dir}",
+        "run.progress=false",
+        "run.loggers=[jsonl]",
+        "trainer.val_before_train=false",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,8 @@ class SleepyBackend:
 class MeanLogProbObjective:
     """``loss = -mean(log_probs over response tokens)``: pushes up the sampled tokens."""
 
+    needs_entropy = False
+
     def __call__(self, micro_batch: Any, log_probs: Any, entropy: Any) -> tuple[Any, dict[str, Any]]:
         mask = micro_batch["response_mask"].float()  # [b, T]
         loss = -(log_probs * mask).sum() / mask.sum().clamp(min=1.0)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from .conftest import free_cpus_after_release, ray_run_overrides
 
 pytestmark = pytest.mark.ray
 
@@ -22,27 +23,16 @@ pytestmark = pytest.mark.ray
 def test_quickstart_on_ray(ray_cluster: Any, tmp_path: Path, placement: list[str]) -> None:
     import rlzoo
 
-    overrides = [
-        "placement.name=ray",
-        "trainer.total_steps=2",
-        f"run.dir={tmp_path}",
-        "run.progress=false",
-        "run.loggers=[jsonl]",
-        "trainer.val_before_train=false",
-        "trainer.test_freq=0",
-        "trainer.save_freq=0",
-        *placement,
-    ]
+    overrides = ray_run_overrides(
+        tmp_path, "trainer.total_steps=2", "trainer.test_freq=0", "trainer.save_freq=0", *placement
+    )
     run = rlzoo.build_run("quickstart", overrides)
     summary = run.train()
     final = summary["final"]
     assert summary["steps"] == 2 and final["step"] == 2
     # the rollout policy after the sync is the trainer's: rollout and trainer log-probs agree
     assert abs(final["rollout_corr/log_ppl_abs_diff"]) < 1e-4
-    deadline = time.monotonic() + 20  # actors and bundles are released (asynchronously) at the end
-    while ray_cluster.available_resources().get("CPU", 0.0) < 4.0 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert ray_cluster.available_resources().get("CPU", 0.0) == 4.0
+    assert free_cpus_after_release(ray_cluster) == 4.0
 
 
 def test_fully_async_on_ray_split(ray_cluster: Any, tmp_path: Path) -> None:
@@ -52,16 +42,9 @@ def test_fully_async_on_ray_split(ray_cluster: Any, tmp_path: Path) -> None:
 
     run = rlzoo.build_run(
         "quickstart_async",
-        [
-            "placement.name=ray",
-            "placement.colocate=false",
-            "runner.total_rollout_steps=null",
-            "trainer.total_steps=3",
-            f"run.dir={tmp_path}",
-            "run.progress=false",
-            "run.loggers=[jsonl]",
-            "trainer.val_before_train=false",
-        ],
+        ray_run_overrides(
+            tmp_path, "placement.colocate=false", "runner.total_rollout_steps=null", "trainer.total_steps=3"
+        ),
     )
     summary = run.train()
     assert summary["final"]["step"] == 3
@@ -69,7 +52,4 @@ def test_fully_async_on_ray_split(ray_cluster: Any, tmp_path: Path) -> None:
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(r["staleness/max"] <= 1 for r in recs)
     assert all("trainer/idle_ratio" in r for r in recs)
-    deadline = time.monotonic() + 20  # leave the cluster as found for the tests after this one
-    while ray_cluster.available_resources().get("CPU", 0.0) < 4.0 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert ray_cluster.available_resources().get("CPU", 0.0) == 4.0
+    assert free_cpus_after_release(ray_cluster) == 4.0  # the cluster as found, for the tests after this one

@@ -3,11 +3,12 @@ weight sync carries the adapter alone and the rollout replica applies it."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from .conftest import free_cpus_after_release, ray_run_overrides
 
 pytestmark = pytest.mark.ray
 pytest.importorskip("peft")
@@ -19,19 +20,15 @@ def test_lora_on_ray_split_pushes_the_adapter(ray_cluster: Any, tmp_path: Path) 
 
     run = rlzoo.build_run(
         "quickstart",
-        [
-            "placement.name=ray",
+        ray_run_overrides(
+            tmp_path,
             "placement.colocate=false",
             "trainer.lora.rank=4",
             "trainer.optim.lr=1e-2",
             "trainer.total_steps=2",
-            f"run.dir={tmp_path}",
-            "run.progress=false",
-            "run.loggers=[jsonl]",
-            "trainer.val_before_train=false",
             "trainer.test_freq=0",
             "trainer.save_freq=0",
-        ],
+        ),
     )
     summary = run.train()
     assert summary["final"]["step"] == 2
@@ -40,6 +37,4 @@ def test_lora_on_ray_split_pushes_the_adapter(ray_cluster: Any, tmp_path: Path) 
     synced = [r["perf/weight_push_bytes"] for r in read_metrics(run.run_dir) if "perf/weight_push_bytes" in r]
     full = sum(f.stat().st_size for f in (Path(run.config.model.path)).glob("*.safetensors"))
     assert synced and max(synced) < full / 3  # the adapter, not the model
-    deadline = time.monotonic() + 20
-    while ray_cluster.available_resources().get("CPU", 0.0) < 4.0 and time.monotonic() < deadline:
-        time.sleep(0.2)
+    free_cpus_after_release(ray_cluster)  # the cluster as found, for the tests after this one

@@ -9,6 +9,8 @@ import pytest
 from rlzoo.distributed.resources import PoolPlan, check_pools, plan_pools
 from rlzoo.errors import ConfigError
 
+from .conftest import free_cpus_after_release
+
 
 def _placement(colocate: bool, trainer=(1, 0, 1), rollout=(1, 0, 1)) -> SimpleNamespace:
     def pool(t):
@@ -53,14 +55,10 @@ def test_per_node_gpu_check() -> None:
 @pytest.mark.ray
 def test_ray_placement_refuses_before_any_actor_starts(ray_cluster) -> None:
     ray = ray_cluster
-    import time
 
     from rlzoo.distributed.ray_placement import RayPlacement
 
-    deadline = time.monotonic() + 20  # actors of earlier tests are released asynchronously
-    while ray.available_resources().get("CPU", 0.0) < 4.0 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    before = ray.available_resources().get("CPU", 0.0)
+    before = free_cpus_after_release(ray)  # actors of earlier tests are released asynchronously
     too_many = SimpleNamespace(placement=_placement(True, trainer=(1, 0, 6)))
     with pytest.raises(ConfigError, match=r"asks for CPU=6 but the cluster has CPU=4"):
         RayPlacement(too_many)  # type: ignore[arg-type]

@@ -61,7 +61,7 @@ def _requests(n: int, prefix: str, greedy: bool = False) -> list[GenerationReque
 
 
 def _batch(samples: list[Any]) -> Any:
-    from rlzoo.runners.common import samples_to_batch
+    from rlzoo.train.batching import samples_to_batch
 
     return samples_to_batch(samples, None, pad_token_id=0)
 

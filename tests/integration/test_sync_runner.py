@@ -14,9 +14,9 @@ from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.metrics import read_metrics
 
 
-def overrides(tmp: Path, data_dir: Path, **kw: object) -> list[str]:
+def overrides(tmp: Path, quickstart_dir: Path, **kw: object) -> list[str]:
     base = {
-        "data.dir": str(data_dir),
+        "data.dir": str(quickstart_dir),
         "run.output_dir": str(tmp / "run"),
         "run.loggers": "[jsonl,tensorboard]",
         "run.progress": "false",
@@ -28,17 +28,8 @@ def overrides(tmp: Path, data_dir: Path, **kw: object) -> list[str]:
     return [f"{k}={v}" for k, v in base.items()]
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The quickstart data, tokenizer and model, prepared once for the module."""
-    d = tmp_path_factory.mktemp("quickstart")
-    comp = rlzoo.get_plugin_manager().get("dataset", "quickstart")
-    comp.load()(d, comp.default_params())
-    return d
-
-
-def test_run_writes_metrics_tensorboard_and_records(tmp_path: Path, data_dir: Path) -> None:
-    run = rlzoo.build_run("quickstart", overrides(tmp_path, data_dir, **{"trainer.test_freq": 3}))
+def test_run_writes_metrics_tensorboard_and_records(tmp_path: Path, quickstart_dir: Path) -> None:
+    run = rlzoo.build_run("quickstart", overrides(tmp_path, quickstart_dir, **{"trainer.test_freq": 3}))
     summary = run.train()
     run_dir = Path(summary["run_dir"])
     records = read_metrics(run_dir)
@@ -65,11 +56,13 @@ def test_run_writes_metrics_tensorboard_and_records(tmp_path: Path, data_dir: Pa
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_3"
 
 
-def test_loop_learns(tmp_path: Path, data_dir: Path) -> None:
+def test_loop_learns(tmp_path: Path, quickstart_dir: Path) -> None:
     """60 GRPO steps lift the training reward well above its starting level (same seed, same curve)."""
     run = rlzoo.build_run(
         "quickstart",
-        overrides(tmp_path, data_dir, **{"trainer.total_steps": 60, "trainer.val_before_train": "false"}),
+        overrides(
+            tmp_path, quickstart_dir, **{"trainer.total_steps": 60, "trainer.val_before_train": "false"}
+        ),
     )
     run.train()
     rewards = [r["critic/score/mean"] for r in read_metrics(run.run_dir) if "critic/score/mean" in r]
@@ -77,13 +70,13 @@ def test_loop_learns(tmp_path: Path, data_dir: Path) -> None:
     assert last > first + 0.1, (first, last, rewards)
 
 
-def test_resume_gives_the_same_next_step(tmp_path: Path, data_dir: Path) -> None:
+def test_resume_gives_the_same_next_step(tmp_path: Path, quickstart_dir: Path) -> None:
     keys = ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean")
     a = rlzoo.build_run(
         "quickstart",
         overrides(
             tmp_path / "a",
-            data_dir,
+            quickstart_dir,
             **{"trainer.total_steps": 4, "trainer.save_freq": 2, "trainer.val_before_train": "false"},
         ),
     )
@@ -97,7 +90,7 @@ def test_resume_gives_the_same_next_step(tmp_path: Path, data_dir: Path) -> None
         "quickstart",
         overrides(
             tmp_path / "b",
-            data_dir,
+            quickstart_dir,
             **{"trainer.total_steps": 4, "resume": "true", "trainer.val_before_train": "false"},
         ),
     )
@@ -109,13 +102,13 @@ def test_resume_gives_the_same_next_step(tmp_path: Path, data_dir: Path) -> None
             assert resumed[step][k] == pytest.approx(full[step][k], rel=1e-5, abs=1e-7), (step, k)
 
 
-def test_rollout_log_probs_match_trainer(data_dir: Path) -> None:
+def test_rollout_log_probs_match_trainer(quickstart_dir: Path) -> None:
     """The engine's per-token log-probs equal the train backend's recomputation for the same weights."""
-    from rlzoo.runners.common import make_requests, samples_to_batch, sampling_params
+    from rlzoo.train.batching import make_requests, samples_to_batch, sampling_params
 
-    run = rlzoo.build_run("quickstart", [f"data.dir={data_dir}", "rollout.temperature=0.7"])
+    run = rlzoo.build_run("quickstart", [f"data.dir={quickstart_dir}", "rollout.temperature=0.7"])
     cfg = run.config
-    from rlzoo.runners.common import load_tokenizer, rollout_spec, train_spec
+    from rlzoo.train.inputs import load_tokenizer, rollout_spec, train_spec
 
     tok = load_tokenizer(cfg)
     rollout = cfg.rollout.backend.fn(cfg.rollout.backend.params, rollout_spec(cfg, tok))
@@ -137,10 +130,10 @@ def test_rollout_log_probs_match_trainer(data_dir: Path) -> None:
     rollout.shutdown()
 
 
-def test_bad_inputs_fail_before_models_load(tmp_path: Path, data_dir: Path) -> None:
+def test_bad_inputs_fail_before_models_load(tmp_path: Path, quickstart_dir: Path) -> None:
     # a missing model path
     run = rlzoo.build_run(
-        "quickstart", overrides(tmp_path, data_dir, **{"model.path": str(tmp_path / "nope")})
+        "quickstart", overrides(tmp_path, quickstart_dir, **{"model.path": str(tmp_path / "nope")})
     )
     with pytest.raises(ConfigError, match=r"model\.path"):
         run.train()
@@ -152,12 +145,14 @@ def test_bad_inputs_fail_before_models_load(tmp_path: Path, data_dir: Path) -> N
     pq.write_table(
         pa.table({"data_source": ["x"], "prompt": [[{"role": "user", "content": "first 1 2"}]]}), bad
     )
-    run = rlzoo.build_run("quickstart", overrides(tmp_path, data_dir, **{"data.train_files": f"[{bad}]"}))
+    run = rlzoo.build_run(
+        "quickstart", overrides(tmp_path, quickstart_dir, **{"data.train_files": f"[{bad}]"})
+    )
     with pytest.raises(RlzooError, match=r"bad\.parquet"):
         run.train()
     # a tokenizer without a chat template
     tok_dir = tmp_path / "tok"
-    shutil.copytree(data_dir / "model", tok_dir)
+    shutil.copytree(quickstart_dir / "model", tok_dir)
     cfg_path = tok_dir / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg.pop("chat_template", None)
@@ -165,13 +160,13 @@ def test_bad_inputs_fail_before_models_load(tmp_path: Path, data_dir: Path) -> N
     for f in tok_dir.glob("chat_template.*"):
         f.unlink()
     run = rlzoo.build_run(
-        "quickstart", overrides(tmp_path, data_dir, **{"model.tokenizer_path": str(tok_dir)})
+        "quickstart", overrides(tmp_path, quickstart_dir, **{"model.tokenizer_path": str(tok_dir)})
     )
     with pytest.raises(RlzooError, match="chat template"):
         run.train()
 
 
-def test_failing_scorer_counts_failures_and_the_run_continues(tmp_path: Path, data_dir: Path) -> None:
+def test_failing_scorer_counts_failures_and_the_run_continues(tmp_path: Path, quickstart_dir: Path) -> None:
     calls = {"n": 0}
 
     def flaky(response, ground_truth, data_source, extra_info, params):  # type: ignore[no-untyped-def]
@@ -184,7 +179,9 @@ def test_failing_scorer_counts_failures_and_the_run_continues(tmp_path: Path, da
 
     run = rlzoo.build_run(
         "quickstart",
-        overrides(tmp_path, data_dir, **{"trainer.val_before_train": "false", "trainer.total_steps": 2}),
+        overrides(
+            tmp_path, quickstart_dir, **{"trainer.val_before_train": "false", "trainer.total_steps": 2}
+        ),
         scorer=flaky,
     )
     run.train()
@@ -193,13 +190,13 @@ def test_failing_scorer_counts_failures_and_the_run_continues(tmp_path: Path, da
     assert len(recs) == 2
 
 
-def test_ppo_with_critic_learns(tmp_path: Path, data_dir: Path) -> None:
+def test_ppo_with_critic_learns(tmp_path: Path, quickstart_dir: Path) -> None:
     """GAE with a critic (value head trained with the clipped value loss) also learns the task."""
     run = rlzoo.build_run(
         "quickstart",
         overrides(
             tmp_path,
-            data_dir,
+            quickstart_dir,
             **{
                 "algorithm.advantage": "gae",
                 "trainer.total_steps": 60,
@@ -253,10 +250,10 @@ SWITCHES = [
 
 
 @pytest.mark.parametrize("switch", SWITCHES, ids=lambda s: " ".join(s))
-def test_quickstart_runs_with_any_part(tmp_path: Path, data_dir: Path, switch: list[str]) -> None:
+def test_quickstart_runs_with_any_part(tmp_path: Path, quickstart_dir: Path, switch: list[str]) -> None:
     """Every estimator / loss / aggregation / KL / correction / filter can be switched in by override."""
     ovr = (
-        overrides(tmp_path, data_dir, **{"trainer.total_steps": 2, "trainer.val_before_train": "false"})
+        overrides(tmp_path, quickstart_dir, **{"trainer.total_steps": 2, "trainer.val_before_train": "false"})
         + switch
     )
     run = rlzoo.build_run("quickstart", ovr)
@@ -268,10 +265,12 @@ def test_quickstart_runs_with_any_part(tmp_path: Path, data_dir: Path, switch: l
 
 
 def test_gdpo_with_a_key_the_scorer_does_not_return_fails_on_the_first_step(
-    tmp_path: Path, data_dir: Path
+    tmp_path: Path, quickstart_dir: Path
 ) -> None:
     """Which keys a scorer returns is known only once it has scored: the first step says which is missing."""
-    ovr = overrides(tmp_path, data_dir, **{"trainer.total_steps": 2, "trainer.val_before_train": "false"})
+    ovr = overrides(
+        tmp_path, quickstart_dir, **{"trainer.total_steps": 2, "trainer.val_before_train": "false"}
+    )
     run = rlzoo.build_run(
         "quickstart", [*ovr, "algorithm.advantage=gdpo", "algorithm.advantage.reward_keys=[acc,format]"]
     )
@@ -282,11 +281,11 @@ def test_gdpo_with_a_key_the_scorer_does_not_return_fails_on_the_first_step(
     assert not [r for r in read_metrics(run.run_dir) if r["step"] > 0]  # no step was recorded
 
 
-def test_same_seed_same_curve(tmp_path: Path, data_dir: Path) -> None:
+def test_same_seed_same_curve(tmp_path: Path, quickstart_dir: Path) -> None:
     curves = []
     for name in ("a", "b"):
         run = rlzoo.build_run(
-            "quickstart", overrides(tmp_path / name, data_dir, **{"trainer.total_steps": 3})
+            "quickstart", overrides(tmp_path / name, quickstart_dir, **{"trainer.total_steps": 3})
         )
         run.train()
         curves.append(

@@ -1,4 +1,4 @@
-"""Validation metrics (rlzoo.runners.common.validation_metrics): mean@n, best@n, maj@n per data source.
+"""Validation metrics (rlzoo.train.rewards.validation_metrics): mean@n, best@n, maj@n per data source.
 
 End to end (val_before_train, test_freq, the keys in metrics.jsonl) is in
 test_recipes.py::test_tiny_variant_runs_end_to_end.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from rlzoo.protocols import RewardResult, Sample
-from rlzoo.runners.common import validation_metrics
+from rlzoo.train.rewards import validation_metrics
 
 
 def sample(request_id: str, index: int, source: str, length: int = 3) -> Sample:

@@ -1,4 +1,4 @@
-"""Fixtures of the runner tests: the quickstart data (built once, offline) and a plugin manager
+"""Fixtures of the runner tests (the quickstart data: tests/conftest.py): a plugin manager
 with the built-in plugins (the simulated backends among them)."""
 
 from __future__ import annotations
@@ -12,26 +12,6 @@ from rlzoo.plugins import PluginManager
 
 #: overrides shared by every runner test: quiet, fast, no validation before training
 QUIET = ["run.progress=false", "run.loggers=[jsonl]", "trainer.val_before_train=false"]
-
-#: simulated backends: ~1 ms decode steps, long-tailed lengths up to 32 tokens, near-free training
-SIM = [
-    "~rollout.backend",
-    "+rollout.backend={name:simulated,decode_step_s:0.001,mean_response_length:6,sigma:1.0}",
-    "~trainer.backend",
-    "+trainer.backend={name:simulated,update_s_per_token:2e-6,forward_s_per_token:2e-7}",
-    "data.max_response_length=32",
-]
-
-
-@pytest.fixture(scope="session")
-def quickstart_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The quickstart task's data, tokenizer and tiny model, prepared once per session."""
-    from rlzoo.tasks._quickstart import prepare
-    from rlzoo.tasks.quickstart import QuickstartDataParams
-
-    out = tmp_path_factory.mktemp("quickstart")
-    prepare(out, QuickstartDataParams())
-    return out
 
 
 @pytest.fixture(scope="session")
@@ -50,3 +30,27 @@ def build(
     import rlzoo
 
     return rlzoo.build_run(recipe, overrides(quickstart_dir, run_dir, *extra), pm=pm, **objects)
+
+
+def as_rollout(b: Any, log_probs: Any, scores: Any, g: Any, meta: dict[str, Any] | None = None) -> Any:
+    """Train batch ``b`` (8 rows) as a rollout hands it to the trainer: its tokens and masks, the
+    engine's log-probs (``log_probs`` plus noise of 0.05 from ``g``, as bf16 / kernels make them
+    differ from the trainer's), ``scores`` per token, groups of 4."""
+    import torch
+
+    from rlzoo.batch import Batch
+
+    mask = b["response_mask"]
+    return Batch(
+        {
+            "input_ids": b["input_ids"],
+            "attention_mask": b["attention_mask"],
+            "position_ids": b["position_ids"],
+            "responses": b["responses"],
+            "response_mask": mask,
+            "rollout_log_probs": (log_probs + 0.05 * torch.randn(log_probs.shape, generator=g)) * mask,
+            "token_level_scores": scores,
+            "group_ids": torch.arange(8) // 4,
+        },
+        meta or {},
+    )

@@ -23,11 +23,13 @@ from rlzoo.backends.native.train import NativeTrainBackend
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.batch import Batch
 from rlzoo.config import load_config
+from rlzoo.formulas import offpolicy_metrics
 from rlzoo.models.tiny import tiny_qwen2_config
 from rlzoo.protocols import AdvantageInputs, MicroBatchSettings, TrainSpec
-from rlzoo.runners.mismatch import offpolicy_metrics
-from rlzoo.runners.policy import PolicyTrainer
 from rlzoo.testing.backends import make_train_batch
+from rlzoo.train.update import PolicyTrainer
+
+from .conftest import as_rollout
 
 V = 64
 ONE_MINI_BATCH = ("trainer.ppo_mini_batch_size=2", "trainer.ppo_epochs=1")  # 2 prompts x 4: exactly on-policy
@@ -53,19 +55,7 @@ def _batch(be: NativeTrainBackend, infos: list[dict[str, Any]] | None = None) ->
     lp, _ = be.compute_log_probs(b)
     scores = torch.zeros_like(mask)
     scores[torch.arange(8), mask.sum(-1).long() - 1] = torch.tensor([1.0, 0, 0, 1, 1, 1, 0, 0])
-    out = Batch(
-        {
-            "input_ids": b["input_ids"],
-            "attention_mask": b["attention_mask"],
-            "position_ids": b["position_ids"],
-            "responses": b["responses"],
-            "response_mask": mask,
-            "rollout_log_probs": (lp + 0.05 * torch.randn(lp.shape, generator=g)) * mask,
-            "token_level_scores": scores,
-            "group_ids": torch.arange(8) // 4,
-        },
-        {"uid": [f"r{i // 4}/{i % 4}" for i in range(8)]},
-    )
+    out = as_rollout(b, lp, scores, g, {"uid": [f"r{i // 4}/{i % 4}" for i in range(8)]})
     if infos is not None:
         out["reward_info"] = infos
         out["failed"] = [bool(i.get("error")) for i in infos]
@@ -202,7 +192,7 @@ def test_gdpo_failed_samples_get_zero_components(tmp_path: Path) -> None:
     infos = [dict(i) for i in INFOS]
     infos[2] = {"score": 0.0, "error": "TimeoutError"}  # a failed scorer call
     batch = _batch(be, infos)
-    from rlzoo.runners.rewards import reward_components
+    from rlzoo.train.rewards import reward_components
 
     comps = reward_components(batch, ("fmt",), "gdpo")
     assert comps.shape == (8, 1) and comps[2, 0] == 0.0 and comps[6, 0] == 0.5

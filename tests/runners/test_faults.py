@@ -183,3 +183,65 @@ def test_kill_9_between_a_checkpoint_and_its_metrics_row(quickstart_dir: Path, t
     assert _run(_cli(*args, f"run.output_dir={out}"), log, "save:committed@2") == -9
     assert _run(_cli("resume=latest", f"run.output_dir={out}"), log) == 0, log.read_text()[-3000:]
     assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
+
+
+def test_a_disk_that_fills_up_mid_run_is_a_message_and_the_run_resumes(
+    quickstart_dir: Path, tmp_path: Path
+) -> None:
+    """The disk fills up as the second checkpoint is written (``RLZOO_DISK_FULL_AT``: from there on
+    the OS refuses every write that grows a file, so safetensors raises its own SafetensorError):
+    one line saying what failed, where, and how to go on; a non-zero exit; the first checkpoint
+    intact; the printed resume finishes the run. Before: a SafetensorError traceback."""
+    from rlzoo.train.checkpoint import CheckpointManager
+
+    args = ["quickstart", f"data.dir={quickstart_dir}", *QUIET, *COMMON, *RUNNER["sync"]]
+    out = tmp_path / "run"
+    env = {**os.environ, "RLZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "RLZOO_DISK_FULL_AT": "save:begin@2"}
+    env.pop("RLZOO_KILL_AT", None)
+    cmd = _cli(*args, "trainer.total_steps=4", f"run.output_dir={out}")
+    # pipes, not files: the process's own output must not hit the limit
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("rlzoo train: error:")]
+    ckpts = out / "checkpoints"
+    assert errors == [
+        f"rlzoo train: error: could not write the checkpoint of step 4 into {ckpts}: File too large; "
+        f"the previous checkpoint {ckpts / 'step_2'} is intact. Free some space (or move {out} to a "
+        f"larger disk), then resume: rlzoo train resume=latest run.output_dir={out}"
+    ], done.stderr[-3000:]
+    assert sorted(p.name for p in ckpts.iterdir() if p.name.startswith("step_")) == ["step_2"]
+    CheckpointManager(out).verify(ckpts / "step_2")  # complete, every file as written
+
+    log = tmp_path / "log.txt"
+    assert _run(_cli("resume=latest", f"run.output_dir={out}"), log) == 0, log.read_text()[-3000:]
+    assert [r["step"] for r in read_metrics(out)] == [1, 2, 3, 4]
+    assert json.loads((out / "summary.json").read_text())["ended"] == "completed"
+
+
+def test_a_disk_that_fills_up_before_an_export_is_a_message_and_the_run_resumes(
+    quickstart_dir: Path, tmp_path: Path
+) -> None:
+    """The disk fills up after step 1 (its checkpoint and row written); step 2's export is refused:
+    one line naming the model folder, a non-zero exit, nothing half-written left next to it, and
+    the resume redoes step 2 with its export. Before: ``cannot write .../.tmpXXXX`` (a file name
+    inside the export's staging folder)."""
+    args = ["quickstart", f"data.dir={quickstart_dir}", *QUIET, *COMMON, *RUNNER["sync"]]
+    out = tmp_path / "run"
+    env = {**os.environ, "RLZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "RLZOO_DISK_FULL_AT": "metrics:after@1"}
+    env.pop("RLZOO_KILL_AT", None)
+    cmd = _cli(*args, "trainer.total_steps=2", "trainer.save_freq=1", f"run.output_dir={out}")
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("rlzoo train: error:")]
+    assert errors == [
+        f"rlzoo train: error: could not write the model folder {out / 'export' / 'step_2'}: File too "
+        "large; nothing was written there. Free some space, then run the command again (a run: resume "
+        "it, the export is redone)"
+    ], done.stderr[-3000:]
+    assert not (out / "export").exists() or not list((out / "export").iterdir())
+
+    log = tmp_path / "log.txt"
+    assert _run(_cli("resume=latest", f"run.output_dir={out}"), log) == 0, log.read_text()[-3000:]
+    assert [r["step"] for r in read_metrics(out)] == [1, 2]
+    assert json.loads((out / "export" / "step_2" / "rlzoo_export.json").read_text())["step"] == 2
+    assert json.loads((out / "final" / "rlzoo_export.json").read_text())["step"] == 2

@@ -19,10 +19,12 @@ from rlzoo.config import load_config
 from rlzoo.errors import ConfigError
 from rlzoo.metrics import read_metrics
 from rlzoo.plugins import PluginManager
-from rlzoo.runners.async_params import FullyAsyncParams
-from rlzoo.runners.queue import RolloutFailed
+from rlzoo.sources.params import FullyAsyncParams
+from rlzoo.sources.queue import RolloutFailed
+from rlzoo.testing.runs import SIMULATED_BACKENDS
+from rlzoo.train.loop import build_loop
 
-from .conftest import SIM, build, overrides
+from .conftest import build, overrides
 
 ON_POLICY = [
     "runner.staleness_threshold=0",
@@ -68,7 +70,7 @@ def _sim_run(pm: PluginManager, quickstart_dir: Path, run_dir: Path, *extra: str
         "quickstart_async",
         quickstart_dir,
         run_dir,
-        *SIM,
+        *SIMULATED_BACKENDS,
         "trainer.test_freq=-1",
         "trainer.save_freq=-1",
         *extra,
@@ -86,19 +88,19 @@ def test_no_prompt_lost_or_trained_twice_across_syncs_and_resume(
     ]
     out = tmp_path / "run"
     run1 = _sim_run(pm, quickstart_dir, out, *knobs, "trainer.total_steps=4")
-    r1 = run1.build_runner()
+    r1 = build_loop(run1)
     r1.run()
-    trained1 = list(r1.prompts.trained_keys)
+    trained1 = list(r1.source.prompts.trained_keys)
     assert len(trained1) == 4 * 16
     run2 = _sim_run(pm, quickstart_dir, out, *knobs, "trainer.total_steps=8", "resume=true")
-    r2 = run2.build_runner()
+    r2 = build_loop(run2)
     r2.run()
-    trained = trained1 + list(r2.prompts.trained_keys)
+    trained = trained1 + list(r2.source.prompts.trained_keys)
     assert len(trained) == 8 * 16 and len(set(trained)) == len(trained)  # nothing trained twice
     # nothing lost: trained + still outstanding at the end == a prefix of the loader's epoch-0 order
-    st = r2.prompts.state_dict()
+    st = r2.source.prompts.state_dict()
     left = [(e, i) for e, i, _, _ in st["pending"] + st["buffer"]]
-    order = r2.prompts.loader.order(0)
+    order = r2.source.prompts.loader.order(0)
     assert sorted(trained + left) == sorted((0, i) for i in order[: len(trained) + len(left)])
     recs = read_metrics(out)
     assert [r["step"] for r in recs] == list(range(1, 9))
@@ -124,7 +126,7 @@ def test_partial_rollout_spans_versions_and_bound_holds(
         "trainer.ppo_mini_batch_size=4",
         "trainer.total_steps=10",
     )
-    runner = run.build_runner()
+    runner = build_loop(run)
     summary = runner.run()
     recs = read_metrics(Path(summary["run_dir"]))
     assert max(r["staleness/max"] for r in recs) <= 1
@@ -134,7 +136,7 @@ def test_partial_rollout_spans_versions_and_bound_holds(
     assert all(0.0 <= r["trainer/idle_ratio"] <= 1.0 for r in recs)
     # long responses outlive two pushes: dropped as too stale, regenerated, never trained twice
     assert recs[-1]["rollouter/dropped_samples"] > 0
-    assert len(set(runner.prompts.trained_keys)) == len(runner.prompts.trained_keys) == 10 * 4
+    assert len(set(runner.source.prompts.trained_keys)) == len(runner.source.prompts.trained_keys) == 10 * 4
 
 
 class _CrashingRollout(SimulatedRolloutBackend):
@@ -174,12 +176,12 @@ def test_rollouter_crash_stops_the_trainer(pm: PluginManager, quickstart_dir: Pa
 def test_trainer_crash_stops_the_rollouter(pm: PluginManager, quickstart_dir: Path, tmp_path: Path) -> None:
     part = rlzoo.part(_CrashingTrainer, params=SimulatedTrainParams(update_s_per_token=1e-6), capabilities={})
     run = _sim_run(pm, quickstart_dir, tmp_path / "run", "trainer.total_steps=50", train_backend=part)
-    runner = run.build_runner()
+    runner = build_loop(run)
     with pytest.raises(FloatingPointError):
         runner.run()
-    runner.rollouter.join(timeout=10)
-    assert not runner.rollouter.thread.is_alive()
-    assert runner.queue.stopped
+    runner.source.rollouter.join(timeout=10)
+    assert not runner.source.rollouter.thread.is_alive()
+    assert runner.source.queue.stopped
 
 
 def _cfg(pm: PluginManager, quickstart_dir: Path, *extra: str) -> Any:

@@ -16,18 +16,11 @@ from rlzoo.metrics import read_metrics
 from rlzoo.plugins import PluginManager
 
 from .conftest import build
+from .test_run_safety import RUNNER
 
 pytest.importorskip("peft")
 
 LORA = ["trainer.lora.rank=4", "trainer.lora.alpha=8", "trainer.optim.lr=1e-2", "algorithm.use_kl_loss=true"]
-RUNNER = {
-    "sync": ["runner=sync"],
-    "one_step_off": ["runner=one_step_off"],
-    "fully_async": [
-        "~runner",
-        "+runner={name:fully_async,trigger_parameter_sync_step:1,staleness_threshold:0.5}",
-    ],
-}
 
 
 def adapter_bytes(model_dir: Path, rank: int) -> int:
@@ -134,3 +127,35 @@ def test_export_adapter_of_a_full_fine_tuning_run_is_refused(
     build(pm, "quickstart", quickstart_dir, tmp_path / "run", "trainer.total_steps=1").train()
     with pytest.raises(RlzooError, match=r"no trainer\.lora"):
         export_checkpoint(tmp_path / "run", tmp_path / "out", adapter=True)
+
+
+def test_export_adapter_touches_nothing_but_its_out(
+    pm: PluginManager, quickstart_dir: Path, tmp_path: Path
+) -> None:
+    """``rlzoo export --adapter`` builds the merged model in a staging folder of its own. Before: it
+    used ``.OUT.merged`` next to ``--out`` and deleted whatever was there first (a user's folder of
+    that name), and a kill -9 midway left it for the next export to delete as its own."""
+    import os
+    import subprocess
+    import sys
+
+    from rlzoo.cli import main
+
+    run = tmp_path / "run"
+    build(pm, "quickstart", quickstart_dir, run, *LORA, "trainer.total_steps=1").train()
+    mine = tmp_path / ".adapter.merged"
+    mine.mkdir()
+    (mine / "notes.md").write_text("mine")
+    assert main(["export", str(run), "--adapter", "--out", str(tmp_path / "adapter")]) == 0
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+    assert (mine / "notes.md").read_text() == "mine"  # untouched
+    # killed midway (the merged model written, the adapter not yet moved): the next export works
+    # and leaves nothing of ours behind; the user's folder is still untouched
+    env = {**os.environ, "RLZOO_KILL_AT": "export:installed@1", "RLZOO_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    cmd = [sys.executable, "-m", "rlzoo.cli", "export", str(run), "--adapter", "--out", str(tmp_path / "a2")]
+    assert subprocess.run(cmd, env=env, capture_output=True, timeout=300).returncode == -9
+    assert not (tmp_path / "a2").exists()
+    assert main(["export", str(run), "--adapter", "--out", str(tmp_path / "a2")]) == 0
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("."))
+    assert left == [".adapter.merged"], left
+    assert (mine / "notes.md").read_text() == "mine"

@@ -15,8 +15,9 @@ import pytest
 
 from rlzoo.metrics import MetricsFileError, read_metrics, set_aside_cut_row
 from rlzoo.plugins import PluginManager
+from rlzoo.testing.runs import SIMULATED_BACKENDS
 
-from .conftest import QUIET, SIM
+from .conftest import QUIET
 from .test_run_safety import RUNNER
 
 #: run in a child process: the quickstart on the simulated backends, killed with SIGKILL at the
@@ -55,7 +56,7 @@ def _killed_at_step_4(how: str, quickstart_dir: Path, out: Path, runner: list[st
         f"data.dir={quickstart_dir}",
         f"run.output_dir={out}",
         *QUIET,
-        *SIM,
+        *SIMULATED_BACKENDS,
         *runner,
         "run.loggers=[jsonl,tensorboard]",
         "trainer.test_freq=-1",

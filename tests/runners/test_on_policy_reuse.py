@@ -13,11 +13,13 @@ from rlzoo.backends.native.train import NativeTrainBackend
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.batch import Batch
 from rlzoo.config import load_config
+from rlzoo.formulas import offpolicy_metrics
 from rlzoo.models.tiny import tiny_qwen2_config
 from rlzoo.protocols import MicroBatchSettings, OptimSettings, TrainSpec
-from rlzoo.runners.mismatch import offpolicy_metrics
-from rlzoo.runners.policy import PolicyTrainer
 from rlzoo.testing.backends import make_train_batch
+from rlzoo.train.update import PolicyTrainer
+
+from .conftest import as_rollout
 
 V = 64
 
@@ -48,19 +50,7 @@ def _batch(be: NativeTrainBackend) -> Batch:
     scores = torch.zeros_like(mask)
     last = mask.sum(-1).long() - 1  # [B]
     scores[torch.arange(8), last] = torch.randint(0, 2, (8,), generator=g).float()
-    return Batch(
-        {
-            "input_ids": b["input_ids"],
-            "attention_mask": b["attention_mask"],
-            "position_ids": b["position_ids"],
-            "responses": b["responses"],
-            "response_mask": mask,
-            # the engine's log-probs differ a little from the trainer's (as bf16 / kernels make them)
-            "rollout_log_probs": (lp + 0.05 * torch.randn(lp.shape, generator=g)) * mask,
-            "token_level_scores": scores,
-            "group_ids": torch.arange(8) // 4,
-        }
-    )
+    return as_rollout(b, lp, scores, g)
 
 
 def _trainer(tmp_path: Path, reuse: bool, *extra: str) -> tuple[PolicyTrainer, NativeTrainBackend]:

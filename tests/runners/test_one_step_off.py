@@ -8,15 +8,16 @@ from pathlib import Path
 
 from rlzoo.metrics import read_metrics
 from rlzoo.plugins import PluginManager
+from rlzoo.testing.runs import SIMULATED_BACKENDS
 
-from .conftest import SIM, build
+from .conftest import build
 
 
 def test_one_step_off_lags_one_version_and_resumes(
     pm: PluginManager, quickstart_dir: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
-    common = ["runner=one_step_off", *SIM, "trainer.test_freq=-1", "trainer.save_freq=2"]
+    common = ["runner=one_step_off", *SIMULATED_BACKENDS, "trainer.test_freq=-1", "trainer.save_freq=2"]
     build(pm, "quickstart", quickstart_dir, out, *common, "trainer.total_steps=3").train()
     recs = read_metrics(out)
     assert [r["step"] for r in recs] == [1, 2, 3]

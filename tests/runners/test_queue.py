@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlzoo.runners.async_params import max_staleness_versions, window_budget
-from rlzoo.runners.queue import Group, QueueExhausted, RolloutFailed, StalenessQueue, TrainerFailed
+from rlzoo.sources.params import max_staleness_versions, window_budget
+from rlzoo.sources.queue import Group, QueueExhausted, RolloutFailed, StalenessQueue, TrainerFailed
 
 
 def test_window_budget_matches_verl_formula() -> None:

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from rlzoo.protocols import RewardResult, Sample
-from rlzoo.runners.common import clip_ratio, rollout_metrics, samples_to_batch, validation_metrics
+from rlzoo.train.batching import clip_ratio, rollout_metrics, samples_to_batch
+from rlzoo.train.rewards import validation_metrics
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 MAX_LEN = 4
@@ -93,7 +94,7 @@ def test_rollout_metrics_match_their_definitions() -> None:
 
 
 def test_version_metrics_match_their_definitions() -> None:
-    from rlzoo.runners.loop import VersionMap, version_metrics
+    from rlzoo.train.loop import VersionMap, version_metrics
 
     vm = VersionMap(10, 0)  # backend version 10 is policy version 0
     vm.push(12)  # policy 1

@@ -17,9 +17,10 @@ from rlzoo.backends.simulated.backend import SimulatedTrainBackend
 from rlzoo.errors import ConfigError
 from rlzoo.metrics import read_metrics
 from rlzoo.plugins import PluginManager
-from rlzoo.runners.checkpoint import CheckpointError, CheckpointManager
+from rlzoo.testing.runs import SIMULATED_BACKENDS
+from rlzoo.train.checkpoint import CheckpointError, CheckpointManager
 
-from .conftest import QUIET, SIM, build
+from .conftest import QUIET, build
 
 
 def _steps(run_dir: Path) -> list[int]:
@@ -42,7 +43,7 @@ def _resume(pm: PluginManager, out: Path, *extra: str, recipe: str | None = "qui
 
 
 def _first(pm: PluginManager, qs: Path, out: Path, *extra: str) -> dict:
-    return build(pm, "quickstart", qs, out, *SIM, "trainer.test_freq=-1", *extra).train()  # type: ignore[no-any-return]
+    return build(pm, "quickstart", qs, out, *SIMULATED_BACKENDS, "trainer.test_freq=-1", *extra).train()  # type: ignore[no-any-return]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,7 +254,7 @@ def test_a_run_keeps_its_best_validated_checkpoint(
 ) -> None:
     out = tmp_path / "run"
     build(
-        pm, "quickstart", quickstart_dir, out, *SIM,
+        pm, "quickstart", quickstart_dir, out, *SIMULATED_BACKENDS,
         "trainer.total_steps=6", "trainer.save_freq=1", "trainer.test_freq=1", "trainer.max_checkpoints=1",
     ).train()  # fmt: skip
     vals = {r["step"]: r["val/mean"] for r in read_metrics(out) if "val/mean" in r}

@@ -22,9 +22,10 @@ from rlzoo.backends.simulated.backend import SimulatedTrainBackend
 from rlzoo.errors import RlzooError
 from rlzoo.metrics import read_metrics
 from rlzoo.plugins import PluginManager
-from rlzoo.runners.checkpoint import CheckpointError, CheckpointManager, RunDirLocked, RunLock
+from rlzoo.testing.runs import SIMULATED_BACKENDS
+from rlzoo.train.checkpoint import CheckpointError, CheckpointManager, RunDirLocked, RunLock
 
-from .conftest import QUIET, SIM, build
+from .conftest import QUIET, build
 
 RUNNER = {
     "sync": ["runner=sync"],
@@ -104,7 +105,7 @@ def test_resume_continues_the_saved_run_exactly(
         "quickstart",
         quickstart_dir,
         out,
-        *SIM,
+        *SIMULATED_BACKENDS,
         *RUNNER[runner],
         "run.loggers=[jsonl,tensorboard]",
         "trainer.total_steps=4",
@@ -172,7 +173,7 @@ def _cli(quickstart_dir: Path, out: Path, *extra: str) -> list[str]:
         f"data.dir={quickstart_dir}",
         f"run.output_dir={out}",
         *QUIET,
-        *SIM,
+        *SIMULATED_BACKENDS,
         "trainer.test_freq=-1",
         *extra,
     ]
@@ -257,7 +258,7 @@ def test_a_second_run_into_the_same_directory_is_refused(
         _wait_for(lambda: len(_steps(out)) >= 1, proc, log)
         config = (out / "config.yaml").read_text()
         with pytest.raises(RunDirLocked, match=rf"in use by another rlzoo run \(PID {proc.pid}\)"):
-            build(pm, "quickstart", quickstart_dir, out, *SIM, "trainer.total_steps=2").train()
+            build(pm, "quickstart", quickstart_dir, out, *SIMULATED_BACKENDS, "trainer.total_steps=2").train()
         assert (out / "config.yaml").read_text() == config  # the refused run wrote nothing
         # the CLI says the same, with exit code 2
         second = subprocess.run(

@@ -21,10 +21,11 @@ from rlzoo.backends.simulated import SimulatedTrainParams
 from rlzoo.backends.simulated.backend import SimulatedTrainBackend
 from rlzoo.metrics import read_metrics
 from rlzoo.plugins import PluginManager
+from rlzoo.testing.runs import SIMULATED_BACKENDS
 
-from .conftest import SIM, build
+from .conftest import build
 
-MAX_LEN = 32  # data.max_response_length in SIM
+MAX_LEN = 32  # data.max_response_length in SIMULATED_BACKENDS
 BUFFER = 16  # DAPO overlong buffer
 REF_OFFSET = 0.1  # the reference model's log-probs sit this far below the policy's: k1 KL = 0.1 per token
 KL_COEF = 0.05
@@ -76,7 +77,7 @@ RUNNERS = {
 }
 
 SHARED = [
-    *SIM,
+    *SIMULATED_BACKENDS,
     "trainer.total_steps=4",
     "trainer.test_freq=2",
     "trainer.save_freq=-1",
@@ -144,7 +145,7 @@ def test_every_runner_honours_the_same_settings(
 
 def test_kl_penalty_lowers_the_rewards_by_coef_times_kl(tmp_path: Path) -> None:
     """The hand value of the per-token penalty the parity test relies on (verl apply_kl_penalty)."""
-    from rlzoo.objective import apply_kl_penalty
+    from rlzoo.formulas import apply_kl_penalty
 
     scores = torch.tensor([[0.0, 0.0, 1.0]])  # [1, 3]
     kl = torch.full((1, 3), REF_OFFSET)  # [1, 3]

@@ -6,7 +6,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from rlzoo.algorithms.functional.scoring.extract import (
+from ...scorers import AIMEParams, DAPOMathParams
+from .extract import (
     last_answer_line,
     last_boxed_content,
     last_boxed_only_string,
@@ -135,7 +136,7 @@ def is_correct_strict_box(response: str, ground_truth: str) -> tuple[bool, str |
 
 
 def compute_score(
-    response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any], params: Any
+    response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any], params: DAPOMathParams
 ) -> dict[str, Any]:
     """+1.0 when the answer is right, else -1.0 (verl's ``math_dapo.compute_score``).
 
@@ -180,7 +181,7 @@ def parse_aime_integer(text: str | None) -> int | None:
 
 
 def compute_score_aime(
-    response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any], params: Any
+    response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any], params: AIMEParams
 ) -> dict[str, Any]:
     """+1.0 when the integer answer (``Answer:`` line, else last ``\\boxed{}``) equals the ground truth.
 

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
+
+from rlzoo.protocols import ScorerFn
+
+from ...scorers import RULE_SCORERS, AutoParams
 
 #: data_source -> scorer name (exact matches), in verl's ``default_compute_score`` spirit.
 ROUTES: Mapping[str, str] = {
@@ -21,15 +25,6 @@ ROUTES: Mapping[str, str] = {
 }
 #: data_source prefix -> scorer name, tried after the exact matches.
 PREFIX_ROUTES: tuple[tuple[str, str], ...] = (("aime", "dapo_math"),)
-
-#: scorer name -> (implementation "module:function", params class "module:Class").
-_SCORERS: Mapping[str, tuple[str, str]] = {
-    "math": ("math_answer:compute_score", "MathParams"),
-    "gsm8k": ("gsm8k:compute_score", "GSM8KParams"),
-    "geo3k": ("geo3k:compute_score", "Geo3KParams"),
-    "dapo_math": ("dapo_math:compute_score", "DAPOMathParams"),
-    "aime": ("dapo_math:compute_score_aime", "AIMEParams"),
-}
 
 
 def dispatch(data_source: str, routes: Mapping[str, str] | None = None, fallback: str = "math") -> str:
@@ -55,21 +50,20 @@ def dispatch(data_source: str, routes: Mapping[str, str] | None = None, fallback
     return fallback
 
 
-def scorer_by_name(name: str) -> tuple[Callable[..., Any], Any]:
-    """``(fn, default params)`` of a built-in scorer."""
-    if name not in _SCORERS:
+def scorer_by_name(name: str) -> tuple[ScorerFn, object]:
+    """``(fn, default params)`` of a built-in rule-based scorer (:data:`RULE_SCORERS`)."""
+    if name not in RULE_SCORERS:
         raise KeyError(
-            f"auto scorer: unknown scorer {name!r}; built-in scorers: {', '.join(sorted(_SCORERS))}"
+            f"auto scorer: unknown scorer {name!r}; built-in scorers: {', '.join(sorted(RULE_SCORERS))}"
         )
-    target, params_cls = _SCORERS[name]
+    target, params_cls = RULE_SCORERS[name]
     module, _, attr = target.partition(":")
-    fn = getattr(importlib.import_module(f"rlzoo.algorithms.functional.scoring.{module}"), attr)
-    params = getattr(importlib.import_module("rlzoo.algorithms.scorers"), params_cls)()
-    return fn, params
+    fn: ScorerFn = getattr(importlib.import_module(f"rlzoo.algorithms.functional.scoring.{module}"), attr)
+    return fn, params_cls()
 
 
 def compute_score(
-    response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any], params: Any
+    response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any], params: AutoParams
 ) -> float | dict[str, Any]:
     """Score with the scorer :func:`dispatch` picks for ``data_source`` (its default params).
 

@@ -6,7 +6,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from rlzoo.algorithms.functional.scoring.math_answer import math_equal
+from ...scorers import Geo3KParams
+from .math_answer import math_equal
 
 FORMAT = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
 
@@ -17,7 +18,7 @@ def format_reward(response: str) -> float:
 
 
 def compute_score(
-    response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any], params: Any
+    response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any], params: Geo3KParams
 ) -> dict[str, Any]:
     """``(1 - format_weight) * acc + format_weight * format``; returns score, acc, format, pred."""
     w = float(params.format_weight)

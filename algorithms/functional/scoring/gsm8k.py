@@ -6,6 +6,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ...scorers import GSM8KParams
+
 CLIP_CHARS = 300  # verl: only the tail is searched (regexes over long strings are slow)
 _STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
 _NUMBER = re.compile(r"(\-?[0-9\.\,]+)")
@@ -35,7 +37,7 @@ def extract_solution(response: str, method: str = "strict") -> str | None:
 
 
 def compute_score(
-    response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any], params: Any
+    response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any], params: GSM8KParams
 ) -> dict[str, Any]:
     """``params.score`` when the extracted number equals the ground truth (as strings).
 

@@ -8,7 +8,8 @@ from typing import Any
 
 from math_verify import parse, verify
 
-from rlzoo.algorithms.functional.scoring.extract import last_boxed_content
+from ...scorers import MathParams
+from .extract import last_boxed_content
 
 
 def effective_timeout(timeout: int | None) -> int | None:
@@ -34,7 +35,7 @@ def _parse_gold(latex: str, timeout: int | None) -> list[Any]:
     hit = _GOLD_CACHE.get(latex)
     if hit is not None:
         return hit
-    parsed = parse(latex, parsing_timeout=timeout)  # type: ignore[arg-type]
+    parsed = parse(latex, parsing_timeout=timeout)
     if parsed:
         if len(_GOLD_CACHE) >= _GOLD_CACHE_SIZE:
             _GOLD_CACHE.pop(next(iter(_GOLD_CACHE)))
@@ -42,15 +43,17 @@ def _parse_gold(latex: str, timeout: int | None) -> list[Any]:
     return parsed
 
 
-def parse_prediction(response: str, *, require_boxed: bool, fallback_chars: int, timeout: int | None):
+def parse_prediction(
+    response: str, *, require_boxed: bool, fallback_chars: int, timeout: int | None
+) -> tuple[list[Any], str]:
     """``(parsed, pred_text)``: math-verify's parse of the last boxed answer, else of the tail."""
     boxed = last_boxed_content(response)
     if boxed is not None:
-        return parse(f"\\boxed{{{boxed}}}", parsing_timeout=timeout), boxed  # type: ignore[arg-type]
+        return parse(f"\\boxed{{{boxed}}}", parsing_timeout=timeout), boxed
     if require_boxed:
         return [], ""
     tail = response[-fallback_chars:] if fallback_chars > 0 else response
-    parsed = parse(tail, parsing_timeout=timeout)  # type: ignore[arg-type]
+    parsed = parse(tail, parsing_timeout=timeout)
     return parsed, (str(parsed[-1]) if parsed else "")
 
 
@@ -83,7 +86,7 @@ def math_equal(
 
 
 def compute_score(
-    response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any], params: Any
+    response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any], params: MathParams
 ) -> dict[str, Any]:
     """Score one response: 1.0 when math-verify says it equals the ground truth.
 

@@ -18,16 +18,28 @@ from typing import Any
 
 import torch
 
+from rlzoo.agents.chat import ChatTemplate
+from rlzoo.data.dataset import PromptLoader
+from rlzoo.distributed.worker_group import WeightHandle
 from rlzoo.errors import ConfigError
+from rlzoo.export import HFExportable, copy_export, export_model, final_dir, step_dir, writable_export_dir
 from rlzoo.failpoints import failpoint
 from rlzoo.failures import RewardFailures
+from rlzoo.formulas import offpolicy_metrics
 from rlzoo.metrics import MetricsLogger, missing_row
 from rlzoo.placement import make_placement
-from rlzoo.protocols import GenerationRequest, RewardResult, Sample
+from rlzoo.protocols import (
+    GenerationRequest,
+    JudgedMetric,
+    ReportsWeightSync,
+    RewardResult,
+    Sample,
+    StepPlan,
+)
 from rlzoo.recipe import RecipeConfig, Selection
-from rlzoo.runners.batching import make_requests, sampling_params
-from rlzoo.runners.checkpoint import CheckpointManager, RunLock, rewind_metrics, write_summary
-from rlzoo.runners.inputs import (
+from rlzoo.train.batching import make_requests, sampling_params
+from rlzoo.train.checkpoint import CheckpointManager, RunLock, rewind_metrics, write_summary
+from rlzoo.train.inputs import (
     build_datasets,
     check_inputs,
     ensure_data,
@@ -37,9 +49,9 @@ from rlzoo.runners.inputs import (
     rollout_spec,
     train_spec,
 )
-from rlzoo.runners.mismatch import offpolicy_metrics
-from rlzoo.runners.policy import PolicyTrainer
-from rlzoo.runners.rewards import build_reward_manager, keep_mask, score_samples, validation_metrics
+from rlzoo.train.rewards import build_reward_manager, keep_mask, score_samples, validation_metrics
+from rlzoo.train.rundir import record_resume
+from rlzoo.train.update import PolicyTrainer
 
 logger = logging.getLogger("rlzoo")
 
@@ -59,45 +71,33 @@ def resume_step(value: Any) -> int | bool | None:
 
 
 class Session:
-    """Built by a runner from a :class:`rlzoo.compose.Run`.
+    """Built by :func:`rlzoo.train.loop.train` from a :class:`rlzoo.compose.Run`.
 
     Args:
         run: the composed run.
-        desc: the progress bar's label (the runner's name).
-        prompts_per_step: prompts one trainer step consumes (for counting steps per epoch).
-        step_limit: the run's trainer steps when the runner fixes them (fully-async
-            ``total_rollout_steps``); None: ``trainer.total_steps`` or epochs.
+        plan: how the run is cut into trainer steps (:func:`rlzoo.recipe.step_plan`).
     """
 
-    def __init__(
-        self,
-        run: Any,
-        *,
-        desc: str = "training",
-        prompts_per_step: int | None = None,
-        step_limit: int | None = None,
-    ) -> None:
+    def __init__(self, run: Any, plan: StepPlan) -> None:
         self.run = run
         cfg: RecipeConfig = run.config
         self.cfg = cfg
-        self.runner_name = desc
+        self.plan = plan
+        self.runner_name = cfg.runner.name if isinstance(cfg.runner, Selection) else "runner"
         self.run_dir: Path = run.make_run_dir()
         # make_run_dir took the one-writer lock; a run object without one gets it here
         self.lock = getattr(run, "lock", None) or RunLock(self.run_dir).acquire()
         self._closed = False
         try:
-            self._build(cfg, desc, prompts_per_step, step_limit)
+            self._build(cfg)
         except BaseException:
             self.close()
             raise
 
-    def _build(
-        self, cfg: RecipeConfig, desc: str, prompts_per_step: int | None, step_limit: int | None
-    ) -> None:
+    def _build(self, cfg: RecipeConfig) -> None:
         print(f"rlzoo: run directory {self.run_dir}", flush=True)
         torch.manual_seed(cfg.run.seed)
-        self.resume_at = resume_step(cfg.resume)
-        from rlzoo.export import final_dir, writable_export_dir
+        resume_at = resume_step(cfg.resume)
 
         writable_export_dir(final_dir(self.run_dir))  # a user's file in final/: say so now, not at the end
         ensure_data(cfg)
@@ -105,11 +105,9 @@ class Session:
         self.tokenizer = load_tokenizer(cfg)
         self.processor = load_processor(cfg)  # None for a text model
         self.train_data, self.val_data = build_datasets(cfg, self.tokenizer, self.processor)
-        self.train_batch_size = cfg.data.train_batch_size  # prompts per generated batch (sync, one-step-off)
-        self.prompts_per_step = prompts_per_step or cfg.data.train_batch_size
-        per_epoch = max(1, len(self.train_data) // self.prompts_per_step)
-        if step_limit is not None:
-            self.total_steps = step_limit
+        per_epoch = max(1, len(self.train_data) // self.plan.prompts_per_step)
+        if self.plan.step_limit is not None:
+            self.total_steps = self.plan.step_limit
         else:
             self.total_steps = cfg.trainer.total_steps or per_epoch * cfg.trainer.total_epochs
         # flat settings the loop reads
@@ -121,7 +119,8 @@ class Session:
         self.max_response_length = cfg.data.max_response_length
         self.rollout_n = cfg.rollout.n
         self.filter: Selection | None = cfg.algorithm.sample_filter
-        self.filter_metric = str(getattr(self.filter.params, "metric", "reward")) if self.filter else "reward"
+        flt = self.filter.params if self.filter else None
+        self.filter_metric = flt.metric if isinstance(flt, JudgedMetric) else "reward"
         self.greedy_baseline = bool(cfg.algorithm.advantage.capability("needs_greedy_baseline"))
         self.reward_manager = build_reward_manager(cfg)
         self.reward_failures = RewardFailures(
@@ -132,8 +131,6 @@ class Session:
         if (
             cfg.rollout.environment is not None
         ):  # a template that cannot do multi-turn fails before any model loads
-            from rlzoo.agents.chat import ChatTemplate
-
             ChatTemplate(self.tokenizer, stop_ids=self.rollout_spec.eos_token_ids).probe()
         tb: Selection = cfg.trainer.backend
         rb: Selection = cfg.rollout.backend
@@ -151,8 +148,8 @@ class Session:
         self.resume_payload: dict[str, Any] | None = None
         moved: Path | None = None
         gap_row: dict[str, Any] | None = None
-        if self.resume_at is not False:
-            step = None if self.resume_at is None else int(self.resume_at)
+        if resume_at is not False:
+            step = None if resume_at is None else int(resume_at)
             state = self.ckpt.load(self.train_backend, step)
             if state is None:
                 raise ConfigError(
@@ -175,8 +172,6 @@ class Session:
             failpoint("resume:rewound")
             info = self.run.resume_info  # compose.Run: set by build_run on a resume
             if info is not None:  # recorded only now that the resume has happened
-                from rlzoo.runners.rundir import record_resume
-
                 record_resume(info, from_step=self.start_step, moved=[p for p in (branch, moved) if p])
                 failpoint("resume:recorded")
             print(f"rlzoo: resumed from {state['path']} (step {self.start_step})", flush=True)
@@ -187,7 +182,7 @@ class Session:
             cfg.run.loggers,
             total_steps=self.total_steps,
             progress=cfg.run.progress,
-            desc=desc,
+            desc=self.runner_name,
             initial_step=self.start_step,
             purge_step=None if self.resume_payload is None else self.start_step + (gap_row is None),
             redone_from=None if moved is None else self.start_step + 1,
@@ -203,8 +198,6 @@ class Session:
 
     # -- pieces the loop and the batch sources call ---------------------------------------------
     def make_loader(self, batch_size: int) -> Any:
-        from rlzoo.data.dataset import PromptLoader
-
         return PromptLoader(
             self.train_data, batch_size=batch_size, shuffle=self.cfg.data.shuffle, seed=self.seed
         )
@@ -216,25 +209,21 @@ class Session:
         out = {"weight_sync/seconds": time.perf_counter() - t0}
         if pushed is not None:
             out["perf/weight_push_bytes"] = float(pushed)
-        stats = getattr(self.rollout, "last_sync", None)
-        if stats is not None and hasattr(stats, "as_dict"):
-            out.update({f"weight_sync/{k}": v for k, v in stats.as_dict().items()})
         return out
 
     def send_weights(self, version: int) -> int | None:
         """``rollout.update_weights(train_backend.export_weights(), version)``; the bytes pushed when
         the export is a local stream of tensors (a whole model, or only a LoRA adapter); for a Ray
-        handle the rollout group moves itself, the bytes its sync reports (``last_sync``), if any."""
-        from rlzoo.distributed.worker_group import WeightHandle
-
+        handle the rollout group moves itself, the bytes its sync reports
+        (:class:`~rlzoo.protocols.ReportsWeightSync`), if any."""
         exported = self.train_backend.export_weights()
         if not isinstance(exported, WeightHandle):
             counter = _ByteCounter(exported)
             self.rollout.update_weights(counter, version)
             return counter.bytes
         self.rollout.update_weights(exported, version)
-        report = getattr(self.rollout, "last_sync", None)  # rlzoo.distributed.worker_group.RolloutGroup
-        return int(report["bytes"]) if isinstance(report, dict) and "bytes" in report else None
+        report = self.rollout.last_sync if isinstance(self.rollout, ReportsWeightSync) else {}
+        return int(report["bytes"]) if "bytes" in report else None
 
     def train_requests(
         self, items: Sequence[dict[str, Any]], step: int, attempt: int, *, greedy: bool = False
@@ -284,8 +273,6 @@ class Session:
     def export(self, step: int, total_steps: int) -> dict[str, float]:
         """Write the HF model folders due at ``step``: ``export/step_K/`` every ``run.export_every``
         steps, ``final/`` at ``total_steps``. Returns ``timing_s/export`` when something was written."""
-        from rlzoo.export import HFExportable, copy_export, export_model, final_dir, step_dir
-
         every = self.cfg.run.export_every
         targets = [step_dir(self.run_dir, step)] if every > 0 and step % every == 0 else []
         if step == total_steps:

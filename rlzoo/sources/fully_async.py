@@ -7,11 +7,11 @@
     complete group -> queue.put ───▶ StalenessQueue ◀── (partial_rollout: pause, update, resume;
                                                           else: hold admission, drain, update)
 
-The two sides share only the :class:`~rlzoo.runners.queue.StalenessQueue` and the backends'
+The two sides share only the :class:`~rlzoo.sources.queue.StalenessQueue` and the backends'
 methods (``submit / stream / pause / resume / update_weights`` on the rollout side,
 ``export_weights`` and the update on the trainer side), so each can become an actor later.
 
-Staleness (see :mod:`rlzoo.runners.queue` and docs/runners.md): per sync window the Rollouter may
+Staleness (see :mod:`rlzoo.sources.queue` and docs/runners.md): per sync window the Rollouter may
 start at most ``floor((1 + staleness_threshold) * K * R * M)`` groups, counting the groups carried
 over from older weights; no group whose oldest token is more than ``ceil(staleness_threshold)``
 policy versions behind the trainer is ever trained on (dropped, counted, regenerated).
@@ -30,18 +30,12 @@ from typing import Any
 
 from rlzoo.batch import Batch
 from rlzoo.errors import ConfigError
-from rlzoo.metrics import PhaseTimer
 from rlzoo.protocols import GenerationRequest, RewardResult, Sample
-from rlzoo.runners.async_params import (
-    FullyAsyncParams,
-    max_staleness_versions,
-    mini_batch_groups,
-    window_budget,
-)
-from rlzoo.runners.batching import rollout_metrics, samples_to_batch
-from rlzoo.runners.loop import SourceExhausted, TrainLoop
-from rlzoo.runners.queue import Group, QueueExhausted, StalenessQueue, TrainerFailed
-from rlzoo.runners.session import Session
+from rlzoo.sources.params import FullyAsyncParams, max_staleness_versions, window_budget
+from rlzoo.sources.queue import Group, QueueExhausted, StalenessQueue, TrainerFailed
+from rlzoo.train.batching import rollout_metrics, samples_to_batch
+from rlzoo.train.loop import SourceExhausted, StepTimer
+from rlzoo.train.session import Session
 
 logger = logging.getLogger("rlzoo")
 
@@ -316,22 +310,20 @@ class Rollouter:
 
 
 # ---------------------------------------------------------------------------------------------
-# The batch source (Trainer side) and the runner
+# The batch source (Trainer side)
 # ---------------------------------------------------------------------------------------------
 class StreamFromQueue:
     """Batch source of ``fully_async``: ``R * M`` groups per step from the staleness-aware queue.
 
-    The Rollouter thread (started by :meth:`start`) fills the queue; a weight push opens a new
-    staleness window (partial rollout: pause, update, resume; else hold admission, drain, update).
+    The Rollouter thread (started with the first :meth:`next_batch`, after any resume) fills the
+    queue; a weight push opens a new staleness window (partial rollout: pause, update, resume;
+    else hold admission, drain, update).
     """
 
-    idle_phases: tuple[str, ...] = ("wait_queue", "sync_drain")
-
-    def __init__(self, session: Session, params: FullyAsyncParams, step_groups: int) -> None:
+    def __init__(self, params: FullyAsyncParams, session: Session) -> None:
         self.s = session
         self.params = params
-        self.step_groups = step_groups
-        self.push_every = params.trigger_parameter_sync_step
+        self.step_groups = step_groups = session.plan.prompts_per_step
         if len(session.train_data) < step_groups:
             raise ConfigError(
                 [
@@ -354,6 +346,7 @@ class StreamFromQueue:
         self.rollouter: Rollouter | None = None
         self.consumed_samples = 0
         self._batch_prompts: list[Prompt] = []
+        self._batch_metrics: dict[str, float] = {}
 
     def _make_request(self, pr: Prompt) -> GenerationRequest:
         # seeded by (loader batch, attempt) as sync's (step, round): s=0 generates what sync does
@@ -366,8 +359,7 @@ class StreamFromQueue:
     def _keep(self, samples: list[Sample], results: list[RewardResult]) -> list[bool]:
         return self.s.keep(samples, results)
 
-    # -- BatchSource ------------------------------------------------------------------------------
-    def start(self, step: int) -> None:
+    def _start(self) -> StalenessQueue:
         s, p = self.s, self.params
         payload = s.resume_payload or {}
         self.queue = q = StalenessQueue(
@@ -386,11 +378,15 @@ class StreamFromQueue:
             flush=True,
         )
         self.rollouter.start()
+        return q
 
-    def next_batch(self, step: int, timer: PhaseTimer) -> tuple[Batch | None, dict[str, Any]]:
-        q = self.queue
-        assert q is not None
-        with timer("wait_queue"):
+    # -- BatchSource ------------------------------------------------------------------------------
+    def resume(self, state: Mapping[str, Any]) -> None:
+        self.prompts.load_state_dict(dict(state))
+
+    def next_batch(self, step: int, timer: StepTimer) -> Batch | None:
+        q = self.queue or self._start()
+        with timer.wait("wait_queue"):
             try:
                 groups = q.get(self.step_groups, timeout=self.params.wait_timeout_s)
             except QueueExhausted as exc:
@@ -405,20 +401,17 @@ class StreamFromQueue:
             batch = samples_to_batch(
                 samples, results, self.s.pad_token_id, max_response_length=self.s.max_response_length
             )
-        return batch, rollout_metrics(batch, self.s.max_response_length)
+        self._batch_metrics = rollout_metrics(batch, self.s.max_response_length)
+        return batch
 
-    def trained(self, batch: Batch) -> None:
-        self.prompts.trained(self._batch_prompts)
-        self.consumed_samples += len(batch)
-
-    def push_weights(self, timer: PhaseTimer) -> dict[str, float]:
+    def push_weights(self, timer: StepTimer) -> dict[str, float]:
         """Push the trainer's weights to the rollout backend; open a new staleness window."""
         q, s, partial = self.queue, self.s, self.params.partial_rollout
         assert q is not None
         new = q.param_version + 1
         backend_version = int(s.train_backend.version)
         if not partial:
-            with timer("sync_drain"):  # finish in-flight requests under the old weights
+            with timer.wait("sync_drain"):  # finish in-flight requests under the old weights
                 q.hold()
                 q.wait_drained(timeout=self.params.wait_timeout_s)
         try:
@@ -436,19 +429,14 @@ class StreamFromQueue:
                 q.release()
         return {} if pushed is None else {"perf/weight_push_bytes": float(pushed)}
 
-    @contextlib.contextmanager
-    def quiesce(self) -> Iterator[None]:
-        assert self.queue is not None
-        self.queue.park(timeout=self.params.wait_timeout_s)
-        try:
-            yield
-        finally:
-            self.queue.unpark()
-
-    def step_metrics(self) -> dict[str, float]:
+    def step_done(self, batch: Batch | None) -> dict[str, float]:
+        """The batch's prompts are consumed; the batch's rollout metrics, the queue's and the Rollouter's."""
         q = self.queue
         assert q is not None
-        m = q.snapshot()
+        if batch is not None:
+            self.prompts.trained(self._batch_prompts)
+            self.consumed_samples += len(batch)
+        m = {**self._batch_metrics, **q.snapshot()}
         st = q.take_stats()
         wall = st.get("wall_s", 0.0)
         if wall > 0:
@@ -462,51 +450,20 @@ class StreamFromQueue:
     def state_dict(self) -> dict[str, Any]:
         return self.prompts.state_dict()
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if "loader" in state:
-            self.prompts.load_state_dict(dict(state))
+    # -- Background -----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        assert self.queue is not None
+        self.queue.park(timeout=self.params.wait_timeout_s)
+        try:
+            yield
+        finally:
+            self.queue.unpark()
 
-    def fail(self, exc: BaseException) -> None:
+    def close(self, exc: BaseException | None) -> None:
         if self.queue is not None:
-            self.queue.fail(exc, "trainer")
-
-    def close(self) -> None:
-        if self.queue is not None:
+            if exc is not None:
+                self.queue.fail(exc, "trainer")
             self.queue.stop()
         if self.rollouter is not None:
             self.rollouter.join(timeout=30)
-
-
-class FullyAsyncRunner:
-    def __init__(self, params: FullyAsyncParams, run: Any) -> None:
-        self.params = params
-        self.run_obj = run
-        self.source: StreamFromQueue | None = None
-
-    # what tests and tools inspect after a run
-    @property
-    def queue(self) -> StalenessQueue | None:
-        return self.source.queue if self.source is not None else None
-
-    @property
-    def rollouter(self) -> Rollouter | None:
-        return self.source.rollouter if self.source is not None else None
-
-    @property
-    def prompts(self) -> PromptSource | None:
-        return self.source.prompts if self.source is not None else None
-
-    def run(self) -> dict[str, Any]:
-        cfg, p = self.run_obj.config, self.params
-        problems = FullyAsyncParams.check(p, cfg)
-        if problems:
-            raise ConfigError(problems)
-        step_groups = p.require_batches * mini_batch_groups(cfg)
-        limit = max(1, p.total_rollout_steps // step_groups) if p.total_rollout_steps is not None else None
-        s = Session(self.run_obj, desc="fully_async", prompts_per_step=step_groups, step_limit=limit)
-        try:
-            self.source = StreamFromQueue(s, p, step_groups)
-        except BaseException:
-            s.close()
-            raise
-        return TrainLoop(s, self.source, runner="fully_async").run()

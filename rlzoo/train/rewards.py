@@ -21,13 +21,23 @@ class ScorerDispatch:
     """``scorer(response, ground_truth, data_source, extra_info)`` choosing a scorer per data source.
 
     Picklable (it holds lazy ``module:attr`` targets and params), so process-pool reward managers
-    can ship it to workers.
+    can ship it to workers. :attr:`batched` (the reward managers' ``BatchedScorer``) is True when
+    every scorer it routes to has the ``batched`` capability: then it takes and returns lists, and
+    calls each scorer once with its data sources' share of the batch. A batched scorer called for
+    one sample gets a one-element list.
     """
 
     def __init__(self, default: Selection, by_source: Mapping[str, Selection]) -> None:
-        self._default = (default.component.target, default.params)
-        self._by_source = {k: (s.component.target, s.params) for k, s in by_source.items() if s is not None}
+        def entry(sel: Selection) -> tuple[Any, Any, bool]:
+            return (sel.component.target, sel.params, bool(sel.capability("batched")))
+
+        self._default = entry(default)
+        self._by_source = {k: entry(s) for k, s in by_source.items() if s is not None}
         self._cache: dict[Any, Any] = {}
+
+    @property
+    def batched(self) -> bool:
+        return all(e[2] for e in (self._default, *self._by_source.values()))
 
     def _fn(self, target: Any) -> Any:
         if not isinstance(target, str):
@@ -38,11 +48,44 @@ class ScorerDispatch:
             self._cache[target] = _resolve(target)
         return self._cache[target]
 
-    def __call__(
-        self, response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any]
-    ) -> Any:
-        target, params = self._by_source.get(data_source, self._default)
+    def __call__(self, response: Any, ground_truth: Any, data_source: Any, extra_info: Any) -> Any:
+        if self.batched:
+            return self._call_lists(response, ground_truth, data_source, extra_info)
+        target, params, batched = self._by_source.get(data_source, self._default)
+        if batched:
+            (raw,) = self._fn(target)([response], [ground_truth], [data_source], [extra_info], params)
+            return raw
         return self._fn(target)(response, ground_truth, data_source, extra_info, params)
+
+    def _call_lists(
+        self,
+        responses: Sequence[str],
+        ground_truths: Sequence[Any],
+        data_sources: Sequence[str],
+        extra_infos: Sequence[Mapping[str, Any]],
+    ) -> list[Any]:
+        groups: dict[str | None, list[int]] = defaultdict(list)  # scorer (by the sources it serves) -> rows
+        for i, src in enumerate(data_sources):
+            groups[src if src in self._by_source else None].append(i)
+        out: list[Any] = [None] * len(responses)
+        for key, rows in groups.items():
+            target, params, _ = self._default if key is None else self._by_source[key]
+            raws = list(
+                self._fn(target)(
+                    [responses[i] for i in rows],
+                    [ground_truths[i] for i in rows],
+                    [data_sources[i] for i in rows],
+                    [extra_infos[i] for i in rows],
+                    params,
+                )
+            )
+            if len(raws) != len(rows):
+                raise ValueError(
+                    f"batched scorer {target!r} returned {len(raws)} results for {len(rows)} samples"
+                )
+            for i, raw in zip(rows, raws):
+                out[i] = raw
+        return out
 
     def __getstate__(self) -> dict[str, Any]:
         return {"_default": self._default, "_by_source": self._by_source, "_cache": {}}

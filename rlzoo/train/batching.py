@@ -231,6 +231,6 @@ def rollout_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
         from rlzoo.agents.rollout import agent_metrics
 
         out.update(agent_metrics(batch["agent"]))
-    # staleness and version spans are the loop's (rlzoo.runners.loop.version_metrics): they are
+    # staleness and version spans are the loop's (rlzoo.train.loop.version_metrics): they are
     # counted in policy versions, which only the loop knows
     return out

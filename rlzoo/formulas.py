@@ -1,27 +1,88 @@
-"""Per-micro-batch objectives composed from the selected parts.
+"""The formulas the core and the built-in algorithms share (the one core math module ``algorithms/`` imports).
 
-A train backend calls ``objective(micro_batch, log_probs, entropy)`` for each micro-batch and
-back-propagates the returned loss; the aggregation inside is bound to the **whole mini-batch's**
-token / sequence counts, so gradients summed over micro-batches (and data-parallel ranks) equal
-the full-batch gradient. Loss-like metrics are accumulated here the same way and read with
-:meth:`PolicyObjective.summary` after the update.
+- masked means / maxima and the rollout / trainer mismatch diagnostics, logged every step whatever
+  rollout correction is selected: the policy trainer logs them under ``rollout_corr/`` when no
+  correction part is selected (a correction part reports them itself, see
+  :mod:`rlzoo.algorithms.functional.correction`); names and formulas follow verl's
+  ``rollout_corr_helper.py``;
+- the aggregation context of a mini-batch (:func:`make_agg_context`);
+- the critic's clipped value loss (:func:`value_loss`);
+- KL in the reward: the fixed and adaptive controllers and :func:`apply_kl_penalty`.
+
+Pure functions over tensors: nothing here imports the loop (:mod:`rlzoo.train`) or the sources.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass
-from typing import Any
-
 import torch
 from torch import Tensor
 
-from rlzoo.batch import Batch
-from rlzoo.metrics import to_float
-from rlzoo.protocols import AggContext, BoundAgg, PolicyLossInputs
-from rlzoo.recipe import Selection
+from rlzoo.protocols import AggContext, BoundAgg
+
+#: exponents are clamped to [-SAFETY_BOUND, SAFETY_BOUND] before exp (as verl)
+SAFETY_BOUND = 20.0
 
 
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of ``x`` over ``mask`` (all of it, or along ``dim``); 0 where the mask is empty."""
+    if dim is None:
+        return (x * mask).sum() / mask.sum().clamp(min=1)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+
+def masked_max(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Max of ``x`` over ``mask``; 0 where the mask is empty."""
+    filled = x.masked_fill(mask <= 0, -torch.inf)
+    out = filled.amax() if dim is None else filled.amax(dim)
+    return torch.where(torch.isinf(out) & (out < 0), torch.zeros_like(out), out)
+
+
+@torch.no_grad()
+def offpolicy_metrics(old_log_probs: Tensor, rollout_log_probs: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """Mismatch diagnostics between the trainer's and the rollout engine's log-probs (unprefixed).
+
+    Perplexities are per sequence, ``exp(-mean_t log p)``, averaged over the sequences that have at
+    least one token. ``kl`` is the k1 estimate of KL(pi_rollout || pi_train), ``k3_kl`` the k3 one;
+    ``chi2_token`` / ``chi2_seq`` are E[rho^2] - 1 per token / per sequence;
+    ``rollout_probs_diff_*`` are statistics of ``|p_rollout - p_train|`` over tokens.
+    """
+    mask = mask.to(old_log_probs.dtype)  # [B, T]
+    # padding may hold anything (inf after exp): zero it before any nonlinearity
+    old_log_probs = torch.where(mask > 0, old_log_probs, 0.0)  # [B, T]
+    rollout_log_probs = torch.where(mask > 0, rollout_log_probs, 0.0)  # [B, T]
+    seq_valid = (mask.sum(-1) > 0).to(mask.dtype)  # [B]
+    log_ratio = old_log_probs - rollout_log_probs  # [B, T]
+    mean_lp_train = masked_mean(old_log_probs, mask, dim=-1)  # [B]
+    mean_lp_rollout = masked_mean(rollout_log_probs, mask, dim=-1)  # [B]
+    log_ppl_diff = mean_lp_rollout - mean_lp_train  # [B]
+    probs_diff = (rollout_log_probs.exp() - old_log_probs.exp()).abs()  # [B, T]
+    pd_mean = masked_mean(probs_diff, mask)  # []
+    pd_var = masked_mean((probs_diff - pd_mean).square(), mask)  # []
+    rho = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)  # [B, T]
+    seq_log_ratio = (log_ratio * mask).sum(-1).clamp(-SAFETY_BOUND, SAFETY_BOUND)  # [B]
+    return {
+        "training_ppl": masked_mean(torch.exp(-mean_lp_train), seq_valid),
+        "training_log_ppl": masked_mean(-mean_lp_train, seq_valid),
+        "rollout_ppl": masked_mean(torch.exp(-mean_lp_rollout), seq_valid),
+        "rollout_log_ppl": masked_mean(-mean_lp_rollout, seq_valid),
+        "log_ppl_diff": masked_mean(log_ppl_diff, seq_valid),
+        "log_ppl_abs_diff": masked_mean(log_ppl_diff.abs(), seq_valid),
+        "log_ppl_diff_max": masked_max(log_ppl_diff, seq_valid),
+        "log_ppl_diff_min": -masked_max(-log_ppl_diff, seq_valid),
+        "ppl_ratio": masked_mean(torch.exp(log_ppl_diff), seq_valid),
+        "kl": masked_mean(-log_ratio, mask),
+        "k3_kl": masked_mean(torch.exp(log_ratio) - log_ratio - 1, mask),
+        "chi2_token": masked_mean(torch.exp(rho).square(), mask) - 1.0,
+        "chi2_seq": masked_mean(torch.exp(2.0 * seq_log_ratio), seq_valid) - 1.0,
+        "rollout_probs_diff_mean": pd_mean,
+        "rollout_probs_diff_max": masked_max(probs_diff, mask),
+        "rollout_probs_diff_std": pd_var.sqrt(),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The aggregation context of a mini-batch
+# ---------------------------------------------------------------------------------------------
 def make_agg_context(
     mask: torch.Tensor,
     max_response_length: int | None = None,
@@ -48,139 +109,6 @@ def make_agg_context(
         max_response_length=int(max_response_length),
         loss_scale_factor=float(loss_scale_factor),
     )
-
-
-def agg_context(mini_batch: Batch, max_response_length: int | None = None) -> AggContext:
-    return make_agg_context(mini_batch["response_mask"], max_response_length)
-
-
-def _bind(loss_agg: Selection, ctx: AggContext) -> Any:
-    fn = loss_agg.fn
-    params = loss_agg.params
-
-    def agg(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return fn(per_token, mask, ctx, params)
-
-    return agg
-
-
-class _Accumulator:
-    def __init__(self) -> None:
-        self.sums: dict[str, float] = defaultdict(float)  # additive (already globally normalised)
-        self.means: dict[str, list[float]] = defaultdict(list)  # per micro-batch values
-
-    def add(self, key: str, value: Any) -> None:
-        f = to_float(value)
-        if f is not None:
-            self.sums[key] += f
-
-    def mean(self, key: str, value: Any) -> None:
-        f = to_float(value)
-        if f is not None:
-            self.means[key].append(f)
-
-    def summary(self) -> dict[str, float]:
-        out = dict(self.sums)
-        out.update({k: sum(v) / len(v) for k, v in self.means.items() if v})
-        return out
-
-
-@dataclass
-class PolicyObjective:
-    """policy_loss ∘ loss_agg  (+ kl_coef · agg(kl(logp, ref)))  (− entropy_coeff · agg(entropy))."""
-
-    policy_loss: Selection
-    loss_agg: Selection
-    ctx: AggContext
-    kl_loss: Selection | None = None
-    kl_coef: float = 0.0
-    entropy_coeff: float = 0.0
-    #: ``fn(old, rollout, mask) -> metrics`` (rollout-vs-trainer drift), used when the micro-batch
-    #: has no ``old_log_probs`` (an exactly on-policy update: they are this forward's, detached);
-    #: measured once over all micro-batches, in :meth:`summary`
-    offpolicy_metrics: Any = None
-
-    def __post_init__(self) -> None:
-        self.agg = _bind(self.loss_agg, self.ctx)
-        self.acc = _Accumulator()
-        self.needs_entropy = True  # entropy is always reported as a metric; cheap next to the forward
-        self._drift: list[tuple[Tensor, Tensor, Tensor]] = []  # (old, rollout, mask) per micro-batch
-
-    def __call__(
-        self, mb: Batch, log_probs: torch.Tensor, entropy: torch.Tensor | None
-    ) -> tuple[torch.Tensor, dict[str, Any]]:
-        mask = mb["response_mask"]  # [b, T]
-        old = mb.get("old_log_probs")  # [b, T]
-        if old is None:  # exactly on-policy (the old-log-prob forward was skipped): pi_old = pi_theta
-            old = log_probs.detach()
-            if self.offpolicy_metrics is not None and "rollout_log_probs" in mb:
-                self._drift.append((old, mb["rollout_log_probs"], mask))
-        inputs = PolicyLossInputs(
-            log_probs=log_probs,  # [b, T]
-            old_log_probs=old,  # [b, T]
-            advantages=mb["advantages"],  # [b, T]
-            response_mask=mask,
-            agg=self.agg,
-            rollout_is_weights=mb.get("rollout_is_weights"),
-            entropy=entropy,
-        )
-        out = self.policy_loss(inputs)
-        loss = out.loss
-        self.acc.add("actor/pg_loss", loss.detach())
-        for k, v in out.metrics.items():
-            self.acc.mean(f"actor/{k}", v)
-        if entropy is not None:
-            ent = self.agg(entropy, mask)
-            self.acc.add("actor/entropy", ent.detach())
-            if self.entropy_coeff:
-                loss = loss - self.entropy_coeff * ent
-        if self.kl_loss is not None and self.kl_coef:
-            kl = self.kl_loss(log_probs, mb["ref_log_probs"])  # [b, T]
-            kl_value = self.agg(kl, mask)
-            self.acc.add("actor/kl_loss", kl_value.detach())
-            loss = loss + self.kl_coef * kl_value
-        self.acc.add("actor/loss", loss.detach())
-        return loss, {}
-
-    def summary(self) -> dict[str, float]:
-        if self._drift:  # the drift of the whole update, from one call (not one per micro-batch)
-            parts, self._drift = self._drift, []
-            width = max(p[0].shape[-1] for p in parts)
-            old, rollout, mask = (
-                torch.cat([torch.nn.functional.pad(p[i], (0, width - p[i].shape[-1])) for p in parts])
-                for i in range(3)
-            )  # [B, T] each; padded columns are masked out
-            for k, v in self.offpolicy_metrics(old, rollout, mask).items():
-                self.acc.mean(k if k.startswith("rollout_corr/") else f"rollout_corr/{k}", v)
-        return self.acc.summary()
-
-
-@dataclass
-class ValueObjective:
-    """Clipped value loss for the critic, aggregated like the policy loss."""
-
-    loss_agg: Selection
-    ctx: AggContext
-    cliprange_value: float = 0.5
-
-    def __post_init__(self) -> None:
-        self.agg = _bind(self.loss_agg, self.ctx)
-        self.acc = _Accumulator()
-        self.needs_entropy = False
-
-    def __call__(
-        self, mb: Batch, values: torch.Tensor, _unused: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, dict[str, Any]]:
-        loss, metrics = value_loss(
-            values, mb["values"], mb["returns"], mb["response_mask"], self.agg, self.cliprange_value
-        )
-        self.acc.add("critic/vf_loss", loss.detach())
-        for k, v in metrics.items():
-            self.acc.mean(f"critic/{k}", v)
-        return loss, {}
-
-    def summary(self) -> dict[str, float]:
-        return self.acc.summary()
 
 
 # ---------------------------------------------------------------------------------------------

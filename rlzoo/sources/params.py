@@ -1,9 +1,11 @@
-"""Params of the asynchronous runners (import-light: no torch).
+"""Params of the runners (import-light: no torch).
 
-``fully_async`` and ``one_step_off`` are registered from :mod:`rlzoo.runners`; their code lives in
-:mod:`rlzoo.runners.fully_async` and :mod:`rlzoo.runners.one_step_off` and is imported only when a
-run uses them. ``check(params, cfg)`` is called by :func:`rlzoo.checks.check_consistency`, so
-``rlzoo validate`` reports every problem with the knobs before any model loads.
+The runners are registered from :mod:`rlzoo.sources`; their batch sources live in
+:mod:`rlzoo.sources.sync`, :mod:`rlzoo.sources.one_step_off` and :mod:`rlzoo.sources.fully_async`
+and are imported only when a run uses them. ``check(cfg)`` (:class:`rlzoo.protocols.ChecksRecipe`)
+is called by :func:`rlzoo.checks.check_consistency`, so ``rlzoo validate`` reports every problem
+with the knobs before any model loads; ``step_plan(cfg)`` (:class:`rlzoo.protocols.PlansSteps`)
+cuts a fully-async run into trainer steps.
 
 Units (the same as verl's fully-async trainer, whose knob names we keep):
 
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rlzoo.params import param
+from rlzoo.protocols import StepPlan
 
 
 def mini_batch_groups(cfg: Any) -> int:
@@ -78,6 +81,16 @@ def _common_checks(cfg: Any, runner: str) -> list[str]:
 
 
 @dataclass(frozen=True)
+class SyncParams:
+    """Synchronous on-policy loop: generate a whole batch, score it, train on it, sync weights.
+
+    The slowest response of a batch gates the step (see ``fully_async`` for overlap). Validation
+    runs before training (``trainer.val_before_train``) and every ``trainer.test_freq`` steps;
+    checkpoints every ``trainer.save_freq`` steps.
+    """
+
+
+@dataclass(frozen=True)
 class FullyAsyncParams:
     """Fully asynchronous loop: a Rollouter streams groups into a staleness-aware queue; a Trainer pulls them.
 
@@ -120,13 +133,16 @@ class FullyAsyncParams:
         help="seconds either side waits for the other without progress before failing with a TimeoutError",
     )
 
-    def prompts_per_step(self, cfg: Any) -> int:
-        """R x M prompts per trainer step (rlzoo.protocols.StepPlan: sizes the LR schedule)."""
-        return self.require_batches * mini_batch_groups(cfg)
+    def step_plan(self, cfg: Any) -> StepPlan:
+        """R x M prompts per trainer step, a push every K steps, ``total_rollout_steps // (R*M)`` steps."""
+        step_groups = self.require_batches * mini_batch_groups(cfg)
+        limit = None
+        if self.total_rollout_steps is not None:
+            limit = max(1, self.total_rollout_steps // step_groups)
+        return StepPlan(step_groups, push_every=self.trigger_parameter_sync_step, step_limit=limit)
 
-    @staticmethod
-    def check(params: FullyAsyncParams, cfg: Any) -> list[str]:
-        p, problems = params, _common_checks(cfg, "fully_async")
+    def check(self, cfg: Any) -> list[str]:
+        p, problems = self, _common_checks(cfg, "fully_async")
         key = "runner"
         if p.staleness_threshold < 0:
             problems.append(f"{key}.staleness_threshold: must be >= 0, got {p.staleness_threshold}")
@@ -208,9 +224,8 @@ class OneStepOffParams:
         help="seconds the trainer waits for the background generation before failing with a TimeoutError",
     )
 
-    @staticmethod
-    def check(params: OneStepOffParams, cfg: Any) -> list[str]:
+    def check(self, cfg: Any) -> list[str]:
         problems = _common_checks(cfg, "one_step_off")
-        if params.wait_timeout_s <= 0:
-            problems.append(f"runner.wait_timeout_s: must be > 0, got {params.wait_timeout_s}")
+        if self.wait_timeout_s <= 0:
+            problems.append(f"runner.wait_timeout_s: must be > 0, got {self.wait_timeout_s}")
         return problems

@@ -24,7 +24,7 @@ from typing import Any
 from rlzoo.config import load_config
 from rlzoo.errors import ConfigError
 from rlzoo.recipe import RecipeConfig
-from rlzoo.runners.checkpoint import LOCK_FILE
+from rlzoo.train.checkpoint import LOCK_FILE
 
 #: overrides that say where and whether to resume; never recorded as changes of the run
 _RESUME_KEYS = ("resume", "run.output_dir", "run.overwrite")
@@ -264,7 +264,7 @@ def claim_run_dir(path: Path, *, resume: bool, overwrite: bool, resume_command: 
     with ``resume_command``, or with ``overwrite`` moved aside to ``PATH.replaced-<time>``. A
     non-empty folder that is not a run directory is refused even with ``overwrite``.
     """
-    from rlzoo.runners.checkpoint import RunLock
+    from rlzoo.train.checkpoint import RunLock
 
     path = path.expanduser()
     if resume:

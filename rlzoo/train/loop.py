@@ -1,34 +1,44 @@
 """The one training loop. Runners differ only in the batch source that feeds it.
 
+    train(run): the step plan (rlzoo.recipe.step_plan), the session (rlzoo.train.session), the
+                runner's batch source = its registered factory(params, session); on a resume
+                source.resume(the checkpoint's data)
     for step in start+1 .. total:
-        batch  <- source.next_batch(step)          sync: generate now; one_step_off: the batch
+        batch  <- source.next_batch(step, timer)   sync: generate now; one_step_off: the batch
                                                    generated beside the last step; fully_async:
                                                    R*M groups from the staleness-aware queue
         staleness of the batch (measured from the policy version of every sample's tokens)
         policy update (PolicyTrainer: old / ref log-probs, advantages, PPO epochs)
-        every `push_every` steps (and the last): source.push_weights()  -> a new policy version
-        validation when due (on the weights just pushed; the source quiesces around it)
-        checkpoint when due: ONE payload for every runner (step, trainer, data, policy version)
-        export when due; one metrics row
+        every plan.push_every steps (and the last): source.push_weights(timer) -> a new policy version
+        source.step_done(batch): the source's metrics of the step
+        validation when due (on the weights just pushed; a Background source holds generation)
+        checkpoint when due: ONE payload for every runner (step, trainer, source.state_dict(),
+        policy version); export when due; one metrics row
 
 The loop owns validation, checkpoints, the weight-push cadence, metrics, the staleness
 measurement, Ctrl-C (with the resume command), the end-of-run summary and resume. A batch source
 (:class:`BatchSource`) owns only where batches come from and how a weight push reaches its
-rollout side.
+rollout side; one that generates while the trainer trains is also a :class:`Background`.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rlzoo.batch import Batch
 from rlzoo.failpoints import failpoint
 from rlzoo.metrics import PhaseTimer
+from rlzoo.recipe import Selection, step_plan
+from rlzoo.train.session import Session
+
+if TYPE_CHECKING:
+    from rlzoo.compose import Run
 
 logger = logging.getLogger("rlzoo")
 
@@ -40,49 +50,80 @@ class SourceExhausted(RuntimeError):
     """The batch source has nothing more to give (e.g. fully-async drew every prompt it may)."""
 
 
+class StepTimer(PhaseTimer):
+    """One step's phase timer. A source times the phases in which the trainer waits for data with
+    :meth:`wait`; the loop counts those as idle (``trainer/idle_ratio``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.idle: set[str] = set()
+
+    def wait(self, phase: str) -> AbstractContextManager[None]:
+        """``with timer.wait("wait_queue"): ...`` times ``phase`` as trainer idle time."""
+        self.idle.add(phase)
+        return self(phase)
+
+
 class BatchSource(Protocol):
-    """Where the loop's batches come from. One per runner; everything else is the loop's."""
+    """Where the loop's batches come from: what a runner is. Everything else is the loop's.
 
-    #: trainer steps between two weight pushes (the loop also pushes after the last step)
-    push_every: int
-    #: timer phases during which the trainer waits for data (for ``trainer/idle_ratio``)
-    idle_phases: tuple[str, ...]
+    A runner plugin registers a factory ``(params, session) -> BatchSource`` (a class will do); the
+    session (:class:`~rlzoo.train.session.Session`) carries the step plan (``session.plan``), the
+    backends and the helpers that generate, score and collate (``make_loader``,
+    ``train_requests``, ``score``, ``keep``, ``sync_weights``). See ``tests/runners/test_custom_source.py``.
+    """
 
-    def start(self, step: int) -> None:
-        """Called once before the first step ``step + 1`` (after any resume state is loaded)."""
+    def resume(self, state: Mapping[str, Any]) -> None:
+        """Continue from a checkpoint's :meth:`state_dict` (once, before the first batch, on a resume)."""
 
-    def next_batch(self, step: int, timer: PhaseTimer) -> tuple[Batch | None, dict[str, Any]]:
-        """The batch of ``step`` and its rollout metrics; None skips the update (filtered away).
+    def next_batch(self, step: int, timer: StepTimer) -> Batch | None:
+        """The batch of ``step``; None skips the update (a filter dropped every group).
 
-        Raises :class:`SourceExhausted` when no more batches will come."""
+        Time waits for data with ``timer.wait(phase)``. Raises :class:`SourceExhausted` when no
+        more batches will come."""
         ...
 
-    def trained(self, batch: Batch) -> None:
-        """The update on ``batch`` is done (its prompts are consumed)."""
-
-    def push_weights(self, timer: PhaseTimer) -> dict[str, float]:
+    def push_weights(self, timer: StepTimer) -> dict[str, float]:
         """Bring the trainer's weights to the rollout side; returns weight-sync metrics."""
         ...
 
-    def quiesce(self) -> AbstractContextManager[None]:
-        """Hold generation (for validation on the current weights)."""
-        ...
-
-    def step_metrics(self) -> dict[str, float]:
-        """The source's own metrics of the step just finished (queue, rollouter ...)."""
+    def step_done(self, batch: Batch | None) -> dict[str, float]:
+        """The step's update on ``batch`` is done (None: skipped): the source's metrics of the step."""
         ...
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint must hold to resume this source without losing or repeating a prompt."""
         ...
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
-    def fail(self, exc: BaseException) -> None:
-        """The loop is failing (or interrupted): stop the other side."""
+@runtime_checkable
+class Background(Protocol):
+    """A batch source that generates while the trainer trains (one-step-off, fully-async)."""
 
-    def close(self) -> None:
-        """Stop background work (called on every exit)."""
+    def hold(self) -> AbstractContextManager[None]:
+        """Hold generation while the loop validates on the current weights."""
+        ...
+
+    def close(self, exc: BaseException | None) -> None:
+        """Stop the background work, once, on every exit (``exc``: the loop is failing with it)."""
+
+
+def train(run: Run) -> dict[str, Any]:
+    """Train a composed run to its end with its runner's batch source; returns the run's summary."""
+    return build_loop(run).run()
+
+
+def build_loop(run: Run) -> TrainLoop:
+    """The session (models loaded, resume applied) and the runner's batch source, ready to :meth:`~TrainLoop.run`."""
+    runner = run.config.runner
+    assert isinstance(runner, Selection)
+    session = Session(run, step_plan(run.config))
+    try:
+        source: BatchSource = runner.fn(runner.params, session)
+    except BaseException:
+        session.close()
+        raise
+    return TrainLoop(session, source)
 
 
 class VersionMap:
@@ -147,52 +188,49 @@ def is_due(step: int, freq: int, total: int) -> bool:
 
 
 class TrainLoop:
-    """Drives a :class:`BatchSource` through the steps of a :class:`~rlzoo.runners.session.Session`."""
+    """Drives a :class:`BatchSource` through the steps of a :class:`~rlzoo.train.session.Session`."""
 
-    def __init__(self, session: Any, source: BatchSource, *, runner: str) -> None:
+    def __init__(self, session: Session, source: BatchSource) -> None:
         self.s = session
         self.source = source
-        self.runner = runner
         self.versions = VersionMap(int(getattr(session.rollout, "version", 0)), 0)
         self.staleness_hist: dict[int, int] = {}
+        self._closed = False
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        s, src = self.s, self.source
+        s, src, plan = self.s, self.source, self.s.plan
         t_start = time.perf_counter()
         rows: list[dict[str, Any]] = []
         ended = "completed"
         try:
-            state = s.resume_payload or {}
-            if state:
-                src.load_state_dict(state.get("data", {}))
+            state = s.resume_payload
+            if state is not None:
+                src.resume(state["data"])
                 self.versions = VersionMap(
                     int(getattr(s.rollout, "version", 0)), int(state.get("policy_version", 0))
                 )
             if s.validate_before_train and s.start_step == 0 and s.val_data is not None:
                 rows.append(s.metrics.log(0, s.validate(), advance=False))
-            src.start(s.start_step)
             since_push = 0
             val_pending = False
             t_prev = time.perf_counter()
             for step in range(s.start_step + 1, s.total_steps + 1):
-                timer = PhaseTimer()
+                timer = StepTimer()
                 m: dict[str, Any] = {}
                 with timer("step"):
                     try:
-                        batch, extra = src.next_batch(step, timer)
+                        batch = src.next_batch(step, timer)
                     except SourceExhausted as exc:
                         s.metrics.write(f"rlzoo: training stopped: {exc}")
                         ended = f"stopped early: {exc}"
                         break
-                    m.update(extra)
                     if batch is not None:
                         m.update(self._staleness(batch))
                         m.update(s.trainer.step(batch, timer))
-                        src.trained(batch)
                         since_push += 1
                     synced = False
-                    if since_push and (step % src.push_every == 0 or step == s.total_steps):
+                    if since_push and (step % plan.push_every == 0 or step == s.total_steps):
                         with timer("sync_weights"):
                             m.update(src.push_weights(timer))
                         self.versions.push(int(s.train_backend.version))
@@ -200,11 +238,11 @@ class TrainLoop:
                 m["rollout/skipped_step"] = float(batch is None)
                 wall = time.perf_counter() - t_prev
                 m.update(self._perf(batch, timer, wall))
-                m.update(src.step_metrics())
+                m.update(src.step_done(batch))
                 if s.val_data is not None and is_due(step, s.test_freq, s.total_steps):
                     val_pending = True
                 if val_pending and (synced or since_push == 0):  # on the weights just pushed
-                    with timer("testing"), src.quiesce():
+                    with timer("testing"), self._held():
                         m.update(s.validate())
                     m["timing_s/testing"] = timer.seconds["testing"]
                     val_pending = False
@@ -230,18 +268,26 @@ class TrainLoop:
                 s.reward_failures.check()  # all samples failed scoring too many steps in a row: abort
                 t_prev = time.perf_counter()
         except KeyboardInterrupt as exc:
-            src.fail(exc)
+            self._close_source(exc)
             s.metrics.write(s.resume_hint())
             self._summary_on_the_way_out(rows, t_start, "interrupted (Ctrl-C)")
             raise
         except BaseException as exc:
-            src.fail(exc)
+            self._close_source(exc)
             self._summary_on_the_way_out(rows, t_start, f"failed: {type(exc).__name__}: {exc}")
             raise
         finally:
-            src.close()
+            self._close_source(None)
             s.close()
         return s.finish(rows, wall_s=time.perf_counter() - t_start, ended=ended, extra=self.summary_extra())
+
+    def _held(self) -> AbstractContextManager[None]:
+        return self.source.hold() if isinstance(self.source, Background) else contextlib.nullcontext()
+
+    def _close_source(self, exc: BaseException | None) -> None:
+        if not self._closed and isinstance(self.source, Background):
+            self._closed = True
+            self.source.close(exc)
 
     def _summary_on_the_way_out(self, rows: list[dict[str, Any]], t_start: float, ended: str) -> None:
         """``summary.json`` says how this run ended, not what an earlier run of the directory did."""
@@ -255,7 +301,7 @@ class TrainLoop:
         """The one checkpoint payload of every runner (``val``: the step's ``val/mean``, if validated)."""
         out = {
             "step": step,
-            "runner": self.runner,
+            "runner": self.s.runner_name,
             "trainer": self.s.trainer.state_dict(),
             "data": self.source.state_dict(),
             "policy_version": self.versions.current,
@@ -273,10 +319,10 @@ class TrainLoop:
             self.staleness_hist[st] = self.staleness_hist.get(st, 0) + 1
         return version_metrics(versions, self.versions)
 
-    def _perf(self, batch: Batch | None, timer: PhaseTimer, wall: float) -> dict[str, float]:
+    def _perf(self, batch: Batch | None, timer: StepTimer, wall: float) -> dict[str, float]:
         out = timer.metrics()
         step_s = timer.seconds["step"]
-        idle = sum(timer.seconds.get(p, 0.0) for p in self.source.idle_phases)
+        idle = sum(timer.seconds.get(p, 0.0) for p in timer.idle)
         out["trainer/idle_ratio"] = min(1.0, idle / wall) if wall > 0 else 0.0
         out["trainer/step_wall_s"] = wall
         if batch is None:
@@ -286,9 +332,7 @@ class TrainLoop:
         out["perf/throughput"] = tokens / wall if wall > 0 else 0.0
         out["perf/trainer_tokens_per_s"] = tokens / step_s if step_s > 0 else 0.0
         compute = sum(timer.seconds.get(p, 0.0) for p in COMPUTE_PHASES)
-        waits = sum(
-            timer.seconds.get(p, 0.0) for p in self.source.idle_phases if p not in (*COMPUTE_PHASES, "reward")
-        )
+        waits = sum(timer.seconds.get(p, 0.0) for p in timer.idle if p not in (*COMPUTE_PHASES, "reward"))
         other = step_s - compute - timer.seconds.get("reward", 0.0) - waits
         out["perf/overhead_frac"] = max(0.0, other) / step_s if step_s > 0 else 0.0
         return out

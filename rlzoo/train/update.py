@@ -14,18 +14,18 @@ from typing import Any
 import torch
 
 from rlzoo.batch import Batch
+from rlzoo.formulas import AdaptiveKLController, FixedKLController, apply_kl_penalty
 from rlzoo.metrics import mean_metrics
-from rlzoo.objective import (
-    AdaptiveKLController,
-    FixedKLController,
-    PolicyObjective,
-    ValueObjective,
-    agg_context,
-    apply_kl_penalty,
+from rlzoo.protocols import (
+    AdvantageInputs,
+    CorrectionInputs,
+    CorrectionMode,
+    RewardComponentKeys,
+    SumPiSquaredSource,
 )
-from rlzoo.protocols import AdvantageInputs, CorrectionInputs, RewardComponentKeys, SumPiSquaredSource
 from rlzoo.recipe import RecipeConfig, Selection
-from rlzoo.runners.rewards import reward_components
+from rlzoo.train.objective import PolicyObjective, ValueObjective, agg_context
+from rlzoo.train.rewards import reward_components
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,9 @@ class PolicyTrainer:
             kl_penalty=alg.kl_penalty if alg.use_kl_in_reward else None,
             kl_ctrl=kl_ctrl,
             correction=corr,
-            correction_bypass=corr is not None and corr.params.mode == "bypass",
+            correction_bypass=corr is not None
+            and isinstance(corr.params, CorrectionMode)
+            and corr.params.mode == "bypass",
             needs_reference=alg.use_kl_loss or alg.use_kl_in_reward,
             needs_critic=bool(alg.advantage.capability("needs_critic")),
             advantage_reads_old_log_probs=adv_caps.needs_old_log_probs,

@@ -1,4 +1,4 @@
-"""Safetensors checkpoint helpers, shared by the train backends (native now, fsdp2 later).
+"""Train kit: checkpoint helpers every train backend composes (safetensors + JSON, written atomically).
 
 No pickle anywhere: tensors go to ``.safetensors`` files, everything else to JSON.
 
@@ -10,12 +10,19 @@ No pickle anywhere: tensors go to ``.safetensors`` files, everything else to JSO
 - :func:`rng_state` / :func:`set_rng_state`: torch CPU / CUDA, python ``random`` and numpy.
 - :func:`atomic_dir`: write a checkpoint into ``PATH.tmp``, add the ``COMPLETE`` marker, then
   rename to ``PATH``; :func:`require_complete` rejects a directory without the marker.
+- :func:`checkpoint_meta` / :func:`read_checkpoint_meta`: a train checkpoint's ``meta.json``
+  (format, version, LR-schedule position, critic flag, the caller's ``extra_state``);
+  :func:`check_checkpoint_lora` / :func:`load_adapter_state`: a LoRA checkpoint's settings and
+  adapter tensors.
+- :func:`save_lora_export` / :func:`save_tokenizer`: what an HF export holds besides the weights.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
+import logging
 import os
 import random
 import shutil
@@ -28,20 +35,32 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from rlzoo import lora
 from rlzoo.errors import RlzooError
+from rlzoo.protocols import TrainSpec
+from rlzoo.train_kit.update import LRSchedule
 
 __all__ = [
     "COMPLETE_MARKER",
     "IncompleteCheckpointError",
     "atomic_dir",
+    "check_checkpoint_lora",
+    "checkpoint_meta",
+    "load_adapter_state",
     "load_state_dict",
     "load_tree",
+    "read_checkpoint_meta",
     "require_complete",
     "rng_state",
+    "save_hf_model",
+    "save_lora_export",
     "save_state_dict",
+    "save_tokenizer",
     "save_tree",
     "set_rng_state",
 ]
+
+logger = logging.getLogger(__name__)
 
 COMPLETE_MARKER = "COMPLETE"
 _ALIASES_KEY = "rlzoo_aliases"
@@ -218,3 +237,114 @@ def require_complete(path: str | Path) -> dict[str, Any]:
         )
     text = marker.read_text().strip()
     return dict(json.loads(text)) if text else {}
+
+
+# ---------------------------------------------------------------------------------------------
+# train checkpoints and HF exports
+# ---------------------------------------------------------------------------------------------
+def checkpoint_meta(
+    fmt: str,
+    extra_state: Mapping[str, Any],
+    *,
+    version: int,
+    critic_steps: int,
+    schedule: LRSchedule,
+    has_critic: bool,
+    **more: Any,
+) -> dict[str, Any]:
+    """``meta.json`` of a train checkpoint: format, version (actor steps), the LR schedule's
+    position, critic flag, ``more`` and ``extra_state`` (which must be JSON-serialisable)."""
+    try:
+        extra = json.loads(json.dumps(dict(extra_state)))
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"save_checkpoint: extra_state must be JSON-serialisable: {e}") from e
+    return {
+        "format": fmt,
+        "version": version,
+        "scheduler": schedule.record(version, critic_steps),
+        "has_critic": has_critic,
+        **more,
+        "extra_state": extra,
+    }
+
+
+def read_checkpoint_meta(path: Path, fmt: str, what: str, *, has_critic: bool) -> dict[str, Any]:
+    """``meta.json`` of the complete checkpoint ``path`` of format ``fmt`` (``what``: its name in
+    the error, e.g. "a native train"); the critic flag must match ``has_critic``."""
+    marker = require_complete(path)
+    if marker.get("format") != fmt:
+        raise IncompleteCheckpointError(
+            f"{str(path)!r} is not {what} checkpoint (format {marker.get('format')!r})"
+        )
+    meta: dict[str, Any] = json.loads((path / "meta.json").read_text())
+    if meta["has_critic"] != has_critic:
+        raise ValueError(
+            f"checkpoint {str(path)!r} has_critic={meta['has_critic']} but this backend has_critic={has_critic}"
+        )
+    return meta
+
+
+def check_checkpoint_lora(path: Path, meta: Mapping[str, Any], settings: Any) -> None:
+    """Refuse a checkpoint whose ``trainer.lora`` (``meta["lora"]``) differs from this backend's."""
+    saved, mine = meta.get("lora"), lora.settings_record(settings)
+    if saved != mine:
+        raise ValueError(
+            f"checkpoint {str(path)!r} was written with trainer.lora={saved}, this run has trainer.lora={mine}; "
+            "resume with the same LoRA settings (a LoRA checkpoint holds the adapter only)"
+        )
+
+
+def load_adapter_state(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Load a LoRA checkpoint's adapter tensors into ``module``; every adapter tensor of the module
+    must be there and nothing else (the base weights stay those loaded from ``model_path``)."""
+    own = {name for name, _ in lora.adapter_items(module.state_dict())}
+    missing, unexpected = sorted(own - set(state)), sorted(set(state) - own)
+    if missing or unexpected:
+        raise ValueError(
+            f"LoRA checkpoint does not match the model's adapters: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    module.load_state_dict(dict(state), strict=False)
+
+
+def save_hf_model(
+    state: Mapping[str, torch.Tensor], model_cls: Any, config: Any, directory: Path, *, what: str
+) -> None:
+    """``save_pretrained`` into ``directory`` of a fresh ``model_cls(config)`` (built on the meta
+    device) holding ``state``; tied embeddings are tied again. Every parameter must be in ``state``
+    (``what``: the state's name in the error)."""
+    with torch.device("meta"):
+        model: Any = model_cls(copy.deepcopy(config))
+    model.load_state_dict(dict(state), strict=False, assign=True)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise RuntimeError(f"export_hf: parameters missing from {what}: {missing[:5]}")
+    model.save_pretrained(str(directory))
+
+
+def save_lora_export(
+    state: Mapping[str, torch.Tensor], model_cls: Any, config: Any, spec: TrainSpec, directory: Path
+) -> None:
+    """A LoRA actor's HF export into ``directory``: the merged model (:func:`save_hf_model` of
+    :func:`rlzoo.lora.merged_state_dict`) and the adapter alone in ``directory/adapter``
+    (:func:`rlzoo.lora.save_adapter`)."""
+    if spec.lora is None:
+        raise ValueError("save_lora_export: the spec has no trainer.lora settings (not a LoRA actor)")
+    merged = {k: v.detach() for k, v in lora.merged_state_dict(state, spec.lora).items()}
+    save_hf_model(merged, model_cls, config, directory, what="the merged LoRA state")
+    lora.save_adapter(lora.adapter_items(state), spec.lora, directory / "adapter", base_model=spec.model_path)
+
+
+def save_tokenizer(tokenizer: Any, spec: TrainSpec, directory: Path) -> None:
+    """Save ``tokenizer`` (default: the one at ``spec.model_path``, when it has one) into ``directory``."""
+    tok = tokenizer
+    if tok is None and spec.model_path:
+        try:
+            from rlzoo.data.tokenizer import load_tokenizer
+
+            tok = load_tokenizer(spec.model_path, trust_remote_code=spec.trust_remote_code)
+        except Exception as e:  # a model directory without tokenizer files
+            logger.info("export_hf: no tokenizer saved (%s)", e)
+    if tok is not None:
+        tok.save_pretrained(str(directory))

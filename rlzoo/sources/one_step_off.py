@@ -21,12 +21,10 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from rlzoo.batch import Batch
-from rlzoo.errors import ConfigError
-from rlzoo.metrics import PhaseTimer
-from rlzoo.runners.async_params import OneStepOffParams
-from rlzoo.runners.loop import SourceExhausted, TrainLoop
-from rlzoo.runners.session import Session
-from rlzoo.runners.sync import generate_groups
+from rlzoo.sources.params import OneStepOffParams
+from rlzoo.sources.sync import generate_groups
+from rlzoo.train.loop import SourceExhausted, StepTimer
+from rlzoo.train.session import Session
 
 logger = logging.getLogger("rlzoo")
 
@@ -36,7 +34,7 @@ class _Generation:
 
     def __init__(self, session: Session, loader: Any, step: int) -> None:
         self.step = step
-        self.timer = PhaseTimer()
+        self.timer = StepTimer()
         self.loader_state = loader.state_dict()  # before the batch is drawn
         self.version = int(getattr(session.rollout, "version", 0))
         self._out: tuple[Any, dict[str, float]] | None = None
@@ -67,26 +65,30 @@ class _Generation:
 
 
 class GenerateOneAhead:
-    """Batch source of ``one_step_off``: the batch of step t+1 is generated while step t trains."""
+    """Batch source of ``one_step_off``: the batch of step t+1 is generated while step t trains.
 
-    push_every: int = 1
-    idle_phases: tuple[str, ...] = ("wait_gen",)
+    The first generation starts at the first :meth:`next_batch` (after any resume); each later one
+    as soon as the batch before it is handed to the trainer.
+    """
 
-    def __init__(self, session: Session, params: OneStepOffParams) -> None:
+    def __init__(self, params: OneStepOffParams, session: Session) -> None:
         self.s = session
         self.timeout = params.wait_timeout_s
-        self.loader = session.make_loader(session.train_batch_size)
+        self.loader = session.make_loader(session.plan.prompts_per_step)
         self.pending: _Generation | None = None
-        self._gen: _Generation | None = None  # the generation of the batch being trained
+        self._started = False
+        self._metrics: dict[str, float] = {}
 
-    def start(self, step: int) -> None:
-        if step < self.s.total_steps:
-            self.pending = _Generation(self.s, self.loader, step + 1)
+    def resume(self, state: Mapping[str, Any]) -> None:
+        self.loader.load_state_dict(state["loader"])
 
-    def next_batch(self, step: int, timer: PhaseTimer) -> tuple[Batch | None, dict[str, Any]]:
+    def next_batch(self, step: int, timer: StepTimer) -> Batch | None:
+        if not self._started:
+            self._started = True
+            self.pending = _Generation(self.s, self.loader, step)
         if self.pending is None:
             raise SourceExhausted("no generation pending")
-        with timer("wait_gen"):  # trainer idle: the batch is not ready yet
+        with timer.wait("wait_gen"):  # trainer idle: the batch is not ready yet
             batch, m = self.pending.result(self.timeout)
         gen = self.pending
         trained_version = int(self.s.train_backend.version)
@@ -96,61 +98,34 @@ class GenerateOneAhead:
         m.update({f"timing_s/{k}": v for k, v in gen.timer.seconds.items() if k != "gen_total"})
         m["timing_s/gen"] = gen.timer.seconds.get("gen", 0.0)
         m["rollout/backend_version_lag"] = float(trained_version - gen.version)
-        self._gen = gen
-        return batch, m
+        self._metrics = m
+        return batch
 
-    def trained(self, batch: Batch) -> None:
-        return None
-
-    def push_weights(self, timer: PhaseTimer) -> dict[str, float]:
+    def push_weights(self, timer: StepTimer) -> dict[str, float]:
         if self.pending is not None:
-            with timer("wait_gen"):
+            with timer.wait("wait_gen"):
                 self.pending.result(self.timeout)  # finish before the push: no request spans it
         return self.s.sync_weights()
 
-    @contextlib.contextmanager
-    def quiesce(self) -> Iterator[None]:
-        if self.pending is not None:
-            self.pending.result(self.timeout)
-        yield
-
-    def step_metrics(self) -> dict[str, float]:
-        return {}
+    def step_done(self, batch: Batch | None) -> dict[str, float]:
+        return self._metrics  # the generation's, measured on its own timer
 
     def state_dict(self) -> dict[str, Any]:
         # the loader as it was before the pending batch was drawn: a resume regenerates it
         loader = self.pending.loader_state if self.pending is not None else self.loader.state_dict()
         return {"loader": loader, "pending": []}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if "loader" in state:
-            self.loader.load_state_dict(state["loader"])
+    # -- Background -----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        if self.pending is not None:
+            self.pending.result(self.timeout)
+        yield
 
-    def fail(self, exc: BaseException) -> None:
-        return None
-
-    def close(self) -> None:
+    def close(self, exc: BaseException | None) -> None:
         if self.pending is not None:
             try:
                 self.pending.result(timeout=60)
-            except Exception as exc:  # already failing or done: report, do not mask
-                logger.warning("background generation: %s", exc)
+            except Exception as err:  # already failing or done: report, do not mask
+                logger.warning("background generation: %s", err)
             self.pending = None
-
-
-class OneStepOffRunner:
-    def __init__(self, params: OneStepOffParams, run: Any) -> None:
-        self.params = params
-        self.run_obj = run
-
-    def run(self) -> dict[str, Any]:
-        problems = OneStepOffParams.check(self.params, self.run_obj.config)
-        if problems:
-            raise ConfigError(problems)
-        s = Session(self.run_obj, desc="one_step_off")
-        try:
-            source = GenerateOneAhead(s, self.params)
-        except BaseException:
-            s.close()
-            raise
-        return TrainLoop(s, source, runner="one_step_off").run()

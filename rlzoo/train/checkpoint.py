@@ -39,6 +39,7 @@ from typing import Any
 from rlzoo.errors import RlzooError
 from rlzoo.failpoints import failpoint
 from rlzoo.metrics import set_aside_cut_row
+from rlzoo.storage import StorageError, disk_refusal
 
 logger = logging.getLogger("rlzoo")
 
@@ -52,6 +53,10 @@ LOCK_FILE = ".rlzoo.lock"
 
 class CheckpointError(RlzooError):
     """No usable checkpoint (missing, incomplete, truncated or corrupt)."""
+
+
+class CheckpointWriteError(StorageError):
+    """The disk refused a checkpoint's files (full, read-only); the previous checkpoint is intact."""
 
 
 class RunDirLocked(RlzooError):
@@ -99,11 +104,35 @@ class CheckpointManager:
 
     # -- writing ---------------------------------------------------------------------------------
     def save(self, step: int, backend: Any, payload: Mapping[str, Any]) -> Path:
-        """Write the checkpoint of ``step`` (see the module docstring); returns its directory."""
+        """Write the checkpoint of ``step`` (see the module docstring); returns its directory.
+
+        A disk that refuses the write (full, read-only) raises :class:`CheckpointWriteError`, a
+        one-line message; the half-written checkpoint is removed and the previous one stays usable.
+        """
+        try:
+            return self._save(step, backend, payload)
+        except Exception as exc:
+            refused = disk_refusal(exc)
+            if refused is None:
+                raise
+            for ours in (f"step_{step}.partial", f"step_{step}.partial.tmp"):  # half-written by us
+                shutil.rmtree(self.root / ours, ignore_errors=True)
+            latest = self.latest()
+            kept = (
+                f"the previous checkpoint {latest} is intact" if latest else "there is no earlier checkpoint"
+            )
+            raise CheckpointWriteError(
+                f"could not write the checkpoint of step {step} into {self.root}: {os.strerror(refused[0])}; "
+                f"{kept}. Free some space (or move {self.run_dir} to a larger disk), then resume: "
+                f"rlzoo train resume=latest run.output_dir={self.run_dir}"
+            ) from exc
+
+    def _save(self, step: int, backend: Any, payload: Mapping[str, Any]) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
         self.clean_leftovers()
         final = self.root / f"step_{step}"
         staging = self.root / f"step_{step}.partial"
+        failpoint("save:begin")
         state = dict(payload)
         state["python_random"] = _encode_random_state()
         backend.save_checkpoint(staging, state)

@@ -1,4 +1,4 @@
-"""Train kit: pieces every train backend composes (core; no backend imports another).
+"""Train kit: log-probs, entropy, ``sum_pi_squared`` and values of a micro-batch's response tokens.
 
 Log-probs and entropy of response tokens in chunks, forward and backward
 (:func:`token_log_probs`, :func:`chunked_token_fn`): the fp32 ``[B, T, V]`` copies of the logits
@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange
-from torch import Tensor
+from torch import Tensor, nn
 
 from rlzoo.batch import Batch
 from rlzoo.protocols import MicroBatchSettings
@@ -32,11 +34,20 @@ from rlzoo.protocols import MicroBatchSettings
 __all__ = [
     "DEFAULT_LOG_PROB_CHUNK",
     "Packed",
+    "actor_log_probs",
+    "actor_log_probs_and_sum_pi_squared",
     "chunked_token_fn",
+    "critic_values",
     "linear_token_log_probs",
     "pack",
+    "packed_response_logits",
+    "pad_response",
+    "response_hidden",
+    "response_logits",
+    "sum_pi_squared",
     "token_log_probs",
     "token_log_probs_reference",
+    "trim",
     "unpack",
 ]
 
@@ -448,3 +459,212 @@ def unpack(values: Tensor, response_valid: Tensor) -> Tensor:
     """``[n]`` per-response-token values back to ``[b, T]``, zero on padding."""
     out = torch.zeros(response_valid.shape, dtype=values.dtype, device=values.device)  # [b, T]
     return out.masked_scatter(response_valid, values)
+
+
+# ---------------------------------------------------------------------------------------------
+# one micro-batch of a causal LM: response log-probs, sum_pi_squared, critic values
+# ---------------------------------------------------------------------------------------------
+def trim(mb: Batch) -> tuple[Tensor, Tensor, Tensor, int, int]:
+    """Columns of a micro-batch that any row attends to.
+
+    Returns ``(input_ids, attention_mask, position_ids, T_eff, resp_start)`` where the trimmed
+    tensors are ``[b, P' + T_eff]`` and position ``resp_start - 1 + t`` predicts response token t.
+    """
+    ids = mb["input_ids"]  # [b, P+T]
+    attn = mb["attention_mask"]  # [b, P+T]
+    T = mb["responses"].shape[1]
+    P = ids.shape[1] - T
+    if "position_ids" in mb:
+        pos = mb["position_ids"]  # [b, P+T]
+    else:
+        pos = (attn.long().cumsum(-1) - 1).clamp(min=0)  # [b, P+T]
+    cols = attn.bool().any(0)  # [P+T]
+    prompt_cols = cols[:P].nonzero()
+    start = min(int(prompt_cols[0]) if len(prompt_cols) else P - 1, max(P - 1, 0))
+    resp_cols = cols[P:].nonzero()
+    t_eff = max(1, int(resp_cols[-1]) + 1 if len(resp_cols) else 1)
+    end = P + t_eff
+    return ids[:, start:end], attn[:, start:end], pos[:, start:end], t_eff, P - start
+
+
+def pad_response(x: Tensor, mb: Batch) -> Tensor:
+    """``[b, T_eff]`` per-token outputs of :func:`trim`'s columns back to ``[b, T]``, zero on padding."""
+    T = mb["responses"].shape[1]
+    valid = mb["attention_mask"][:, -T:].bool()  # [b, T]
+    return torch.where(valid, F.pad(x, (0, T - x.shape[1])), 0.0)  # [b, T]
+
+
+def actor_log_probs(
+    module: nn.Module,
+    mb: Batch,
+    *,
+    keep_arg: bool,
+    temperature: float,
+    with_entropy: bool,
+    chunk_tokens: int = DEFAULT_LOG_PROB_CHUNK,
+    packed: bool = False,
+    lm_head: nn.Linear | None = None,
+    matmul_dtype: torch.dtype | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (+ entropy) ``[b, T]`` of one micro-batch already on the device; zero on padding.
+
+    ``lm_head`` (from :func:`fusable_lm_head`, text models, ``chunk_tokens > 0``): the decoder's
+    hidden states go through :func:`linear_token_log_probs` (the LM head applied
+    per chunk; the logits are never built), the matmul in ``matmul_dtype`` (default: the hidden
+    states' dtype; bf16 under autocast, as the head would run).
+
+    Padded forward over the :func:`trim` columns, or (``packed``, text models) one padding-free
+    forward (:func:`packed_response_logits`); ``keep_arg``: the module's forward takes
+    ``logits_to_keep``; ``chunk_tokens``: :func:`token_log_probs`'s chunks. Text models (a
+    vision-language model's forward also takes its images: the native backend's
+    ``vl_actor_log_probs``).
+    """
+    if lm_head is not None and chunk_tokens > 0:
+        hidden, targets, pk = response_hidden(module, mb, packed=packed)  # [r, t, H], [r, t]
+        if matmul_dtype is not None:
+            hidden = hidden.to(matmul_dtype)
+        lp, ent = linear_token_log_probs(
+            hidden,
+            lm_head.weight,
+            targets,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            chunk_tokens=chunk_tokens,
+        )
+        if pk is not None:
+            return unpack(lp[0], pk.response_valid), None if ent is None else unpack(
+                ent[0], pk.response_valid
+            )
+    elif packed:
+        logits, pk = packed_response_logits(module, mb, keep_arg=keep_arg)  # [1, n, V]
+        lp, ent = token_log_probs(
+            logits,
+            pk.targets[None],
+            temperature=temperature,
+            with_entropy=with_entropy,
+            chunk_tokens=chunk_tokens,
+        )  # [1, n]
+        return unpack(lp[0], pk.response_valid), None if ent is None else unpack(ent[0], pk.response_valid)
+    else:
+        logits, targets = response_logits(module, mb, keep_arg=keep_arg)  # [b, T_eff, V], [b, T_eff]
+        lp, ent = token_log_probs(
+            logits, targets, temperature=temperature, with_entropy=with_entropy, chunk_tokens=chunk_tokens
+        )
+    return pad_response(lp, mb), None if ent is None else pad_response(ent, mb)  # [b, T]
+
+
+def response_logits(module: nn.Module, mb: Batch, *, keep_arg: bool) -> tuple[Tensor, Tensor]:
+    """Logits ``[b, T_eff, V]`` that predict the response tokens ``[b, T_eff]`` of a text micro-batch
+    (padded forward over the :func:`trim` columns; position ``P - 1 + t`` predicts token ``t``).
+
+    ``keep_arg``: only those positions go through the LM head (``logits_to_keep`` as indices), so
+    the logits are exactly ``[b, T_eff, V]``, not a slice of a larger tensor whose backward would
+    allocate the larger gradient."""
+    ids, attn, pos, t_eff, _ = trim(mb)
+    L = ids.shape[1]
+    if keep_arg:
+        keep = torch.arange(L - t_eff - 1, L - 1, device=ids.device)  # [T_eff]
+        logits = module(
+            input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=keep
+        ).logits  # [b, T_eff, V]
+    else:
+        logits = module(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
+        logits = logits[:, -(t_eff + 1) : -1]  # [b, T_eff, V]
+    return logits, mb["responses"][:, :t_eff]
+
+
+def response_hidden(module: nn.Module, mb: Batch, *, packed: bool) -> tuple[Tensor, Tensor, Packed | None]:
+    """The decoder's last hidden states at the positions that predict the response tokens, and
+    those tokens: ``[b, T_eff, H]``, ``[b, T_eff]`` over the :func:`trim` columns, or (``packed``)
+    ``[1, n, H]``, ``[1, n]`` and the :class:`Packed` layout."""
+    decoder: Any = module.get_decoder()  # type: ignore[operator]
+    if packed:
+        pk = pack(mb)
+        out = decoder(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False)
+        return out.last_hidden_state[:, pk.predict_at], pk.targets[None], pk
+    ids, attn, pos, t_eff, _ = trim(mb)
+    L = ids.shape[1]
+    out = decoder(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False)
+    return out.last_hidden_state[:, L - t_eff - 1 : L - 1], mb["responses"][:, :t_eff], None
+
+
+def packed_response_logits(module: nn.Module, mb: Batch, *, keep_arg: bool) -> tuple[Tensor, Packed]:
+    """Logits ``[1, n, V]`` that predict the ``n`` real response tokens of a text micro-batch, from
+    one padding-free forward (:func:`pack`: real tokens end to end, positions
+    restarting per sequence, no attention mask, so HF attention keeps each sequence to itself)."""
+    pk = pack(mb)
+    if keep_arg:
+        out = module(
+            input_ids=pk.input_ids,
+            position_ids=pk.position_ids,
+            use_cache=False,
+            logits_to_keep=pk.predict_at,
+        )
+        return out.logits, pk  # [1, n, V]
+    out = module(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False)
+    return out.logits[:, pk.predict_at], pk  # [1, n, V]
+
+
+def actor_log_probs_and_sum_pi_squared(
+    module: nn.Module,
+    mb: Batch,
+    *,
+    keep_arg: bool,
+    temperature: float,
+    vision: bool = False,
+    chunk_tokens: int = DEFAULT_LOG_PROB_CHUNK,
+    packed: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Log-probs (as :func:`actor_log_probs`) and ``sum_pi_squared`` ``[b, T]`` of one text
+    micro-batch on the device, from one forward; zero on padding. ``vision``: refused (VL models
+    take their logits inside :func:`~rlzoo.backends.native.multimodal.vl_token_log_probs`)."""
+    if vision:
+        raise NotImplementedError(
+            "sum_pi_squared (advantages with needs_sum_pi_squared, e.g. optimal_token_baseline) is not "
+            "computed for vision-language models yet; use another advantage (e.g. grpo) with VL models"
+        )
+    if packed:
+        plogits, pk = packed_response_logits(module, mb, keep_arg=keep_arg)  # [1, n, V]
+        plp, _ = token_log_probs(
+            plogits, pk.targets[None], temperature=temperature, chunk_tokens=chunk_tokens
+        )
+        psps = sum_pi_squared(plogits, temperature=temperature, chunk_tokens=max(1, chunk_tokens))
+        return unpack(plp[0], pk.response_valid), unpack(psps[0], pk.response_valid)  # [b, T]
+    logits, targets = response_logits(module, mb, keep_arg=keep_arg)  # [b, T_eff, V], [b, T_eff]
+    lp, _ = token_log_probs(logits, targets, temperature=temperature, chunk_tokens=chunk_tokens)
+    sps = sum_pi_squared(logits, temperature=temperature, chunk_tokens=max(1, chunk_tokens))  # [b, T_eff]
+    return pad_response(lp, mb), pad_response(sps, mb)  # [b, T]
+
+
+def critic_values(critic: nn.Module, mb: Batch, *, packed: bool = False) -> Tensor:
+    """Values ``[b, T]`` of one micro-batch on the device (value at ``P - 1 + t``); zero on padding.
+    ``packed``: one padding-free forward (as :func:`packed_response_logits`)."""
+    if packed:
+        pk = pack(mb)
+        values = critic(pk.input_ids, None, pk.position_ids, keep_index=pk.predict_at)[0]  # [n]
+        return unpack(values, pk.response_valid)  # [b, T]
+    ids, attn, pos, t_eff, _ = trim(mb)
+    values = critic(ids, attn, pos, keep_last=t_eff + 1)[:, :-1]  # [b, T_eff]
+    return pad_response(values, mb)  # [b, T]
+
+
+def sum_pi_squared(logits: Tensor, *, temperature: float = 1.0, chunk_tokens: int = 1024) -> Tensor:
+    """``sum_v pi_v^2`` ``[B, T]`` of ``pi = softmax(logits / temperature)`` (``logits`` ``[B, T, V]``).
+
+    ``exp(logsumexp(2 z) - 2 logsumexp(z))`` with ``z = logits / temperature`` in fp32 (the form
+    verl's ``calculate_sum_pi_squared_from_logits`` uses; no softmax is materialised), over at most
+    ``chunk_tokens`` positions of one row at a time, so the extra memory is ``[chunk_tokens, V]``
+    (``logits`` may be a strided slice; it is not copied whole).
+    """
+    rows, width = logits.shape[0], logits.shape[1]
+    out = torch.empty((rows, width), dtype=torch.float32, device=logits.device)  # [B, T]
+    step = max(1, chunk_tokens)
+    for i in range(rows):
+        for start in range(0, width, step):
+            z = logits[i, start : start + step].float()  # [c, V]
+            if temperature != 1.0:
+                z = z / temperature
+            out[i, start : start + step] = torch.exp(
+                torch.logsumexp(2.0 * z, dim=-1) - 2.0 * torch.logsumexp(z, dim=-1)
+            )
+    return out

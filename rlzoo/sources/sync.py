@@ -1,4 +1,4 @@
-"""The synchronous runner: the batch source "generate now" for the one loop (:mod:`rlzoo.runners.loop`).
+"""The synchronous runner: the batch source "generate now" for the one loop (:mod:`rlzoo.train.loop`).
 
 prompts -> rollout (n per prompt) -> rewards -> [filter / refill] -> the loop's update -> weight push
 every step. Validation, checkpoints, metrics and resume are the loop's.
@@ -6,39 +6,37 @@ every step. Validation, checkpoints, metrics and resume are the loop's.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from rlzoo.batch import Batch
-from rlzoo.metrics import PhaseTimer
-from rlzoo.protocols import RewardResult, Sample
-from rlzoo.runners.batching import rollout_metrics, samples_to_batch
-from rlzoo.runners.loop import COMPUTE_PHASES, TrainLoop, is_due
-from rlzoo.runners.session import Session
+from rlzoo.protocols import RefillLimit, RewardResult, Sample
+from rlzoo.sources.params import SyncParams
+from rlzoo.train.batching import rollout_metrics, samples_to_batch
+from rlzoo.train.loop import StepTimer
+from rlzoo.train.session import Session
 
 logger = logging.getLogger("rlzoo")
-
-__all__ = ["COMPUTE_PHASES", "GenerateNow", "SyncRunner", "generate_groups", "is_due"]
 
 #: data key of a greedy-baseline sample: the request id whose samples it is the baseline for
 BASELINE_OF = "greedy_baseline_of"
 
 
 def generate_groups(
-    s: Session, loader: Any, step: int, timer: PhaseTimer
+    s: Session, loader: Any, step: int, timer: StepTimer
 ) -> tuple[Batch | None, dict[str, float]]:
     """One training batch of groups: generate, score, filter (refilling), greedy baselines.
 
-    Returns no batch when a sample filter dropped every group (the step is skipped).
+    The trainer waits through the generation and the scoring (``timer.wait``). Returns no batch
+    when a sample filter dropped every group (the step is skipped).
     """
-    want = s.train_batch_size
+    want = s.plan.prompts_per_step
     kept_s: list[Sample] = []
     kept_r: list[RewardResult] = []
     rounds, dropped = 0, 0
     flt = s.filter
-    max_rounds = int(getattr(flt.params, "max_num_gen_batches", 0) or 0) if flt else 0
+    max_rounds = flt.params.max_num_gen_batches if flt and isinstance(flt.params, RefillLimit) else 0
     refills = flt is not None and flt.capability("refills")
     while True:
         rounds += 1
@@ -49,9 +47,9 @@ def generate_groups(
             for g, r in zip(greedy_reqs, reqs):
                 g.data[BASELINE_OF] = r.request_id
             reqs += greedy_reqs
-        with timer("gen"):
+        with timer.wait("gen"):
             samples = s.rollout.generate(reqs)
-        with timer("reward"):
+        with timer.wait("reward"):
             results = s.score(samples)
         if s.greedy_baseline:
             base = {
@@ -100,57 +98,23 @@ def generate_groups(
 class GenerateNow:
     """Batch source of ``sync``: generate the step's batch when the loop asks for it."""
 
-    push_every: int = 1
-    #: the trainer waits while the batch is generated and scored
-    idle_phases: tuple[str, ...] = ("gen", "reward")
-
-    def __init__(self, session: Session) -> None:
+    def __init__(self, params: SyncParams, session: Session) -> None:
         self.s = session
-        self.loader = session.make_loader(session.train_batch_size)
+        self.loader = session.make_loader(session.plan.prompts_per_step)
+        self._metrics: dict[str, float] = {}
 
-    def start(self, step: int) -> None:
-        return None
+    def resume(self, state: Mapping[str, Any]) -> None:
+        self.loader.load_state_dict(state["loader"])
 
-    def next_batch(self, step: int, timer: PhaseTimer) -> tuple[Batch | None, dict[str, Any]]:
-        return generate_groups(self.s, self.loader, step, timer)
+    def next_batch(self, step: int, timer: StepTimer) -> Batch | None:
+        batch, self._metrics = generate_groups(self.s, self.loader, step, timer)
+        return batch
 
-    def trained(self, batch: Batch) -> None:
-        return None
-
-    def push_weights(self, timer: PhaseTimer) -> dict[str, float]:
+    def push_weights(self, timer: StepTimer) -> dict[str, float]:
         return self.s.sync_weights()
 
-    @contextlib.contextmanager
-    def quiesce(self) -> Iterator[None]:
-        yield
-
-    def step_metrics(self) -> dict[str, float]:
-        return {}
+    def step_done(self, batch: Batch | None) -> dict[str, float]:
+        return self._metrics  # the generation's: rounds, dropped groups, response lengths ...
 
     def state_dict(self) -> dict[str, Any]:
         return {"loader": self.loader.state_dict(), "pending": []}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if "loader" in state:
-            self.loader.load_state_dict(state["loader"])
-
-    def fail(self, exc: BaseException) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
-
-
-class SyncRunner:
-    def __init__(self, params: Any, run: Any) -> None:
-        self.params = params
-        self.run_obj = run
-
-    def run(self) -> dict[str, Any]:
-        s = Session(self.run_obj, desc="sync")
-        try:
-            source = GenerateNow(s)
-        except BaseException:
-            s.close()
-            raise
-        return TrainLoop(s, source, runner="sync").run()
