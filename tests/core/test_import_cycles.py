@@ -12,7 +12,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 #: package -> folder (rlzoo.algorithms and rlzoo.backends live beside the core, see setup.py)
-TREES = {"rlzoo": ROOT / "rlzoo", "rlzoo.algorithms": ROOT / "algorithms", "rlzoo.backends": ROOT / "backends"}
+TREES = {
+    "rlzoo": ROOT / "rlzoo",
+    "rlzoo.algorithms": ROOT / "algorithms",
+    "rlzoo.backends": ROOT / "backends",
+}
 
 
 def _modules() -> dict[str, Path]:
