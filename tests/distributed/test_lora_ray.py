@@ -35,6 +35,6 @@ def test_lora_on_ray_split_pushes_the_adapter(ray_cluster: Any, tmp_path: Path) 
     # the rollout replica samples with the trainer's adapted policy: its log-probs agree
     assert abs(summary["final"]["rollout_corr/log_ppl_abs_diff"]) < 1e-4
     synced = [r["perf/weight_push_bytes"] for r in read_metrics(run.run_dir) if "perf/weight_push_bytes" in r]
-    full = sum(f.stat().st_size for f in (Path(run.config.model.path)).glob("*.safetensors"))
+    full = sum(f.stat().st_size for f in Path(run.config.model.path).expanduser().glob("*.safetensors"))
     assert synced and max(synced) < full / 3  # the adapter, not the model
     free_cpus_after_release(ray_cluster)  # the cluster as found, for the tests after this one
