@@ -33,7 +33,6 @@ from rlzoo.formulas import masked_mean as _masked_mean
 from rlzoo.protocols import CorrectionInputs, CorrectionOutput
 
 from ..correction import (
-    RS_CRITERIA,
     IcePopParams,
     NoCorrectionParams,
     RejectionParams,
@@ -43,12 +42,9 @@ from ..correction import (
 )
 
 __all__ = [
-    "RS_CRITERIA",
-    "SAFETY_BOUND",
     "icepop",
     "importance_weights",
     "none",
-    "offpolicy_metrics",
     "rejection",
     "rejection_mask",
     "seq_is",

@@ -17,8 +17,6 @@ import torch
 from torch import Tensor
 
 # the KL-in-reward controllers and penalty are used by the core's policy trainer: they live in its formulas
-from rlzoo.formulas import AdaptiveKLController, FixedKLController, apply_kl_penalty
-
 from ..kl import (
     AbsParams,
     AbsPlusParams,
@@ -31,11 +29,8 @@ from ..kl import (
 )
 
 __all__ = [
-    "AdaptiveKLController",
-    "FixedKLController",
     "abs_kl",
     "abs_kl_plus",
-    "apply_kl_penalty",
     "full",
     "k1",
     "k1_plus",

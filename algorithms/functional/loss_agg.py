@@ -21,7 +21,6 @@ import torch
 from torch import Tensor
 
 # the core builds the context for every update: it lives in rlzoo.formulas
-from rlzoo.formulas import make_agg_context
 from rlzoo.protocols import AggContext, BoundAgg, LossAggFn
 
 from ..loss_agg import (
@@ -34,7 +33,6 @@ from ..loss_agg import (
 
 __all__ = [
     "bind_agg",
-    "make_agg_context",
     "seq_mean_token_mean",
     "seq_mean_token_sum",
     "seq_mean_token_sum_norm",

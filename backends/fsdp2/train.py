@@ -59,7 +59,7 @@ from rlzoo.train_kit import models, update
 from rlzoo.train_kit.logprobs import actor_log_probs, actor_log_probs_and_sum_pi_squared, critic_values
 from rlzoo.train_kit.update import Forward, LRSchedule, Target
 
-__all__ = ["FSDP2TrainBackend", "ensure_process_group"]
+__all__ = ["FSDP2TrainBackend"]
 
 logger = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ Vision-language models
 With a Qwen2-VL-style model (:func:`rlzoo.backends.native.multimodal.is_multimodal_model`), a
 request's ``multi_modal`` holds its images' ``pixel_values`` / ``image_grid_thw`` and its
 ``prompt_ids`` already have one image token per merged patch
-(:func:`~rlzoo.backends.native.multimodal.expand_prompt`). Every full forward (a joiners' prefill,
+(:func:`~rlzoo.models.processor.expand_prompt`). Every full forward (a joiners' prefill,
 a re-prefill after a weight update, each step without a cache) passes the rows' pixels
 concatenated in row order and M-RoPE position ids ``[3, B, L]`` from the model's rope index; each
 row keeps its ``rope_delta``, and a decode step feeds ``pos + rope_delta`` on all three axes (the
@@ -458,7 +458,7 @@ class NativeEngine:
                 raise ValueError(
                     f"request {req.request_id!r}: the prompt has image tokens but multi_modal has no "
                     "pixel_values; expand it with the model's processor (make_requests(..., "
-                    "processor=...), rlzoo.backends.native.multimodal.expand_prompt)"
+                    "processor=...), rlzoo.models.processor.expand_prompt)"
                 )
         if not 0.0 < sp.top_p <= 1.0:
             raise ValueError(f"request {req.request_id!r}: top_p must be in (0, 1], got {sp.top_p}")

@@ -39,22 +39,12 @@ import torch
 from torch import Tensor, nn
 
 from rlzoo.batch import Batch
-from rlzoo.models.processor import (
-    expand_prompt,
-    has_vision_config,
-    image_only_processor_class,
-    load_processor,
-)
 from rlzoo.train_kit.logprobs import DEFAULT_LOG_PROB_CHUNK, pad_response, token_log_probs, trim
 
 __all__ = [
     "collate_images",
     "decode_position_ids",
-    "expand_prompt",
-    "has_vision_config",
-    "image_only_processor_class",
     "is_multimodal_model",
-    "load_processor",
     "mm_token_type_ids",
     "rope_position_ids",
     "vl_actor_log_probs",

@@ -41,7 +41,7 @@ def load_causal_lm(spec: RolloutSpec, attn_implementation: str | None = None) ->
     import transformers
     from transformers import AutoModelForCausalLM
 
-    from rlzoo.backends.native.multimodal import has_vision_config
+    from rlzoo.models.processor import has_vision_config
 
     if spec.dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {spec.dtype!r}; choose one of {sorted(_DTYPES)}")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import rlzoo
-from rlzoo.algorithms.functional import kl as F
+from rlzoo.formulas import AdaptiveKLController, FixedKLController, apply_kl_penalty
 
 LOG2 = math.log(2.0)
 
@@ -71,7 +71,7 @@ def test_k2_plus_is_k2():
 
 
 def test_adaptive_controller_matches_ziegler_rule():
-    c = F.AdaptiveKLController(init_kl_coef=0.1, target_kl=6.0, horizon=10000)
+    c = AdaptiveKLController(init_kl_coef=0.1, target_kl=6.0, horizon=10000)
     c.update(current_kl=9.0, n_steps=1000)
     # error 9/6 - 1 = .5 clipped to .2 -> x (1 + .2 * 1000 / 10000) = x 1.02
     assert c.value == pytest.approx(0.102)
@@ -82,11 +82,11 @@ def test_adaptive_controller_matches_ziegler_rule():
     # error .1 -> x (1 + .1 * .05)
     assert c.value == pytest.approx(0.102 * 0.98 * 1.005)
     with pytest.raises(ValueError):
-        F.AdaptiveKLController(0.1, 6.0, 0)
+        AdaptiveKLController(0.1, 6.0, 0)
 
 
 def test_fixed_controller():
-    c = F.FixedKLController(0.05)
+    c = FixedKLController(0.05)
     c.update(100.0, 10)
     assert c.value == 0.05
 
@@ -95,7 +95,7 @@ def test_apply_kl_penalty():
     scores = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
     kl = torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 9.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    rewards, metrics = F.apply_kl_penalty(scores, kl, mask, coef=0.5)
+    rewards, metrics = apply_kl_penalty(scores, kl, mask, coef=0.5)
     # scores - .5 * kl on the mask; the padded 9.0 is ignored
     torch.testing.assert_close(rewards, torch.tensor([[-0.05, -0.1, 0.85], [-0.2, 0.75, 0.0]]))
     # per-sequence means .2 and .45 -> .325
@@ -104,9 +104,7 @@ def test_apply_kl_penalty():
 
 
 def test_apply_kl_penalty_fully_masked_row_is_finite():
-    _, metrics = F.apply_kl_penalty(
-        torch.zeros(2, 2), torch.ones(2, 2), torch.tensor([[1.0, 1], [0, 0]]), 1.0
-    )
+    _, metrics = apply_kl_penalty(torch.zeros(2, 2), torch.ones(2, 2), torch.tensor([[1.0, 1], [0, 0]]), 1.0)
     assert metrics["reward_kl_penalty"] == pytest.approx(0.5)  # (1 + 0) / 2
 
 

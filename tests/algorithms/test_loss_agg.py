@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import rlzoo
 from rlzoo.algorithms.functional import loss_agg as F
 from rlzoo.algorithms.loss_agg import SeqMeanTokenSumNormParams
+from rlzoo.formulas import make_agg_context
 
 NAMES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 FNS = {
@@ -29,17 +30,17 @@ MASK = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]])
 
 
 def agg_full(name, loss=LOSS, mask=MASK, params=None, **ctx_kw):
-    ctx = F.make_agg_context(mask, **ctx_kw)
+    ctx = make_agg_context(mask, **ctx_kw)
     return F.bind_agg(FNS[name], ctx, params)(loss, mask)
 
 
 def test_context_counts():
-    ctx = F.make_agg_context(MASK)
+    ctx = make_agg_context(MASK)
     # tokens: 3 + 1 + 0 = 4; non-empty sequences: rows 0 and 1 = 2; T = 3
     assert ctx.global_tokens == 4.0
     assert ctx.global_sequences == 2.0
     assert ctx.max_response_length == 3
-    assert F.make_agg_context(MASK, max_response_length=16).max_response_length == 16
+    assert make_agg_context(MASK, max_response_length=16).max_response_length == 16
 
 
 def test_hand_values():
@@ -87,7 +88,7 @@ def test_gradient_only_on_valid_tokens(name):
 
 def _split_sum(name, loss, mask, bounds, params=None):
     """Sum of the aggregation over micro-batches loss[a:b] with the full batch's context."""
-    ctx = F.make_agg_context(mask)
+    ctx = make_agg_context(mask)
     agg = F.bind_agg(FNS[name], ctx, params)
     return sum(agg(loss[a:b], mask[a:b]) for a, b in itertools.pairwise(bounds))
 
@@ -130,7 +131,7 @@ def test_split_invariance_of_gradients():
     g = torch.Generator().manual_seed(1)
     loss_full = torch.randn(6, 4, generator=g, dtype=torch.float64, requires_grad=True)
     mask = (torch.arange(4)[None, :] < torch.tensor([4, 2, 0, 1, 3, 4])[:, None]).long()
-    ctx = F.make_agg_context(mask)
+    ctx = make_agg_context(mask)
     for fn in FNS.values():
         agg = F.bind_agg(fn, ctx, None)
         (g_full,) = torch.autograd.grad(agg(loss_full, mask), loss_full)
@@ -146,5 +147,5 @@ def test_registered_and_loadable():
         comp = reg.get(name)
         assert comp.summary
         fn = comp.load()
-        ctx = F.make_agg_context(MASK)
+        ctx = make_agg_context(MASK)
         assert fn(LOSS, MASK, ctx, comp.default_params()).item() == pytest.approx(agg_full(name).item())

@@ -13,6 +13,7 @@ import rlzoo
 from rlzoo.algorithms import policy_loss as P
 from rlzoo.algorithms.functional import loss_agg as A
 from rlzoo.algorithms.functional import policy_loss as F
+from rlzoo.formulas import make_agg_context
 from rlzoo.protocols import PolicyLossInputs
 
 D = torch.float64
@@ -42,7 +43,7 @@ def t(x):
 def make(log_probs, old, adv, mask, agg="token-mean", weights=None, ctx_mask=None):
     lp = t(log_probs).requires_grad_(True)
     mask_t = torch.tensor(mask)
-    ctx = A.make_agg_context(mask_t if ctx_mask is None else ctx_mask)
+    ctx = make_agg_context(mask_t if ctx_mask is None else ctx_mask)
     inputs = PolicyLossInputs(
         log_probs=lp,
         old_log_probs=t(old),
@@ -355,7 +356,7 @@ def _random_batch(b=6, t_=5, seed=0):
 
 
 def _inputs(lp, old, adv, mask, agg, ctx_mask=None, weights=None):
-    ctx = A.make_agg_context(mask if ctx_mask is None else ctx_mask)
+    ctx = make_agg_context(mask if ctx_mask is None else ctx_mask)
     return PolicyLossInputs(lp, old, adv, mask, A.bind_agg(AGGS[agg], ctx, None), rollout_is_weights=weights)
 
 

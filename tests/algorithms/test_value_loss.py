@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from rlzoo.algorithms.functional import loss_agg as A
-from rlzoo.algorithms.functional.value_loss import value_loss
+from rlzoo.formulas import make_agg_context, value_loss
 
 D = torch.float64
 
 
 def _agg(mask, fn=A.token_mean):
-    return A.bind_agg(fn, A.make_agg_context(mask), None)
+    return A.bind_agg(fn, make_agg_context(mask), None)
 
 
 def test_hand_values_and_gradient():

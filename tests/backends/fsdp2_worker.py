@@ -91,7 +91,8 @@ def _main(out: Path) -> None:
     import torch.distributed as dist
 
     from rlzoo.backends.fsdp2 import FSDP2Params
-    from rlzoo.backends.fsdp2.train import FSDP2TrainBackend, ensure_process_group
+    from rlzoo.backends.fsdp2.collectives import ensure_process_group
+    from rlzoo.backends.fsdp2.train import FSDP2TrainBackend
     from rlzoo.protocols import TrainSpec
 
     logging.basicConfig(level=logging.WARNING)

@@ -24,6 +24,7 @@ from rlzoo.backends.native import multimodal as mm  # noqa: E402
 from rlzoo.backends.native.engine import NativeEngine  # noqa: E402
 from rlzoo.backends.native.train import NativeTrainBackend  # noqa: E402
 from rlzoo.backends.native.train_params import NativeTrainParams  # noqa: E402
+from rlzoo.models.processor import expand_prompt, has_vision_config  # noqa: E402
 from rlzoo.models.tiny import build_tiny_qwen2_5_vl, png_bytes  # noqa: E402
 from rlzoo.protocols import MicroBatchSettings, OptimSettings, SamplingParams, TrainSpec  # noqa: E402
 from rlzoo.train.batching import make_requests, samples_to_batch  # noqa: E402
@@ -80,7 +81,7 @@ def test_expand_prompt_puts_one_token_per_merged_patch(vl: tuple[Any, Any]) -> N
     model, processor = vl
     # 56x56 -> 4x4 patches of 14 px; 2x2 merge -> 4 image tokens. 112x56 -> 8x4 patches -> 8 tokens
     for size, n_tokens in (((56, 56), 4), ((112, 56), 8)):
-        ids, inputs = mm.expand_prompt(processor, render(processor, "Find x"), [image((1, 2, 3), size)])
+        ids, inputs = expand_prompt(processor, render(processor, "Find x"), [image((1, 2, 3), size)])
         assert ids.count(model.config.image_token_id) == n_tokens
         grid = inputs["image_grid_thw"]
         assert grid.tolist()[0][0] == 1 and int(grid.prod()) // 4 == n_tokens
@@ -211,7 +212,7 @@ def test_engine_log_probs_equal_the_train_backend_and_depend_on_the_image(
     torch.testing.assert_close(ref_lp, lp)
 
     # other pixels for row 0 (same token ids): its log-probs change, the other rows' do not
-    other = mm.expand_prompt(processor, render(processor, "Find x"), [image((0, 255, 255))])[1]
+    other = expand_prompt(processor, render(processor, "Find x"), [image((0, 255, 255))])[1]
     swapped = batch.select(list(range(len(batch))))
     swapped["multi_modal"] = [other, *batch["multi_modal"][1:]]
     lp2, _ = backend.compute_log_probs(swapped)
@@ -254,7 +255,7 @@ def test_backends_and_processor_load_a_vl_folder(tmp_path: Path) -> None:
 
     build_tiny_qwen2_5_vl(tmp_path / "vl")
     build_tiny_qwen2(tmp_path / "text")
-    assert mm.has_vision_config(str(tmp_path / "vl")) and not mm.has_vision_config(str(tmp_path / "text"))
+    assert has_vision_config(str(tmp_path / "vl")) and not has_vision_config(str(tmp_path / "text"))
 
     def cfg(path: Path) -> Any:
         return SimpleNamespace(
@@ -263,7 +264,7 @@ def test_backends_and_processor_load_a_vl_folder(tmp_path: Path) -> None:
 
     assert load_processor(cfg(tmp_path / "text")) is None
     processor = load_processor(cfg(tmp_path / "vl"))
-    ids, inputs = mm.expand_prompt(processor, render(processor, "Find x"), [image((5, 5, 5))])
+    ids, inputs = expand_prompt(processor, render(processor, "Find x"), [image((5, 5, 5))])
     assert ids.count(processor.image_token_id) == 4 and inputs["image_grid_thw"].tolist() == [[1, 4, 4]]
 
     spec = RolloutSpec(model_path=str(tmp_path / "vl"), tokenizer_path=str(tmp_path / "vl"))
@@ -287,7 +288,7 @@ def test_tiny_grpo_geo3k_vl_trains_two_steps(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("RLZOO_TINY_DIR", str(tmp_path / "tiny"))
     base = build_tiny("grpo_geo3k_vl", tmp_path / "tiny")
-    assert mm.has_vision_config(str(base / "model"))
+    assert has_vision_config(str(base / "model"))
     run = build_run(
         "grpo_geo3k_vl",
         ["+tiny=grpo_geo3k_vl", "trainer.total_steps=2", f"run.output_dir={tmp_path / 'run'}"],

@@ -12,6 +12,7 @@ import torch
 
 import rlzoo
 from rlzoo.algorithms.functional import loss_agg as A
+from rlzoo.formulas import make_agg_context
 from rlzoo.protocols import PolicyLossInputs
 
 from ._verl import DT, RECORD, core_algos, make_batch
@@ -91,7 +92,7 @@ def agg_fn(mode: str):
 def run_ours(name, params, b, lp, agg, weights):
     comp = rlzoo.get_plugin_manager().registry("policy_loss").get(name)
     fn, agg_params = agg_fn(agg)
-    ctx = A.make_agg_context(b.mask)
+    ctx = make_agg_context(b.mask)
     inputs = PolicyLossInputs(
         lp, b.old_log_probs, b.advantages, b.mask, A.bind_agg(fn, ctx, agg_params), weights
     )
@@ -143,7 +144,7 @@ def test_loss_aggregation(agg, seed):
     b = make_batch(seed)
     loss_mat = torch.randn_like(b.mask)
     fn, params = agg_fn(agg)
-    ours = A.bind_agg(fn, A.make_agg_context(b.mask), params)(loss_mat, b.mask)
+    ours = A.bind_agg(fn, make_agg_context(b.mask), params)(loss_mat, b.mask)
     theirs = core_algos.agg_loss(
         loss_mat,
         b.mask,
@@ -158,7 +159,7 @@ def test_loss_aggregation(agg, seed):
 @pytest.mark.parametrize("seed", (0, 1))
 @pytest.mark.parametrize("agg", AGG_MODES)
 def test_value_loss(agg, seed):
-    from rlzoo.algorithms.functional.value_loss import value_loss
+    from rlzoo.formulas import value_loss
 
     b = make_batch(seed)
     g = torch.Generator().manual_seed(seed)
@@ -166,7 +167,7 @@ def test_value_loss(agg, seed):
     vpreds = (old_values + torch.randn(old_values.shape, generator=g, dtype=DT) * 0.8).requires_grad_(True)
     returns = torch.randn(old_values.shape, generator=g, dtype=DT)
     fn, params = agg_fn(agg)
-    agg_bound = A.bind_agg(fn, A.make_agg_context(b.mask), params)
+    agg_bound = A.bind_agg(fn, make_agg_context(b.mask), params)
     loss, metrics = value_loss(vpreds, old_values, returns, b.mask, agg_bound, 0.5)
     (g_ours,) = torch.autograd.grad(loss, vpreds)
     vp2 = vpreds.detach().clone().requires_grad_(True)
@@ -212,7 +213,7 @@ def test_kl_full_is_a_documented_difference():
 
 
 def test_kl_controllers():
-    from rlzoo.algorithms.functional.kl import AdaptiveKLController, FixedKLController
+    from rlzoo.formulas import AdaptiveKLController, FixedKLController
 
     ours, theirs = AdaptiveKLController(0.05, 0.1, 1000), core_algos.AdaptiveKLController(0.05, 0.1, 1000)
     g = torch.Generator().manual_seed(0)
