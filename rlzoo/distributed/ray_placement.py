@@ -70,8 +70,8 @@ class RayPlacement:
         pc = cfg.placement
         self.colocate = bool(pc.colocate)
         self.pools: dict[str, PoolPlan] = {p.name: p for p in plan_pools(pc)}
-        self.bucket_size_mb = float(getattr(pc, "bucket_size_mb", 256.0) or 256.0)
-        self.sync_timeout_s = float(getattr(pc, "sync_timeout_s", 600.0) or 600.0)
+        self.bucket_size_mb = float(pc.bucket_size_mb)
+        self.sync_timeout_s = float(pc.sync_timeout_s)
         self._started = init_ray(pc.address)
         try:
             nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]

@@ -367,7 +367,7 @@ class StreamFromQueue:
             max_staleness=self.max_stale,
             capacity=p.max_queue_size,
             param_version=int(payload.get("policy_version", 0)),
-            backend_version=int(getattr(s.rollout, "version", s.train_backend.version)),
+            backend_version=int(s.rollout.version),
         )
         self.rollouter = Rollouter(s.rollout, q, self.prompts, s.score, self._keep if s.filter else None)
         print(

@@ -36,7 +36,7 @@ class _Generation:
         self.step = step
         self.timer = StepTimer()
         self.loader_state = loader.state_dict()  # before the batch is drawn
-        self.version = int(getattr(session.rollout, "version", 0))
+        self.version = int(session.rollout.version)
         self._out: tuple[Any, dict[str, float]] | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(

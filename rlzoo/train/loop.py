@@ -193,7 +193,7 @@ class TrainLoop:
     def __init__(self, session: Session, source: BatchSource) -> None:
         self.s = session
         self.source = source
-        self.versions = VersionMap(int(getattr(session.rollout, "version", 0)), 0)
+        self.versions = VersionMap(int(session.rollout.version), 0)
         self.staleness_hist: dict[int, int] = {}
         self._closed = False
 
@@ -207,9 +207,7 @@ class TrainLoop:
             state = s.resume_payload
             if state is not None:
                 src.resume(state["data"])
-                self.versions = VersionMap(
-                    int(getattr(s.rollout, "version", 0)), int(state.get("policy_version", 0))
-                )
+                self.versions = VersionMap(int(s.rollout.version), int(state.get("policy_version", 0)))
             if s.validate_before_train and s.start_step == 0 and s.val_data is not None:
                 rows.append(s.metrics.log(0, s.validate(), advance=False))
             since_push = 0

@@ -86,7 +86,7 @@ class Session:
         self.runner_name = cfg.runner.name if isinstance(cfg.runner, Selection) else "runner"
         self.run_dir: Path = run.make_run_dir()
         # make_run_dir took the one-writer lock; a run object without one gets it here
-        self.lock = getattr(run, "lock", None) or RunLock(self.run_dir).acquire()
+        self.lock = run.lock or RunLock(self.run_dir).acquire()
         self._closed = False
         try:
             self._build(cfg)
