@@ -8,6 +8,7 @@ import pytest
 
 from rlzoo.distributed.resources import PoolPlan, check_pools, plan_pools
 from rlzoo.errors import ConfigError
+from rlzoo.recipe import PlacementSection
 
 from .conftest import free_cpus_after_release
 
@@ -16,7 +17,15 @@ def _placement(colocate: bool, trainer=(1, 0, 1), rollout=(1, 0, 1)) -> SimpleNa
     def pool(t):
         return SimpleNamespace(nnodes=t[0], n_gpus_per_node=t[1], n_workers_per_node=t[2])
 
-    return SimpleNamespace(colocate=colocate, trainer=pool(trainer), rollout=pool(rollout), address=None)
+    defaults = PlacementSection()  # the settings this test does not vary, at their declared defaults
+    return SimpleNamespace(
+        colocate=colocate,
+        trainer=pool(trainer),
+        rollout=pool(rollout),
+        address=None,
+        bucket_size_mb=defaults.bucket_size_mb,
+        sync_timeout_s=defaults.sync_timeout_s,
+    )
 
 
 def test_plans() -> None:
