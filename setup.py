@@ -1,4 +1,4 @@
-"""Maps the top-level algorithms/, backends/, recipes/ and tasks/ folders into the rlzoo namespace.
+"""Maps the top-level algorithms/, backends/, recipes/, tasks/ and from_verl/ folders into the rlzoo namespace.
 
 Everything else about the distribution lives in pyproject.toml.
 """
@@ -11,6 +11,7 @@ ROOTS = {
     "rlzoo.backends": "backends",
     "rlzoo.recipes": "recipes",
     "rlzoo.tasks": "tasks",
+    "rlzoo.from_verl": "from_verl",
 }
 
 packages = []

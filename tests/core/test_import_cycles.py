@@ -17,6 +17,7 @@ TREES = {
     "rlzoo.algorithms": ROOT / "algorithms",
     "rlzoo.backends": ROOT / "backends",
     "rlzoo.tasks": ROOT / "tasks",
+    "rlzoo.from_verl": ROOT / "from_verl",
 }
 
 
