@@ -490,8 +490,9 @@ def build_tiny(recipe: str, root: Path | str | None = None, *, overwrite: bool =
         elif dataset == "aime2024":
             src = write_aime2024_source(upstream / "aime-2024.parquet")
             # DAPO's validation set: data.prepare names only the training set, so prepare it here
-            from rlzoo.data.prepare.aime2024 import prepare
+            from rlzoo.plugins import get_plugin_manager
 
+            prepare = get_plugin_manager().get("dataset", "aime2024").load()
             prepare(base, {"source": str(src), "dedup": True})
         elif dataset == "geometry3k":
             write_geometry3k_source(upstream / "geometry3k")

@@ -1,6 +1,6 @@
 """Built-in dataset preparers (kind ``dataset``): params and registration only.
 
-Import-light: the preparers (which import ``datasets``) live in :mod:`rlzoo.data.prepare` and are
+Import-light: the preparers (which import ``datasets``) live in :mod:`rlzoo.tasks.prepare` and are
 registered as ``"module:attr"`` strings, so ``rlzoo components`` never imports them. Each is
 called as ``fn(out_dir: Path, params) -> dict[str, Path]`` (split -> parquet file written in the
 schema of :mod:`rlzoo.data.schema`); ``rlzoo prepare NAME [key=value ...]`` runs one.
@@ -97,27 +97,27 @@ class Aime2024Params:
 def rlzoo_register_datasets(registry):  # type: ignore[no-untyped-def]
     registry.register(
         "geometry3k",
-        "rlzoo.data.prepare.geometry3k:prepare",
+        "rlzoo.tasks.prepare.geometry3k:prepare",
         params=Geometry3kParams,
         capabilities={"modalities": ("text", "image")},
         aliases=("geo3k",),
     )
     registry.register(
         "gsm8k",
-        "rlzoo.data.prepare.gsm8k:prepare",
+        "rlzoo.tasks.prepare.gsm8k:prepare",
         params=GSM8KParams,
         capabilities={"modalities": ("text",)},
     )
     registry.register(
         "dapo_math",
-        "rlzoo.data.prepare.dapo_math:prepare",
+        "rlzoo.tasks.prepare.dapo_math:prepare",
         params=DapoMathParams,
         capabilities={"modalities": ("text",)},
         aliases=("dapo-math-17k",),
     )
     registry.register(
         "aime2024",
-        "rlzoo.data.prepare.aime2024:prepare",
+        "rlzoo.tasks.prepare.aime2024:prepare",
         params=Aime2024Params,
         capabilities={"modalities": ("text",)},
         aliases=("aime-2024",),

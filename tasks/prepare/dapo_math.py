@@ -5,7 +5,7 @@ user message: ``Solve the following math problem step by step. The last line of 
 should be of the form Answer: $Answer ...``), ``ability`` (``MATH``), ``reward_model``
 (``{ground_truth, style}``) and ``extra_info`` (``{index}``, a uuid). Every column is kept as is;
 ``extra_info.split`` is added. The hub copy repeats each prompt ~100 times; ``dedup`` (default)
-keeps the first row of each. :mod:`rlzoo.data.prepare.aime2024` reuses :func:`prepare_verl_layout`.
+keeps the first row of each. :mod:`rlzoo.tasks.prepare.aime2024` reuses :func:`prepare_verl_layout`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlzoo.data.builtin import DapoMathParams
-from rlzoo.data.prepare._common import (
+from rlzoo.data.schema import schema_problems
+from rlzoo.tasks.datasets import DapoMathParams
+from rlzoo.tasks.prepare._common import (
     PrepareError,
     bind_params,
     first_of_each_prompt,
@@ -25,7 +26,6 @@ from rlzoo.data.prepare._common import (
     split_specs,
     write_split,
 )
-from rlzoo.data.schema import schema_problems
 
 NAME = "dapo_math"
 UPSTREAM_COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info")

@@ -10,8 +10,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from rlzoo.data.builtin import Geometry3kParams
-from rlzoo.data.prepare._common import (
+from rlzoo.data.schema import IMAGE_PLACEHOLDER, reward_model
+from rlzoo.tasks.datasets import Geometry3kParams
+from rlzoo.tasks.prepare._common import (
     PrepareError,
     bind_params,
     head,
@@ -22,9 +23,8 @@ from rlzoo.data.prepare._common import (
     split_specs,
     write_split,
 )
-from rlzoo.data.schema import IMAGE_PLACEHOLDER, reward_model
 
-logger = logging.getLogger("rlzoo.data.prepare")
+logger = logging.getLogger("rlzoo.tasks.prepare")
 
 NAME = "geometry3k"
 DATA_SOURCE = "hiyouga/geometry3k"

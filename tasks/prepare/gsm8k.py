@@ -10,8 +10,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from rlzoo.data.builtin import GSM8KParams
-from rlzoo.data.prepare._common import (
+from rlzoo.data.schema import reward_model
+from rlzoo.tasks.datasets import GSM8KParams
+from rlzoo.tasks.prepare._common import (
     bind_params,
     head,
     load_source,
@@ -21,9 +22,8 @@ from rlzoo.data.prepare._common import (
     split_specs,
     write_split,
 )
-from rlzoo.data.schema import reward_model
 
-logger = logging.getLogger("rlzoo.data.prepare")
+logger = logging.getLogger("rlzoo.tasks.prepare")
 
 NAME = "gsm8k"
 DATA_SOURCE = "openai/gsm8k"

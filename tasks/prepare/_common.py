@@ -20,7 +20,7 @@ from rlzoo.errors import ConfigError, RlzooError
 if TYPE_CHECKING:
     import datasets
 
-logger = logging.getLogger("rlzoo.data.prepare")
+logger = logging.getLogger("rlzoo.tasks.prepare")
 
 P = TypeVar("P")
 
