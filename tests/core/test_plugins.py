@@ -14,7 +14,7 @@ import pytest
 
 import rlzoo
 from rlzoo import plugins as plugins_mod
-from rlzoo.errors import PluginError
+from rlzoo.errors import PluginError, closest
 from rlzoo.plugins import BUILTIN_PLUGINS, ENV_ALLOW, ENV_NO_AUTOLOAD, PluginLoadWarning, PluginManager
 
 from .conftest import EXAMPLE_DIST
@@ -56,6 +56,28 @@ def test_registered_plugin_is_listed_and_its_parts_stamped(pm: PluginManager, fa
     assert info.version == "1.2.3" and info.status == "loaded" and not info.builtin
     assert info.hooks == ["rlzoo_register_advantages", "rlzoo_register_scorers"]
     assert info.parts == ["advantage:fake_adv", "scorer:fake_scorer"]
+
+
+def test_a_hook_declared_as_data_registers_its_parts(pm: PluginManager) -> None:
+    """``registers(Registration(...), ...)`` is a hook implementation like a hand-written one."""
+    import types
+
+    mod = types.ModuleType("declared_plugin")
+    mod.rlzoo_register_scorers = rlzoo.registers(  # type: ignore[attr-defined]
+        rlzoo.Registration("declared_b", _fn, capabilities={"batched": True}, aliases=("decl_b",)),
+        rlzoo.Registration("declared_a", "rlzoo.errors:closest"),
+    )
+    name = pm.register(mod, "declared")
+    try:
+        info = {i.name: i for i in pm.plugins()}["declared"]
+        assert info.hooks == ["rlzoo_register_scorers"]
+        assert info.parts == ["scorer:declared_a", "scorer:declared_b"]
+        b = pm.get("scorer", "decl_b")
+        assert (b.name, b.plugin, b.target, b.doc) == ("declared_b", "declared", _fn, "Fake part.")
+        assert b.capability("batched") is True
+        assert pm.get("scorer", "declared_a").load() is closest
+    finally:
+        pm.unregister(name)
 
 
 def test_unregister_removes_the_parts(pm: PluginManager) -> None:
