@@ -36,6 +36,7 @@ Importing this module imports neither torch nor transformers.
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import os
@@ -166,57 +167,21 @@ def tiny_llama_config(
     return LlamaConfig(**kwargs)
 
 
-def build_tiny_qwen2(
-    out_dir: Path | None = None,
-    *,
-    tokenizer: Any = None,
-    hidden_size: int = 32,
-    num_layers: int = 2,
-    max_position_embeddings: int = 512,
-    seed: int = 0,
-) -> tuple[Any, Any]:
-    """A tiny random Qwen2 causal LM (and its tokenizer); saved to ``out_dir`` when given.
-
-    Saved as a normal HF model folder (``config.json``, safetensors, tokenizer files with the chat
-    template, ``generation_config.json``) that ``from_pretrained`` and the native backends load.
-    """
-    return _build_tiny(
-        tiny_qwen2_config, out_dir, tokenizer, hidden_size, num_layers, max_position_embeddings, seed
-    )
-
-
-def build_tiny_llama(
-    out_dir: Path | None = None,
-    *,
-    tokenizer: Any = None,
-    hidden_size: int = 32,
-    num_layers: int = 2,
-    max_position_embeddings: int = 512,
-    seed: int = 0,
-) -> tuple[Any, Any]:
-    """A tiny random Llama causal LM (and its tokenizer), saved like :func:`build_tiny_qwen2`.
-
-    The quickstart task's model (its tokenizer is a word-level one of its own):
-    transformers 5's ``AutoTokenizer`` loads a Qwen2 folder's tokenizer as ``Qwen2Tokenizer``
-    whatever ``tokenizer_config.json`` declares (``qwen2`` is in its
-    ``MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS``), and that byte-level tokenizer loses the words
-    of a word-level vocabulary; next to a Llama config the declared ``TokenizersBackend`` is kept,
-    so the run's exported ``final/`` loads right with plain ``AutoTokenizer``.
-    """
-    return _build_tiny(
-        tiny_llama_config, out_dir, tokenizer, hidden_size, num_layers, max_position_embeddings, seed
-    )
-
-
-def _build_tiny(
+def build_tiny_model(
     make_config: Any,
-    out_dir: Path | None,
-    tokenizer: Any,
-    hidden_size: int,
-    num_layers: int,
-    max_position_embeddings: int,
-    seed: int,
+    out_dir: Path | None = None,
+    *,
+    tokenizer: Any = None,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    max_position_embeddings: int = 512,
+    seed: int = 0,
 ) -> tuple[Any, Any]:
+    """A tiny random causal LM of ``make_config``'s architecture (and its tokenizer); saved to
+    ``out_dir`` when given, as a normal HF model folder (``config.json``, safetensors, tokenizer
+    files with the chat template, ``generation_config.json``) that ``from_pretrained`` and the native
+    backends load. :func:`build_tiny_qwen2` and :func:`build_tiny_llama` fix ``make_config``.
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -240,6 +205,21 @@ def _build_tiny(
         tok.save_pretrained(out)
         model.generation_config.save_pretrained(out)
     return model, tok
+
+
+build_tiny_qwen2 = functools.partial(build_tiny_model, tiny_qwen2_config)
+build_tiny_qwen2.__doc__ = "A tiny random Qwen2 causal LM (and its tokenizer): :func:`build_tiny_model`."
+
+build_tiny_llama = functools.partial(build_tiny_model, tiny_llama_config)
+build_tiny_llama.__doc__ = """A tiny random Llama causal LM (and its tokenizer): :func:`build_tiny_model`.
+
+The quickstart task's model (its tokenizer is a word-level one of its own):
+transformers 5's ``AutoTokenizer`` loads a Qwen2 folder's tokenizer as ``Qwen2Tokenizer``
+whatever ``tokenizer_config.json`` declares (``qwen2`` is in its
+``MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS``), and that byte-level tokenizer loses the words
+of a word-level vocabulary; next to a Llama config the declared ``TokenizersBackend`` is kept,
+so the run's exported ``final/`` loads right with plain ``AutoTokenizer``.
+"""
 
 
 def build_tiny_qwen2_5_vl(out_dir: Path | None = None, *, seed: int = 0) -> tuple[Any, Any]:
