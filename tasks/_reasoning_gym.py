@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rlzoo.errors import RlzooError
-from rlzoo.tasks._stamp import BuildStamp
+from rlzoo.tasks._stamp import BuildStamp, optional_package
 
 logger = logging.getLogger("rlzoo")
 
@@ -32,14 +32,9 @@ class ReasoningGymError(RlzooError, ValueError):
 
 
 def _rg() -> Any:
-    try:
-        import reasoning_gym
-    except ImportError as exc:  # pragma: no cover - the extra is installed in CI
-        raise ReasoningGymError(
-            "the reasoning_gym dataset and scorer need the reasoning-gym package: "
-            "pip install rlzoo[reasoning-gym]"
-        ) from exc
-    return reasoning_gym
+    return optional_package(
+        "reasoning_gym", "reasoning-gym", "the reasoning_gym dataset and scorer", ReasoningGymError
+    )
 
 
 def task_names() -> list[str]:

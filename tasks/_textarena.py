@@ -9,7 +9,7 @@ from typing import Any
 
 from rlzoo.errors import RlzooError
 from rlzoo.protocols import AgentTurn, EnvStep, Message, Tool
-from rlzoo.tasks._stamp import BuildStamp
+from rlzoo.tasks._stamp import BuildStamp, optional_package
 
 DATA_SOURCE_PREFIX = "textarena/"
 VAL_SEED_OFFSET = 1_000_000
@@ -20,13 +20,7 @@ class TextArenaError(RlzooError, ValueError):
 
 
 def _ta() -> Any:
-    try:
-        import textarena
-    except ImportError as exc:  # pragma: no cover - the extra is installed in CI
-        raise TextArenaError(
-            "the textarena dataset and environment need the textarena package: pip install rlzoo[textarena]"
-        ) from exc
-    return textarena
+    return optional_package("textarena", "textarena", "the textarena dataset and environment", TextArenaError)
 
 
 def env_ids() -> list[str]:

@@ -21,9 +21,7 @@ from rlzoo.tasks.prepare._common import (
     first_of_each_prompt,
     head,
     load_source,
-    pick_split,
-    require_columns,
-    split_specs,
+    upstream_splits,
     write_split,
 )
 
@@ -41,9 +39,7 @@ def prepare_verl_layout(out_dir: Path, p: Any, name: str) -> dict[str, Path]:
     """Copy a dataset already in verl's layout (prompt, reward_model, ...) into rlzoo's files."""
     dd = load_source(p.source)
     out: dict[str, Path] = {}
-    for upstream, written in split_specs(p.splits):
-        ds = pick_split(dd, upstream, name, p.source)
-        require_columns(ds, UPSTREAM_COLUMNS, name, p.source)
+    for written, ds in upstream_splits(dd, p, name, UPSTREAM_COLUMNS):
         problems = schema_problems(p.source, ds.features.arrow_schema)
         if problems:
             raise PrepareError(f"dataset {name!r}: " + "; ".join(problems))

@@ -180,3 +180,15 @@ def test_validate_names_the_extra_when_reasoning_gym_is_missing(
     monkeypatch.setattr(md, "distribution", without)
     problems = _optional_package_rule(cfg)  # type: ignore[arg-type]
     assert len(problems) == 2 and all("pip install rlzoo[reasoning-gym]" in p for p in problems), problems
+
+
+def test_a_missing_package_names_its_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlzoo.tasks import _reasoning_gym
+
+    monkeypatch.setitem(__import__("sys").modules, "reasoning_gym", None)  # import raises ImportError
+    with pytest.raises(
+        ReasoningGymError,
+        match=r"reasoning_gym dataset and scorer need the reasoning-gym package: "
+        r"pip install rlzoo\[reasoning-gym\]",
+    ):
+        _reasoning_gym._rg()
