@@ -129,13 +129,9 @@ def build_tokenizer(
     return fast
 
 
-def tiny_qwen2_config(
-    vocab_size: int, *, hidden_size: int = 32, num_layers: int = 2, **overrides: Any
-) -> Any:
-    """A tiny ``Qwen2Config``: 4 heads, 2 KV heads (GQA), FFN 2x hidden; ``overrides`` go to the config."""
-    from transformers import Qwen2Config
-
-    kwargs: dict[str, Any] = {
+def _tiny_shape(vocab_size: int, hidden_size: int, num_layers: int) -> dict[str, Any]:
+    """The tiny models' shape: 4 heads, 2 KV heads (GQA), FFN 2x hidden."""
+    return {
         "vocab_size": vocab_size,
         "hidden_size": hidden_size,
         "intermediate_size": hidden_size * 2,
@@ -143,8 +139,15 @@ def tiny_qwen2_config(
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
     }
-    kwargs.update(overrides)
-    return Qwen2Config(**kwargs)
+
+
+def tiny_qwen2_config(
+    vocab_size: int, *, hidden_size: int = 32, num_layers: int = 2, **overrides: Any
+) -> Any:
+    """A tiny ``Qwen2Config``: 4 heads, 2 KV heads (GQA), FFN 2x hidden; ``overrides`` go to the config."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(**{**_tiny_shape(vocab_size, hidden_size, num_layers), **overrides})
 
 
 def tiny_llama_config(
@@ -154,17 +157,9 @@ def tiny_llama_config(
     hidden; no attention biases, the one difference from a Qwen2)."""
     from transformers import LlamaConfig
 
-    kwargs: dict[str, Any] = {
-        "vocab_size": vocab_size,
-        "hidden_size": hidden_size,
-        "intermediate_size": hidden_size * 2,
-        "num_hidden_layers": num_layers,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "attention_bias": False,
-    }
-    kwargs.update(overrides)
-    return LlamaConfig(**kwargs)
+    return LlamaConfig(
+        **{**_tiny_shape(vocab_size, hidden_size, num_layers), "attention_bias": False, **overrides}
+    )
 
 
 def build_tiny_model(
