@@ -38,12 +38,12 @@ from rlzoo.backends.vllm import CPU_NO_SLEEP, VLLMRolloutParams
 from rlzoo.backends.vllm.logic import (
     RequestBook,
     SeqState,
-    iter_bucketed,
     map_names,
     sampled_log_probs,
     vllm_sampling_kwargs,
 )
 from rlzoo.backends.vllm.transfer import write_bucket
+from rlzoo.distributed.buckets import iter_bucketed
 from rlzoo.protocols import GenerationRequest, RolloutSpec, Sample
 from rlzoo.streams import POLL_S, collect_requested, poll_wait, requested_keys, stream_samples
 
