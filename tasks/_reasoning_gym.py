@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rlzoo.errors import RlzooError
-from rlzoo.tasks._stamp import BuildStamp, optional_package
+from rlzoo.errors import RlzooError, import_optional
+from rlzoo.tasks._stamp import BuildStamp
 
 logger = logging.getLogger("rlzoo")
 
@@ -32,8 +32,10 @@ class ReasoningGymError(RlzooError, ValueError):
 
 
 def _rg() -> Any:
-    return optional_package(
-        "reasoning_gym", "reasoning-gym", "the reasoning_gym dataset and scorer", ReasoningGymError
+    return import_optional(
+        "reasoning_gym",
+        "the reasoning_gym dataset and scorer need the reasoning-gym package: pip install rlzoo[reasoning-gym]",
+        ReasoningGymError,
     )
 
 

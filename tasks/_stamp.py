@@ -1,25 +1,14 @@
 """What the task modules share: the build stamp of a task's prepared files (``NAME_params.json``:
 the params the files were built with, so a cache written by other params, or an older task, is
-rebuilt rather than reused); :func:`build_task_folder`, the folder a synthetic task writes; and
-:func:`optional_package`, a task's third-party package, imported with a message naming its extra."""
+rebuilt rather than reused); and :func:`build_task_folder`, the folder a synthetic task writes."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
-
-
-def optional_package(module: str, extra: str, parts: str, error: type[Exception]) -> Any:
-    """``module``, imported; missing, ``error`` says which ``parts`` need it and the ``extra`` that
-    installs it (``pip install rlzoo[extra]``, the package's own name on PyPI)."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:  # pragma: no cover - the extras are installed in CI
-        raise error(f"{parts} need the {extra} package: pip install rlzoo[{extra}]") from exc
 
 
 class BuildStamp:

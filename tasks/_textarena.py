@@ -7,9 +7,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlzoo.errors import RlzooError
+from rlzoo.errors import RlzooError, import_optional
 from rlzoo.protocols import AgentTurn, EnvStep, Message, Tool
-from rlzoo.tasks._stamp import BuildStamp, optional_package
+from rlzoo.tasks._stamp import BuildStamp
 
 DATA_SOURCE_PREFIX = "textarena/"
 VAL_SEED_OFFSET = 1_000_000
@@ -20,7 +20,11 @@ class TextArenaError(RlzooError, ValueError):
 
 
 def _ta() -> Any:
-    return optional_package("textarena", "textarena", "the textarena dataset and environment", TextArenaError)
+    return import_optional(
+        "textarena",
+        "the textarena dataset and environment need the textarena package: pip install rlzoo[textarena]",
+        TextArenaError,
+    )
 
 
 def env_ids() -> list[str]:

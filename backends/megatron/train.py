@@ -54,6 +54,7 @@ from rlzoo.backends.megatron.hf import _load_hf_state_dict
 from rlzoo.backends.megatron.parallel import _init_distributed, _require_psutil, _seed
 from rlzoo.backends.megatron.vocab_parallel import tp_reductions, vocab_parallel_log_probs
 from rlzoo.batch import Batch
+from rlzoo.errors import import_optional
 from rlzoo.protocols import Objective, TrainSpec
 from rlzoo.train_kit.logprobs import chunked_token_fn
 from rlzoo.train_kit.models import resolve_temperature, select_model
@@ -131,12 +132,11 @@ class MegatronTrainBackend:
         return contextlib.nullcontext()
 
     def _setup(self, params: MegatronParams, spec: TrainSpec) -> None:
-        try:
-            import megatron.core  # noqa: F401
-        except ImportError as e:  # pragma: no cover - depends on the environment
-            raise ImportError(
-                "the 'megatron' train backend needs megatron-core: pip install 'rlzoo[megatron]'"
-            ) from e
+        import_optional(
+            "megatron.core",
+            "the 'megatron' train backend needs megatron-core: pip install 'rlzoo[megatron]'",
+            ImportError,
+        )
         if params.device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(
                 "the 'megatron' train backend with device 'cuda' needs a CUDA GPU (device: cpu runs it on "

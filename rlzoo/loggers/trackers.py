@@ -20,21 +20,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from rlzoo.errors import RlzooError
+from rlzoo.errors import RlzooError, import_optional
 from rlzoo.metrics import LoggerContext, flatten, numeric_metrics, tracker_state
 
 logger = logging.getLogger("rlzoo")
 
 
 def _require(module: str, extra: str) -> Any:
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise RlzooError(
-            f"the {module} logger needs the package {module!r}: pip install rlzoo[{extra}]"
-        ) from exc
+    return import_optional(
+        module, f"the {module} logger needs the package {module!r}: pip install rlzoo[{extra}]"
+    )
 
 
 def _wandb_mode(mode: str | None) -> str:
