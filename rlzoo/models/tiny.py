@@ -328,16 +328,13 @@ def _problems(n: int, seed: int) -> list[tuple[int, int]]:
     return [(rng.randint(0, 4), rng.randint(0, 5)) for _ in range(n)]
 
 
-_GSM8K_README = """---
-configs:
-- config_name: main
-  data_files:
-  - split: train
-    path: main/train-*
-  - split: test
-    path: main/test-*
----
-"""
+def gsm8k_readme(configs: tuple[str, ...] = ("main",)) -> str:
+    """The dataset card header of ``openai/gsm8k``: each config's train / test parquet files."""
+    lines = ["---", "configs:"]
+    for c in configs:
+        lines += [f"- config_name: {c}", "  data_files:"]
+        lines += [f"  - split: {split}\n    path: {c}/{split}-*" for split in ("train", "test")]
+    return "\n".join([*lines, "---", ""])
 
 
 def write_gsm8k_source(root: Path, *, n_train: int = 16, n_test: int = 4, seed: int = 0) -> Path:
@@ -360,7 +357,7 @@ def write_gsm8k_source(root: Path, *, n_train: int = 16, n_test: int = 4, seed: 
         )
         (root / "main").mkdir(parents=True, exist_ok=True)
         ds.to_parquet(str(root / "main" / f"{split}-00000-of-00001.parquet"))
-    (root / "README.md").write_text(_GSM8K_README)
+    (root / "README.md").write_text(gsm8k_readme())
     return root
 
 

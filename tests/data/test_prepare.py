@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlzoo.data.schema import validate_files
-from rlzoo.models.tiny import dapo_math_row
+from rlzoo.models.tiny import dapo_math_row, gsm8k_readme
 from rlzoo.tasks.prepare._common import PrepareError, split_of_file, split_specs
 
 from .conftest import png_bytes
@@ -52,24 +52,6 @@ def make_geometry3k(root: Path) -> Path:
     return root
 
 
-GSM8K_README = """---
-configs:
-- config_name: main
-  data_files:
-  - split: train
-    path: main/train-*
-  - split: test
-    path: main/test-*
-- config_name: socratic
-  data_files:
-  - split: train
-    path: socratic/train-*
-  - split: test
-    path: socratic/test-*
----
-"""
-
-
 def make_gsm8k(root: Path) -> Path:
     """openai/gsm8k as downloaded: README configs, main/ and socratic/ parquet folders."""
     from datasets import Dataset
@@ -88,7 +70,7 @@ def make_gsm8k(root: Path) -> Path:
             ds = Dataset.from_dict({"question": [tag + q for q, _ in items], "answer": [a for _, a in items]})
             (root / config).mkdir(parents=True, exist_ok=True)
             ds.to_parquet(str(root / config / f"{split}-00000-of-00001.parquet"))
-    (root / "README.md").write_text(GSM8K_README)
+    (root / "README.md").write_text(gsm8k_readme(("main", "socratic")))
     return root
 
 
