@@ -240,6 +240,16 @@ def upstream_splits(
         yield written, ds
 
 
+def qa_splits(
+    p: Any, name: str, columns: tuple[str, ...], **load_kw: Any
+) -> Iterator[tuple[str, datasets.Dataset]]:
+    """``(written name, split)`` for each of ``p.splits``: loaded from ``p.source`` (``load_kw``:
+    :func:`load_source`'s), checked to have the upstream ``columns``, cut to ``p.limit`` rows."""
+    dd = load_source(p.source, **load_kw)
+    for written, ds in upstream_splits(dd, p, name, columns):
+        yield written, head(ds, p.limit)
+
+
 def head(ds: datasets.Dataset, limit: int | None) -> datasets.Dataset:
     if limit is None or limit >= len(ds):
         return ds

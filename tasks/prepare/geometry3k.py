@@ -15,9 +15,7 @@ from rlzoo.tasks.datasets import Geometry3kParams
 from rlzoo.tasks.prepare._common import (
     PrepareError,
     bind_params,
-    head,
-    load_source,
-    upstream_splits,
+    qa_splits,
     write_qa_rows,
 )
 
@@ -62,10 +60,8 @@ def prepare(out_dir: Path, params: Any = None) -> dict[str, Path]:
 
     p = bind_params(params, Geometry3kParams, NAME)
     instruction = INSTRUCTION if p.instruction is None else p.instruction
-    dd = load_source(p.source)
     out: dict[str, Path] = {}
-    for written, ds in upstream_splits(dd, p, NAME, UPSTREAM_COLUMNS):
-        ds = head(ds, p.limit)
+    for written, ds in qa_splits(p, NAME, UPSTREAM_COLUMNS):
         # keep the encoded bytes: no decoding to PIL and back
         ds = ds.cast_column("images", List(Image(decode=False)))
         fixed = [0]

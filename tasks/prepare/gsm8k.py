@@ -14,9 +14,7 @@ from rlzoo.data.schema import reward_model
 from rlzoo.tasks.datasets import GSM8KParams
 from rlzoo.tasks.prepare._common import (
     bind_params,
-    head,
-    load_source,
-    upstream_splits,
+    qa_splits,
     write_qa_rows,
 )
 
@@ -46,10 +44,8 @@ def prepare(out_dir: Path, params: Any = None) -> dict[str, Path]:
     """Write GSM8K's splits in rlzoo's schema; returns ``{split: parquet path}``."""
     p = bind_params(params, GSM8KParams, NAME)
     instruction = INSTRUCTION if p.instruction is None else p.instruction
-    dd = load_source(p.source, config=p.config)
     out: dict[str, Path] = {}
-    for written, ds in upstream_splits(dd, p, NAME, UPSTREAM_COLUMNS):
-        ds = head(ds, p.limit)
+    for written, ds in qa_splits(p, NAME, UPSTREAM_COLUMNS, config=p.config):
         n = len(ds)
         ds = ds.filter(
             lambda row: (
