@@ -1,4 +1,4 @@
-"""Maps the top-level algorithms/, backends/ and recipes/ folders into the rlzoo namespace.
+"""Maps the top-level algorithms/, backends/, recipes/, tasks/ and from_verl/ folders into the rlzoo namespace.
 
 Everything else about the distribution lives in pyproject.toml.
 """
@@ -10,6 +10,8 @@ ROOTS = {
     "rlzoo.algorithms": "algorithms",
     "rlzoo.backends": "backends",
     "rlzoo.recipes": "recipes",
+    "rlzoo.tasks": "tasks",
+    "rlzoo.from_verl": "from_verl",
 }
 
 packages = []
@@ -18,7 +20,7 @@ for namespace, folder in ROOTS.items():
     packages += [
         f"{namespace}.{p}"
         for p in find_packages(folder)
-        if not (namespace == "rlzoo" and p.split(".")[0] in {"algorithms", "backends", "recipes"})
+        if not (namespace == "rlzoo" and f"rlzoo.{p.split('.')[0]}" in ROOTS)
     ]
 
 setup(packages=packages, package_dir=ROOTS)

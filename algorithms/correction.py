@@ -12,13 +12,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from rlzoo import hookimpl, param
-
-if TYPE_CHECKING:
-    from rlzoo.protocols import CorrectionFn
-    from rlzoo.registry import Registrar
+from rlzoo import Registration, param, registers
 
 _IMPL = "rlzoo.algorithms.functional.correction"
 
@@ -184,20 +179,11 @@ class RejectionParams:
             raise ValueError(f"is_level must be 'none', 'token' or 'sequence', got {self.is_level!r}")
 
 
-@hookimpl
-def rlzoo_register_rollout_corrections(registry: Registrar[CorrectionFn]) -> None:
-    needs = {"needs_old_log_probs": True}
-    registry.register(
-        "none", f"{_IMPL}:none", params=NoCorrectionParams, capabilities={"needs_old_log_probs": False}
-    )
-    registry.register(
-        "token_is", f"{_IMPL}:token_is", params=TokenISParams, capabilities=needs, aliases=("tis",)
-    )
-    registry.register(
-        "seq_is",
-        f"{_IMPL}:seq_is",
-        params=SeqISParams,
-        capabilities={**needs, "sequence_level": True},
-    )
-    registry.register("icepop", f"{_IMPL}:icepop", params=IcePopParams, capabilities=needs)
-    registry.register("rejection", f"{_IMPL}:rejection", params=RejectionParams, capabilities=needs)
+_NEEDS_OLD = {"needs_old_log_probs": True}
+rlzoo_register_rollout_corrections = registers(
+    Registration("none", f"{_IMPL}:none", NoCorrectionParams, {"needs_old_log_probs": False}),
+    Registration("token_is", f"{_IMPL}:token_is", TokenISParams, _NEEDS_OLD, ("tis",)),
+    Registration("seq_is", f"{_IMPL}:seq_is", SeqISParams, {**_NEEDS_OLD, "sequence_level": True}),
+    Registration("icepop", f"{_IMPL}:icepop", IcePopParams, _NEEDS_OLD),
+    Registration("rejection", f"{_IMPL}:rejection", RejectionParams, _NEEDS_OLD),
+)

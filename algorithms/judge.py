@@ -9,12 +9,9 @@ from __future__ import annotations
 import re
 import string
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from rlzoo import hookimpl, param
-
-if TYPE_CHECKING:
-    from rlzoo.registry import PartFactory, Registrar
+from rlzoo import Registration, param, registers
 
 #: the fields a judge template may name
 TEMPLATE_FIELDS = ("prompt", "response", "ground_truth", "data_source")
@@ -87,10 +84,6 @@ def check_template(template: str) -> None:
         )
 
 
-@hookimpl
-def rlzoo_register_reward_managers(registry: Registrar[PartFactory]) -> None:
-    registry.register(
-        "judge",
-        "rlzoo.algorithms.functional.judge:JudgeManager",
-        params=JudgeParams,
-    )
+rlzoo_register_reward_managers = registers(
+    Registration("judge", "rlzoo.algorithms.functional.judge:JudgeManager", JudgeParams)
+)

@@ -7,12 +7,9 @@ transformers are imported when it first scores. See ``docs/components/reward_mod
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from rlzoo import hookimpl, param
-
-if TYPE_CHECKING:
-    from rlzoo.registry import PartFactory, Registrar
+from rlzoo import Registration, param, registers
 
 
 @dataclass(frozen=True)
@@ -54,10 +51,8 @@ class RewardModelParams:
     )
 
 
-@hookimpl
-def rlzoo_register_reward_managers(registry: Registrar[PartFactory]) -> None:
-    registry.register(
-        "reward_model",
-        "rlzoo.algorithms.functional.reward_model:RewardModelManager",
-        params=RewardModelParams,
+rlzoo_register_reward_managers = registers(
+    Registration(
+        "reward_model", "rlzoo.algorithms.functional.reward_model:RewardModelManager", RewardModelParams
     )
+)

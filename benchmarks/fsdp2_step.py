@@ -18,22 +18,15 @@ import time
 import torch
 
 from rlzoo.batch import Batch
+from rlzoo.models.tiny import tiny_qwen2_config
 from rlzoo.protocols import AggContext, MicroBatchSettings, OptimSettings, TrainSpec
 
 
 def qwen2_config(tiny: bool):  # type: ignore[no-untyped-def]
     from transformers import Qwen2Config
 
-    if tiny:
-        return Qwen2Config(
-            vocab_size=256,
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=128,
-            tie_word_embeddings=True,
-        )
+    if tiny:  # 2 layers, hidden 64, 4 heads / 2 KV heads, FFN 128, vocab 256, tied
+        return tiny_qwen2_config(256, hidden_size=64, num_layers=2, tie_word_embeddings=True)
     # Qwen2.5-0.5B shape: 24 layers, hidden 896, 14 heads / 2 KV heads, FFN 4864, vocab 151936, tied
     return Qwen2Config(
         vocab_size=151936,

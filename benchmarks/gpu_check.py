@@ -175,21 +175,25 @@ def _train_batch(a: argparse.Namespace, vocab: int, seed: int) -> Any:
     return random_batch(a.batch, a.prompt_len, a.response_len, vocab, seed)
 
 
-def _time_updates(a: argparse.Namespace, backend: Any, vocab: int) -> tuple[float, int]:
+def _time_updates(a: argparse.Namespace, backend: Any, cfg: Any, n_params: int) -> dict[str, Any]:
+    """Time ``a.steps`` updates of ``backend`` (after one warm-up), shut it down, and report."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from fsdp2_step import TokenMeanPG
 
     secs, tokens = 0.0, 0
-    for step in range(1 + a.steps):  # the first is warm-up
-        b = _train_batch(a, vocab, step)
-        _sync(a)
-        t0 = time.perf_counter()
-        backend.update_policy(b, TokenMeanPG(b))
-        _sync(a)
-        if step:
-            secs += time.perf_counter() - t0
-            tokens += int(b["attention_mask"].sum())
-    return secs, tokens
+    try:
+        for step in range(1 + a.steps):  # the first is warm-up
+            b = _train_batch(a, cfg.vocab_size, step)
+            _sync(a)
+            t0 = time.perf_counter()
+            backend.update_policy(b, TokenMeanPG(b))
+            _sync(a)
+            if step:
+                secs += time.perf_counter() - t0
+                tokens += int(b["attention_mask"].sum())
+    finally:
+        backend.shutdown()
+    return _train_result(a, cfg, n_params, secs, tokens)
 
 
 def _train_result(a: argparse.Namespace, cfg: Any, n_params: int, secs: float, tokens: int) -> dict[str, Any]:
@@ -229,11 +233,7 @@ def section_fsdp2(a: argparse.Namespace) -> dict[str, Any]:
         spec,
         model=model,
     )
-    try:
-        secs, tokens = _time_updates(a, backend, cfg.vocab_size)
-    finally:
-        backend.shutdown()
-    return _train_result(a, cfg, n_params, secs, tokens)
+    return _time_updates(a, backend, cfg, n_params)
 
 
 def section_megatron(a: argparse.Namespace) -> dict[str, Any]:
@@ -265,12 +265,7 @@ def section_megatron(a: argparse.Namespace) -> dict[str, Any]:
             optim=OptimSettings(lr=1e-6),
             micro_batch=MicroBatchSettings(size=max(1, a.batch // 4)),
         )
-        backend = MegatronTrainBackend(params, spec)
-        try:
-            secs, tokens = _time_updates(a, backend, cfg.vocab_size)
-        finally:
-            backend.shutdown()
-    return _train_result(a, cfg, n_params, secs, tokens)
+        return _time_updates(a, backend=MegatronTrainBackend(params, spec), cfg=cfg, n_params=n_params)
 
 
 def section_contracts(a: argparse.Namespace) -> dict[str, Any]:

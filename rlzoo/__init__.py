@@ -2,7 +2,8 @@
 
 The names exported here are the public API. Importing rlzoo is cheap: it does not import torch.
 
-- :data:`hookimpl` marks a plugin's hook implementations (see :mod:`rlzoo.hookspecs`).
+- :data:`hookimpl` marks a plugin's hook implementations (see :mod:`rlzoo.hookspecs`);
+  :func:`registers` declares a hook that registers fixed parts (:class:`Registration`).
 - :func:`param` declares a documented field of a part's params dataclass.
 - :func:`get_plugin_manager` gives the registries (``get_plugin_manager().registry("advantage")``).
 - :func:`build_run` composes a run from a recipe name, a config, or objects passed directly.
@@ -16,7 +17,7 @@ from rlzoo.hookspecs import hookimpl
 from rlzoo.kinds import KIND_NAMES, KINDS
 from rlzoo.params import param
 from rlzoo.plugins import get_plugin_manager, reset_plugin_manager
-from rlzoo.registry import Component, Registrar, Registry
+from rlzoo.registry import Component, Registrar, Registration, Registry, registers
 from rlzoo.threads import choose_wait_policy
 from rlzoo.version import __version__
 
@@ -30,6 +31,7 @@ __all__ = [
     "ConfigError",
     "PluginError",
     "Registrar",
+    "Registration",
     "Registry",
     "RlzooError",
     "Run",
@@ -40,5 +42,6 @@ __all__ = [
     "hookimpl",
     "param",
     "part",
+    "registers",
     "reset_plugin_manager",
 ]

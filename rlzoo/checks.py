@@ -106,25 +106,27 @@ def _backend_serves_advantage(cfg: RecipeConfig, needs: str, supplies: str, mess
     return []
 
 
-def _critic_rule(cfg: RecipeConfig) -> list[str]:
-    return _backend_serves_advantage(
-        cfg,
+#: what an advantage may need from the train backend: (its capability, the train backend's
+#: capability that serves it, the message when the backend does not)
+_ADVANTAGE_NEEDS = (
+    (
         "needs_critic",
         "supports_critic",
         "trainer.backend: advantage {adv!r} needs a critic (needs_critic), but train backend {tb!r} cannot "
         "train one (supports_critic is false)",
-    )
-
-
-def _sum_pi_squared_rule(cfg: RecipeConfig) -> list[str]:
-    return _backend_serves_advantage(
-        cfg,
+    ),
+    (
         "needs_sum_pi_squared",
         "supplies_sum_pi_squared",
         "trainer.backend: advantage {adv!r} needs sum_pi_squared (needs_sum_pi_squared: sum over the "
         "vocabulary of pi^2 at each response token), but train backend {tb!r} does not compute it "
         "(supplies_sum_pi_squared is false); use a backend that does (native, fsdp2)",
-    )
+    ),
+)
+
+
+def _advantage_needs_rule(cfg: RecipeConfig) -> list[str]:
+    return [p for need in _ADVANTAGE_NEEDS for p in _backend_serves_advantage(cfg, *need)]
 
 
 def _lora_rule(cfg: RecipeConfig) -> list[str]:
@@ -280,8 +282,7 @@ CONSISTENCY_RULES: list[Any] = [
     _group_rule,
     _batch_rule,
     _data_rule,
-    _critic_rule,
-    _sum_pi_squared_rule,
+    _advantage_needs_rule,
     _lora_rule,
     _placement_rule,
     _logger_rule,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import difflib
+import importlib
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 
 class RlzooError(Exception):
@@ -45,3 +47,12 @@ class ConfigError(RlzooError, ValueError):
 def closest(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
     """The registered names most similar to ``name`` (for 'did you mean')."""
     return difflib.get_close_matches(name, list(choices), n=n, cutoff=0.5)
+
+
+def import_optional(module: str, missing: str, error: type[Exception] = RlzooError) -> Any:
+    """``module``, imported; when it (or one of its own imports) is missing, ``error(missing)``: the
+    message says which part needs it and the ``pip install`` that brings it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise error(missing) from exc

@@ -385,15 +385,9 @@ def load_run_config(run_dir: str | Path) -> Any:
     import yaml
 
     from rlzoo.config import load_config
+    from rlzoo.train.rundir import strip_plugin_notes
 
-    def strip(obj: Any) -> Any:
-        if isinstance(obj, dict):
-            return {k: strip(v) for k, v in obj.items() if not (k == "plugin" and "name" in obj)}
-        if isinstance(obj, list):
-            return [strip(v) for v in obj]
-        return obj
-
-    return load_config(strip(yaml.safe_load((Path(run_dir) / "config.yaml").read_text())))
+    return load_config(strip_plugin_notes(yaml.safe_load((Path(run_dir) / "config.yaml").read_text())))
 
 
 def export_checkpoint(

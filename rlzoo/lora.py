@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rlzoo.errors import RlzooError
+from rlzoo.errors import RlzooError, import_optional
 from rlzoo.protocols import LORA_ALL_LINEAR, LoraSettings
 
 __all__ = [
@@ -49,11 +49,7 @@ _PEFT_PREFIX = "base_model.model."  # how a PEFT folder prefixes the model-relat
 
 
 def _require_peft() -> Any:
-    try:
-        import peft
-    except ImportError as e:  # pragma: no cover - the extra is installed in CI
-        raise RlzooError("trainer.lora needs the 'peft' package: pip install rlzoo[lora]") from e
-    return peft
+    return import_optional("peft", "trainer.lora needs the 'peft' package: pip install rlzoo[lora]")
 
 
 def settings_record(settings: LoraSettings | None) -> dict[str, Any] | None:

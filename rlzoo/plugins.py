@@ -51,7 +51,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlzoo.algorithms.reward",
     "rlzoo.algorithms.reward_model",
     "rlzoo.algorithms.judge",
-    "rlzoo.data.builtin",
+    "rlzoo.tasks.datasets",
     "rlzoo.backends.native",
     "rlzoo.backends.fsdp2",
     "rlzoo.backends.vllm",

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.metadata as md
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,3 +20,19 @@ def quickstart_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("quickstart")
     prepare(out, QuickstartDataParams())
     return out
+
+
+@pytest.fixture
+def hide_distribution(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """``hide_distribution("wandb")``: ``importlib.metadata.distribution`` says the package is not
+    installed (the way rlzoo checks for an optional package); every other name is looked up."""
+    real = md.distribution
+    hidden: set[str] = set()
+
+    def distribution(name: str) -> Any:
+        if name in hidden:
+            raise md.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(md, "distribution", distribution)
+    return hidden.add

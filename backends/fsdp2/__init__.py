@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rlzoo import hookimpl
+from rlzoo import Registration, registers
 from rlzoo.params import param
 from rlzoo.train_kit.params import HFTrainParams
 
@@ -71,9 +71,8 @@ class FSDP2Params(HFTrainParams):
             )
 
 
-@hookimpl
-def rlzoo_register_train_backends(registry):  # type: ignore[no-untyped-def]
-    registry.register(
+rlzoo_register_train_backends = registers(
+    Registration(
         "fsdp2",
         "rlzoo.backends.fsdp2.train:FSDP2TrainBackend",
         params=FSDP2Params,
@@ -84,4 +83,5 @@ def rlzoo_register_train_backends(registry):  # type: ignore[no-untyped-def]
             "supplies_sum_pi_squared": True,
             "supports_lora": True,
         },
-    )
+    ),
+)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-from rlzoo import hookimpl
+from rlzoo import Registration, registers
 from rlzoo.params import param
 
 __all__ = ["MegatronParams"]
@@ -129,9 +129,8 @@ class MegatronParams:
             raise ValueError("invalid megatron train params: " + "; ".join(problems))
 
 
-@hookimpl
-def rlzoo_register_train_backends(registry):  # type: ignore[no-untyped-def]
-    registry.register(
+rlzoo_register_train_backends = registers(
+    Registration(
         "megatron",
         "rlzoo.backends.megatron.train:MegatronTrainBackend",
         params=MegatronParams,
@@ -142,4 +141,5 @@ def rlzoo_register_train_backends(registry):  # type: ignore[no-untyped-def]
             "requires": "megatron-core",
             "extra": "megatron",
         },
-    )
+    ),
+)

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from rlzoo.errors import import_optional
+
 #: what the backends of this process set up themselves (and so tear down when the last one shuts
 #: down): the process group, megatron's model-parallel state, and how many backends use them
 _OWNED: dict[str, Any] = {"group": False, "model_parallel": False, "users": 0}
@@ -56,13 +58,12 @@ def _seed(seed: int, device: str) -> None:
 
 def _require_psutil() -> None:
     """megatron-core's checkpoint writer imports psutil in a worker; without it a save hangs."""
-    try:
-        import psutil  # noqa: F401
-    except ImportError as e:
-        raise ImportError(
-            "the 'megatron' train backend needs psutil (megatron-core's dist_checkpointing writer hangs "
-            "without it): pip install 'rlzoo[megatron]' or pip install psutil"
-        ) from e
+    import_optional(
+        "psutil",
+        "the 'megatron' train backend needs psutil (megatron-core's dist_checkpointing writer hangs "
+        "without it): pip install 'rlzoo[megatron]' or pip install psutil",
+        ImportError,
+    )
 
 
 def claim_owned(mpu: Any, tp: int, pp: int) -> None:

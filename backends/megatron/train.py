@@ -54,6 +54,7 @@ from rlzoo.backends.megatron.hf import _load_hf_state_dict
 from rlzoo.backends.megatron.parallel import _init_distributed, _require_psutil, _seed
 from rlzoo.backends.megatron.vocab_parallel import tp_reductions, vocab_parallel_log_probs
 from rlzoo.batch import Batch
+from rlzoo.errors import import_optional
 from rlzoo.protocols import Objective, TrainSpec
 from rlzoo.train_kit.logprobs import chunked_token_fn
 from rlzoo.train_kit.models import resolve_temperature, select_model
@@ -131,12 +132,11 @@ class MegatronTrainBackend:
         return contextlib.nullcontext()
 
     def _setup(self, params: MegatronParams, spec: TrainSpec) -> None:
-        try:
-            import megatron.core  # noqa: F401
-        except ImportError as e:  # pragma: no cover - depends on the environment
-            raise ImportError(
-                "the 'megatron' train backend needs megatron-core: pip install 'rlzoo[megatron]'"
-            ) from e
+        import_optional(
+            "megatron.core",
+            "the 'megatron' train backend needs megatron-core: pip install 'rlzoo[megatron]'",
+            ImportError,
+        )
         if params.device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(
                 "the 'megatron' train backend with device 'cuda' needs a CUDA GPU (device: cpu runs it on "
@@ -327,11 +327,42 @@ class MegatronTrainBackend:
     def _onload(self, ddp: Any) -> None:
         _offload.onload(self, ddp)
 
+    @contextlib.contextmanager
+    def _resident(self, ddp: Any) -> Iterator[None]:
+        """``ddp``'s params (and grads) on the device for the block when param_offload moves them
+        (``ddp`` None: nothing to move)."""
+        moves = ddp is not None and self.params.param_offload
+        if moves:
+            self._onload(ddp)
+        try:
+            yield
+        finally:
+            if moves:
+                self._offload(ddp)
+
     # -- forward ----------------------------------------------------------------------------------
     def _dp_slice(self, batch: Batch) -> tuple[Batch, list[int]]:
         B = len(batch)
         bounds = [round(r * B / self.dp) for r in range(self.dp + 1)]
         return batch.select(slice(bounds[self.dp_rank], bounds[self.dp_rank + 1])), bounds
+
+    def _forward_only(
+        self, module: Any, batch: Batch, *, values: bool, with_entropy: bool = False
+    ) -> tuple[list[Tensor], list[Tensor | None], list[int]]:
+        """This rank's share of ``batch`` through ``module`` without gradients: per micro-batch
+        log-probs (or values), entropies, and the data-parallel slice bounds for :meth:`_gather`."""
+        module.eval()
+        local, bounds = self._dp_slice(batch)
+        outs, ents, _ = self._run(
+            module,
+            local,
+            mb_size=self.spec.micro_batch.log_prob_size,
+            objective=None,
+            with_entropy=with_entropy,
+            values=values,
+            forward_only=True,
+        )
+        return outs, ents, bounds
 
     def _run(
         self,
@@ -438,58 +469,30 @@ class MegatronTrainBackend:
         module: Any = select_model(model, self.actor_ddp, self.ref)
         ddp = self.actor_ddp if model == "actor" else None  # what param_offload moves; the reference has none
         T = batch["responses"].shape[1]
-        if ddp is not None and self.params.param_offload:
-            self._onload(ddp)
-        if model == "ref" and self.params.ref_offload:
-            self.ref.to(self.device)  # type: ignore[union-attr]
-        try:
-            module.eval()
-            local, bounds = self._dp_slice(batch)
-            lps, ents, _ = self._run(
-                module,
-                local,
-                mb_size=self.spec.micro_batch.log_prob_size,
-                objective=None,
-                with_entropy=with_entropy,
-                values=False,
-                forward_only=True,
-            )
-            out = self._gather(lps, bounds, T).to(batch["input_ids"].device)
-            ent = None
-            if with_entropy:
-                ent = self._gather([e for e in ents if e is not None], bounds, T).to(
-                    batch["input_ids"].device
-                )
-            return out, ent
-        finally:
+        with self._resident(ddp):
             if model == "ref" and self.params.ref_offload:
-                self.ref.to("cpu")  # type: ignore[union-attr]
-            if ddp is not None and self.params.param_offload:
-                self._offload(ddp)
+                self.ref.to(self.device)  # type: ignore[union-attr]
+            try:
+                lps, ents, bounds = self._forward_only(module, batch, values=False, with_entropy=with_entropy)
+                out = self._gather(lps, bounds, T).to(batch["input_ids"].device)
+                ent = None
+                if with_entropy:
+                    ent = self._gather([e for e in ents if e is not None], bounds, T).to(
+                        batch["input_ids"].device
+                    )
+                return out, ent
+            finally:
+                if model == "ref" and self.params.ref_offload:
+                    self.ref.to("cpu")  # type: ignore[union-attr]
 
     @_on_device
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> Tensor:
         if self.critic_ddp is None:
             raise ValueError("compute_values: no critic (spec.need_critic=False)")
-        if self.params.param_offload:
-            self._onload(self.critic_ddp)
-        try:
-            self.critic_ddp.eval()
-            local, bounds = self._dp_slice(batch)
-            vals, _, _ = self._run(
-                self.critic_ddp,
-                local,
-                mb_size=self.spec.micro_batch.log_prob_size,
-                objective=None,
-                with_entropy=False,
-                values=True,
-                forward_only=True,
-            )
+        with self._resident(self.critic_ddp):
+            vals, _, bounds = self._forward_only(self.critic_ddp, batch, values=True)
             return self._gather(vals, bounds, batch["responses"].shape[1]).to(batch["input_ids"].device)
-        finally:
-            if self.params.param_offload:
-                self._offload(self.critic_ddp)
 
     # -- updates ----------------------------------------------------------------------------------
     def lr_at(self, step: int, *, critic: bool = False) -> float:
@@ -522,9 +525,7 @@ class MegatronTrainBackend:
         lr: float,
         prefix: str,
     ) -> dict[str, float]:
-        if self.params.param_offload:
-            self._onload(ddp)
-        try:
+        with self._resident(ddp):
             ddp.train()
             ddp.zero_grad_buffer()
             optimizer.zero_grad()
@@ -555,9 +556,6 @@ class MegatronTrainBackend:
                 f"{prefix}/lr": lr,
                 f"{prefix}/skipped_steps": float(skipped),
             }
-        finally:
-            if self.params.param_offload:
-                self._offload(ddp)
 
     @_on_device
     def update_policy(self, mini_batch: Batch, objective: Objective) -> dict[str, float]:

@@ -6,14 +6,12 @@ and the tests use, and the reference the distributed backends are checked agains
 
 from __future__ import annotations
 
-from rlzoo import hookimpl
+from rlzoo import Registration, registers
 from rlzoo.backends.native.rollout_params import NativeRolloutParams
 from rlzoo.backends.native.train_params import NativeTrainParams
 
-
-@hookimpl
-def rlzoo_register_train_backends(registry):  # type: ignore[no-untyped-def]
-    registry.register(
+rlzoo_register_train_backends = registers(
+    Registration(
         "native",
         "rlzoo.backends.native.train:NativeTrainBackend",
         params=NativeTrainParams,
@@ -24,12 +22,12 @@ def rlzoo_register_train_backends(registry):  # type: ignore[no-untyped-def]
             "supplies_sum_pi_squared": True,
             "supports_lora": True,
         },
-    )
+    ),
+)
 
 
-@hookimpl
-def rlzoo_register_rollout_backends(registry):  # type: ignore[no-untyped-def]
-    registry.register(
+rlzoo_register_rollout_backends = registers(
+    Registration(
         "native",
         "rlzoo.backends.native.rollout:NativeRolloutBackend",
         params=NativeRolloutParams,
@@ -39,4 +37,5 @@ def rlzoo_register_rollout_backends(registry):  # type: ignore[no-untyped-def]
             "supports_lora": True,
             "devices": ["cpu", "cuda"],
         },
-    )
+    ),
+)

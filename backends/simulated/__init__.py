@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlzoo import hookimpl
+from rlzoo import Registration, registers
 from rlzoo.params import param
 
 
@@ -55,21 +55,21 @@ class SimulatedTrainParams:
     )
 
 
-@hookimpl
-def rlzoo_register_rollout_backends(registry):  # type: ignore[no-untyped-def]
-    registry.register(
+rlzoo_register_rollout_backends = registers(
+    Registration(
         "simulated",
         "rlzoo.backends.simulated.backend:SimulatedRolloutBackend",
         params=SimulatedRolloutParams,
         capabilities={"supports_partial_rollout": True, "supports_streaming": True, "devices": ["cpu"]},
-    )
+    ),
+)
 
 
-@hookimpl
-def rlzoo_register_train_backends(registry):  # type: ignore[no-untyped-def]
-    registry.register(
+rlzoo_register_train_backends = registers(
+    Registration(
         "simulated",
         "rlzoo.backends.simulated.backend:SimulatedTrainBackend",
         params=SimulatedTrainParams,
         capabilities={"devices": ["cpu"], "supports_critic": True, "distributed": False},
-    )
+    ),
+)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rlzoo import hookimpl
+from rlzoo import Registration, registers
 from rlzoo.params import param
 
 __all__ = ["CPU_NO_SLEEP", "LOGPROBS_MODES", "VLLMRolloutParams"]
@@ -122,9 +122,8 @@ class VLLMRolloutParams:
         return []
 
 
-@hookimpl
-def rlzoo_register_rollout_backends(registry):  # type: ignore[no-untyped-def]
-    registry.register(
+rlzoo_register_rollout_backends = registers(
+    Registration(
         "vllm",
         "rlzoo.backends.vllm.rollout:VLLMRolloutBackend",
         params=VLLMRolloutParams,
@@ -136,4 +135,5 @@ def rlzoo_register_rollout_backends(registry):  # type: ignore[no-untyped-def]
             "requires": "vllm",
             "extra": "vllm",
         },
-    )
+    ),
+)

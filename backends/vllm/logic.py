@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from rlzoo.distributed.buckets import iter_bucketed
 from rlzoo.protocols import GenerationRequest, Sample, SamplingParams
 
 __all__ = [
@@ -420,37 +421,9 @@ def plan_buckets(sizes: Sequence[tuple[str, int]], bucket_bytes: int, align: int
 
     Each tensor's size is rounded up to ``align`` bytes (its offset in a flat bucket); a tensor
     larger than ``bucket_bytes`` forms a bucket of its own. The same rule as
-    :func:`rlzoo.distributed.weight_sync.iter_buckets`, as a plan over sizes.
+    :func:`rlzoo.distributed.buckets.iter_bucketed` (what the weight push uses), as a plan over sizes.
     """
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
-    out: list[list[int]] = []
-    cur: list[int] = []
-    used = 0
-    for i, (_, n) in enumerate(sizes):
-        n = (int(n) + align - 1) // align * align
-        if cur and used + n > bucket_bytes:
-            out.append(cur)
-            cur, used = [], 0
-        cur.append(i)
-        used += n
-    if cur:
-        out.append(cur)
-    return out
-
-
-def iter_bucketed(
-    named: Iterable[tuple[str, T]], nbytes: Callable[[T], int], bucket_bytes: int, align: int = 16
-) -> Iterator[list[tuple[str, T]]]:
-    """Lazy :func:`plan_buckets` over a stream: lists of consecutive pairs, one bucket each."""
-    cur: list[tuple[str, T]] = []
-    used = 0
-    for name, t in named:
-        n = (int(nbytes(t)) + align - 1) // align * align
-        if cur and used + n > bucket_bytes:
-            yield cur
-            cur, used = [], 0
-        cur.append((name, t))
-        used += n
-    if cur:
-        yield cur
+    indexed = ((i, n) for i, (_, n) in enumerate(sizes))
+    return [[i for i, _ in bucket] for bucket in iter_bucketed(indexed, int, bucket_bytes, align)]

@@ -38,12 +38,13 @@ from rlzoo.backends.vllm import CPU_NO_SLEEP, VLLMRolloutParams
 from rlzoo.backends.vllm.logic import (
     RequestBook,
     SeqState,
-    iter_bucketed,
     map_names,
     sampled_log_probs,
     vllm_sampling_kwargs,
 )
 from rlzoo.backends.vllm.transfer import write_bucket
+from rlzoo.distributed.buckets import iter_bucketed
+from rlzoo.errors import import_optional
 from rlzoo.protocols import GenerationRequest, RolloutSpec, Sample
 from rlzoo.streams import POLL_S, collect_requested, poll_wait, requested_keys, stream_samples
 
@@ -140,12 +141,11 @@ class VLLMRolloutBackend:
     _adapters: Any = None  # trainer.lora: a backends.vllm.lora.AdapterPushes (set in __init__)
 
     def __init__(self, params: VLLMRolloutParams, spec: RolloutSpec) -> None:
-        try:
-            import vllm  # noqa: F401
-        except ImportError as e:  # pragma: no cover - depends on the environment
-            raise ImportError(
-                "the 'vllm' rollout backend needs vLLM: pip install 'rlzoo[vllm]' (on a machine with CUDA)"
-            ) from e
+        import_optional(
+            "vllm",
+            "the 'vllm' rollout backend needs vLLM: pip install 'rlzoo[vllm]' (on a machine with CUDA)",
+            ImportError,
+        )
         self.params = params
         self.spec = spec
         self.version = 0

@@ -31,6 +31,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlzoo.distributed.buckets import iter_bucketed
+
 __all__ = [
     "ALIGN",
     "SyncStats",
@@ -69,17 +71,7 @@ def iter_buckets(
 
     A tensor larger than ``bucket_bytes`` forms a bucket of its own. Lazy: pulls one pair at a time.
     """
-    cur: list[tuple[str, Tensor]] = []
-    size = 0
-    for name, t in named:
-        n = _aligned(_nbytes(t))
-        if cur and size + n > bucket_bytes:
-            yield cur
-            cur, size = [], 0
-        cur.append((name, t))
-        size += n
-    if cur:
-        yield cur
+    return iter_bucketed(named, _nbytes, bucket_bytes, ALIGN)
 
 
 def flatten_bucket(

@@ -20,21 +20,24 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from rlzoo.errors import RlzooError
+from rlzoo.errors import RlzooError, import_optional
 from rlzoo.metrics import LoggerContext, flatten, numeric_metrics, tracker_state
 
 logger = logging.getLogger("rlzoo")
 
 
 def _require(module: str, extra: str) -> Any:
-    import importlib
+    return import_optional(
+        module, f"the {module} logger needs the package {module!r}: pip install rlzoo[{extra}]"
+    )
 
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise RlzooError(
-            f"the {module} logger needs the package {module!r}: pip install rlzoo[{extra}]"
-        ) from exc
+
+def _saved_state(tracker: str, problem: str | None, context: LoggerContext) -> dict[str, Any]:
+    """The tracker's state saved in the run directory (its run id, ...), once ``problem`` (what
+    ``rlzoo validate`` refuses too, checked here for runs built without it) is None."""
+    if problem:
+        raise RlzooError(f"the {tracker} logger: {problem}")
+    return tracker_state(context.run_dir, tracker)
 
 
 def _wandb_mode(mode: str | None) -> str:
@@ -78,10 +81,7 @@ class WandbLogger:
 
     def __init__(self, params: Any, context: LoggerContext) -> None:
         wandb = _require("wandb", "wandb")
-        problem = wandb_key_problem(params.mode)
-        if problem:  # rlzoo validate says so too; here for runs built without it
-            raise RlzooError(f"the wandb logger: {problem}")
-        state = tracker_state(context.run_dir, "wandb")
+        state = _saved_state("wandb", wandb_key_problem(params.mode), context)
         run_id = state.get("id") if context.resumed else None
         resume: dict[str, Any] = {"id": run_id, "resume": "allow"}
         if run_id and context.redone_from is not None:
@@ -181,10 +181,7 @@ class MLflowLogger:
         mlflow = _require("mlflow", "mlflow")
         from mlflow.tracking import MlflowClient
 
-        problem = mlflow_store_problem(params.tracking_uri)
-        if problem:  # rlzoo validate says so too; here for runs built without it
-            raise RlzooError(f"the mlflow logger: {problem}")
-        state = tracker_state(context.run_dir, "mlflow")
+        state = _saved_state("mlflow", mlflow_store_problem(params.tracking_uri), context)
         run_id = state.get("run_id") if context.resumed else None
         uri = params.tracking_uri
         if run_id and state.get("tracking_uri") and uri in (None, state.get("tracking_uri_given")):

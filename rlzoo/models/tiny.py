@@ -36,6 +36,7 @@ Importing this module imports neither torch nor transformers.
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import os
@@ -128,13 +129,9 @@ def build_tokenizer(
     return fast
 
 
-def tiny_qwen2_config(
-    vocab_size: int, *, hidden_size: int = 32, num_layers: int = 2, **overrides: Any
-) -> Any:
-    """A tiny ``Qwen2Config``: 4 heads, 2 KV heads (GQA), FFN 2x hidden; ``overrides`` go to the config."""
-    from transformers import Qwen2Config
-
-    kwargs: dict[str, Any] = {
+def _tiny_shape(vocab_size: int, hidden_size: int, num_layers: int) -> dict[str, Any]:
+    """The tiny models' shape: 4 heads, 2 KV heads (GQA), FFN 2x hidden."""
+    return {
         "vocab_size": vocab_size,
         "hidden_size": hidden_size,
         "intermediate_size": hidden_size * 2,
@@ -142,8 +139,15 @@ def tiny_qwen2_config(
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
     }
-    kwargs.update(overrides)
-    return Qwen2Config(**kwargs)
+
+
+def tiny_qwen2_config(
+    vocab_size: int, *, hidden_size: int = 32, num_layers: int = 2, **overrides: Any
+) -> Any:
+    """A tiny ``Qwen2Config``: 4 heads, 2 KV heads (GQA), FFN 2x hidden; ``overrides`` go to the config."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(**{**_tiny_shape(vocab_size, hidden_size, num_layers), **overrides})
 
 
 def tiny_llama_config(
@@ -153,70 +157,26 @@ def tiny_llama_config(
     hidden; no attention biases, the one difference from a Qwen2)."""
     from transformers import LlamaConfig
 
-    kwargs: dict[str, Any] = {
-        "vocab_size": vocab_size,
-        "hidden_size": hidden_size,
-        "intermediate_size": hidden_size * 2,
-        "num_hidden_layers": num_layers,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "attention_bias": False,
-    }
-    kwargs.update(overrides)
-    return LlamaConfig(**kwargs)
-
-
-def build_tiny_qwen2(
-    out_dir: Path | None = None,
-    *,
-    tokenizer: Any = None,
-    hidden_size: int = 32,
-    num_layers: int = 2,
-    max_position_embeddings: int = 512,
-    seed: int = 0,
-) -> tuple[Any, Any]:
-    """A tiny random Qwen2 causal LM (and its tokenizer); saved to ``out_dir`` when given.
-
-    Saved as a normal HF model folder (``config.json``, safetensors, tokenizer files with the chat
-    template, ``generation_config.json``) that ``from_pretrained`` and the native backends load.
-    """
-    return _build_tiny(
-        tiny_qwen2_config, out_dir, tokenizer, hidden_size, num_layers, max_position_embeddings, seed
+    return LlamaConfig(
+        **{**_tiny_shape(vocab_size, hidden_size, num_layers), "attention_bias": False, **overrides}
     )
 
 
-def build_tiny_llama(
-    out_dir: Path | None = None,
-    *,
-    tokenizer: Any = None,
-    hidden_size: int = 32,
-    num_layers: int = 2,
-    max_position_embeddings: int = 512,
-    seed: int = 0,
-) -> tuple[Any, Any]:
-    """A tiny random Llama causal LM (and its tokenizer), saved like :func:`build_tiny_qwen2`.
-
-    The quickstart task's model (its tokenizer is a word-level one of its own):
-    transformers 5's ``AutoTokenizer`` loads a Qwen2 folder's tokenizer as ``Qwen2Tokenizer``
-    whatever ``tokenizer_config.json`` declares (``qwen2`` is in its
-    ``MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS``), and that byte-level tokenizer loses the words
-    of a word-level vocabulary; next to a Llama config the declared ``TokenizersBackend`` is kept,
-    so the run's exported ``final/`` loads right with plain ``AutoTokenizer``.
-    """
-    return _build_tiny(
-        tiny_llama_config, out_dir, tokenizer, hidden_size, num_layers, max_position_embeddings, seed
-    )
-
-
-def _build_tiny(
+def build_tiny_model(
     make_config: Any,
-    out_dir: Path | None,
-    tokenizer: Any,
-    hidden_size: int,
-    num_layers: int,
-    max_position_embeddings: int,
-    seed: int,
+    out_dir: Path | None = None,
+    *,
+    tokenizer: Any = None,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    max_position_embeddings: int = 512,
+    seed: int = 0,
 ) -> tuple[Any, Any]:
+    """A tiny random causal LM of ``make_config``'s architecture (and its tokenizer); saved to
+    ``out_dir`` when given, as a normal HF model folder (``config.json``, safetensors, tokenizer
+    files with the chat template, ``generation_config.json``) that ``from_pretrained`` and the native
+    backends load. :func:`build_tiny_qwen2` and :func:`build_tiny_llama` fix ``make_config``.
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -240,6 +200,21 @@ def _build_tiny(
         tok.save_pretrained(out)
         model.generation_config.save_pretrained(out)
     return model, tok
+
+
+build_tiny_qwen2 = functools.partial(build_tiny_model, tiny_qwen2_config)
+build_tiny_qwen2.__doc__ = "A tiny random Qwen2 causal LM (and its tokenizer): :func:`build_tiny_model`."
+
+build_tiny_llama = functools.partial(build_tiny_model, tiny_llama_config)
+build_tiny_llama.__doc__ = """A tiny random Llama causal LM (and its tokenizer): :func:`build_tiny_model`.
+
+The quickstart task's model (its tokenizer is a word-level one of its own):
+transformers 5's ``AutoTokenizer`` loads a Qwen2 folder's tokenizer as ``Qwen2Tokenizer``
+whatever ``tokenizer_config.json`` declares (``qwen2`` is in its
+``MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS``), and that byte-level tokenizer loses the words
+of a word-level vocabulary; next to a Llama config the declared ``TokenizersBackend`` is kept,
+so the run's exported ``final/`` loads right with plain ``AutoTokenizer``.
+"""
 
 
 def build_tiny_qwen2_5_vl(out_dir: Path | None = None, *, seed: int = 0) -> tuple[Any, Any]:
@@ -353,16 +328,13 @@ def _problems(n: int, seed: int) -> list[tuple[int, int]]:
     return [(rng.randint(0, 4), rng.randint(0, 5)) for _ in range(n)]
 
 
-_GSM8K_README = """---
-configs:
-- config_name: main
-  data_files:
-  - split: train
-    path: main/train-*
-  - split: test
-    path: main/test-*
----
-"""
+def gsm8k_readme(configs: tuple[str, ...] = ("main",)) -> str:
+    """The dataset card header of ``openai/gsm8k``: each config's train / test parquet files."""
+    lines = ["---", "configs:"]
+    for c in configs:
+        lines += [f"- config_name: {c}", "  data_files:"]
+        lines += [f"  - split: {split}\n    path: {c}/{split}-*" for split in ("train", "test")]
+    return "\n".join([*lines, "---", ""])
 
 
 def write_gsm8k_source(root: Path, *, n_train: int = 16, n_test: int = 4, seed: int = 0) -> Path:
@@ -385,7 +357,7 @@ def write_gsm8k_source(root: Path, *, n_train: int = 16, n_test: int = 4, seed: 
         )
         (root / "main").mkdir(parents=True, exist_ok=True)
         ds.to_parquet(str(root / "main" / f"{split}-00000-of-00001.parquet"))
-    (root / "README.md").write_text(_GSM8K_README)
+    (root / "README.md").write_text(gsm8k_readme())
     return root
 
 
@@ -490,8 +462,9 @@ def build_tiny(recipe: str, root: Path | str | None = None, *, overwrite: bool =
         elif dataset == "aime2024":
             src = write_aime2024_source(upstream / "aime-2024.parquet")
             # DAPO's validation set: data.prepare names only the training set, so prepare it here
-            from rlzoo.data.prepare.aime2024 import prepare
+            from rlzoo.plugins import get_plugin_manager
 
+            prepare = get_plugin_manager().get("dataset", "aime2024").load()
             prepare(base, {"source": str(src), "dedup": True})
         elif dataset == "geometry3k":
             write_geometry3k_source(upstream / "geometry3k")

@@ -41,7 +41,15 @@ from typing import Any, ClassVar
 import pytest
 
 from rlzoo.models.tiny import tiny_qwen2_config
-from rlzoo.protocols import GenerationRequest, OptimSettings, RolloutSpec, SamplingParams, TrainSpec
+from rlzoo.protocols import (
+    GenerationRequest,
+    OptimSettings,
+    RolloutBackend,
+    RolloutSpec,
+    SamplingParams,
+    TrainBackend,
+    TrainSpec,
+)
 from rlzoo.testing.conformance import ComponentConformance
 
 __all__ = [
@@ -250,6 +258,8 @@ class BackendContract(ComponentConformance):
     tie_word_embeddings: ClassVar[bool] = False
     #: ``Qwen2Config`` fields over the tiny model's defaults (e.g. a head_dim an engine's kernels take)
     model_config: ClassVar[Mapping[str, Any]] = {}
+    #: the Protocol every backend of the kind satisfies
+    protocol: ClassVar[type[Any]]
 
     def unavailable(self) -> str | None:
         """Why the numeric tests cannot run here (None: they can)."""
@@ -289,6 +299,18 @@ class BackendContract(ComponentConformance):
         """``factory(params, spec)`` of the registered backend."""
         return self.component.load()(self.params, spec)
 
+    def default_backend(self) -> Any:
+        """The backend with the suite's default spec and params."""
+        raise NotImplementedError
+
+    def test_satisfies_protocol(self) -> None:
+        self.require()
+        b = self.default_backend()
+        try:
+            assert isinstance(b, self.protocol), f"{type(b).__name__} is not a {self.protocol.__name__}"
+        finally:
+            b.shutdown()
+
 
 # ---------------------------------------------------------------------------------------------
 # rollout
@@ -297,6 +319,7 @@ class RolloutBackendContract(BackendContract):
     """The :class:`~rlzoo.protocols.RolloutBackend` contract, against HF forwards of a tiny Qwen2."""
 
     kind = "rollout_backend"
+    protocol = RolloutBackend
     temperature: ClassVar[float] = 0.8
 
     def spec(self, seed: int = 0, **kw: Any) -> RolloutSpec:
@@ -331,15 +354,8 @@ class RolloutBackendContract(BackendContract):
                 f"{sample.uid} token {i}: rollout log-prob {got:.6f} vs reference {expect[i]:.6f}"
             )
 
-    def test_satisfies_protocol(self) -> None:
-        from rlzoo.protocols import RolloutBackend
-
-        self.require()
-        b = self.build(self.spec())
-        try:
-            assert isinstance(b, RolloutBackend)
-        finally:
-            b.shutdown()
+    def default_backend(self) -> Any:
+        return self.build(self.spec())
 
     def test_log_probs_match_reference_forward(self) -> None:
         self.require()
@@ -434,6 +450,7 @@ class TrainBackendContract(BackendContract):
     """The :class:`~rlzoo.protocols.TrainBackend` contract, against HF forwards of a tiny Qwen2."""
 
     kind = "train_backend"
+    protocol = TrainBackend
     #: the params field holding the update's micro-batch size (grad-accumulation invariance)
     micro_batch_field: ClassVar[str] = "micro_batch_size"
     #: params every test binds (on top of params_overrides): a visible LR, no clipping
@@ -489,15 +506,8 @@ class TrainBackendContract(BackendContract):
         err = float((a - b).abs().max()) if a.numel() else 0.0
         assert torch.allclose(a, b, atol=atol, rtol=0), f"{what}: max abs diff {err:.3g} > {atol}"
 
-    def test_satisfies_protocol(self) -> None:
-        from rlzoo.protocols import TrainBackend
-
-        self.require()
-        b = self.make()
-        try:
-            assert isinstance(b, TrainBackend)
-        finally:
-            b.shutdown()
+    def default_backend(self) -> Any:
+        return self.make()
 
     def test_log_probs_match_reference_forward(self) -> None:
         self.require()

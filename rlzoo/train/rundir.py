@@ -61,12 +61,12 @@ def resume_request(overrides: Sequence[str]) -> tuple[bool, str | None]:
     return resume, out
 
 
-def _strip_plugin(obj: Any) -> Any:
+def strip_plugin_notes(obj: Any) -> Any:
     """A saved config records each part's plugin; binding takes only ``name`` + params."""
     if isinstance(obj, Mapping):
-        return {k: _strip_plugin(v) for k, v in obj.items() if not (k == "plugin" and "name" in obj)}
+        return {k: strip_plugin_notes(v) for k, v in obj.items() if not (k == "plugin" and "name" in obj)}
     if isinstance(obj, list):
-        return [_strip_plugin(v) for v in obj]
+        return [strip_plugin_notes(v) for v in obj]
     return obj
 
 
@@ -182,7 +182,7 @@ def load_resumed(
             [f"{saved_file}: not a mapping of settings (got {type(saved).__name__})"],
             header=f"cannot resume from {run_dir}: its config.yaml is damaged",
         )
-    saved = _strip_plugin(saved)
+    saved = strip_plugin_notes(saved)
     started = saved.get("recipe")
     if recipe is not None and started and _recipe_name(recipe) != str(started):
         raise ConfigError(
@@ -196,14 +196,14 @@ def load_resumed(
     try:
         base = load_config(saved, [], pm)
         for entry in earlier_resumes(run_dir):  # compose: every earlier resume, in order
-            raw = _apply(_strip_plugin(base.to_dict()), _replayable(entry.get("overrides") or []))
+            raw = _apply(strip_plugin_notes(base.to_dict()), _replayable(entry.get("overrides") or []))
             base = load_config(raw, [], pm)
     except ConfigError as exc:
         raise ConfigError(
             exc.problems,
             header=f"cannot resume from {run_dir}: its config.yaml / resumes.yaml no longer bind",
         ) from exc
-    raw = _apply(_strip_plugin(base.to_dict()), list(overrides))
+    raw = _apply(strip_plugin_notes(base.to_dict()), list(overrides))
     cfg = load_config(raw, [], pm)
     info = ResumeInfo(run_dir.resolve(), list(overrides), diff(base.to_dict(), cfg.to_dict()))
     if info.changes:

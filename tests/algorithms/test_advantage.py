@@ -319,31 +319,6 @@ def test_masked_positions_do_not_leak(seed, gamma, lam):
     torch.testing.assert_close(a.advantages, c.advantages)
 
 
-def _verl_gae(r, v, m, gamma, lam):
-    nextvalues, lastgaelam, rev = 0, 0, []
-    for t in reversed(range(r.shape[1])):
-        delta = r[:, t] + gamma * nextvalues - v[:, t]
-        new = delta + gamma * lam * lastgaelam
-        nextvalues = v[:, t] * m[:, t] + (1 - m[:, t]) * nextvalues
-        lastgaelam = new * m[:, t] + (1 - m[:, t]) * lastgaelam
-        rev.append(lastgaelam)
-    a = torch.stack(rev[::-1], dim=1)
-    ret = a + v
-    mean = (a * m).sum() / m.sum()
-    var = ((a - mean) ** 2 * m).sum() / m.sum() * (m.sum() / (m.sum() - 1))
-    return (a - mean) * torch.rsqrt(var + 1e-8), ret
-
-
-def test_gae_matches_verl_loop_on_unmasked_tokens():
-    g = torch.Generator().manual_seed(0)
-    r, v = torch.randn(5, 9, generator=g), torch.randn(5, 9, generator=g)
-    m = (torch.rand(5, 9, generator=g) > 0.25).float()
-    want_a, want_r = _verl_gae(r, v, m, 0.9, 0.8)
-    out = call("gae", AdvantageInputs(r, m, values=v), gamma=0.9, lam=0.8)
-    torch.testing.assert_close(out.advantages, want_a * m)
-    torch.testing.assert_close(out.returns, want_r * m)
-
-
 # --------------------------------------------------------------------------- registration
 EXPECTED_CAPS = {
     "gae": {"needs_critic": True},

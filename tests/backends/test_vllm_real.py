@@ -150,8 +150,9 @@ def test_weight_update_end_to_end_through_vllms_serialiser(tiny, tie: bool) -> N
     from transformers import AutoModelForCausalLM
     from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
-    from rlzoo.backends.vllm.logic import iter_bucketed, map_names
+    from rlzoo.backends.vllm.logic import map_names
     from rlzoo.backends.vllm.transfer import write_bucket
+    from rlzoo.distributed.buckets import iter_bucketed
 
     key = "tied" if tie else "untied"
     cfg = _engine_config(tiny[key])

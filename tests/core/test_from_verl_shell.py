@@ -1,4 +1,4 @@
-"""The shell reader of `rlzoo from-verl` (rlzoo/from_verl/shell.py).
+"""The shell reader of `rlzoo from-verl` (from_verl/shell.py).
 
 Expected argument lists come from bash itself: :func:`bash_launch` runs the same script in a real
 bash with ``python3`` / ``torchrun`` / ``ray`` replaced by functions that print the launch's

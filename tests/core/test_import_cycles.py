@@ -11,11 +11,13 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-#: package -> folder (rlzoo.algorithms and rlzoo.backends live beside the core, see setup.py)
+#: package -> folder (the implementation trees live beside the core, mapped by setup.py)
 TREES = {
     "rlzoo": ROOT / "rlzoo",
     "rlzoo.algorithms": ROOT / "algorithms",
     "rlzoo.backends": ROOT / "backends",
+    "rlzoo.tasks": ROOT / "tasks",
+    "rlzoo.from_verl": ROOT / "from_verl",
 }
 
 

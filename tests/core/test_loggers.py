@@ -13,7 +13,7 @@ import importlib.metadata as md
 import importlib.util
 import json
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -133,18 +133,14 @@ def test_an_unknown_logger_lists_the_registered_ones() -> None:
 
 
 def test_validate_rejects_a_tracker_whose_package_is_missing(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    hide_distribution: Callable[[str], None],
 ) -> None:
     from rlzoo.cli import main
 
-    real = md.distribution
-
-    def missing_wandb(name: str) -> Any:
-        if name == "wandb":
-            raise md.PackageNotFoundError(name)
-        return real(name)
-
-    monkeypatch.setattr(md, "distribution", missing_wandb)
+    hide_distribution("wandb")
     real_spec = importlib.util.find_spec  # nor its import package (another build of it would count)
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "wandb" else real_spec(n, *a))
     assert main(["validate", "quickstart", "run.loggers=[console,wandb]"]) == 2

@@ -7,14 +7,14 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 import rlzoo
 from rlzoo import plugins as plugins_mod
-from rlzoo.errors import PluginError
+from rlzoo.errors import PluginError, closest
 from rlzoo.plugins import BUILTIN_PLUGINS, ENV_ALLOW, ENV_NO_AUTOLOAD, PluginLoadWarning, PluginManager
 
 from .conftest import EXAMPLE_DIST
@@ -56,6 +56,28 @@ def test_registered_plugin_is_listed_and_its_parts_stamped(pm: PluginManager, fa
     assert info.version == "1.2.3" and info.status == "loaded" and not info.builtin
     assert info.hooks == ["rlzoo_register_advantages", "rlzoo_register_scorers"]
     assert info.parts == ["advantage:fake_adv", "scorer:fake_scorer"]
+
+
+def test_a_hook_declared_as_data_registers_its_parts(pm: PluginManager) -> None:
+    """``registers(Registration(...), ...)`` is a hook implementation like a hand-written one."""
+    import types
+
+    mod = types.ModuleType("declared_plugin")
+    mod.rlzoo_register_scorers = rlzoo.registers(  # type: ignore[attr-defined]
+        rlzoo.Registration("declared_b", _fn, capabilities={"batched": True}, aliases=("decl_b",)),
+        rlzoo.Registration("declared_a", "rlzoo.errors:closest"),
+    )
+    name = pm.register(mod, "declared")
+    try:
+        info = {i.name: i for i in pm.plugins()}["declared"]
+        assert info.hooks == ["rlzoo_register_scorers"]
+        assert info.parts == ["scorer:declared_a", "scorer:declared_b"]
+        b = pm.get("scorer", "decl_b")
+        assert (b.name, b.plugin, b.target, b.doc) == ("declared_b", "declared", _fn, "Fake part.")
+        assert b.capability("batched") is True
+        assert pm.get("scorer", "declared_a").load() is closest
+    finally:
+        pm.unregister(name)
 
 
 def test_unregister_removes_the_parts(pm: PluginManager) -> None:
@@ -129,32 +151,41 @@ def test_hook_that_raises_names_plugin_and_hook(pm: PluginManager) -> None:
 
 # -- entry points ---------------------------------------------------------------------------------
 @pytest.fixture
-def fake_entry_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Two more entry points: one whose module raises on import, one that works."""
-    (tmp_path / "rlzoo_test_broken_plugin.py").write_text("raise RuntimeError('broken on purpose')\n")
-    (tmp_path / "rlzoo_test_good_plugin.py").write_text(
-        "import rlzoo\n\n"
-        "def fn(inputs, params):\n    '''Good.'''\n\n"
-        "@rlzoo.hookimpl\n"
-        "def rlzoo_register_sample_filters(registry):\n"
-        "    registry.register('good_filter', fn, doc='A filter from a good plugin.')\n"
-    )
+def add_entry_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
+    """``add(name=module source, ...)``: each source becomes the module ``rlzoo_test_<name>_plugin``
+    on sys.path, listed as entry point ``name`` of the ``rlzoo`` group after the installed ones."""
+    added: list[str] = []
     monkeypatch.syspath_prepend(str(tmp_path))
     real = md.entry_points
 
     def entry_points(**kw):  # type: ignore[no-untyped-def]
         eps = list(real(**kw))
         if kw.get("group") == "rlzoo":
-            eps += [
-                md.EntryPoint("broken", "rlzoo_test_broken_plugin", "rlzoo"),
-                md.EntryPoint("good", "rlzoo_test_good_plugin", "rlzoo"),
-            ]
+            eps += [md.EntryPoint(name, f"rlzoo_test_{name}_plugin", "rlzoo") for name in added]
         return eps
 
+    def add(**sources: str) -> None:
+        for name, source in sources.items():
+            (tmp_path / f"rlzoo_test_{name}_plugin.py").write_text(source)
+            added.append(name)
+
     monkeypatch.setattr(plugins_mod.md, "entry_points", entry_points)
-    yield
-    for mod in ("rlzoo_test_broken_plugin", "rlzoo_test_good_plugin"):
-        sys.modules.pop(mod, None)
+    yield add
+    for name in added:
+        sys.modules.pop(f"rlzoo_test_{name}_plugin", None)
+
+
+@pytest.fixture
+def fake_entry_points(add_entry_points: Callable[..., None]) -> None:
+    """Two more entry points: one whose module raises on import, one that works."""
+    add_entry_points(
+        broken="raise RuntimeError('broken on purpose')\n",
+        good="import rlzoo\n\n"
+        "def fn(inputs, params):\n    '''Good.'''\n\n"
+        "@rlzoo.hookimpl\n"
+        "def rlzoo_register_sample_filters(registry):\n"
+        "    registry.register('good_filter', fn, doc='A filter from a good plugin.')\n",
+    )
 
 
 @pytest.mark.usefixtures("fake_entry_points")
@@ -248,88 +279,56 @@ def test_register_hooks_are_called_through_pluggys_hook_caller(pm: PluginManager
         pm.unregister("wrapper_plugin")
 
 
-def test_misspelt_hook_in_an_entry_point_plugin_lists_the_rest(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    (tmp_path / "rlzoo_test_misspelt_plugin.py").write_text(
-        "import rlzoo\n\n@rlzoo.hookimpl\ndef rlzoo_register_advantage(registry):\n    pass\n"
+def test_misspelt_hook_in_an_entry_point_plugin_lists_the_rest(add_entry_points: Callable[..., None]) -> None:
+    add_entry_points(
+        misspelt="import rlzoo\n\n@rlzoo.hookimpl\ndef rlzoo_register_advantage(registry):\n    pass\n"
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    real = md.entry_points
-
-    def entry_points(**kw):  # type: ignore[no-untyped-def]
-        eps = list(real(**kw))
-        if kw.get("group") == "rlzoo":
-            eps.append(md.EntryPoint("misspelt", "rlzoo_test_misspelt_plugin", "rlzoo"))
-        return eps
-
-    monkeypatch.setattr(plugins_mod.md, "entry_points", entry_points)
-    try:
-        with pytest.warns(PluginLoadWarning, match=r"'misspelt'.*rlzoo_register_advantages"):
-            pm = PluginManager()
-        infos = {i.name: i for i in pm.plugins(include_all=True)}
-        assert infos["misspelt"].status == "failed"
-        assert "unknown hook 'rlzoo_register_advantage'" in (infos["misspelt"].error or "")
-        assert infos["rlzoo.algorithms.advantage"].status == "loaded"
-        assert "grpo" in pm.registry("advantage")
-    finally:
-        sys.modules.pop("rlzoo_test_misspelt_plugin", None)
+    with pytest.warns(PluginLoadWarning, match=r"'misspelt'.*rlzoo_register_advantages"):
+        pm = PluginManager()
+    infos = {i.name: i for i in pm.plugins(include_all=True)}
+    assert infos["misspelt"].status == "failed"
+    assert "unknown hook 'rlzoo_register_advantage'" in (infos["misspelt"].error or "")
+    assert infos["rlzoo.algorithms.advantage"].status == "loaded"
+    assert "grpo" in pm.registry("advantage")
 
 
 def test_a_name_clash_from_an_entry_point_plugin_skips_it_and_rlzoo_plugins_names_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    add_entry_points: Callable[..., None], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Before (issue 23): one installed plugin registering a name twice (or a built-in's name) made
     every command fatal, `rlzoo plugins` included."""
-    (tmp_path / "rlzoo_test_clashing_plugin.py").write_text(
-        "import rlzoo\n\n"
+    add_entry_points(
+        clashing="import rlzoo\n\n"
         "def fn(inputs, params):\n    '''A filter.'''\n\n"
         "@rlzoo.hookimpl\n"
         "def rlzoo_register_sample_filters(registry):\n"
         "    registry.register('twice', fn)\n"
-        "    registry.register('twice', fn)\n"
-    )
-    (tmp_path / "rlzoo_test_builtin_clash_plugin.py").write_text(
-        "import rlzoo\n\n"
+        "    registry.register('twice', fn)\n",
+        builtin_clash="import rlzoo\n\n"
         "def fn(inputs, params):\n    '''An advantage.'''\n\n"
         "@rlzoo.hookimpl\n"
         "def rlzoo_register_advantages(registry):\n"
-        "    registry.register('grpo', fn)\n"
+        "    registry.register('grpo', fn)\n",
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    real = md.entry_points
+    pm = PluginManager()
+    with pytest.warns(PluginLoadWarning) as caught:
+        infos = {i.name: i for i in pm.plugins(include_all=True)}
+    said = sorted(str(w.message) for w in caught)
+    assert len(said) == 2 and "'builtin_clash'" in said[0] and "'clashing'" in said[1]
+    assert infos["clashing"].status == "failed"
+    assert "sample_filter 'twice' is registered twice: by plugin 'clashing' and by plugin 'clashing'" in (
+        infos["clashing"].error or ""
+    )
+    assert infos["builtin_clash"].status == "failed"
+    assert "'rlzoo.algorithms.advantage'" in (infos["builtin_clash"].error or "")
+    assert pm.get("advantage", "grpo").plugin == "rlzoo.algorithms.advantage"  # the built-in kept
+    assert "twice" not in pm.registry("sample_filter")
+    # the CLI: `rlzoo plugins --all` works and says why each was skipped; other commands too
+    monkeypatch.setattr(plugins_mod, "_default", None)
+    from rlzoo.cli import main
 
-    def entry_points(**kw):  # type: ignore[no-untyped-def]
-        eps = list(real(**kw))
-        if kw.get("group") == "rlzoo":
-            eps.append(md.EntryPoint("clashing", "rlzoo_test_clashing_plugin", "rlzoo"))
-            eps.append(md.EntryPoint("builtin_clash", "rlzoo_test_builtin_clash_plugin", "rlzoo"))
-        return eps
-
-    monkeypatch.setattr(plugins_mod.md, "entry_points", entry_points)
-    try:
-        pm = PluginManager()
-        with pytest.warns(PluginLoadWarning) as caught:
-            infos = {i.name: i for i in pm.plugins(include_all=True)}
-        said = sorted(str(w.message) for w in caught)
-        assert len(said) == 2 and "'builtin_clash'" in said[0] and "'clashing'" in said[1]
-        assert infos["clashing"].status == "failed"
-        assert "sample_filter 'twice' is registered twice: by plugin 'clashing' and by plugin 'clashing'" in (
-            infos["clashing"].error or ""
-        )
-        assert infos["builtin_clash"].status == "failed"
-        assert "'rlzoo.algorithms.advantage'" in (infos["builtin_clash"].error or "")
-        assert pm.get("advantage", "grpo").plugin == "rlzoo.algorithms.advantage"  # the built-in kept
-        assert "twice" not in pm.registry("sample_filter")
-        # the CLI: `rlzoo plugins --all` works and says why each was skipped; other commands too
-        monkeypatch.setattr(plugins_mod, "_default", None)
-        from rlzoo.cli import main
-
-        with pytest.warns(PluginLoadWarning):
-            assert main(["plugins", "--all"]) == 0
-            assert main(["components", "advantage"]) == 0
-        out = capsys.readouterr().out
-        assert "clashing: sample_filter 'twice' is registered twice" in out
-    finally:
-        for mod in ("rlzoo_test_clashing_plugin", "rlzoo_test_builtin_clash_plugin"):
-            sys.modules.pop(mod, None)
+    with pytest.warns(PluginLoadWarning):
+        assert main(["plugins", "--all"]) == 0
+        assert main(["components", "advantage"]) == 0
+    out = capsys.readouterr().out
+    assert "clashing: sample_filter 'twice' is registered twice" in out

@@ -49,19 +49,21 @@ def full(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(where)], check=False)
 
 
-def _train(out: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+def _refused(out: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """``rlzoo train quickstart`` into ``out``: refused (exit 2) with a message, no traceback; the message."""
     from rlzoo.cli import main
 
     rc = main(["train", "quickstart", f"run.output_dir={out}", "run.progress=false"])
-    return rc, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err, err
+    return err
 
 
 def test_train_into_a_read_only_file_system_is_a_message(
     read_only: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Before: OSError [Errno 30] Read-only file system, a traceback from mkdir."""
-    rc, err = _train(read_only / "run", capsys)
-    assert rc == 2 and "Traceback" not in err
+    err = _refused(read_only / "run", capsys)
     assert f"run.output_dir: {read_only / 'run'} is on a read-only file system" in err
     assert "run.output_dir=DIR" in err
 
@@ -69,8 +71,7 @@ def test_train_into_a_read_only_file_system_is_a_message(
 def test_train_onto_a_full_disk_is_refused_before_anything_is_written(
     full: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc, err = _train(full / "run", capsys)
-    assert rc == 2 and "Traceback" not in err
+    err = _refused(full / "run", capsys)
     assert f"run.output_dir: the disk holding {full} is full" in err
     assert sorted(p.name for p in full.iterdir()) == ["filler.bin"]  # nothing written
 

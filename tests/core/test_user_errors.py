@@ -107,3 +107,14 @@ def _has_dist(name: str) -> bool:
     except md.PackageNotFoundError:
         return False
     return True
+
+
+def test_a_missing_optional_package_is_the_callers_message_and_error() -> None:
+    from rlzoo.errors import RlzooError, import_optional
+
+    assert import_optional("json", "never said") is __import__("json")
+    with pytest.raises(RlzooError, match=r"^the x part needs no_such_pkg_zz: pip install rlzoo\[x\]$") as e:
+        import_optional("no_such_pkg_zz", "the x part needs no_such_pkg_zz: pip install rlzoo[x]")
+    assert isinstance(e.value.__cause__, ImportError)
+    with pytest.raises(ImportError, match="needs it"):
+        import_optional("no_such_pkg_zz.sub", "needs it", ImportError)

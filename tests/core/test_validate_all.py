@@ -3,7 +3,9 @@ rules, loggers, runner knobs; part switching on the command line; typed capabili
 
 from __future__ import annotations
 
+import contextlib
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -130,10 +132,22 @@ def test_a_local_recipe_shadowing_a_builtin_says_so(
 # ---------------------------------------------------------------------------------------------
 # typed capability records
 # ---------------------------------------------------------------------------------------------
-def _plugin(hook: str, register: object) -> types.ModuleType:
-    mod = types.ModuleType("caps_plugin")
-    setattr(mod, hook, rlzoo.hookimpl(register))  # type: ignore[arg-type]
-    return mod
+@contextlib.contextmanager
+def _one_part(
+    pm: PluginManager, plugin: str, kind: str, name: str, caps: dict[str, object]
+) -> Iterator[None]:
+    """Plugin ``plugin`` registers a fake part ``name`` of ``kind`` with ``caps``, for the block."""
+    mod = types.ModuleType(plugin)
+    setattr(
+        mod,
+        rlzoo.kinds.KIND_BY_NAME[kind].hook,
+        rlzoo.registers(rlzoo.Registration(name, _fn, capabilities=caps)),
+    )
+    pm.register(mod, plugin)
+    try:
+        yield
+    finally:
+        pm.unregister(plugin)
 
 
 def _fn(inputs, params):  # type: ignore[no-untyped-def]
@@ -141,30 +155,20 @@ def _fn(inputs, params):  # type: ignore[no-untyped-def]
 
 
 def test_a_misspelt_capability_is_an_error_at_registration(pm: PluginManager) -> None:
-    def rlzoo_register_advantages(registry):  # type: ignore[no-untyped-def]
-        registry.register("typo_adv", _fn, capabilities={"needs_critc": True})
-
-    pm.register(_plugin("rlzoo_register_advantages", rlzoo_register_advantages), "typo_plugin")
-    try:
+    with _one_part(pm, "typo_plugin", "advantage", "typo_adv", {"needs_critc": True}):
         with pytest.raises(rlzoo.errors.PluginError) as e:
             pm.registries()
         msg = str(e.value)
         assert "typo_adv" in msg and "typo_plugin" in msg
         assert "unknown capability 'needs_critc'; did you mean 'needs_critic'?" in msg
-    finally:
-        pm.unregister("typo_plugin")
 
 
 def test_a_capability_of_the_wrong_type_is_an_error(pm: PluginManager) -> None:
-    def rlzoo_register_runners(registry):  # type: ignore[no-untyped-def]
-        registry.register("bad_runner", _fn, capabilities={"placements": "local"})
-
-    pm.register(_plugin("rlzoo_register_runners", rlzoo_register_runners), "bad_caps")
-    try:
-        with pytest.raises(rlzoo.errors.PluginError, match=r"capability 'placements': expected a list"):
-            pm.registries()
-    finally:
-        pm.unregister("bad_caps")
+    with (
+        _one_part(pm, "bad_caps", "runner", "bad_runner", {"placements": "local"}),
+        pytest.raises(rlzoo.errors.PluginError, match=r"capability 'placements': expected a list"),
+    ):
+        pm.registries()
 
 
 def test_capabilities_are_typed_and_an_unknown_key_is_not_false(pm: PluginManager) -> None:
@@ -176,23 +180,15 @@ def test_capabilities_are_typed_and_an_unknown_key_is_not_false(pm: PluginManage
 
 
 def test_a_critic_needs_a_backend_that_can_train_one(pm: PluginManager) -> None:
-    def rlzoo_register_train_backends(registry):  # type: ignore[no-untyped-def]
-        registry.register("no_critic", _fn, capabilities={"supports_critic": False})
-
-    pm.register(_plugin("rlzoo_register_train_backends", rlzoo_register_train_backends), "nc")
-    try:
-        with pytest.raises(ConfigError, match=r"train backend 'no_critic' cannot train one"):
-            load_config("quickstart", ["algorithm.advantage=gae", "trainer.backend=no_critic"], pm=pm)
-    finally:
-        pm.unregister("nc")
+    with (
+        _one_part(pm, "nc", "train_backend", "no_critic", {"supports_critic": False}),
+        pytest.raises(ConfigError, match=r"train backend 'no_critic' cannot train one"),
+    ):
+        load_config("quickstart", ["algorithm.advantage=gae", "trainer.backend=no_critic"], pm=pm)
 
 
 def test_sum_pi_squared_needs_a_backend_that_supplies_it(pm: PluginManager) -> None:
-    def rlzoo_register_train_backends(registry):  # type: ignore[no-untyped-def]
-        registry.register("no_sps", _fn, capabilities={"supports_critic": True})
-
-    pm.register(_plugin("rlzoo_register_train_backends", rlzoo_register_train_backends), "nsps")
-    try:
+    with _one_part(pm, "nsps", "train_backend", "no_sps", {"supports_critic": True}):
         for adv in ("optimal_token_baseline", "tir_optimal_token_baseline"):
             with pytest.raises(
                 ConfigError, match=rf"advantage '{adv}' needs sum_pi_squared.*train backend 'no_sps' does not"
@@ -203,8 +199,6 @@ def test_sum_pi_squared_needs_a_backend_that_supplies_it(pm: PluginManager) -> N
             load_config(
                 "quickstart", ["algorithm.advantage=optimal_token_baseline", f"trainer.backend={backend}"]
             )
-    finally:
-        pm.unregister("nsps")
 
 
 def test_a_loss_with_a_fixed_aggregation_notes_another(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,9 +9,9 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from rlzoo.data.prepare._common import PrepareError, split_of_file, split_specs
 from rlzoo.data.schema import validate_files
-from rlzoo.models.tiny import dapo_math_row
+from rlzoo.models.tiny import dapo_math_row, gsm8k_readme
+from rlzoo.tasks.prepare._common import PrepareError, split_of_file, split_specs
 
 from .conftest import png_bytes
 
@@ -52,24 +52,6 @@ def make_geometry3k(root: Path) -> Path:
     return root
 
 
-GSM8K_README = """---
-configs:
-- config_name: main
-  data_files:
-  - split: train
-    path: main/train-*
-  - split: test
-    path: main/test-*
-- config_name: socratic
-  data_files:
-  - split: train
-    path: socratic/train-*
-  - split: test
-    path: socratic/test-*
----
-"""
-
-
 def make_gsm8k(root: Path) -> Path:
     """openai/gsm8k as downloaded: README configs, main/ and socratic/ parquet folders."""
     from datasets import Dataset
@@ -88,7 +70,7 @@ def make_gsm8k(root: Path) -> Path:
             ds = Dataset.from_dict({"question": [tag + q for q, _ in items], "answer": [a for _, a in items]})
             (root / config).mkdir(parents=True, exist_ok=True)
             ds.to_parquet(str(root / config / f"{split}-00000-of-00001.parquet"))
-    (root / "README.md").write_text(GSM8K_README)
+    (root / "README.md").write_text(gsm8k_readme(("main", "socratic")))
     return root
 
 
@@ -112,7 +94,7 @@ def make_dapo(path: Path, repeats: int = 3) -> Path:
 def test_geometry3k_from_downloaded_repo(tmp_path: Path) -> None:
     from PIL import Image
 
-    from rlzoo.data.prepare import geometry3k
+    from rlzoo.tasks.prepare import geometry3k
 
     src = make_geometry3k(tmp_path / "geometry3k")
     out = geometry3k.prepare(tmp_path / "out", {"source": str(src)})
@@ -144,7 +126,7 @@ def test_geometry3k_output_reads_back_as_images_with_datasets(tmp_path: Path) ->
     import datasets
     from PIL import Image
 
-    from rlzoo.data.prepare import geometry3k
+    from rlzoo.tasks.prepare import geometry3k
 
     out = geometry3k.prepare(
         tmp_path / "out", {"source": str(make_geometry3k(tmp_path / "g")), "splits": "test"}
@@ -154,7 +136,7 @@ def test_geometry3k_output_reads_back_as_images_with_datasets(tmp_path: Path) ->
 
 
 def test_with_placeholders() -> None:
-    from rlzoo.data.prepare.geometry3k import with_placeholders
+    from rlzoo.tasks.prepare.geometry3k import with_placeholders
 
     assert with_placeholders("<image>Find x.", 1) == ("<image>Find x.", False)
     assert with_placeholders("Find x.", 2) == ("<image><image>Find x.", True)
@@ -162,7 +144,7 @@ def test_with_placeholders() -> None:
 
 
 def test_limit_and_split_renaming(tmp_path: Path) -> None:
-    from rlzoo.data.prepare import geometry3k
+    from rlzoo.tasks.prepare import geometry3k
 
     src = make_geometry3k(tmp_path / "g")
     out = geometry3k.prepare(tmp_path / "out", {"source": str(src), "splits": ["train:val"], "limit": 2})
@@ -175,10 +157,10 @@ def test_limit_and_split_renaming(tmp_path: Path) -> None:
 # gsm8k
 # ---------------------------------------------------------------------------------------------
 def test_gsm8k_from_downloaded_repo_with_configs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from rlzoo.data.prepare import gsm8k
+    from rlzoo.tasks.prepare import gsm8k
 
     src = make_gsm8k(tmp_path / "gsm8k")
-    with caplog.at_level("WARNING", logger="rlzoo.data.prepare"):
+    with caplog.at_level("WARNING", logger="rlzoo.tasks.prepare"):
         out = gsm8k.prepare(tmp_path / "out", {"source": str(src)})
     assert set(out) == {"train", "test"}
     rows = read(out["train"])
@@ -201,7 +183,7 @@ def test_gsm8k_from_downloaded_repo_with_configs(tmp_path: Path, caplog: pytest.
 
 
 def test_gsm8k_config_selects_subfolder(tmp_path: Path) -> None:
-    from rlzoo.data.prepare import gsm8k
+    from rlzoo.tasks.prepare import gsm8k
 
     src = make_gsm8k(tmp_path / "gsm8k")
     out = gsm8k.prepare(tmp_path / "out", {"source": str(src), "config": "socratic", "splits": "test"})
@@ -215,7 +197,7 @@ def test_gsm8k_config_selects_subfolder(tmp_path: Path) -> None:
 def test_gsm8k_single_jsonl_file(tmp_path: Path) -> None:
     import json
 
-    from rlzoo.data.prepare import gsm8k
+    from rlzoo.tasks.prepare import gsm8k
 
     f = tmp_path / "gsm8k_test.jsonl"
     f.write_text(json.dumps({"question": "1+1?", "answer": "2\n#### 2"}) + "\n")
@@ -224,7 +206,7 @@ def test_gsm8k_single_jsonl_file(tmp_path: Path) -> None:
 
 
 def test_final_answer() -> None:
-    from rlzoo.data.prepare.gsm8k import final_answer
+    from rlzoo.tasks.prepare.gsm8k import final_answer
 
     assert final_answer("a\n#### 72") == "72"
     assert final_answer("#### 1 #### 1,234,567") == "1234567"
@@ -237,7 +219,7 @@ def test_final_answer() -> None:
 # dapo_math / aime2024
 # ---------------------------------------------------------------------------------------------
 def test_dapo_math_keeps_verl_layout_and_dedups(tmp_path: Path) -> None:
-    from rlzoo.data.prepare import dapo_math
+    from rlzoo.tasks.prepare import dapo_math
 
     src = make_dapo(tmp_path / "dapo" / "data" / "dapo-math-17k.parquet", repeats=3)
     out = dapo_math.prepare(tmp_path / "out", {"source": str(src)})
@@ -257,7 +239,7 @@ def test_dapo_math_keeps_verl_layout_and_dedups(tmp_path: Path) -> None:
 def test_aime2024_from_arrow_file_written_as_test(tmp_path: Path) -> None:
     from datasets import Dataset
 
-    from rlzoo.data.prepare import aime2024
+    from rlzoo.tasks.prepare import aime2024
 
     rows = [dapo_row("AIME problem one.", "33", "a1"), dapo_row("AIME problem one.", "33", "a1")]
     Dataset.from_list(rows).save_to_disk(str(tmp_path / "aime"))
@@ -271,7 +253,7 @@ def test_aime2024_from_arrow_file_written_as_test(tmp_path: Path) -> None:
 
 
 def test_dapo_wrong_layout_names_columns(tmp_path: Path) -> None:
-    from rlzoo.data.prepare import dapo_math
+    from rlzoo.tasks.prepare import dapo_math
 
     f = tmp_path / "raw.jsonl"
     f.write_text('{"problem": "x", "answer": "1"}\n')
@@ -283,7 +265,7 @@ def test_dapo_wrong_layout_names_columns(tmp_path: Path) -> None:
 # shared behaviour
 # ---------------------------------------------------------------------------------------------
 def test_missing_split_lists_available(tmp_path: Path) -> None:
-    from rlzoo.data.prepare import gsm8k
+    from rlzoo.tasks.prepare import gsm8k
 
     src = make_gsm8k(tmp_path / "gsm8k")
     with pytest.raises(PrepareError, match=r"split 'validation' is not in .*available splits: train, test"):
@@ -291,15 +273,15 @@ def test_missing_split_lists_available(tmp_path: Path) -> None:
 
 
 def test_missing_local_path(tmp_path: Path) -> None:
-    from rlzoo.data.prepare import gsm8k
+    from rlzoo.tasks.prepare import gsm8k
 
     with pytest.raises(PrepareError, match="no such file or folder"):
         gsm8k.prepare(tmp_path / "out", {"source": str(tmp_path / "nope.parquet")})
 
 
 def test_unknown_param_is_a_config_error(tmp_path: Path) -> None:
-    from rlzoo.data.prepare import gsm8k
     from rlzoo.errors import ConfigError
+    from rlzoo.tasks.prepare import gsm8k
 
     with pytest.raises(ConfigError, match=r"splts: unknown key.*did you mean splits"):
         gsm8k.prepare(tmp_path / "out", {"splts": ["train"]})
@@ -343,7 +325,7 @@ def test_builtin_module_is_import_light() -> None:
     import sys
 
     code = (
-        "import sys, rlzoo.data.builtin; "
+        "import sys, rlzoo.tasks.datasets; "
         "bad = [m for m in ('datasets', 'torch', 'pyarrow', 'transformers') if m in sys.modules]; "
         "print(','.join(bad))"
     )
@@ -356,7 +338,7 @@ def test_gsm8k_row_without_an_answer_is_dropped_not_a_crash(
 ) -> None:
     import json
 
-    from rlzoo.data.prepare import gsm8k
+    from rlzoo.tasks.prepare import gsm8k
 
     f = tmp_path / "gsm8k_test.jsonl"
     rows = [
@@ -365,7 +347,7 @@ def test_gsm8k_row_without_an_answer_is_dropped_not_a_crash(
         {"question": None, "answer": "x\n#### 3"},
     ]
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with caplog.at_level("WARNING", logger="rlzoo.data.prepare"):
+    with caplog.at_level("WARNING", logger="rlzoo.tasks.prepare"):
         out = gsm8k.prepare(tmp_path / "out", {"source": str(f), "splits": ["test"]})
     assert [r["reward_model"]["ground_truth"] for r in read(out["test"])] == ["2"]
     assert "dropped 2 of 3" in caplog.text

@@ -5,6 +5,7 @@ Offline: reasoning-gym generates every problem from a seed."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -156,10 +157,9 @@ def test_bad_names_and_configs_say_what_would_be_right(tmp_path: Path, pm: Plugi
 
 
 def test_validate_names_the_extra_when_reasoning_gym_is_missing(
-    pm: PluginManager, monkeypatch: pytest.MonkeyPatch
+    pm: PluginManager, hide_distribution: Callable[[str], None]
 ) -> None:
     import dataclasses
-    import importlib.metadata as md
 
     from rlzoo.checks import _optional_package_rule
 
@@ -170,13 +170,18 @@ def test_validate_names_the_extra_when_reasoning_gym_is_missing(
 
     cfg = Cfg(_part(pm, "scorer", {"name": "reasoning_gym"}), _part(pm, "dataset", {"name": "reasoning_gym"}))
     assert _optional_package_rule(cfg) == []  # type: ignore[arg-type]
-    real = md.distribution
-
-    def without(name: str) -> Any:
-        if name == "reasoning-gym":
-            raise md.PackageNotFoundError(name)
-        return real(name)
-
-    monkeypatch.setattr(md, "distribution", without)
+    hide_distribution("reasoning-gym")
     problems = _optional_package_rule(cfg)  # type: ignore[arg-type]
     assert len(problems) == 2 and all("pip install rlzoo[reasoning-gym]" in p for p in problems), problems
+
+
+def test_a_missing_package_names_its_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlzoo.tasks import _reasoning_gym
+
+    monkeypatch.setitem(__import__("sys").modules, "reasoning_gym", None)  # import raises ImportError
+    with pytest.raises(
+        ReasoningGymError,
+        match=r"reasoning_gym dataset and scorer need the reasoning-gym package: "
+        r"pip install rlzoo\[reasoning-gym\]",
+    ):
+        _reasoning_gym._rg()

@@ -66,6 +66,17 @@ def _batch(samples: list[Any]) -> Any:
     return samples_to_batch(samples, None, pad_token_id=0)
 
 
+def _generated_batch(model_dir: Path, prefix: str) -> Any:
+    """A batch of 4 responses the in-process native rollout backend generates."""
+    from rlzoo.backends.native.rollout import NativeRolloutBackend
+
+    rollout = NativeRolloutBackend(_rollout_params(), _rollout_spec(model_dir))
+    try:
+        return _batch(rollout.generate(_requests(4, prefix)))
+    finally:
+        rollout.shutdown()
+
+
 def _group(name: str, n: int) -> Any:
     from rlzoo.distributed.worker_group import WorkerSet
 
@@ -107,7 +118,6 @@ def test_env_and_spmd_calls(groups: Any) -> None:
 
 
 def test_native_group_matches_in_process(groups: Any, tiny_model_dir: Path) -> None:
-    from rlzoo.backends.native.rollout import NativeRolloutBackend
     from rlzoo.backends.native.train import NativeTrainBackend
     from rlzoo.distributed.worker_group import TrainGroup
 
@@ -115,11 +125,7 @@ def test_native_group_matches_in_process(groups: Any, tiny_model_dir: Path) -> N
     ws = groups("trainer", 1)
     _build(ws, "train", TRAIN, _train_params(), spec)
     proxy = TrainGroup(ws)
-    rollout = NativeRolloutBackend(_rollout_params(), _rollout_spec(tiny_model_dir))
-    try:
-        batch = _batch(rollout.generate(_requests(4, "a")))
-    finally:
-        rollout.shutdown()
+    batch = _generated_batch(tiny_model_dir, "a")
     local = NativeTrainBackend(_train_params(), spec)
     want, _ = local.compute_log_probs(batch)
     got, _ = proxy.compute_log_probs(batch)
@@ -142,7 +148,6 @@ def _fsdp2_params() -> Any:
 
 @needs_fsdp2
 def test_fsdp2_group_of_two_matches_in_process(groups: Any, tiny_model_dir: Path) -> None:
-    from rlzoo.backends.native.rollout import NativeRolloutBackend
     from rlzoo.backends.native.train import NativeTrainBackend
     from rlzoo.distributed.worker_group import TrainGroup
 
@@ -150,11 +155,7 @@ def test_fsdp2_group_of_two_matches_in_process(groups: Any, tiny_model_dir: Path
     ws = groups("trainer", 2)  # two SPMD ranks over gloo, each takes its shard of the same batch
     _build(ws, "train", FSDP2, _fsdp2_params(), spec)
     proxy = TrainGroup(ws)
-    rollout = NativeRolloutBackend(_rollout_params(), _rollout_spec(tiny_model_dir))
-    try:
-        batch = _batch(rollout.generate(_requests(4, "f")))
-    finally:
-        rollout.shutdown()
+    batch = _generated_batch(tiny_model_dir, "f")
     want, _ = NativeTrainBackend(_train_params(), spec).compute_log_probs(batch)
     got, _ = proxy.compute_log_probs(batch)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

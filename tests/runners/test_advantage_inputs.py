@@ -73,6 +73,17 @@ def _null_timer(name: str) -> Any:
     return contextlib.nullcontext()
 
 
+def _prepared(
+    tmp_path: Path, *extra: str, infos: list[dict[str, Any]] | None = None
+) -> tuple[Any, Any, Batch]:
+    """A stub backend, a trainer with the quickstart recipe + ``extra`` on it, and a batch it prepared."""
+    be = _backend()
+    tr = _trainer(tmp_path, be, *extra)
+    batch = _batch(be, infos)
+    tr.prepare(batch, _null_timer)
+    return be, tr, batch
+
+
 @pytest.mark.parametrize("name", ["optimal_token_baseline", "tir_optimal_token_baseline"])
 def test_token_baselines_get_sum_pi_squared_from_the_old_log_prob_forward(tmp_path: Path, name: str) -> None:
     be = _backend(temperature=0.8)
@@ -98,12 +109,9 @@ def test_token_baselines_get_sum_pi_squared_from_the_old_log_prob_forward(tmp_pa
 
 
 def test_token_baseline_gets_the_corrections_is_weights(tmp_path: Path) -> None:
-    be = _backend()
-    tr = _trainer(
-        tmp_path, be, "algorithm.advantage=optimal_token_baseline", "algorithm.rollout_correction=token_is"
+    _, tr, batch = _prepared(
+        tmp_path, "algorithm.advantage=optimal_token_baseline", "algorithm.rollout_correction=token_is"
     )
-    batch = _batch(be)
-    tr.prepare(batch, _null_timer)
     weights = batch["rollout_is_weights"]
     assert not torch.allclose(weights, torch.ones_like(weights))
     base = {
@@ -121,16 +129,12 @@ def test_token_baseline_gets_the_corrections_is_weights(tmp_path: Path) -> None:
 
 
 def test_bypass_keeps_rollout_log_probs_and_still_gets_sum_pi_squared(tmp_path: Path) -> None:
-    be = _backend()
-    tr = _trainer(
+    be, _, batch = _prepared(
         tmp_path,
-        be,
         "algorithm.advantage=optimal_token_baseline",
         "algorithm.rollout_correction=seq_is",
         "+algorithm.rollout_correction.mode=bypass",
     )
-    batch = _batch(be)
-    tr.prepare(batch, _null_timer)
     torch.testing.assert_close(batch["old_log_probs"], batch["rollout_log_probs"], atol=0, rtol=0)
     torch.testing.assert_close(batch["sum_pi_squared"], be.compute_log_probs_and_sum_pi_squared(batch)[1])
 
@@ -153,17 +157,14 @@ INFOS = [
 
 
 def test_gdpo_reads_reward_components_by_key(tmp_path: Path) -> None:
-    be = _backend()
-    tr = _trainer(
+    _, tr, batch = _prepared(
         tmp_path,
-        be,
         "algorithm.advantage=gdpo",
         "algorithm.advantage.reward_keys=[fmt,acc]",
         "algorithm.advantage.reward_weights=[0.5,1.0]",
+        infos=INFOS,
     )
     assert tr.reward_keys == ("fmt", "acc")
-    batch = _batch(be, INFOS)
-    tr.prepare(batch, _null_timer)
     comps = torch.tensor([[i["fmt"], i["acc"]] for i in INFOS])  # [B, 2]
     want = F.gdpo(
         AdvantageInputs(

@@ -10,20 +10,15 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from rlzoo.data.builtin import GSM8KParams
-from rlzoo.data.prepare._common import (
-    bind_params,
-    head,
-    load_source,
-    pick_split,
-    qa_features,
-    require_columns,
-    split_specs,
-    write_split,
-)
 from rlzoo.data.schema import reward_model
+from rlzoo.tasks.datasets import GSM8KParams
+from rlzoo.tasks.prepare._common import (
+    bind_params,
+    qa_splits,
+    write_qa_rows,
+)
 
-logger = logging.getLogger("rlzoo.data.prepare")
+logger = logging.getLogger("rlzoo.tasks.prepare")
 
 NAME = "gsm8k"
 DATA_SOURCE = "openai/gsm8k"
@@ -45,20 +40,12 @@ def final_answer(solution: Any) -> str | None:
     return answer or None
 
 
-def features() -> Any:
-    return qa_features(images=False)
-
-
 def prepare(out_dir: Path, params: Any = None) -> dict[str, Path]:
     """Write GSM8K's splits in rlzoo's schema; returns ``{split: parquet path}``."""
     p = bind_params(params, GSM8KParams, NAME)
     instruction = INSTRUCTION if p.instruction is None else p.instruction
-    dd = load_source(p.source, config=p.config)
     out: dict[str, Path] = {}
-    for upstream, written in split_specs(p.splits):
-        ds = pick_split(dd, upstream, NAME, p.source)
-        require_columns(ds, UPSTREAM_COLUMNS, NAME, p.source)
-        ds = head(ds, p.limit)
+    for written, ds in qa_splits(p, NAME, UPSTREAM_COLUMNS, config=p.config):
         n = len(ds)
         ds = ds.filter(
             lambda row: (
@@ -90,12 +77,5 @@ def prepare(out_dir: Path, params: Any = None) -> dict[str, Path]:
                 "extra_info": {"split": split, "index": idx, "answer": row["answer"], "question": question},
             }
 
-        ds = ds.map(
-            convert,
-            with_indices=True,
-            remove_columns=ds.column_names,
-            features=features(),
-            keep_in_memory=True,
-        )
-        out[written] = write_split(ds, out_dir, written, NAME)
+        out[written] = write_qa_rows(ds, convert, out_dir, written, NAME)
     return out

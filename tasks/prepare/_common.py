@@ -10,7 +10,7 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
@@ -20,7 +20,7 @@ from rlzoo.errors import ConfigError, RlzooError
 if TYPE_CHECKING:
     import datasets
 
-logger = logging.getLogger("rlzoo.data.prepare")
+logger = logging.getLogger("rlzoo.tasks.prepare")
 
 P = TypeVar("P")
 
@@ -64,6 +64,22 @@ def qa_features(*, images: bool = False) -> Any:
         "question": Value("string"),
     }
     return Features(columns)
+
+
+def write_qa_rows(
+    ds: datasets.Dataset, convert: Any, out_dir: Path, split: str, name: str, *, images: bool = False
+) -> Path:
+    """``convert(row, index)`` over every row of a question / answer split (its upstream columns
+    dropped, rows typed by :func:`qa_features`, no cache file: a row function may count what it
+    fixed), written as ``split.parquet``."""
+    ds = ds.map(
+        convert,
+        with_indices=True,
+        remove_columns=ds.column_names,
+        features=qa_features(images=images),
+        keep_in_memory=True,
+    )
+    return write_split(ds, out_dir, split, name)
 
 
 def bind_params(params: Any, cls: type[P], name: str) -> P:
@@ -211,6 +227,27 @@ def require_columns(ds: datasets.Dataset, columns: tuple[str, ...], name: str, s
             f"found {', '.join(ds.column_names)}. The {name} preparer expects the upstream layout "
             f"with columns {', '.join(columns)} (see docs/data.md)"
         )
+
+
+def upstream_splits(
+    dd: Any, p: Any, name: str, columns: tuple[str, ...]
+) -> Iterator[tuple[str, datasets.Dataset]]:
+    """``(written name, upstream split)`` for each of ``p.splits`` (:func:`split_specs`), one at a
+    time: the split picked from ``dd`` and checked to have the upstream ``columns``."""
+    for upstream, written in split_specs(p.splits):
+        ds = pick_split(dd, upstream, name, p.source)
+        require_columns(ds, columns, name, p.source)
+        yield written, ds
+
+
+def qa_splits(
+    p: Any, name: str, columns: tuple[str, ...], **load_kw: Any
+) -> Iterator[tuple[str, datasets.Dataset]]:
+    """``(written name, split)`` for each of ``p.splits``: loaded from ``p.source`` (``load_kw``:
+    :func:`load_source`'s), checked to have the upstream ``columns``, cut to ``p.limit`` rows."""
+    dd = load_source(p.source, **load_kw)
+    for written, ds in upstream_splits(dd, p, name, columns):
+        yield written, head(ds, p.limit)
 
 
 def head(ds: datasets.Dataset, limit: int | None) -> datasets.Dataset:

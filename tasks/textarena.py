@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlzoo import hookimpl, param
+from rlzoo import Registration, param, registers
 
 _IMPL = "rlzoo.tasks._textarena"
 _NEEDS = {"requires": "textarena", "extra": "textarena"}
@@ -60,16 +60,8 @@ class TextArenaEnvParams:
     env_id: str = param("", help="play this env id instead of the row's extra_info env_id ('' : the row's)")
 
 
-@hookimpl
-def rlzoo_register_datasets(registry):  # type: ignore[no-untyped-def]
-    registry.register(
-        "textarena",
-        f"{_IMPL}:prepare",
-        params=TextArenaDataParams,
-        capabilities={"modalities": ("text",), **_NEEDS},
-    )
-
-
-@hookimpl
-def rlzoo_register_environments(registry):  # type: ignore[no-untyped-def]
-    registry.register("textarena", f"{_IMPL}:make_env", params=TextArenaEnvParams, capabilities=_NEEDS)
+_TEXT = {"modalities": ("text",), **_NEEDS}
+rlzoo_register_datasets = registers(Registration("textarena", f"{_IMPL}:prepare", TextArenaDataParams, _TEXT))
+rlzoo_register_environments = registers(
+    Registration("textarena", f"{_IMPL}:make_env", TextArenaEnvParams, _NEEDS)
+)

@@ -10,21 +10,16 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from rlzoo.data.builtin import Geometry3kParams
-from rlzoo.data.prepare._common import (
+from rlzoo.data.schema import IMAGE_PLACEHOLDER, reward_model
+from rlzoo.tasks.datasets import Geometry3kParams
+from rlzoo.tasks.prepare._common import (
     PrepareError,
     bind_params,
-    head,
-    load_source,
-    pick_split,
-    qa_features,
-    require_columns,
-    split_specs,
-    write_split,
+    qa_splits,
+    write_qa_rows,
 )
-from rlzoo.data.schema import IMAGE_PLACEHOLDER, reward_model
 
-logger = logging.getLogger("rlzoo.data.prepare")
+logger = logging.getLogger("rlzoo.tasks.prepare")
 
 NAME = "geometry3k"
 DATA_SOURCE = "hiyouga/geometry3k"
@@ -59,22 +54,14 @@ def _image_cell(img: Any) -> dict[str, Any]:
     raise PrepareError(f"{NAME}: cannot store an image of type {type(img).__name__}")
 
 
-def features() -> Any:
-    return qa_features(images=True)
-
-
 def prepare(out_dir: Path, params: Any = None) -> dict[str, Path]:
     """Write Geometry3K's splits in rlzoo's schema; returns ``{split: parquet path}``."""
     from datasets import Image, List
 
     p = bind_params(params, Geometry3kParams, NAME)
     instruction = INSTRUCTION if p.instruction is None else p.instruction
-    dd = load_source(p.source)
     out: dict[str, Path] = {}
-    for upstream, written in split_specs(p.splits):
-        ds = pick_split(dd, upstream, NAME, p.source)
-        require_columns(ds, UPSTREAM_COLUMNS, NAME, p.source)
-        ds = head(ds, p.limit)
+    for written, ds in qa_splits(p, NAME, UPSTREAM_COLUMNS):
         # keep the encoded bytes: no decoding to PIL and back
         ds = ds.cast_column("images", List(Image(decode=False)))
         fixed = [0]
@@ -96,13 +83,7 @@ def prepare(out_dir: Path, params: Any = None) -> dict[str, Path]:
                 "extra_info": {"split": split, "index": idx, "answer": answer, "question": row["problem"]},
             }
 
-        ds = ds.map(
-            convert,
-            with_indices=True,
-            remove_columns=ds.column_names,
-            features=features(),
-            keep_in_memory=True,  # no cache file: the row function counts what it fixed
-        )
+        path = write_qa_rows(ds, convert, out_dir, written, NAME, images=True)  # convert counts what it fixed
         if fixed[0]:
             logger.warning(
                 "%s %s: %d problem(s) had no or mismatched %s placeholders; one per image was put in front",
@@ -111,5 +92,5 @@ def prepare(out_dir: Path, params: Any = None) -> dict[str, Path]:
                 fixed[0],
                 IMAGE_PLACEHOLDER,
             )
-        out[written] = write_split(ds, out_dir, written, NAME)
+        out[written] = path
     return out

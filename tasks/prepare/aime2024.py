@@ -1,6 +1,6 @@
 """AIME 2024 (``BytedTsinghua-SIA/AIME-2024``) -> rlzoo's schema: DAPO's validation set.
 
-Same verl layout as DAPO-Math-17k (see :mod:`rlzoo.data.prepare.dapo_math`), kept as is. The one
+Same verl layout as DAPO-Math-17k (see :mod:`rlzoo.tasks.prepare.dapo_math`), kept as is. The one
 upstream split, ``train``, is written as ``test.parquet`` by default (``splits: ['train:test']``).
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlzoo.data.builtin import Aime2024Params
-from rlzoo.data.prepare._common import bind_params
-from rlzoo.data.prepare.dapo_math import prepare_verl_layout
+from rlzoo.tasks.datasets import Aime2024Params
+from rlzoo.tasks.prepare._common import bind_params
+from rlzoo.tasks.prepare.dapo_math import prepare_verl_layout
 
 NAME = "aime2024"
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rlzoo.errors import RlzooError
+from rlzoo.errors import RlzooError, import_optional
 from rlzoo.tasks._stamp import BuildStamp
 
 logger = logging.getLogger("rlzoo")
@@ -32,14 +32,11 @@ class ReasoningGymError(RlzooError, ValueError):
 
 
 def _rg() -> Any:
-    try:
-        import reasoning_gym
-    except ImportError as exc:  # pragma: no cover - the extra is installed in CI
-        raise ReasoningGymError(
-            "the reasoning_gym dataset and scorer need the reasoning-gym package: "
-            "pip install rlzoo[reasoning-gym]"
-        ) from exc
-    return reasoning_gym
+    return import_optional(
+        "reasoning_gym",
+        "the reasoning_gym dataset and scorer need the reasoning-gym package: pip install rlzoo[reasoning-gym]",
+        ReasoningGymError,
+    )
 
 
 def task_names() -> list[str]:

@@ -1,6 +1,6 @@
-"""The build stamp of a task's prepared files (``NAME_params.json``): the params the files were built
-with, so a cache written by other params (or an older task) is rebuilt rather than reused; and
-:func:`build_task_folder`, the folder a synthetic task writes."""
+"""What the task modules share: the build stamp of a task's prepared files (``NAME_params.json``:
+the params the files were built with, so a cache written by other params, or an older task, is
+rebuilt rather than reused); and :func:`build_task_folder`, the folder a synthetic task writes."""
 
 from __future__ import annotations
 

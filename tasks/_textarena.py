@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlzoo.errors import RlzooError
+from rlzoo.errors import RlzooError, import_optional
 from rlzoo.protocols import AgentTurn, EnvStep, Message, Tool
 from rlzoo.tasks._stamp import BuildStamp
 
@@ -20,13 +20,11 @@ class TextArenaError(RlzooError, ValueError):
 
 
 def _ta() -> Any:
-    try:
-        import textarena
-    except ImportError as exc:  # pragma: no cover - the extra is installed in CI
-        raise TextArenaError(
-            "the textarena dataset and environment need the textarena package: pip install rlzoo[textarena]"
-        ) from exc
-    return textarena
+    return import_optional(
+        "textarena",
+        "the textarena dataset and environment need the textarena package: pip install rlzoo[textarena]",
+        TextArenaError,
+    )
 
 
 def env_ids() -> list[str]:

@@ -1,6 +1,6 @@
 """Built-in dataset preparers (kind ``dataset``): params and registration only.
 
-Import-light: the preparers (which import ``datasets``) live in :mod:`rlzoo.data.prepare` and are
+Import-light: the preparers (which import ``datasets``) live in :mod:`rlzoo.tasks.prepare` and are
 registered as ``"module:attr"`` strings, so ``rlzoo components`` never imports them. Each is
 called as ``fn(out_dir: Path, params) -> dict[str, Path]`` (split -> parquet file written in the
 schema of :mod:`rlzoo.data.schema`); ``rlzoo prepare NAME [key=value ...]`` runs one.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlzoo import hookimpl, param
+from rlzoo import Registration, param, registers
 
 _SOURCE_HELP = (
     "hub dataset name, or a local path: a folder of parquet/json/arrow files (a downloaded hub "
@@ -93,32 +93,17 @@ class Aime2024Params:
     dedup: bool = param(False, help="drop rows whose prompt repeats an earlier row's prompt")
 
 
-@hookimpl
-def rlzoo_register_datasets(registry):  # type: ignore[no-untyped-def]
-    registry.register(
-        "geometry3k",
-        "rlzoo.data.prepare.geometry3k:prepare",
-        params=Geometry3kParams,
-        capabilities={"modalities": ("text", "image")},
-        aliases=("geo3k",),
-    )
-    registry.register(
-        "gsm8k",
-        "rlzoo.data.prepare.gsm8k:prepare",
-        params=GSM8KParams,
-        capabilities={"modalities": ("text",)},
-    )
-    registry.register(
-        "dapo_math",
-        "rlzoo.data.prepare.dapo_math:prepare",
-        params=DapoMathParams,
-        capabilities={"modalities": ("text",)},
-        aliases=("dapo-math-17k",),
-    )
-    registry.register(
-        "aime2024",
-        "rlzoo.data.prepare.aime2024:prepare",
-        params=Aime2024Params,
-        capabilities={"modalities": ("text",)},
-        aliases=("aime-2024",),
-    )
+def _preparer(
+    name: str, params: type, *, modalities: tuple[str, ...] = ("text",), alias: str = ""
+) -> Registration:
+    """Dataset ``name``: its preparer is ``prepare`` in :mod:`rlzoo.tasks.prepare` ``.<name>``."""
+    caps = {"modalities": modalities}
+    return Registration(name, f"rlzoo.tasks.prepare.{name}:prepare", params, caps, (alias,) if alias else ())
+
+
+rlzoo_register_datasets = registers(
+    _preparer("geometry3k", Geometry3kParams, modalities=("text", "image"), alias="geo3k"),
+    _preparer("gsm8k", GSM8KParams),
+    _preparer("dapo_math", DapoMathParams, alias="dapo-math-17k"),
+    _preparer("aime2024", Aime2024Params, alias="aime-2024"),
+)

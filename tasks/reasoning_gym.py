@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rlzoo import hookimpl, param
+from rlzoo import Registration, param, registers
 
 _IMPL = "rlzoo.tasks._reasoning_gym"
 _NEEDS = {"requires": "reasoning-gym", "extra": "reasoning-gym"}
@@ -69,16 +69,10 @@ class ReasoningGymScorerParams:
     )
 
 
-@hookimpl
-def rlzoo_register_datasets(registry):  # type: ignore[no-untyped-def]
-    registry.register(
-        "reasoning_gym",
-        f"{_IMPL}:prepare",
-        params=ReasoningGymDataParams,
-        capabilities={"modalities": ("text",), **_NEEDS},
-    )
-
-
-@hookimpl
-def rlzoo_register_scorers(registry):  # type: ignore[no-untyped-def]
-    registry.register("reasoning_gym", f"{_IMPL}:score", params=ReasoningGymScorerParams, capabilities=_NEEDS)
+_TEXT = {"modalities": ("text",), **_NEEDS}
+rlzoo_register_datasets = registers(
+    Registration("reasoning_gym", f"{_IMPL}:prepare", ReasoningGymDataParams, _TEXT)
+)
+rlzoo_register_scorers = registers(
+    Registration("reasoning_gym", f"{_IMPL}:score", ReasoningGymScorerParams, _NEEDS)
+)

@@ -5,7 +5,7 @@ user message: ``Solve the following math problem step by step. The last line of 
 should be of the form Answer: $Answer ...``), ``ability`` (``MATH``), ``reward_model``
 (``{ground_truth, style}``) and ``extra_info`` (``{index}``, a uuid). Every column is kept as is;
 ``extra_info.split`` is added. The hub copy repeats each prompt ~100 times; ``dedup`` (default)
-keeps the first row of each. :mod:`rlzoo.data.prepare.aime2024` reuses :func:`prepare_verl_layout`.
+keeps the first row of each. :mod:`rlzoo.tasks.prepare.aime2024` reuses :func:`prepare_verl_layout`.
 """
 
 from __future__ import annotations
@@ -13,19 +13,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlzoo.data.builtin import DapoMathParams
-from rlzoo.data.prepare._common import (
+from rlzoo.data.schema import schema_problems
+from rlzoo.tasks.datasets import DapoMathParams
+from rlzoo.tasks.prepare._common import (
     PrepareError,
     bind_params,
     first_of_each_prompt,
     head,
     load_source,
-    pick_split,
-    require_columns,
-    split_specs,
+    upstream_splits,
     write_split,
 )
-from rlzoo.data.schema import schema_problems
 
 NAME = "dapo_math"
 UPSTREAM_COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info")
@@ -41,9 +39,7 @@ def prepare_verl_layout(out_dir: Path, p: Any, name: str) -> dict[str, Path]:
     """Copy a dataset already in verl's layout (prompt, reward_model, ...) into rlzoo's files."""
     dd = load_source(p.source)
     out: dict[str, Path] = {}
-    for upstream, written in split_specs(p.splits):
-        ds = pick_split(dd, upstream, name, p.source)
-        require_columns(ds, UPSTREAM_COLUMNS, name, p.source)
+    for written, ds in upstream_splits(dd, p, name, UPSTREAM_COLUMNS):
         problems = schema_problems(p.source, ds.features.arrow_schema)
         if problems:
             raise PrepareError(f"dataset {name!r}: " + "; ".join(problems))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlzoo import hookimpl, param
+from rlzoo import Registration, param, registers
 
 _IMPL = "rlzoo.tasks._quickstart"
 
@@ -59,11 +59,5 @@ class QuickstartScorerParams:
     """Quickstart scorer: 1.0 when the response's first word equals the answer, else 0.0."""
 
 
-@hookimpl
-def rlzoo_register_datasets(registry):  # type: ignore[no-untyped-def]
-    registry.register("quickstart", f"{_IMPL}:prepare", params=QuickstartDataParams)
-
-
-@hookimpl
-def rlzoo_register_scorers(registry):  # type: ignore[no-untyped-def]
-    registry.register("quickstart", f"{_IMPL}:score", params=QuickstartScorerParams)
+rlzoo_register_datasets = registers(Registration("quickstart", f"{_IMPL}:prepare", QuickstartDataParams))
+rlzoo_register_scorers = registers(Registration("quickstart", f"{_IMPL}:score", QuickstartScorerParams))
