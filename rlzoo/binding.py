@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal, Union, get_args, get_origin
 
 from rlzoo.errors import closest
@@ -192,6 +192,24 @@ def to_plain(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [to_plain(v) for v in obj]
     return obj
+
+
+def tree_nodes(obj: Any, path: str = "", *, leaves: tuple[type, ...] = ()) -> Iterator[tuple[str, Any]]:
+    """``(path, node)`` for ``obj`` and every node under it, depth first, parents first: a dataclass
+    instance's fields (path ``a.b``), a mapping's values and a list's or tuple's items (their
+    parent's path). An instance of one of ``leaves`` is yielded but not entered."""
+    yield path, obj
+    if isinstance(obj, leaves):
+        return
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from tree_nodes(getattr(obj, f.name), f"{path}.{f.name}" if path else f.name, leaves=leaves)
+    elif isinstance(obj, Mapping):
+        for v in obj.values():
+            yield from tree_nodes(v, path, leaves=leaves)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from tree_nodes(v, path, leaves=leaves)
 
 
 def range_problems(obj: Any, path: str) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rlzoo.binding import range_problems
+from rlzoo.binding import range_problems, tree_nodes
 from rlzoo.protocols import ChecksRecipe, RunReadyParams
 from rlzoo.recipe import RecipeConfig, Selection
 
@@ -28,22 +28,11 @@ __all__ = [
 def all_range_problems(cfg: RecipeConfig) -> list[str]:
     """Values outside their declared range, in every section and every selected part's params."""
     out: list[str] = []
-
-    def walk(obj: Any, path: str) -> None:
-        if isinstance(obj, Selection):
-            out.extend(range_problems(obj.params, obj.key))
-        elif isinstance(obj, (list, tuple)):
-            for v in obj:
-                walk(v, path)
-        elif isinstance(obj, dict):
-            for v in obj.values():
-                walk(v, path)
-        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-            out.extend(range_problems(obj, path))
-            for f in dataclasses.fields(obj):
-                walk(getattr(obj, f.name), f"{path}.{f.name}" if path else f.name)
-
-    walk(cfg, "")
+    for path, node in tree_nodes(cfg, leaves=(Selection,)):
+        if isinstance(node, Selection):
+            out.extend(range_problems(node.params, node.key))
+        elif dataclasses.is_dataclass(node) and not isinstance(node, type):
+            out.extend(range_problems(node, path))
     return out
 
 

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from rlzoo.errors import RlzooError, import_optional
 from rlzoo.protocols import LORA_ALL_LINEAR, LoraSettings
+from rlzoo.train_kit.modes import eval_mode
 
 __all__ = [
     "ADAPTER_NAME",
@@ -156,13 +157,8 @@ class AdaptersOff(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         wrapped: Any = self.__dict__["_peft"]
         actor = wrapped.get_base_model()
-        was_training = actor.training
-        actor.eval()
-        try:
-            with wrapped.disable_adapter():
-                return actor(*args, **kwargs)
-        finally:
-            actor.train(was_training)
+        with eval_mode(actor), wrapped.disable_adapter():
+            return actor(*args, **kwargs)
 
 
 def merged_state_dict(state: Mapping[str, Tensor], settings: LoraSettings) -> dict[str, Tensor]:

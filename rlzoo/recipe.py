@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rlzoo.agents.settings import MultiTurnSettings
-from rlzoo.binding import to_plain
+from rlzoo.binding import to_plain, tree_nodes
 from rlzoo.params import param
 from rlzoo.protocols import LoraSettings, MicroBatchSettings, OptimSettings, PlansSteps, StepPlan
 from rlzoo.registry import Component
@@ -286,23 +286,7 @@ class RecipeConfig:
 
     def selections(self) -> list[Selection]:
         """Every part selected by this config (for records and checks)."""
-        out: list[Selection] = []
-
-        def walk(obj: Any) -> None:
-            if isinstance(obj, Selection):
-                out.append(obj)
-            elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-                for f in dataclasses.fields(obj):
-                    walk(getattr(obj, f.name))
-            elif isinstance(obj, dict):
-                for v in obj.values():
-                    walk(v)
-            elif isinstance(obj, list):
-                for v in obj:
-                    walk(v)
-
-        walk(self)
-        return out
+        return [node for _, node in tree_nodes(self, leaves=(Selection,)) if isinstance(node, Selection)]
 
     def to_dict(self) -> dict[str, Any]:
         def conv(obj: Any) -> Any:

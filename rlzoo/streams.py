@@ -3,11 +3,14 @@
 ``stream`` yields finished samples until nothing is pending or ``timeout`` seconds pass without
 one. ``generate`` submits, then takes finished samples until all of the requested ones arrived,
 handing the others back to the stream for whoever consumes it, and returns them in request order,
-then sample index.
+then sample index. A backend whose finished samples wait in a queue that its own thread fills
+(simulated, vLLM) has both whole: :func:`queue_stream` and :func:`queue_generate`, with a
+:class:`PendingCount` of the samples not delivered yet.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -85,3 +88,55 @@ def collect_requested(
             requeue(s)
     order = {rid: k for k, rid in enumerate(ids)}
     return sorted(got.values(), key=lambda s: (order[s.request_id], s.index))
+
+
+class PendingCount:
+    """Samples submitted but not yet delivered to a consumer (``num_pending()``), thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._submitted = 0
+        self._delivered = 0
+
+    def submitted(self, n: int = 1) -> None:
+        with self._lock:
+            self._submitted += n
+
+    def delivered(self) -> None:
+        with self._lock:
+            self._delivered += 1
+
+    def pending(self) -> int:
+        with self._lock:
+            return self._submitted - self._delivered
+
+
+def queue_stream(
+    poll: Callable[[float], Sample | None],
+    pending: Callable[[], int],
+    delivered: Callable[[], None],
+    timeout: float | None = None,
+) -> Iterator[Sample]:
+    """``stream(timeout)`` of a backend whose finished samples wait in a queue: ``poll(wait)`` takes
+    one (None: none came within ``wait`` s, one poll at most); it ends once ``pending()`` is 0."""
+    return stream_samples(
+        lambda remaining: poll(poll_wait(remaining)), lambda: pending() == 0, delivered, timeout
+    )
+
+
+def queue_generate(
+    requests: Sequence[GenerationRequest],
+    paused: bool,
+    submit: Callable[[Sequence[GenerationRequest]], None],
+    poll: Callable[[float], Sample | None],
+    requeue: Callable[[Sample], None],
+    delivered: Callable[[], None],
+) -> list[Sample]:
+    """``generate(requests)`` of a backend whose own thread fills its finished-sample queue: the ids
+    checked before anything is submitted, refused while ``paused`` (it would never finish), then
+    :func:`collect_requested` with ``poll(POLL_S)``."""
+    requested_keys(requests)
+    if paused:
+        raise RuntimeError("generate() while paused would never finish: call resume() first")
+    submit(requests)
+    return collect_requested(requests, lambda: poll(POLL_S), requeue, delivered)

@@ -57,6 +57,7 @@ from rlzoo.protocols import Objective, TrainSpec
 from rlzoo.train_kit import checkpoint as ckpt
 from rlzoo.train_kit import models, update
 from rlzoo.train_kit.logprobs import actor_log_probs, actor_log_probs_and_sum_pi_squared, critic_values
+from rlzoo.train_kit.modes import eval_mode
 from rlzoo.train_kit.update import Forward, LRSchedule, Target
 
 __all__ = ["FSDP2TrainBackend"]
@@ -341,32 +342,23 @@ class FSDP2TrainBackend:
         """
         module = models.select_model(model, self.actor, self.ref)
         temp = self.temperature if temperature is None else temperature
-        was_training = module.training
-        module.eval()
-        try:
-            lp, ent = self._inference(
+        with eval_mode(module):
+            return self._inference(
                 batch,
                 lambda mb: self._actor_forward(module, mb, with_entropy=with_entropy, temperature=temp),
                 second=with_entropy,
             )
-        finally:
-            module.train(was_training)
-        return lp, ent
 
     def compute_log_probs_and_sum_pi_squared(self, batch: Batch) -> tuple[Tensor, Tensor]:
         """The actor's log-probs ``[B, T]`` (as :meth:`compute_log_probs`) and ``sum_v pi_v^2`` ``[B, T]``
         from the same forward, on every rank (collective, no_grad; fp32, zero on response padding)."""
         module = self.actor
-        was_training = module.training
-        module.eval()
-        try:
+        with eval_mode(module):
             lp, sps = self._inference(
                 batch,
                 lambda mb: self._actor_forward_sum_pi_squared(module, mb, temperature=self.temperature),
                 second=True,
             )
-        finally:
-            module.train(was_training)
         assert sps is not None
         return lp, sps
 
@@ -374,12 +366,8 @@ class FSDP2TrainBackend:
         """Critic values ``[B, T]`` on every rank (collective, no_grad; fp32, zero on padding)."""
         if self.critic is None:
             raise ValueError("compute_values: no critic (spec.need_critic=False)")
-        was_training = self.critic.training
-        self.critic.eval()
-        try:
+        with eval_mode(self.critic):
             values, _ = self._inference(batch, lambda mb: (self._critic_forward(mb), None), second=False)
-        finally:
-            self.critic.train(was_training)
         return values
 
     # -- updates --------------------------------------------------------------------------------

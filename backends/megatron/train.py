@@ -352,33 +352,21 @@ class MegatronTrainBackend:
         """This rank's share of ``batch`` through ``module`` without gradients: per micro-batch
         log-probs (or values), entropies, and the data-parallel slice bounds for :meth:`_gather`."""
         module.eval()
-        local, bounds = self._dp_slice(batch)
-        outs, ents, _ = self._run(
-            module,
-            local,
-            mb_size=self.spec.micro_batch.log_prob_size,
-            objective=None,
-            with_entropy=with_entropy,
-            values=values,
-            forward_only=True,
-        )
+        outs, ents, _, bounds = self._run(module, batch, None, with_entropy=with_entropy, values=values)
         return outs, ents, bounds
 
     def _run(
-        self,
-        module: Any,
-        batch: Batch,
-        *,
-        mb_size: int,
-        objective: Objective | None,
-        with_entropy: bool,
-        values: bool,
-        forward_only: bool,
-    ) -> tuple[list[Tensor], list[Tensor | None], dict[str, float]]:
-        """Micro-batches of ``batch`` through ``module`` with megatron's schedule; returns, on the
-        last PP stage, per micro-batch outputs (log-probs or values) and entropies."""
+        self, module: Any, batch: Batch, objective: Objective | None, *, with_entropy: bool, values: bool
+    ) -> tuple[list[Tensor], list[Tensor | None], dict[str, float], list[int]]:
+        """This rank's data-parallel share of ``batch`` through ``module`` with megatron's schedule:
+        forward only in log-prob micro-batches without an ``objective``, else forward and backward of
+        its loss in update micro-batches. Returns, on the last PP stage, per micro-batch outputs
+        (log-probs or values) and entropies; the summed loss; the slice bounds for :meth:`_gather`."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        forward_only = objective is None
+        mb_size = self.spec.micro_batch.log_prob_size if forward_only else self.spec.micro_batch.size
+        batch, bounds = self._dp_slice(batch)
         T = batch["responses"].shape[1]
         S = batch["input_ids"].shape[1]
         mbs = [mb.to(self.device) for mb in batch.split(mb_size)] if len(batch) else []
@@ -441,7 +429,7 @@ class MegatronTrainBackend:
                 micro_batch_size=mb_size,
                 forward_only=forward_only,
             )
-        return outs, ents, {"loss": sum(losses)}
+        return outs, ents, {"loss": sum(losses)}, bounds
 
     def _gather(self, local: list[Tensor], bounds: list[int], T: int) -> Tensor:
         """Per-micro-batch ``[b, T]`` of this DP rank (last PP stage) → ``[B, T]`` on every rank."""
@@ -529,17 +517,8 @@ class MegatronTrainBackend:
             ddp.train()
             ddp.zero_grad_buffer()
             optimizer.zero_grad()
-            local, _ = self._dp_slice(mini_batch)
             needs_entropy = objective.needs_entropy and not values
-            _, _, info = self._run(
-                ddp,
-                local,
-                mb_size=self.spec.micro_batch.size,
-                objective=objective,
-                with_entropy=needs_entropy,
-                values=values,
-                forward_only=False,
-            )
+            _, _, info, _ = self._run(ddp, mini_batch, objective, with_entropy=needs_entropy, values=values)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             if self._grads_finite(ddp):

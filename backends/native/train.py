@@ -33,6 +33,7 @@ from rlzoo.protocols import Objective, TrainSpec
 from rlzoo.train_kit import checkpoint as ckpt
 from rlzoo.train_kit import models, update
 from rlzoo.train_kit.logprobs import actor_log_probs, actor_log_probs_and_sum_pi_squared, critic_values
+from rlzoo.train_kit.modes import eval_mode
 from rlzoo.train_kit.update import Forward, LRSchedule, Target
 
 __all__ = ["NativeTrainBackend"]
@@ -234,16 +235,14 @@ class NativeTrainBackend:
         """
         module = models.select_model(model, self.actor, self.ref)
         temp = self.temperature if temperature is None else temperature
-        was_training = module.training
-        module.eval()
         lps, ents = [], []
-        for mb in batch.split(self.spec.micro_batch.log_prob_size):
-            lp, ent = self._actor_forward(
-                module, mb.to(self.device), with_entropy=with_entropy, temperature=temp
-            )
-            lps.append(lp)
-            ents.append(ent)
-        module.train(was_training)
+        with eval_mode(module):
+            for mb in batch.split(self.spec.micro_batch.log_prob_size):
+                lp, ent = self._actor_forward(
+                    module, mb.to(self.device), with_entropy=with_entropy, temperature=temp
+                )
+                lps.append(lp)
+                ents.append(ent)
         out_device = batch["input_ids"].device
         entropy = torch.cat(ents).to(out_device) if with_entropy else None  # type: ignore[arg-type]
         return torch.cat(lps).to(out_device), entropy
@@ -282,13 +281,11 @@ class NativeTrainBackend:
         """
         if self.critic is None:
             raise ValueError("compute_values: no critic (spec.need_critic=False)")
-        was_training = self.critic.training
-        self.critic.eval()
-        out = [
-            self._critic_forward(mb.to(self.device))
-            for mb in batch.split(self.spec.micro_batch.log_prob_size)
-        ]
-        self.critic.train(was_training)
+        with eval_mode(self.critic):
+            out = [
+                self._critic_forward(mb.to(self.device))
+                for mb in batch.split(self.spec.micro_batch.log_prob_size)
+            ]
         return torch.cat(out).to(batch["input_ids"].device)
 
     # -- updates --------------------------------------------------------------------------------

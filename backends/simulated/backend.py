@@ -35,7 +35,7 @@ import torch
 
 from rlzoo.backends.simulated import SimulatedRolloutParams, SimulatedTrainParams
 from rlzoo.protocols import GenerationRequest, RolloutSpec, Sample, TrainSpec
-from rlzoo.streams import POLL_S, collect_requested, poll_wait, requested_keys, stream_samples
+from rlzoo.streams import PendingCount, queue_generate, queue_stream
 
 __all__ = ["SimulatedRolloutBackend", "SimulatedTrainBackend"]
 
@@ -75,8 +75,7 @@ class SimulatedRolloutBackend:
         self._out: queue.Queue[Sample] = queue.Queue()
         self._cv = threading.Condition()
         self._step_lock = threading.RLock()
-        self._submitted = 0
-        self._delivered = 0
+        self._count = PendingCount()
         self._num_requests = 0
         self._order = 0
         self._paused = False
@@ -100,28 +99,16 @@ class SimulatedRolloutBackend:
                     seed = _mix(self.spec.seed, sp.seed if sp.seed is not None else f"auto{number}", i)
                     length, capped = self._draw_length(seed, max_new)
                     self._inbox.append(_Seq(req, i, length, capped, seed))
-                    self._submitted += 1
+                    self._count.submitted()
             self._cv.notify_all()
 
     def stream(self, timeout: float | None = None) -> Iterator[Sample]:
-        yield from stream_samples(
-            lambda remaining: self._next(poll_wait(remaining)),
-            lambda: self.num_pending() == 0,
-            self._count_delivered,
-            timeout,
-        )
-
-    def _count_delivered(self) -> None:
-        with self._cv:
-            self._delivered += 1
+        yield from queue_stream(self._next, self._count.pending, self._count.delivered, timeout)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Sample]:
-        requested_keys(requests)
-        if self._paused:
-            raise RuntimeError("generate() while paused would never finish: call resume() first")
-        self.submit(requests)
-
-        return collect_requested(requests, lambda: self._next(POLL_S), self._out.put, self._count_delivered)
+        return queue_generate(
+            requests, self._paused, self.submit, self._next, self._out.put, self._count.delivered
+        )
 
     def pause(self) -> None:
         with self._cv:
@@ -165,8 +152,7 @@ class SimulatedRolloutBackend:
         return len(hit) + len(rows)
 
     def num_pending(self) -> int:
-        with self._cv:
-            return self._submitted - self._delivered
+        return self._count.pending()
 
     def shutdown(self) -> None:
         with self._cv:

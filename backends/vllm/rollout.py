@@ -46,7 +46,7 @@ from rlzoo.backends.vllm.transfer import write_bucket
 from rlzoo.distributed.buckets import iter_bucketed
 from rlzoo.errors import import_optional
 from rlzoo.protocols import GenerationRequest, RolloutSpec, Sample
-from rlzoo.streams import POLL_S, collect_requested, poll_wait, requested_keys, stream_samples
+from rlzoo.streams import PendingCount, queue_generate, queue_stream
 
 __all__ = ["CPU_PREFILL_TOKENS", "WORKER_EXTENSION", "VLLMRolloutBackend", "engine_args"]
 
@@ -151,9 +151,7 @@ class VLLMRolloutBackend:
         self.version = 0
         self.book = RequestBook(spec.seed, spec.max_response_length)
         self._out: queue.Queue[Sample] = queue.Queue()
-        self._submitted = 0  # samples
-        self._delivered = 0
-        self._count_lock = threading.Lock()
+        self._count = PendingCount()  # samples
         self._paused = False
         self._sleeping = False
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -186,8 +184,7 @@ class VLLMRolloutBackend:
 
     async def _submit(self, requests: list[GenerationRequest]) -> None:
         new = self.book.add(requests)
-        with self._count_lock:
-            self._submitted += len(new)
+        self._count.submitted(len(new))
         if not self._paused:
             self._start_waiting()
 
@@ -235,12 +232,7 @@ class VLLMRolloutBackend:
             self._tasks.pop(eid, None)
 
     def stream(self, timeout: float | None = None) -> Iterator[Sample]:
-        yield from stream_samples(
-            lambda remaining: self._poll(poll_wait(remaining)),
-            lambda: self.num_pending() == 0,
-            self._count_delivered,
-            timeout,
-        )
+        yield from queue_stream(self._poll, self._count.pending, self._count.delivered, timeout)
 
     def _poll(self, wait: float) -> Sample | None:
         try:
@@ -248,17 +240,10 @@ class VLLMRolloutBackend:
         except queue.Empty:
             return None
 
-    def _count_delivered(self) -> None:
-        with self._count_lock:
-            self._delivered += 1
-
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Sample]:
-        requested_keys(requests)
-        if self._paused:
-            raise RuntimeError("generate() while paused would never finish: call resume() first")
-        self.submit(requests)
-
-        return collect_requested(requests, lambda: self._poll(POLL_S), self._out.put, self._count_delivered)
+        return queue_generate(
+            requests, self._paused, self.submit, self._poll, self._out.put, self._count.delivered
+        )
 
     def pause(self) -> None:
         """Abort the engine requests; their samples keep their tokens until :meth:`resume`."""
@@ -296,8 +281,7 @@ class VLLMRolloutBackend:
         return len(ids) + len(done)
 
     def num_pending(self) -> int:
-        with self._count_lock:
-            return self._submitted - self._delivered
+        return self._count.pending()
 
     # -- weights --------------------------------------------------------------------------------
     def update_weights(self, named_tensors: Iterable[Any], version: int) -> None:

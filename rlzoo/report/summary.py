@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rlzoo.binding import tree_nodes
 from rlzoo.metrics import read_metrics
 from rlzoo.report.data import _label, _numeric, match, metric_keys, series
 from rlzoo.report.panels import SUMMARY_KEYS, Records
@@ -291,20 +292,12 @@ def summarize_run(run_dir: str | Path, records: Records | None = None, *, images
 
 
 def _used_plugins(cfg: Mapping[str, Any]) -> set[str]:
-    found: set[str] = set()
-
-    def walk(obj: Any) -> None:
-        if isinstance(obj, Mapping):
-            if isinstance(obj.get("plugin"), str) and "name" in obj:
-                found.add(obj["plugin"])
-            for v in obj.values():
-                walk(v)
-        elif isinstance(obj, list):
-            for v in obj:
-                walk(v)
-
-    walk(cfg)
-    return found
+    """The plugins named by the parts (``{name, plugin, ...}`` mappings) of a saved config."""
+    return {
+        node["plugin"]
+        for _, node in tree_nodes(cfg)
+        if isinstance(node, Mapping) and isinstance(node.get("plugin"), str) and "name" in node
+    }
 
 
 def _duration(seconds: float) -> str:

@@ -10,6 +10,7 @@ import each other; what they share lives here, one module per job:
   micro-batch's response log-probs, ``sum_pi_squared`` and values;
 - :mod:`rlzoo.train_kit.update`: the LR schedule, the micro-batch update loop, the optimizer step
   that skips non-finite updates;
+- :mod:`rlzoo.train_kit.modes`: a module in eval mode around a forward that must not train;
 - :mod:`rlzoo.train_kit.checkpoint`: safetensors + JSON checkpoints written atomically, their
   ``meta.json``, LoRA adapters and HF exports.
 
