@@ -61,6 +61,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlzoo.tasks.quickstart",
     "rlzoo.tasks.tools",
     "rlzoo.tasks.smollm2",
+    "rlzoo.tasks.smollm2_calc",
     "rlzoo.tasks.reasoning_gym",
     "rlzoo.tasks.textarena",
     "rlzoo.backends.simulated",
