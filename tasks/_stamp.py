@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from rlzoo.errors import RlzooError
+
+T = TypeVar("T")
 
 
 class BuildStamp:
@@ -59,3 +64,20 @@ def build_task_folder(
     model.generation_config.save_pretrained(files["model"])
     stamp.write()
     return files
+
+
+def held_out_split(
+    distinct: list[T], *, train_size: int, val_size: int, seed: int, what: str
+) -> tuple[list[T], list[T]]:
+    """(train, val) from ``distinct`` items: ``val_size`` of them held out, ``train_size`` training
+    rows drawn (with repeats) from the rest, so no validation item is trained on. ``what`` names
+    the settings that made ``distinct`` in the error when nothing would be left to train on."""
+    if val_size >= len(distinct):
+        raise RlzooError(
+            f"val_size={val_size} leaves nothing to train on: only {len(distinct)} distinct items with {what}"
+        )
+    rng = random.Random(seed)
+    shuffled = list(distinct)
+    rng.shuffle(shuffled)
+    val, pool = shuffled[:val_size], shuffled[val_size:]
+    return [pool[rng.randrange(len(pool))] for _ in range(train_size)], val
