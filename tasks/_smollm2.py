@@ -79,13 +79,7 @@ def split_prompts(params: Any) -> tuple[list[tuple[int, str, int]], list[tuple[i
         for a in range(1, params.max_operand + 1)
         for b in range(1, params.max_operand + 1)
     ]
-    return held_out_split(
-        distinct,
-        train_size=params.train_size,
-        val_size=params.val_size,
-        seed=params.seed,
-        what=f"max_operand={params.max_operand} and ops={params.ops}",
-    )
+    return held_out_split(distinct, params, f"max_operand={params.max_operand} and ops={params.ops}")
 
 
 def prepare_arith(out_dir: Path, params: Any) -> dict[str, Path]:

@@ -46,13 +46,7 @@ def split_pairs(params: Any) -> tuple[list[tuple[int, int]], list[tuple[int, int
         for b in range(params.lo, params.hi + 1)
         if (a, b) != EXAMPLE
     ]
-    return held_out_split(
-        distinct,
-        train_size=params.train_size,
-        val_size=params.val_size,
-        seed=params.seed,
-        what=f"lo={params.lo}, hi={params.hi}",
-    )
+    return held_out_split(distinct, params, f"lo={params.lo}, hi={params.hi}")
 
 
 def rows(pairs: Sequence[tuple[int, int]], op: str, split: str) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ import json
 import random
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from rlzoo.errors import RlzooError
 
@@ -66,12 +66,22 @@ def build_task_folder(
     return files
 
 
-def held_out_split(
-    distinct: list[T], *, train_size: int, val_size: int, seed: int, what: str
-) -> tuple[list[T], list[T]]:
-    """(train, val) from ``distinct`` items: ``val_size`` of them held out, ``train_size`` training
-    rows drawn (with repeats) from the rest, so no validation item is trained on. ``what`` names
-    the settings that made ``distinct`` in the error when nothing would be left to train on."""
+class SplitSizes(Protocol):
+    """A dataset's split settings (its params class declares them)."""
+
+    @property
+    def train_size(self) -> int: ...
+    @property
+    def val_size(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+
+
+def held_out_split(distinct: list[T], sizes: SplitSizes, what: str) -> tuple[list[T], list[T]]:
+    """(train, val) from ``distinct`` items: ``sizes.val_size`` of them held out, ``train_size``
+    training rows drawn (with repeats) from the rest, so no validation item is trained on. ``what``
+    names the settings that made ``distinct`` in the error when nothing would be left to train on."""
+    train_size, val_size, seed = sizes.train_size, sizes.val_size, sizes.seed
     if val_size >= len(distinct):
         raise RlzooError(
             f"val_size={val_size} leaves nothing to train on: only {len(distinct)} distinct items with {what}"
