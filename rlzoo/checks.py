@@ -213,32 +213,16 @@ def own_rules(sel: Any, cfg: RecipeConfig) -> list[str]:
     return []
 
 
-def _runner_rule(cfg: RecipeConfig) -> list[str]:
-    return own_rules(cfg.runner, cfg)
-
-
-def _rollout_backend_rule(cfg: RecipeConfig) -> list[str]:
-    return own_rules(cfg.rollout.backend, cfg)
-
-
-def _selections(obj: Any) -> list[Selection]:
-    """Every selected part in ``obj`` (a recipe config or a section), depth first."""
-    if isinstance(obj, Selection):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        return [s for v in obj for s in _selections(v)]
-    if isinstance(obj, dict):
-        return [s for v in obj.values() for s in _selections(v)]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return [s for f in dataclasses.fields(obj) for s in _selections(getattr(obj, f.name))]
-    return []
+def every_own_rule(cfg: RecipeConfig) -> list[str]:
+    """Every selected part's own rules (its params' ``check(cfg)``), in recipe order."""
+    return [problem for sel in cfg.selections() for problem in own_rules(sel, cfg)]
 
 
 def _run_ready_rule(cfg: RecipeConfig) -> list[str]:
     """Params that declare :class:`rlzoo.protocols.RunReadyParams` say what a run still needs."""
     return [
         f"{sel.key}: {problem}"
-        for sel in _selections(cfg)
+        for sel in cfg.selections()
         if isinstance(sel.params, RunReadyParams)
         for problem in sel.params.run_problems()
     ]
@@ -260,7 +244,7 @@ def _optional_package_rule(cfg: RecipeConfig) -> list[str]:
     """A dataset, scorer, environment or tool that declares a package (``requires``) runs in the
     driver process (or its reward workers, on the same machine): the package must be installed."""
     out: list[str] = []
-    for sel in _selections(cfg):
+    for sel in cfg.selections():
         if sel.kind in ("dataset", "scorer", "environment", "tool"):
             out += missing_requirement(sel)
     return out
@@ -276,8 +260,7 @@ CONSISTENCY_RULES: list[Any] = [
     _placement_rule,
     _logger_rule,
     _agent_rule,
-    _runner_rule,
-    _rollout_backend_rule,
+    every_own_rule,
     _run_ready_rule,
     _local_backend_rule,
     _optional_package_rule,

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlzoo.checks import own_rules
+from rlzoo.checks import every_own_rule
 from rlzoo.config import load_config
 from rlzoo.errors import ConfigError
 from rlzoo.plugins import PluginManager, get_plugin_manager
@@ -236,7 +236,7 @@ def build_run(
         kind, path = OBJECT_SLOTS[slot]
         _set_path(cfg, path, _selection_for(kind, path, obj))
     if objects:  # parts placed now were not there when load_config checked the recipe
-        problems = own_rules(cfg.runner, cfg) + own_rules(cfg.rollout.backend, cfg)
+        problems = every_own_rule(cfg)
         if problems:
             raise ConfigError(problems)
     run = Run(cfg, pm)

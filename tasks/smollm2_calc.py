@@ -21,8 +21,10 @@ Import-light: the params and the registration only; the code is in :mod:`rlzoo.t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from rlzoo import hookimpl, param
+from rlzoo.recipe import Selection
 
 _IMPL = "rlzoo.tasks._smollm2_calc"
 
@@ -70,6 +72,15 @@ class SmolLM2CalcEnvParams:
     example: bool = param(
         True, help="show one worked example (the calc protocol) as chat turns before the question"
     )
+
+    def check(self, cfg: Any) -> list[str]:
+        """The prompt teaches ``calc`` turns: without the calc tool each would be scored wrong."""
+        if any(isinstance(sel, Selection) and sel.name == "calc" for sel in cfg.rollout.tools):
+            return []
+        return [
+            "rollout.environment: smollm2_calc prompts the model to call the calc tool, which "
+            "rollout.tools does not offer; add rollout.tools: [calc]"
+        ]
 
 
 @hookimpl

@@ -176,3 +176,13 @@ def test_recipe_runs_two_steps_on_a_tiny_gguf(runner: list[str], data_dir: Path,
         assert 0.0 <= r["critic/score/mean"] <= 1.0
         # the random tiny model's turns run out of tokens (no answer for the environment to read)
         assert r["agent/turns/mean"] >= 1 and r["agent/truncated_frac"] > 0
+
+
+def test_validate_refuses_the_recipe_without_the_calc_tool() -> None:
+    """The prompt teaches calc turns: without the tool every one would be scored wrong, silently.
+    Checked at validate time (the environment's own rule, which every selected part now gets)."""
+    from rlzoo.errors import ConfigError
+
+    rlzoo.build_run("smollm2_calc_agent")  # as shipped: valid
+    with pytest.raises(ConfigError, match=r"rollout.tools does not offer; add rollout.tools: \[calc\]"):
+        rlzoo.build_run("smollm2_calc_agent", ["rollout.tools=[]"])
