@@ -7,7 +7,7 @@ in :mod:`rlzoo.algorithms.functional.agents` (pure Python as well, no torch).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from rlzoo import hookimpl, param
 
@@ -67,6 +67,20 @@ class ToolArithmeticParams:
         ge=0,
         help="shaping: the answer turn also earns answer_credit x the share of the calc result's digits "
         "it repeats in place x the share of the question the call repeated (0: off; 'acc' stays exact)",
+    )
+    dense: bool = param(
+        False,
+        help="pay call_credit and answer_credit per token, each on its own token (EnvStep.token_rewards: "
+        "the call's words and stop token in place against 'calc <question>', the answer's against the "
+        "calc result, the latter x the call's share, plus answer_credit x the call's share on the "
+        "answer's stop token), for a per-token estimator (token_grpo); assumes one token per word "
+        "(the task's word-level tokenizer)",
+    )
+    match: Literal["position", "prefix"] = param(
+        "position",
+        help="how call_match / answer_match count repeated words: 'position' every word equal to the "
+        "one in the same place, 'prefix' only the leading run of equal words (a later word counts only "
+        "when all before it are right, so one word at a time carries the reward's variance)",
     )
 
 
