@@ -7,7 +7,7 @@ in :mod:`rlzoo.algorithms.functional.agents` (pure Python as well, no torch).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl, param
 
@@ -72,15 +72,9 @@ class ToolArithmeticParams:
         False,
         help="pay call_credit and answer_credit per token, each on its own token (EnvStep.token_rewards: "
         "the call's words and stop token in place against 'calc <question>', the answer's against the "
-        "calc result, the latter x the call's share, plus answer_credit x the call's share on the "
-        "answer's stop token), for a per-token estimator (token_grpo); assumes one token per word "
-        "(the task's word-level tokenizer)",
-    )
-    match: Literal["position", "prefix"] = param(
-        "position",
-        help="how call_match / answer_match count repeated words: 'position' every word equal to the "
-        "one in the same place, 'prefix' only the leading run of equal words (a later word counts only "
-        "when all before it are right, so one word at a time carries the reward's variance)",
+        "calc result; a first turn that is no call is scored as the "
+        "call), for a per-token estimator (token_grpo); assumes one token per word (the task's "
+        "word-level tokenizer)",
     )
 
 

@@ -72,6 +72,9 @@ def curve(recs: list[dict[str, Any]]) -> dict[int, tuple[float, float]]:
     return out
 
 
+#: the issue's target for the held-out accuracy with the tool
+TARGET = 0.8
+
 #: the off-policy correction the fully_async column runs with (truncated importance sampling)
 TIS = "algorithm.rollout_correction.name=token_is"
 
@@ -138,6 +141,22 @@ def main() -> None:
         va, ta = a.get(step, (float("nan"), float("nan")))
         vb, tb = b.get(step, (float("nan"), float("nan")))
         print(f"{step:>5} | {va:>14.3f} {ta:>8.1f} | {vb:>17.3f} {tb:>8.1f}")
+    sps = {
+        label: sum(r["timing_s/step"] for r in recs if r["step"] > 0)
+        / max(1, sum(r["step"] > 0 for r in recs))
+        for label, recs in (("calc", tool), ("no tool", no_tool))
+    }
+    print(
+        f"seconds per training step: calc {sps['calc']:.2f}, no tool {sps['no tool']:.2f}; "
+        f"load average at the end: {os.getloadavg()[0]:.2f}"
+    )
+    for label, c in (("calc", a), ("no tool", b)):
+        hit = [(step, t) for step, (v, t) in sorted(c.items()) if v >= TARGET]
+        print(
+            f"{label:>8}: held-out >= {TARGET} first at step {hit[0][0]}, {hit[0][1]:.0f} s of training"
+            if hit
+            else f"{label:>8}: held-out never >= {TARGET} (best {max(v for v, _ in c.values()):.3f})"
+        )
     for label, recs in (("calc", tool), ("no tool", no_tool)):
         last = [r for r in recs if r["step"] > 0][-1]
         keys = (

@@ -93,12 +93,9 @@ def make_calc(params: CalcParams) -> CalcTool:
     return CalcTool(params)
 
 
-def _matched(said: Sequence[str], want: Sequence[str], mode: str) -> float:
-    """Share of ``want`` that ``said`` repeats: words equal in place (``position``) or the leading
-    run of them (``prefix``), over the longer of the two (so extra words cost too)."""
-    same = [x == y for x, y in zip(said, want)]
-    n = sum(same) if mode == "position" else next((i for i, s in enumerate(same) if not s), len(same))
-    return n / max(len(want), len(said), 1)
+def _matched(said: Sequence[str], want: Sequence[str]) -> float:
+    """Share of ``want`` that ``said`` repeats in place, over the longer of the two (extra words cost)."""
+    return sum(1 for x, y in zip(said, want) if x == y) / max(len(want), len(said), 1)
 
 
 def _digits(text: str) -> str:
@@ -153,7 +150,7 @@ class ToolArithmetic:
         if self.params.call_credit > 0 or self.params.answer_credit > 0:
             said = str(calls[0].arguments.get("expression", "")).split() if calls else []
             want = self.question.split()
-            call_share = _matched(said, want, self.params.match)
+            call_share = _matched(said, want)
             if not self.params.dense:
                 reward += self.params.call_credit * call_share
             info["call_match"] = call_share
@@ -164,21 +161,20 @@ class ToolArithmetic:
         ]
         if self.params.answer_credit > 0:
             said_digits, want_digits = _digits(text), _digits(results[-1]) if results else ""
-            share = _matched(said_digits, want_digits, self.params.match)
+            share = _matched(said_digits, want_digits)
             info["answer_match"] = share
             if not self.params.dense:
                 # x call_share: repeating the result of a call that is not the question earns nothing
                 reward += self.params.answer_credit * call_share * share
         if self.params.dense:
-            dense = self._dense(turn, call_share, results) if turn.turn_tokens else None
+            dense = self._dense(turn, results) if turn.turn_tokens else None
             return EnvStep(messages=[], reward=float(ok), done=True, info=info, token_rewards=dense)
         return EnvStep(messages=[], reward=reward, done=True, info=info)
 
-    def _dense(self, turn: AgentTurn, call_share: float, results: list[str]) -> list[list[float]]:
+    def _dense(self, turn: AgentTurn, results: list[str]) -> list[list[float]]:
         """Per-token shaping: the calc turn's words (and its stop token) scored in place against
         ``calc <question>``, the answer's digits (and stop token) against the calc result, each
-        token worth credit / (words + 1), the answer's x the call's share of the question; the
-        answer's stop token also earns answer_credit x that share."""
+        token worth credit / (words + 1) (the first turn is the call when no call was made)."""
         p = self.params
         out = [[0.0] * len(t) for t in turn.turn_tokens]
 
@@ -191,18 +187,18 @@ class ToolArithmetic:
             out[k][-1] = unit * float(len(words) - first == len(want))
 
         calls = [k for k, t in enumerate(turn.turn_tokens[:-1]) if "".join(t).strip().startswith("calc")]
-        if calls and p.call_credit > 0:
-            score(calls[0], ["calc", *self.question.split()], p.call_credit)
+        # the first turn is scored against the call even when it was no call (an answer given at
+        # once), so every finished trajectory teaches the copy from the first step on
+        first = calls[0] if calls else 0 if self.params.with_tool and turn.turn == 0 else None
+        if first is not None and p.call_credit > 0:
+            score(first, ["calc", *self.question.split()], p.call_credit)
         if results and p.answer_credit > 0:
             score(
                 len(turn.turn_tokens) - 1,
                 list(_digits(results[-1])),
-                p.answer_credit * call_share,
+                p.answer_credit,
                 ("Answer:",),
             )
-        # the answer closed a trajectory whose call repeated call_share of the question (a turn
-        # that calls again instead, or never stops, ends the trajectory unpaid)
-        out[-1][-1] += p.answer_credit * call_share
         return out
 
 

@@ -97,14 +97,13 @@ def test_tool_arithmetic_dense_rewards_sit_on_the_tokens_they_score() -> None:
     """By hand, question 1 2 3 + 4 5 6: the call "calc 1 2 3 + 4 5 7" <eos> has 8 words against 8
     wanted ("calc" and the question), each token worth 1/9: 7 words right and the stop token (the
     length is right) -> 8/9, the wrong "7" 0. The tool says 5 8 0; the answer "Answer: 5 8 1" <eos>
-    repeats 2 of its 3 digits and stops at its length: each worth 1 x 6/7 (the call's share) / 4,
-    "Answer:" and the wrong "1" 0; its stop token also earns call_credit x 6/7 (it closed the
-    trajectory). The sum is wrong: no exact reward."""
+    repeats 2 of its 3 digits and stops at its length: each worth 1 / 4, "Answer:" and the wrong "1"
+    0. The sum is wrong: no exact reward."""
     s = run({0: "calc 1 2 3 + 4 5 7", 1: "Answer: 5 8 1"}, dense_env)
     u = 1 / 9
-    v = 6 / 7 / 4
+    v = 1 / 4
     call = [u] * 7 + [0.0, u]  # calc 1 2 3 + 4 5 | 7 | <eos>
-    answer = [0.0, v, v, 0.0, v + 6 / 7]  # Answer: 5 8 | 1 | <eos>
+    answer = [0.0, v, v, 0.0, v]  # Answer: 5 8 | 1 | <eos>
     assert s.agent is not None and s.agent["reward"] == pytest.approx(sum(call) + sum(answer))
     (result,) = score_samples(None, TOK, [s])
     batch = samples_to_batch([s], [result], pad_token_id=0)
@@ -116,13 +115,22 @@ def test_tool_arithmetic_dense_rewards_sit_on_the_tokens_they_score() -> None:
     torch.testing.assert_close(scores[turns[1]], torch.tensor(answer))
     assert float(scores[[j for j, m in enumerate(mask) if not m]].abs().sum()) == 0.0  # observations
     assert float(scores.sum()) == pytest.approx(result.reward)
-    # the right call and answer: every shaped token paid, and the closing 1.0 and the exact sum's 1.0
-    # on the last token
+    # the right call and answer: every shaped token paid, and the exact sum's 1.0 on the last token
     s = run({0: "calc 1 2 3 + 4 5 6", 1: "5 7 9"}, dense_env)
     (result,) = score_samples(None, TOK, [s])
     scores = samples_to_batch([s], [result], pad_token_id=0)["token_level_scores"][0]
-    assert result.reward == pytest.approx(1.0 + 1.0 + 1.0 + 1.0) and result.info["acc"] == 1.0
-    assert float(scores[scores != 0][-1]) == pytest.approx(1.0 + 1 / 4 + 1.0)
+    assert result.reward == pytest.approx(1.0 + 1.0 + 1.0) and result.info["acc"] == 1.0
+    assert float(scores[scores != 0][-1]) == pytest.approx(1.0 + 1 / 4)
+
+
+def test_an_answer_given_at_once_is_scored_against_the_call() -> None:
+    """No call: the first turn is still scored in place against "calc 1 2 3 + 4 5 6" (so the copy
+    is taught from the first step on): "Answer: 1 2 3 + 4" <eos> repeats 5 words in place (not
+    "calc"), has 6 words (not 8): 5/9, on those words' tokens."""
+    s = run({0: "Answer: 1 2 3 + 4"}, dense_env)
+    assert s.agent is not None
+    assert [r for _, r in s.agent["token_rewards"]] == pytest.approx([0.0] + [1 / 9] * 5 + [0.0])
+    assert s.agent["reward"] == pytest.approx(5 / 9)
 
 
 def test_without_the_tool_only_the_exact_answer_pays() -> None:
