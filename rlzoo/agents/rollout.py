@@ -477,9 +477,11 @@ class MultiTurnRollout:
                 finish_reason=s.finish_reason,
                 tool_calls=tuple(traj.pending_calls),
                 tool_results=tuple(traj.pending_results),
-                turn_tokens=tuple(
+                turn_tokens=tuple(  # one batch_decode call per turn (each id alone)
                     tuple(
-                        self.tokenizer.decode([i], skip_special_tokens=False) for i in traj.response_ids[a:b]
+                        self.tokenizer.batch_decode(
+                            [[i] for i in traj.response_ids[a:b]], skip_special_tokens=False
+                        )
                     )
                     for a, b in traj.pending_spans
                 ),
