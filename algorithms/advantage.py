@@ -70,6 +70,31 @@ class TurnGRPOParams:
 
 
 @dataclass(frozen=True)
+class TokenGRPOParams:
+    """GRPO with per-token credit, for dense (per-token) rewards on a format the group shares.
+
+    r_it is the reward on response token t of sample i (an environment's dense rewards sit on
+    their own tokens; an outcome reward on the last token). Each token is normalized against the
+    rewards of the group's tokens at the same place -- the same model turn and the same index in
+    it (AdvantageInputs.turn_ids; without them the runs of unmasked tokens are the turns):
+    n_it = (r_it - mean_place) / (std_place + eps) (unbiased std; a place only one sample of the
+    group reaches gets n = 0). A_it = sum over trained tokens s >= t of gamma^(k(s) - k(t)) n_is,
+    k counting trained tokens (observations are skipped); returns = A. gamma = 0: each token's
+    credit is its own reward (a per-token bandit); gamma = 1: REINFORCE's reward-to-go. The
+    group baseline is GRPO's (https://arxiv.org/abs/2402.03300) taken per place, as DeepSeekMath's
+    process-supervision GRPO takes it per step (the same paper, section 4.1.3); reward-to-go as
+    in REINFORCE (Williams 1992). Places line up only when the group's responses share a format;
+    with only an outcome reward on responses of different lengths use grpo.
+    """
+
+    gamma: float = param(
+        0.5, ge=0, le=1, help="discount per trained token of the normalized rewards after it"
+    )
+    norm_by_std: bool = param(True, help="divide by the std of the group's rewards at the token's place")
+    epsilon: float = param(1e-6, help="added to the std")
+
+
+@dataclass(frozen=True)
 class RLOOParams:
     """REINFORCE leave-one-out: r minus the mean reward of the other responses of its group.
 
@@ -199,6 +224,7 @@ def rlzoo_register_advantages(registry: Registrar[AdvantageFn]) -> None:
         "grpo", f"{_IMPL}:grpo", params=GRPOParams, capabilities=group, aliases=("grpo_vectorized",)
     )
     registry.register("turn_grpo", f"{_IMPL}:turn_grpo", params=TurnGRPOParams, capabilities=group)
+    registry.register("token_grpo", f"{_IMPL}:token_grpo", params=TokenGRPOParams, capabilities=group)
     registry.register(
         "rloo", f"{_IMPL}:rloo", params=RLOOParams, capabilities=group, aliases=("rloo_vectorized",)
     )

@@ -68,6 +68,14 @@ class ToolArithmeticParams:
         help="shaping: the answer turn also earns answer_credit x the share of the calc result's digits "
         "it repeats in place x the share of the question the call repeated (0: off; 'acc' stays exact)",
     )
+    dense: bool = param(
+        False,
+        help="pay call_credit and answer_credit per token, each on its own token (EnvStep.token_rewards: "
+        "the call's words and stop token in place against 'calc <question>', the answer's against the "
+        "calc result; a first turn that is no call is scored as the "
+        "call), for a per-token estimator (token_grpo); assumes one token per word (the task's "
+        "word-level tokenizer)",
+    )
 
 
 @hookimpl

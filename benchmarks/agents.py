@@ -25,6 +25,7 @@ import argparse
 import os
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import rlzoo
@@ -72,6 +73,9 @@ def curve(recs: list[dict[str, Any]]) -> dict[int, tuple[float, float]]:
     return out
 
 
+#: the issue's target for the held-out accuracy with the tool
+TARGET = 0.8
+
 #: the off-policy correction the fully_async column runs with (truncated importance sampling)
 TIS = "algorithm.rollout_correction.name=token_is"
 
@@ -114,14 +118,102 @@ def compare_runners(steps: int, overrides: list[str], fa_overrides: list[str]) -
     )
 
 
+def compare_credit(steps: int, seed: int = 0) -> None:
+    """The call alone, as a bandit: the recipe's tiny model sees ``<|user|> a + b <|assistant|>``
+    and samples up to 9 tokens; each token is scored in place against ``calc a + b <eos>`` (1 or 0;
+    nothing after a stop token). REINFORCE (one AdamW step of lr 3e-3 per batch of 32 prompts x 8,
+    entropy bonus 0.03), the advantage from the ``grpo`` part (the rewards summed: one credit per
+    sequence) or the ``token_grpo`` part (gamma 0: each token its own credit). Prints the share of
+    the question's digits copied in place and of exact calls, per step."""
+    import random
+
+    import torch
+
+    from rlzoo.algorithms.advantage import GRPOParams, TokenGRPOParams
+    from rlzoo.algorithms.functional.advantage import grpo, token_grpo
+    from rlzoo.protocols import AdvantageInputs
+    from rlzoo.tasks._tools import prepare
+
+    torch.set_num_threads(1)
+    estimators = {
+        "grpo": lambda x: grpo(x, GRPOParams()),
+        "token_grpo": lambda x: token_grpo(x, TokenGRPOParams(gamma=0.0)),
+    }
+    curves: dict[str, dict[int, tuple[float, float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        import rlzoo.tasks.tools as task
+
+        prepare(Path(tmp), task.ToolArithmeticDataParams(train_size=8, val_size=8))
+        tok = AutoTokenizer.from_pretrained(f"{tmp}/model")
+        calc, eos = tok.convert_tokens_to_ids("calc"), int(tok.eos_token_id)
+        for name, estimator in estimators.items():
+            torch.manual_seed(seed)
+            rng = random.Random(seed)
+            model = AutoModelForCausalLM.from_pretrained(f"{tmp}/model", dtype=torch.float32)
+            opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+            curves[name] = {}
+            for step in range(steps + 1):
+                prompts, targets = [], []
+                for _ in range(32):
+                    a, b = rng.randint(100, 999), rng.randint(100, 999)
+                    q = f"{' '.join(str(a))} + {' '.join(str(b))}"  # as the environment asks it
+                    text = tok.apply_chat_template(
+                        [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
+                    )
+                    ids = tok(text, add_special_tokens=False)["input_ids"]
+                    want = [calc, *tok(q, add_special_tokens=False)["input_ids"], eos]
+                    prompts += [ids] * 8
+                    targets += [want] * 8
+                prompt, want = torch.tensor(prompts), torch.tensor(targets)  # [B, P], [B, 9]
+                L = want.shape[1]
+                with torch.no_grad():
+                    out = model.generate(prompt, max_new_tokens=L, do_sample=True, top_k=0, pad_token_id=eos)
+                resp = torch.nn.functional.pad(out[:, prompt.shape[1] :], (0, L), value=eos)[:, :L]  # [B, L]
+                seen = (resp == eos).long().cumsum(-1)  # [B, L]
+                mask = ((seen == 0) | ((seen == 1) & (resp == eos))).float()  # up to the stop token
+                hit = (resp == want).float() * mask  # [B, L]
+                if step % 10 == 0:
+                    curves[name][step] = (
+                        hit[:, 1:-1].mean().item(),
+                        (hit.sum(-1) == L).float().mean().item(),
+                    )
+                groups = torch.arange(32).repeat_interleave(8)
+                adv = estimator(
+                    AdvantageInputs(hit, mask, groups, turn_ids=torch.where(mask > 0, 0, -1))
+                ).advantages
+                logits = model(torch.cat([prompt, resp], 1)).logits[:, prompt.shape[1] - 1 : -1]  # [B, L, V]
+                logp = torch.log_softmax(logits, -1)
+                lp = logp.gather(-1, resp.unsqueeze(-1)).squeeze(-1)  # [B, L]
+                ent = -(logp.exp() * logp).sum(-1)  # [B, L]
+                loss = -((adv * lp + 0.03 * ent) * mask).sum() / mask.sum()
+                opt.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+    print("the call alone: share of the question's digits copied in place | exact calls (sampled)")
+    print(f"{'step':>5} | " + " | ".join(f"{k:>20}" for k in curves))
+    for step in sorted(curves["grpo"]):
+        print(
+            f"{step:>5} | " + " | ".join(f"{c[step][0]:>9.3f} {c[step][1]:>10.3f}" for c in curves.values())
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--async", dest="compare_async", action="store_true", help="sync vs fully_async")
     ap.add_argument(
+        "--credit", action="store_true", help="the call alone as a bandit: grpo vs token_grpo credit"
+    )
+    ap.add_argument(
         "--fa", action="append", default=[], help="an override for the fully_async run only (repeatable)"
     )
     args, overrides = ap.parse_known_args()
+    if args.credit:
+        compare_credit(args.steps)
+        return
     if args.compare_async:
         compare_runners(args.steps, overrides, args.fa)
         return
@@ -138,6 +230,22 @@ def main() -> None:
         va, ta = a.get(step, (float("nan"), float("nan")))
         vb, tb = b.get(step, (float("nan"), float("nan")))
         print(f"{step:>5} | {va:>14.3f} {ta:>8.1f} | {vb:>17.3f} {tb:>8.1f}")
+    sps = {
+        label: sum(r["timing_s/step"] for r in recs if r["step"] > 0)
+        / max(1, sum(r["step"] > 0 for r in recs))
+        for label, recs in (("calc", tool), ("no tool", no_tool))
+    }
+    print(
+        f"seconds per training step: calc {sps['calc']:.2f}, no tool {sps['no tool']:.2f}; "
+        f"load average at the end: {os.getloadavg()[0]:.2f}"
+    )
+    for label, c in (("calc", a), ("no tool", b)):
+        hit = [(step, t) for step, (v, t) in sorted(c.items()) if v >= TARGET]
+        print(
+            f"{label:>8}: held-out >= {TARGET} first at step {hit[0][0]}, {hit[0][1]:.0f} s of training"
+            if hit
+            else f"{label:>8}: held-out never >= {TARGET} (best {max(v for v, _ in c.values()):.3f})"
+        )
     for label, recs in (("calc", tool), ("no tool", no_tool)):
         last = [r for r in recs if r["step"] > 0][-1]
         keys = (

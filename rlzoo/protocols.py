@@ -210,6 +210,9 @@ class EnvStep:
     reward: float | None = None  # this turn's reward (None: none); the trajectory's is their sum
     done: bool = False  # the episode ended: no further model turn
     info: dict[str, Any] = field(default_factory=dict)  # numbers become agent/env/<key> metrics
+    #: dense rewards (``step`` only): one list per turn of ``AgentTurn.turn_tokens``, one reward per
+    #: token, each put on that very token; they add to the trajectory's reward (None: none)
+    token_rewards: list[list[float]] | None = None
 
 
 @dataclass(frozen=True)
@@ -235,6 +238,10 @@ class AgentTurn:
     #: the tool calls the model made since the environment's last step (with their results)
     tool_calls: tuple[ToolCall, ...] = ()
     tool_results: tuple[str, ...] = ()
+    #: the model turns since the environment's last step (the tool-calling ones, then this one),
+    #: each as its sampled tokens decoded one by one (the stop token included): what
+    #: ``EnvStep.token_rewards`` lines up with
+    turn_tokens: tuple[tuple[str, ...], ...] = ()
 
 
 @runtime_checkable

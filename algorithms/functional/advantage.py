@@ -39,6 +39,7 @@ from ..advantage import (
     ReMaxParams,
     RLOOParams,
     TIROptimalTokenBaselineParams,
+    TokenGRPOParams,
     TurnGRPOParams,
 )
 
@@ -57,6 +58,7 @@ __all__ = [
     "remax",
     "rloo",
     "tir_optimal_token_baseline",
+    "token_grpo",
     "turn_grpo",
 ]
 
@@ -235,6 +237,44 @@ def turn_grpo(inputs: AdvantageInputs, params: TurnGRPOParams) -> AdvantageOutpu
     adv = torch.gather(adv_turn, 1, slot) * mask  # [B, T]
     returns = torch.gather(G, 1, slot) * mask  # [B, T]
     return AdvantageOutput(advantages=adv, returns=returns)
+
+
+@torch.no_grad()
+def token_grpo(inputs: AdvantageInputs, params: TokenGRPOParams) -> AdvantageOutput:
+    """Per-token GRPO: each token's reward normalized against the group's rewards at the same
+    place (turn, index in the turn), then the discounted reward-to-go over trained tokens."""
+    rewards, mask = _token_rewards(inputs)  # [B, T]
+    B, T = rewards.shape
+    turn = turn_index(inputs)  # [B, T] -1 off the trained tokens
+    valid = turn >= 0  # [B, T]
+    pos = torch.arange(T, device=rewards.device).expand(B, T)  # [B, T]
+    prev_turn = torch.nn.functional.pad(turn[:, :-1], (1, 0), value=-1)  # [B, T]
+    starts = valid & (turn != prev_turn)  # [B, T] first token of a turn
+    start_pos = torch.where(starts, pos, 0).cummax(-1).values  # [B, T] where the token's turn began
+    place = turn.clamp(min=0) * T + (pos - start_pos)  # [B, T] (turn, index in the turn)
+    inverse, _ = group_index(inputs.group_ids, "token_grpo")  # [B]
+    key = inverse.unsqueeze(-1) * (int(place.max().item()) + 1 if place.numel() else 1) + place  # [B, T]
+    _, slot = torch.unique(key[valid], return_inverse=True)  # [N] dense index of (group, place)
+    n_slots = int(slot.max().item()) + 1 if slot.numel() else 0
+    r = rewards[valid]  # [N]
+    _, mean, std = _group_stats(r, slot, n_slots)  # [S]
+    norm = r - mean[slot]  # [N] (0 where the place has one sample)
+    if params.norm_by_std:  # a place whose rewards are all equal stays 0 (even with epsilon 0)
+        sd = std[slot]  # [N]
+        norm = torch.where(sd > 0, norm / (sd + params.epsilon), torch.zeros_like(norm))  # [N]
+    n = torch.zeros_like(rewards)  # [B, T]
+    n[valid] = norm
+    gamma = float(params.gamma)
+    n_t, m_t = (rearrange(x, "b t -> t b").contiguous() for x in (n, mask))  # [T, B]
+    adv_t = torch.zeros_like(n_t)  # [T, B]
+    running = torch.zeros_like(n_t[0])  # [B]
+    for t in range(T - 1, -1, -1):  # observation tokens (mask 0) carry the running sum through
+        m = m_t[t]  # [B]
+        new = n_t[t] + gamma * running  # [B]
+        adv_t[t] = new * m
+        running = new * m + (1.0 - m) * running  # [B]
+    adv = rearrange(adv_t, "t b -> b t")  # [B, T]
+    return AdvantageOutput(advantages=adv, returns=adv)
 
 
 @torch.no_grad()

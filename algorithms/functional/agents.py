@@ -93,6 +93,11 @@ def make_calc(params: CalcParams) -> CalcTool:
     return CalcTool(params)
 
 
+def _matched(said: Sequence[str], want: Sequence[str]) -> float:
+    """Share of ``want`` that ``said`` repeats in place, over the longer of the two (extra words cost)."""
+    return sum(1 for x, y in zip(said, want) if x == y) / max(len(want), len(said), 1)
+
+
 def _digits(text: str) -> str:
     return re.sub(r"\D", "", text)
 
@@ -145,24 +150,56 @@ class ToolArithmetic:
         if self.params.call_credit > 0 or self.params.answer_credit > 0:
             said = str(calls[0].arguments.get("expression", "")).split() if calls else []
             want = self.question.split()
-            call_share = sum(1 for x, y in zip(said, want) if x == y) / max(len(want), len(said))
-            reward += self.params.call_credit * call_share
+            call_share = _matched(said, want)
+            if not self.params.dense:
+                reward += self.params.call_credit * call_share
             info["call_match"] = call_share
+        results = [  # the calc results the model read (an error message is no result to repeat)
+            r
+            for c, r in zip(turn.tool_calls, turn.tool_results, strict=False)
+            if c.name == "calc" and re.fullmatch(r"[\d\s]+", r)
+        ]
         if self.params.answer_credit > 0:
-            # the calc result the model read (an error message is no result to repeat)
-            results = [
-                r
-                for c, r in zip(turn.tool_calls, turn.tool_results, strict=False)
-                if c.name == "calc" and re.fullmatch(r"[\d\s]+", r)
-            ]
             said_digits, want_digits = _digits(text), _digits(results[-1]) if results else ""
-            share = sum(1 for x, y in zip(said_digits, want_digits) if x == y) / max(
-                len(want_digits), len(said_digits), 1
-            )
-            # x call_share: repeating the result of a call that is not the question earns nothing
-            reward += self.params.answer_credit * call_share * share
+            share = _matched(said_digits, want_digits)
             info["answer_match"] = share
+            if not self.params.dense:
+                # x call_share: repeating the result of a call that is not the question earns nothing
+                reward += self.params.answer_credit * call_share * share
+        if self.params.dense:
+            dense = self._dense(turn, results) if turn.turn_tokens else None
+            return EnvStep(messages=[], reward=float(ok), done=True, info=info, token_rewards=dense)
         return EnvStep(messages=[], reward=reward, done=True, info=info)
+
+    def _dense(self, turn: AgentTurn, results: list[str]) -> list[list[float]]:
+        """Per-token shaping: the calc turn's words (and its stop token) scored in place against
+        ``calc <question>``, the answer's digits (and stop token) against the calc result, each
+        token worth credit / (words + 1) (the first turn is the call when no call was made)."""
+        p = self.params
+        out = [[0.0] * len(t) for t in turn.turn_tokens]
+
+        def score(k: int, want: list[str], credit: float, skip: tuple[str, ...] = ()) -> None:
+            words = [w.strip() for w in turn.turn_tokens[k][:-1]]  # the last token is the stop token
+            first = next((j for j, w in enumerate(words) if w not in skip), len(words))
+            unit = credit / (len(want) + 1)
+            for j, w in enumerate(words[first:]):
+                out[k][first + j] = unit * float(j < len(want) and w == want[j])
+            out[k][-1] = unit * float(len(words) - first == len(want))
+
+        calls = [k for k, t in enumerate(turn.turn_tokens[:-1]) if "".join(t).strip().startswith("calc")]
+        # the first turn is scored against the call even when it was no call (an answer given at
+        # once), so every finished trajectory teaches the copy from the first step on
+        first = calls[0] if calls else 0 if self.params.with_tool and turn.turn == 0 else None
+        if first is not None and p.call_credit > 0:
+            score(first, ["calc", *self.question.split()], p.call_credit)
+        if results and p.answer_credit > 0:
+            score(
+                len(turn.turn_tokens) - 1,
+                list(_digits(results[-1])),
+                p.answer_credit,
+                ("Answer:",),
+            )
+        return out
 
 
 def make_tool_arithmetic(params: ToolArithmeticParams) -> ToolArithmetic:

@@ -89,6 +89,10 @@ class _Traj:
     env_info: dict[str, float] = field(default_factory=dict)
     pending_calls: list[ToolCall] = field(default_factory=list)  # since the env's last step
     pending_results: list[str] = field(default_factory=list)
+    #: [start, end) in response_ids of each model turn since the env's last step
+    pending_spans: list[tuple[int, int]] = field(default_factory=list)
+    #: (index in response_ids, reward): the environment's dense rewards, each on its own token
+    token_rewards: list[tuple[int, float]] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -293,7 +297,7 @@ class MultiTurnRollout:
         traj.template = ChatTemplate(self.tokenizer, tools, self.stop_ids, self.template_kwargs)
         return out
 
-    async def _step(self, traj: _Traj, turn: AgentTurn) -> EnvStep:
+    async def _step(self, traj: _Traj, turn: AgentTurn, spans: list[tuple[int, int]]) -> EnvStep:
         assert traj.env is not None
         t0 = time.perf_counter()
         try:
@@ -302,6 +306,17 @@ class MultiTurnRollout:
             traj.env_time_s += time.perf_counter() - t0
         if not isinstance(out, EnvStep):
             raise TypeError(f"step(turn) must return an EnvStep, got {out!r}")
+        if out.token_rewards is not None:
+            want = [len(t) for t in turn.turn_tokens]
+            got = [len(r) for r in out.token_rewards]
+            if got != want:
+                raise ValueError(
+                    f"step(turn).token_rewards must hold one list per turn of turn.turn_tokens with one "
+                    f"reward per token: token counts {want}, got reward counts {got}"
+                )
+            traj.token_rewards += [
+                (a + j, float(r)) for (a, _), rs in zip(spans, out.token_rewards) for j, r in enumerate(rs)
+            ]
         return out
 
     async def _run_tools(self, traj: _Traj, calls: list[ToolCall], errors: list[str]) -> list[Message]:
@@ -429,6 +444,7 @@ class MultiTurnRollout:
             if traj is None:  # not ours (a caller of the inner backend)
                 return
             ids = list(s.response_ids)
+            traj.pending_spans.append((len(traj.response_ids), len(traj.response_ids) + len(ids)))
             traj.response_ids += ids
             traj.loss_mask += [1] * len(ids)
             traj.log_probs += list(s.rollout_log_probs)
@@ -461,9 +477,18 @@ class MultiTurnRollout:
                 finish_reason=s.finish_reason,
                 tool_calls=tuple(traj.pending_calls),
                 tool_results=tuple(traj.pending_results),
+                turn_tokens=tuple(  # one batch_decode call per turn (each id alone)
+                    tuple(
+                        self.tokenizer.batch_decode(
+                            [[i] for i in traj.response_ids[a:b]], skip_special_tokens=False
+                        )
+                    )
+                    for a, b in traj.pending_spans
+                ),
             )
-            traj.pending_calls, traj.pending_results = [], []
-            self._spawn("step", traj, self._step(traj, turn))
+            spans = traj.pending_spans
+            traj.pending_calls, traj.pending_results, traj.pending_spans = [], [], []
+            self._spawn("step", traj, self._step(traj, turn, spans))
 
     async def _tools_step(self, traj: _Traj, calls: list[ToolCall], errors: list[str]) -> EnvStep:
         return EnvStep(messages=await self._run_tools(traj, calls, errors))
@@ -472,6 +497,7 @@ class MultiTurnRollout:
         req = traj.request
         prompt = traj.prompt_ids or list(req.prompt_ids)
         model_tokens = sum(traj.loss_mask)
+        dense = sum(r for _, r in traj.token_rewards)
         sample = Sample(
             request_id=req.request_id,
             index=traj.index,
@@ -488,9 +514,10 @@ class MultiTurnRollout:
                 "tool_calls": traj.tool_calls,
                 "tool_errors": traj.tool_errors,
                 "malformed_calls": traj.malformed_calls,
-                "reward": sum(traj.rewards) if traj.rewards else None,
+                "reward": sum(traj.rewards) + dense if traj.rewards or traj.token_rewards else None,
                 "turn_rewards": list(traj.rewards),
                 "turn_reward_positions": list(traj.reward_positions),
+                "token_rewards": [[p, r] for p, r in traj.token_rewards],
                 "env_time_s": traj.env_time_s,
                 "truncated": traj.truncated,
                 "model_tokens": model_tokens,

@@ -175,8 +175,10 @@ def _reward_row(s: Sample, result: RewardResult, mask: Sequence[int], T: int) ->
 
     A per-turn reward is put on the end of the first model turn at or after its recorded position
     (a reward ``reset`` gave, position -1: the first turn; one past a cut response: the last
-    turn). Whatever part of the result's reward the turn rewards do not account for goes on the
-    last trained token, so the row always sums to the result's reward.
+    turn). An environment's dense rewards (``token_rewards``: index in the response, reward) sit on
+    their own tokens (one past a cut response: with the rest). Whatever part of the result's reward
+    these do not account for goes on the last trained token, so the row always sums to the
+    result's reward.
     """
     row = [0.0] * T
     n = len(mask)
@@ -192,6 +194,10 @@ def _reward_row(s: Sample, result: RewardResult, mask: Sequence[int], T: int) ->
             at = next((e for e in ends if e >= p), last)
             row[at] += float(r)
             reward -= float(r)
+        for p, r in rec.get("token_rewards") or []:  # dense rewards: each on its own (sampled) token
+            if 0 <= p < n and mask[p]:
+                row[p] += float(r)
+                reward -= float(r)
     row[last] += reward
     return row
 
