@@ -65,15 +65,17 @@ from rlzoo.metrics import read_metrics
 from rlzoo.threads import DEFAULT_WAIT_POLICY, WAIT_POLICIES
 
 PROMPTS, N, MICRO, LR = 8, 8, 16, 1e-5
-# the configurations run by default: each side's candidates for its fastest (docs/performance.md)
+# the configurations run by default: each side's candidates for its fastest (docs/performance.md);
+# TRL with libgomp's waiting (what a TRL program gets) and with rlzoo's short spin
 DEFAULT_CONFIGS = (
-    "rlzoo:fp32:16",
-    "rlzoo:bf16:16",
     "rlzoo:bf16:64",
+    "rlzoo:bf16:16",
+    "rlzoo:fp32:16",
     "rlzoo:bf16:16:packed",
-    "trl:fp32:64",
+    "trl:bf16:64:omp=short",
     "trl:bf16:64",
-    "trl:bf16:16",
+    "trl:fp32:64:omp=short",
+    "trl:bf16:16:omp=short",
 )
 NO_EOS_TOKEN = "<empty_output>"  # SmolLM2's id 16: the stand-in EOS of --ignore-eos
 
