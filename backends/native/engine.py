@@ -60,7 +60,7 @@ distribution, as in HF / vLLM), greedy. Sampling inverts the CDF (:func:`inverse
 first whose cumulative probability (a float64 cumsum of ``softmax(logits')``) exceeds ``u``. One
 random number per row, not one per vocabulary entry: a Gumbel-max draw (``argmax(logits' - log E)``,
 ``E ~ Exp(1)`` per token, what the engine did before) drew 64 x 49,152 exponentials per decode step
-of SmolLM2, serially, 205 ms on 2 cores against 50 ms. Each sequence's generator is seeded from
+of SmolLM2, serially, 205 ms on 2 shared cores (load 6) against 50 ms. Each sequence's generator is seeded from
 ``(engine seed, request seed, sample index)`` (or the request's submission number when the request
 has no seed), so a sequence's tokens do not depend on which other sequences share the batch, on
 slot timing or on threads.
