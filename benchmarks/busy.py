@@ -4,12 +4,12 @@ Runs ``rlzoo train quickstart`` (``--steps`` steps, no validation) in a fresh su
 quiet machine and with a synthetic competing load (``--busy`` busy-loop processes, default 1:
 one of 2 cores lost), for each thread setting:
 
-- ``before``: rlzoo's default: torch's default threads, OpenMP's default waiting
-  (``RLZOO_OMP_WAIT_POLICY=keep``: libgomp spins in its barriers before it sleeps);
-- ``after``: ``RLZOO_OMP_WAIT_POLICY=passive`` (``OMP_WAIT_POLICY=PASSIVE`` set when rlzoo is
-  imported before torch, :mod:`rlzoo.threads`); default threads;
-- ``spin 10k`` / ``spin 1k``: a short spin, then sleep (``GOMP_SPINCOUNT=10000`` / ``1000``; libgomp's
-  default is 300,000 spins, passive is 0): candidates for a default between the two;
+- ``before``: libgomp's own waiting (``RLZOO_OMP_WAIT_POLICY=keep``: a thread spins 300,000 times
+  in a barrier before it sleeps; rlzoo's default until issue 25);
+- ``after``: rlzoo's default (:data:`rlzoo.threads.DEFAULT_WAIT_POLICY`, ``short``:
+  ``GOMP_SPINCOUNT=1000``, set when rlzoo is imported before torch); default threads;
+- ``passive``: ``RLZOO_OMP_WAIT_POLICY=passive`` (``OMP_WAIT_POLICY=PASSIVE``: sleep at once);
+- ``spin 10k``: ``GOMP_SPINCOUNT=10000``, a longer spin;
 - ``1 thread``: ``OMP_NUM_THREADS=1`` (the reference point: no barrier to wait at).
 
 Printed: wall seconds of the training (model load excluded: ``timing_s/step`` summed) and the
@@ -35,9 +35,9 @@ from pathlib import Path
 
 SETTINGS = {
     "before": {"RLZOO_OMP_WAIT_POLICY": "keep"},
-    "after": {"RLZOO_OMP_WAIT_POLICY": "passive"},
+    "after": {},  # rlzoo's default
+    "passive": {"RLZOO_OMP_WAIT_POLICY": "passive"},
     "spin 10k": {"GOMP_SPINCOUNT": "10000"},
-    "spin 1k": {"GOMP_SPINCOUNT": "1000"},
     "1 thread": {"OMP_NUM_THREADS": "1"},
 }
 

@@ -7,7 +7,7 @@ token-mean over the batch (TRL's ``dapo`` loss), group std normalisation, no KL,
 the same LR, temperature 1.0, the same torch threads (``--threads``, both sides). TRL generates anew
 for every optimizer step (``num_iterations=1``), as rlzoo does.
 
-What each side may choose (a *configuration*, ``side:precision:micro[:packed]``):
+What each side may choose (a *configuration*, ``side:precision:micro[:packed][:omp=POLICY]``):
 
 - precision ``fp32``, or ``bf16``: TRL's ``bf16=True`` (autocast over fp32 weights; generation
   under it too); rlzoo decodes with bf16 weights and trains with bf16 autocast over fp32 weights.
@@ -15,6 +15,10 @@ What each side may choose (a *configuration*, ``side:precision:micro[:packed]``)
   accumulation up to the 64 samples of the batch (64: no accumulation). rlzoo:
   ``trainer.micro_batch.size`` (gradients accumulate within the one optimizer step either way).
 - ``packed`` (rlzoo): ``trainer.backend.use_remove_padding=true`` (padding-free micro-batches).
+- ``omp=<policy>``: how the child's OpenMP threads wait (:data:`rlzoo.threads.WAIT_POLICIES`:
+  ``keep`` = libgomp's own 300,000-spin waiting, ``short``, ``passive``). Default: each side's own
+  -- rlzoo's :data:`~rlzoo.threads.DEFAULT_WAIT_POLICY` (set when ``rlzoo`` is imported), TRL's
+  ``keep`` (what a TRL program gets); ``trl:bf16:64:omp=short`` gives TRL rlzoo's setting.
 
 Every configuration runs in a fresh subprocess, so each one's peak RSS (``wait4``'s ``ru_maxrss``,
 the whole process: model load, generation, update) is its own. s/batch: the median over the
@@ -58,17 +62,20 @@ import torch
 
 import rlzoo
 from rlzoo.metrics import read_metrics
+from rlzoo.threads import DEFAULT_WAIT_POLICY, WAIT_POLICIES
 
 PROMPTS, N, MICRO, LR = 8, 8, 16, 1e-5
-# the configurations run by default: each side's candidates for its fastest (docs/performance.md)
+# the configurations run by default: each side's candidates for its fastest (docs/performance.md);
+# TRL with libgomp's waiting (what a TRL program gets) and with rlzoo's short spin
 DEFAULT_CONFIGS = (
-    "rlzoo:fp32:16",
-    "rlzoo:bf16:16",
     "rlzoo:bf16:64",
+    "rlzoo:bf16:16",
+    "rlzoo:fp32:16",
     "rlzoo:bf16:16:packed",
-    "trl:fp32:64",
+    "trl:bf16:64:omp=short",
     "trl:bf16:64",
-    "trl:bf16:16",
+    "trl:fp32:64:omp=short",
+    "trl:bf16:16:omp=short",
 )
 NO_EOS_TOKEN = "<empty_output>"  # SmolLM2's id 16: the stand-in EOS of --ignore-eos
 
@@ -326,15 +333,26 @@ def run_trl(
 
 def parse_config(spec: str) -> dict[str, Any]:
     parts = spec.split(":")
-    ok = len(parts) in (3, 4) and parts[0] in ("rlzoo", "trl") and parts[1] in ("fp32", "bf16")
+    tags = parts[3:]
+    omp = [t.removeprefix("omp=") for t in tags if t.startswith("omp=")]
+    ok = len(parts) >= 3 and parts[0] in ("rlzoo", "trl") and parts[1] in ("fp32", "bf16")
     ok = ok and parts[2].isdigit() and (PROMPTS * N) % max(int(parts[2]), 1) == 0
-    ok = ok and (len(parts) == 3 or (parts[3] == "packed" and parts[0] == "rlzoo"))
+    ok = ok and all(t.startswith("omp=") or (t == "packed" and parts[0] == "rlzoo") for t in tags)
+    ok = ok and len(set(tags)) == len(tags) and len(omp) <= 1 and all(p in WAIT_POLICIES for p in omp)
     if not ok:
         raise SystemExit(
-            f"configuration {spec!r}: expected side:precision:micro[:packed] with side rlzoo|trl, precision "
-            f"fp32|bf16, micro a divisor of {PROMPTS * N}, 'packed' for rlzoo only (e.g. rlzoo:bf16:16:packed)"
+            f"configuration {spec!r}: expected side:precision:micro[:packed][:omp=POLICY] with side rlzoo|trl, "
+            f"precision fp32|bf16, micro a divisor of {PROMPTS * N}, 'packed' for rlzoo only, POLICY one of "
+            f"{', '.join(WAIT_POLICIES)} (e.g. rlzoo:bf16:16:packed, trl:bf16:64:omp=short)"
         )
-    return {"side": parts[0], "precision": parts[1], "micro": int(parts[2]), "packed": len(parts) == 4}
+    default_omp = DEFAULT_WAIT_POLICY if parts[0] == "rlzoo" else "keep"
+    return {
+        "side": parts[0],
+        "precision": parts[1],
+        "micro": int(parts[2]),
+        "packed": "packed" in tags,
+        "omp": omp[0] if omp else default_omp,
+    }
 
 
 def child(cfg: dict[str, Any]) -> None:
@@ -354,8 +372,12 @@ def child(cfg: dict[str, Any]) -> None:
 def run_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """:func:`child` in a fresh subprocess; adds its whole-life peak RSS and the load average."""
     load = os.getloadavg()[0]
+    # the configuration's OpenMP waiting, set before the child imports torch
+    drop = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "RLZOO_OMP_WAIT_POLICY")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(WAIT_POLICIES[cfg["omp"]], RLZOO_OMP_WAIT_POLICY=cfg["omp"])
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--child", json.dumps(cfg)], stdout=subprocess.PIPE, text=True
+        [sys.executable, __file__, "--child", json.dumps(cfg)], stdout=subprocess.PIPE, text=True, env=env
     )
     assert proc.stdout is not None
     out = proc.stdout.read()
@@ -370,22 +392,24 @@ def run_config(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def name(r: dict[str, Any]) -> str:
-    return f"{r['side']}:{r['precision']}:{r['micro']}" + (":packed" if r["packed"] else "")
+    return (
+        f"{r['side']}:{r['precision']}:{r['micro']}" + (":packed" if r["packed"] else "") + f":omp={r['omp']}"
+    )
 
 
 def print_table(rows: list[dict[str, Any]], title: str) -> None:
     print(f"\n{title}")
     print(
-        f"{'configuration':<22} {'s/batch':>8} {'tok/s':>7} {'completion':>10} {'peak RSS MB':>11} "
+        f"{'configuration':<31} {'s/batch':>8} {'tok/s':>7} {'completion':>10} {'peak RSS MB':>11} "
         f"{'load':>5}  rlzoo phases (s)"
     )
     for r in rows:
         if "error" in r:
-            print(f"{name(r):<22} {r['error']:>8}  peak RSS {r['peak_rss_mb']:.0f} MB")
+            print(f"{name(r):<31} {r['error']:>8}  peak RSS {r['peak_rss_mb']:.0f} MB")
             continue
         ph = ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items() if v)
         print(
-            f"{name(r):<22} {r['sec']:>8.2f} {r['tok_s']:>7.0f} {r['completion']:>10.1f} "
+            f"{name(r):<31} {r['sec']:>8.2f} {r['tok_s']:>7.0f} {r['completion']:>10.1f} "
             f"{r['peak_rss_mb']:>11.0f} {r['load']:>5.1f}  {ph}"
         )
     best = {}
@@ -417,7 +441,10 @@ def main() -> None:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--model", choices=("tiny", "smollm2"), default="smollm2")
     ap.add_argument(
-        "--configs", nargs="+", default=list(DEFAULT_CONFIGS), help="side:precision:micro[:packed]"
+        "--configs",
+        nargs="+",
+        default=list(DEFAULT_CONFIGS),
+        help="side:precision:micro[:packed][:omp=POLICY]",
     )
     ap.add_argument("--max-new", type=int, default=None, help="response limit (default: the recipe's, 16)")
     ap.add_argument("--ignore-eos", action="store_true", help="responses run to --max-new on both sides")

@@ -21,7 +21,7 @@ from rlzoo.registry import Component, Registrar, Registration, Registry, registe
 from rlzoo.threads import choose_wait_policy
 from rlzoo.version import __version__
 
-choose_wait_policy()  # RLZOO_OMP_WAIT_POLICY=passive: before torch is imported (none of the above does)
+choose_wait_policy()  # OpenMP waiting (rlzoo/threads.py): before torch is imported (none of the above does)
 
 
 __all__ = [

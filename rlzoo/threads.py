@@ -1,20 +1,25 @@
-"""How rlzoo's CPU thread pools wait: opt-in passive / short waiting for machines shared with other work.
+"""How rlzoo's CPU thread pools wait: a short spin, then sleep (``RLZOO_OMP_WAIT_POLICY``).
 
 torch's CPU kernels run on an OpenMP pool (GNU libgomp in the PyPI wheels). By default a libgomp
-thread that reaches a barrier first spins for a while before it sleeps; when another process holds
-one of the cores, the partner it waits for is descheduled and the spinning thread burns the CPU
-that partner needs: a tiny-model run on 2 cores with one core busy took 2.4-4.5x as long, not ~2x
-(benchmarks/busy.py). ``OMP_WAIT_POLICY=PASSIVE`` makes waiting threads sleep at once.
+thread that reaches a barrier first spins -- 300,000 times, milliseconds -- before it sleeps; when
+another process holds one of the cores, the partner it waits for is descheduled and the spinning
+thread burns the CPU that partner needs, at every one of the hundreds of kernels of a forward.
+On the shared 2-core machine (load average 5-6 from other work) the sync quickstart took 13.4 s for
+15 steps with libgomp's waiting and 3.9 s with a spin of 1,000 (``benchmarks/busy.py``,
+docs/performance.md); with one more core taken by a busy loop, 67.1 s against 5.5 s.
 
 libgomp reads its environment once, when torch is imported, so :func:`choose_wait_policy` runs when
-``rlzoo`` is imported (``rlzoo/__init__.py``, which imports no torch). With
-``RLZOO_OMP_WAIT_POLICY=passive`` it sets ``OMP_WAIT_POLICY=PASSIVE``, with ``short``
-``GOMP_SPINCOUNT=10000`` (spin briefly, then sleep; libgomp's default is 300,000 spins), unless the
-user set ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``; by default (``keep``) it changes nothing. Passive is
-not the default because on a quiet 2-core machine it made the quickstart slower (18.4 s against
-10.5 s for 15 steps, docs/performance.md: waking a sleeping thread for every small kernel costs
-more than the spin). A program that imported torch before rlzoo keeps torch's waiting. The thread
-count stays torch's default (``OMP_NUM_THREADS`` / ``torch.set_num_threads`` change it).
+``rlzoo`` is imported (``rlzoo/__init__.py``, which imports no torch). ``RLZOO_OMP_WAIT_POLICY``:
+
+- ``short`` (the default): ``GOMP_SPINCOUNT=1000`` -- spin about as long as the gap between two
+  kernels (tens of microseconds), then sleep, so a quiet machine keeps most of the spin's benefit
+  and a busy one loses little to it;
+- ``passive``: ``OMP_WAIT_POLICY=PASSIVE`` (sleep at once; every kernel then wakes its threads);
+- ``keep``: libgomp's own waiting (nothing set).
+
+Nothing is set when the user set ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``. A program that imported
+torch before rlzoo keeps torch's waiting (set the variables yourself, or import rlzoo first). The
+thread count stays torch's default (``OMP_NUM_THREADS`` / ``torch.set_num_threads`` change it).
 """
 
 from __future__ import annotations
@@ -28,9 +33,9 @@ __all__ = ["DEFAULT_WAIT_POLICY", "WAIT_POLICIES", "choose_wait_policy"]
 WAIT_POLICIES: dict[str, dict[str, str]] = {
     "keep": {},  # libgomp's own: spin 300,000 times in a barrier, then sleep
     "passive": {"OMP_WAIT_POLICY": "PASSIVE"},  # sleep at once
-    "short": {"GOMP_SPINCOUNT": "10000"},  # spin briefly, then sleep
+    "short": {"GOMP_SPINCOUNT": "1000"},  # spin briefly, then sleep
 }
-DEFAULT_WAIT_POLICY = "keep"
+DEFAULT_WAIT_POLICY = "short"
 
 
 def choose_wait_policy(environ: dict[str, str] | None = None) -> dict[str, str] | None:

@@ -55,11 +55,15 @@ log-prob of a sampled token is still of the full distribution, as with top-k / t
 Sampling
 --------
 Per row: temperature, top-k, top-p (top-k first, then top-p on the renormalised top-k
-distribution, as in HF / vLLM), greedy. Sampling is a Gumbel-max draw ``argmax(logits' + G)`` with
-``G = -log(E)``, ``E ~ Exp(1)`` from the row's own ``torch.Generator``; each sequence's generator is
-seeded from ``(engine seed, request seed, sample index)`` (or the request's submission number when
-the request has no seed), so a sequence's tokens do not depend on which other sequences share the
-batch, on slot timing or on threads.
+distribution, as in HF / vLLM), greedy. Sampling inverts the CDF (:func:`inverse_cdf_draw`): one
+``u ~ U[0, 1)`` (float64) per row and step from the row's own ``torch.Generator``, the token is the
+first whose cumulative probability (a float64 cumsum of ``softmax(logits')``) exceeds ``u``. One
+random number per row, not one per vocabulary entry: a Gumbel-max draw (``argmax(logits' - log E)``,
+``E ~ Exp(1)`` per token, what the engine did before) drew 64 x 49,152 exponentials per decode step
+of SmolLM2, serially, 205 ms on 2 shared cores (load 6) against 50 ms. Each sequence's generator is seeded from
+``(engine seed, request seed, sample index)`` (or the request's submission number when the request
+has no seed), so a sequence's tokens do not depend on which other sequences share the batch, on
+slot timing or on threads.
 
 Rollout log-prob of a token: ``log_softmax(logits / temperature)[token]`` of the model's full
 distribution, without top-k / top-p truncation (what a trainer recomputes with the same
@@ -94,7 +98,18 @@ from rlzoo.backends.native.sampling import _NEG_INF, _filter_top_k_top_p, _mix_s
 from rlzoo.protocols import GenerationRequest, Sample
 from rlzoo.streams import POLL_S, collect_requested, requested_keys, stream_samples
 
-__all__ = ["NativeEngine"]
+__all__ = ["NativeEngine", "inverse_cdf_draw"]
+
+
+def inverse_cdf_draw(logits: Tensor, u: Tensor) -> Tensor:
+    """One token per row drawn from ``softmax(logits)`` ``[B, V]`` by inverting its CDF at ``u``
+    ``[B]`` (float64, in ``[0, 1)``): the first token whose cumulative probability exceeds
+    ``u * total``. A token of probability 0 (``-inf`` logit) is never drawn, whatever ``u``."""
+    cdf = logits.softmax(dim=-1).cumsum(dim=-1, dtype=torch.float64)  # [B, V]
+    total = cdf[:, -1:].contiguous()  # [B, 1], 1 up to rounding
+    tok = torch.searchsorted(cdf, u[:, None].to(torch.float64) * total, right=True)  # [B, 1]
+    last = torch.searchsorted(cdf, total)  # [B, 1], the last token of nonzero probability
+    return torch.minimum(tok, last).squeeze(-1)  # [B]
 
 
 class NativeEngine:
@@ -559,9 +574,13 @@ class NativeEngine:
             tok = greedy_tok
         else:
             filtered = _filter_top_k_top_p(scaled, b.top_k, b.top_p) if b.any_filter else scaled  # [B, V]
-            noise = torch.ones_like(filtered)  # [B, V], Exp(1) draws; 1 (no noise) for greedy rows
-            for row, gen in b.sampled_rows:
-                noise[row].exponential_(generator=gen)
-            tok = (filtered - noise.log()).argmax(dim=-1)  # [B], Gumbel-max = a draw from softmax(filtered)
-            tok = torch.where(b.greedy, greedy_tok, tok)
+            u = torch.zeros(len(b), dtype=torch.float64, device=self.device)  # [B]; greedy rows: unused
+            rows = [row for row, _ in b.sampled_rows]
+            u[rows] = torch.cat(
+                [
+                    torch.rand(1, generator=g, dtype=torch.float64, device=self.device)
+                    for _, g in b.sampled_rows
+                ]
+            )
+            tok = torch.where(b.greedy, greedy_tok, inverse_cdf_draw(filtered, u))  # [B]
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)

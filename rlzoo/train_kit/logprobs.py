@@ -97,6 +97,19 @@ def _fp32_scaled(x: Tensor, temperature: float) -> tuple[Tensor, bool]:
     return (z.div_(temperature) if temperature != 1.0 else z), True
 
 
+def _chunk_stats(
+    z: Tensor, targets: Tensor, lp: Tensor, lse: Tensor, ent: Tensor | None, r: slice, c: slice
+) -> None:
+    """One chunk's forward statistics from its fp32 scaled logits ``z`` ``[rr, cc, V]``: writes
+    ``lse``, ``lp = z_t - lse`` and (``ent`` given) the entropy ``lse - sum softmax(z) z`` (the
+    unchunked formula, one ``[rr, cc, V]`` temporary) at ``[r, c]``."""
+    s = torch.logsumexp(z, dim=-1)  # [rr, cc]
+    lse[r, c] = s
+    lp[r, c] = z.gather(-1, targets[r, c].long().unsqueeze(-1)).squeeze(-1) - s
+    if ent is not None:
+        ent[r, c] = s - torch.softmax(z, dim=-1).mul_(z).sum(-1)
+
+
 class _ChunkedLogProbs(torch.autograd.Function):
     """Log-probs + entropy of ``softmax(x / tau)``, chunk by chunk; analytic backward per chunk:
 
@@ -122,11 +135,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
         with torch.autocast(logits.device.type, enabled=False):
             for r, c in chunks(B, T, chunk_tokens):
                 z, _ = _fp32_scaled(logits[r, c], temperature)  # [rr, cc, V]
-                s = torch.logsumexp(z, dim=-1)  # [rr, cc]
-                lse[r, c] = s
-                lp[r, c] = z.gather(-1, targets[r, c].long().unsqueeze(-1)).squeeze(-1) - s
-                if with_entropy:  # the unchunked formula, one [rr, cc, V] temporary
-                    ent[r, c] = s - torch.softmax(z, dim=-1).mul_(z).sum(-1)
+                _chunk_stats(z, targets, lp, lse, ent if with_entropy else None, r, c)
         ctx.save_for_backward(logits, targets, lse, ent)
         ctx.temperature = temperature  # type: ignore[attr-defined]
         ctx.with_entropy = with_entropy  # type: ignore[attr-defined]
@@ -215,11 +224,7 @@ class _ChunkedLinearLogProbs(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             for r, c in chunks(B, T, chunk_tokens):
                 z, _ = _fp32_scaled(hidden[r, c] @ w.T, temperature)  # [rr, cc, V]
-                s = torch.logsumexp(z, dim=-1)  # [rr, cc]
-                lse[r, c] = s
-                lp[r, c] = z.gather(-1, targets[r, c].long().unsqueeze(-1)).squeeze(-1) - s
-                if with_entropy:
-                    ent[r, c] = s - torch.softmax(z, dim=-1).mul_(z).sum(-1)
+                _chunk_stats(z, targets, lp, lse, ent if with_entropy else None, r, c)
         ctx.save_for_backward(hidden, weight, targets, lse, ent)
         ctx.temperature = temperature  # type: ignore[attr-defined]
         ctx.with_entropy = with_entropy  # type: ignore[attr-defined]

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from rlzoo.backends.native.engine import NativeEngine
+from rlzoo.backends.native.engine import NativeEngine, inverse_cdf_draw
 from rlzoo.backends.native.rollout import NativeRolloutBackend
 from rlzoo.backends.native.rollout_params import NativeRolloutParams
 from rlzoo.models.tiny import tiny_qwen2_config
@@ -154,6 +154,33 @@ def test_top_k_one_equals_greedy(model):
         [_req(f"r{i}", p, temperature=1.3, top_k=1, max_new_tokens=10) for i, p in enumerate(prompts)]
     )
     assert [s.response_ids for s in top1] == [s.response_ids for s in greedy]
+
+
+def test_inverse_cdf_draw_picks_by_cumulative_probability():
+    """softmax([log .25, -inf, log .5, log .25]) = [.25, 0, .5, .25]; the CDF [.25, .25, .75, 1]: u
+    picks the first token whose cumulative probability exceeds u; the 0-probability token never."""
+    logits = torch.tensor([0.25, 0.0, 0.5, 0.25]).log().expand(7, 4)
+    u = torch.tensor([0.0, 0.2, 0.25, 0.5, 0.75, 0.9, 1 - 1e-17], dtype=torch.float64)
+    assert inverse_cdf_draw(logits, u).tolist() == [0, 0, 2, 2, 3, 3, 3]
+    top_two = torch.tensor([[0.0, 1.0, float("-inf"), float("-inf")]])  # the last tokens filtered out
+    assert inverse_cdf_draw(top_two, torch.tensor([1 - 1e-17], dtype=torch.float64)).tolist() == [1]
+
+
+def test_sampled_tokens_follow_the_softmax(model):
+    """2,000 one-token samples of a prompt at temperature 0.05 (9 tokens above 1%): their
+    frequencies match softmax(logits / 0.05) of a plain forward. Total variation < 0.07: exact
+    multinomial draws of 2,000 stay below 0.057 in 99.5% of 200 trials (median 0.032); a sampler
+    that ignored the temperature or shifted a token id would be far off."""
+    prompt = _prompts(1, seed=9)[0]
+    n, temp = 2000, 0.05
+    out = _engine(model, max_num_seqs=512).generate(
+        [_req("r", prompt, n=n, temperature=temp, max_new_tokens=1)]
+    )
+    toks = torch.tensor([s.response_ids[0] for s in out])
+    want = (_full_logits(model, prompt)[-1] / temp).double().softmax(-1)
+    assert 0.5 * (torch.bincount(toks, minlength=VOCAB).double() / n - want).abs().sum() < 0.07
+    lp = torch.tensor([s.rollout_log_probs[0] for s in out])  # of the full distribution
+    torch.testing.assert_close(lp, want.log()[toks].float(), atol=1e-4, rtol=1e-5)
 
 
 def test_same_seed_same_samples(model):

@@ -165,7 +165,9 @@ def test_samples_of_a_prompt_share_its_prefill_and_reprefill_after_update(vl: tu
     for a, b in zip(ref, got):
         assert a.response_ids == b.response_ids
         torch.testing.assert_close(b.rollout_log_probs, a.rollout_log_probs, atol=1e-5, rtol=1e-5)
-        assert b.versions[:2] == [0, 0] and b.versions[2:] == [1] * (len(b.versions) - 2)
+        n = len(b.versions)  # a sample may stop (sample its EOS) within the first two steps
+        assert b.versions == ([0, 0] + [1] * n)[:n]
+    assert max(len(b.versions) for b in got) > 2  # some ran on after the update
 
 
 def test_engine_rejects_image_prompts_without_pixels(vl: tuple[Any, Any]) -> None:

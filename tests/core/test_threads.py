@@ -1,4 +1,4 @@
-"""rlzoo.threads: waiting OpenMP threads sleep when RLZOO_OMP_WAIT_POLICY=passive asks."""
+"""rlzoo.threads: how waiting OpenMP threads wait (RLZOO_OMP_WAIT_POLICY; default: a short spin)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,14 @@ def test_passive_when_asked_unless_the_user_chose():
     env = {"RLZOO_OMP_WAIT_POLICY": "passive"}
     assert choose_wait_policy(env) == {"OMP_WAIT_POLICY": "PASSIVE"} and env["OMP_WAIT_POLICY"] == "PASSIVE"
     env = {"RLZOO_OMP_WAIT_POLICY": "short"}
-    assert choose_wait_policy(env) == {"GOMP_SPINCOUNT": "10000"} and "OMP_WAIT_POLICY" not in env
+    assert choose_wait_policy(env) == {"GOMP_SPINCOUNT": "1000"} and "OMP_WAIT_POLICY" not in env
+    env = {}  # the default: a short spin
+    assert choose_wait_policy(env) == {"GOMP_SPINCOUNT": "1000"} and env == {"GOMP_SPINCOUNT": "1000"}
     for given in (
         {"RLZOO_OMP_WAIT_POLICY": "keep"},
         {"RLZOO_OMP_WAIT_POLICY": "short", "GOMP_SPINCOUNT": "300000"},
+        {"GOMP_SPINCOUNT": "300000"},  # the user's own spin count, under the default
+        {"OMP_WAIT_POLICY": "ACTIVE"},
         {"RLZOO_OMP_WAIT_POLICY": "passive", "OMP_WAIT_POLICY": "ACTIVE"},
         {"RLZOO_OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "10000"},
     ):
@@ -38,3 +42,7 @@ def test_set_when_rlzoo_is_imported_before_torch():
     code = "import torch, os, rlzoo; print(os.environ.get('OMP_WAIT_POLICY'))"  # too late: left alone
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["None"]
+    env.pop("RLZOO_OMP_WAIT_POLICY")  # the default
+    code = "import os, rlzoo; print(os.environ.get('GOMP_SPINCOUNT'), os.environ.get('OMP_WAIT_POLICY'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1000", "None"]
