@@ -164,9 +164,12 @@ def test_validate_names_the_extra_when_reasoning_gym_is_missing(
     from rlzoo.checks import _optional_package_rule
 
     @dataclasses.dataclass
-    class Cfg:  # the rule walks every selected part of a recipe
+    class Cfg:  # the rule walks every selected part of a recipe (RecipeConfig.selections)
         scorer: Any
         prepare: Any
+
+        def selections(self) -> list[Any]:
+            return [self.scorer, self.prepare]
 
     cfg = Cfg(_part(pm, "scorer", {"name": "reasoning_gym"}), _part(pm, "dataset", {"name": "reasoning_gym"}))
     assert _optional_package_rule(cfg) == []  # type: ignore[arg-type]
