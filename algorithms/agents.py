@@ -32,6 +32,10 @@ class CalcParams:
         False,
         help="write the result digit by digit ('5 7 9'): for word-level tokenizers that know only digits",
     )
+    echo: bool = param(
+        False,
+        help="reply 'expression = result' (as a calculator's tape prints it) instead of the result alone",
+    )
     max_chars: int = param(200, ge=1, help="longest expression accepted (longer: an error the model reads)")
     timeout_s: float = param(2.0, gt=0, help="per-call timeout in seconds")
 
@@ -44,7 +48,8 @@ class ToolArithmeticParams:
     dataset) and asks for ``a + b``. With ``with_tool`` it offers ``calc`` (built with
     ``spaced_digits`` as here), and says how to call it in the tool-call format of the recipe
     (``plain``: a turn ``calc <expression>``). The first turn without a tool call is the answer:
-    reward 1.0 when its digits (the words after ``Answer:``, or the whole turn) equal ``a + b``,
+    reward 1.0 when its number (the digits after ``Answer:``, or in the whole turn; after the last
+    ``=`` when there is one) equals ``a + b``,
     else 0.0 (plus the ``call_credit`` and ``answer_credit`` shaping; the ``acc`` info, which
     the held-out metric reads, stays the exact answer); the episode ends.
     """
@@ -52,6 +57,19 @@ class ToolArithmeticParams:
     with_tool: bool = param(True, help="offer the calc tool (False: the same task without it)")
     spaced_digits: bool = param(
         True, help="numbers written digit by digit ('1 2 3'), for word-level tokenizers"
+    )
+    echo: bool = param(
+        False,
+        help="calc replies 'expression = result' and an answer may repeat that line (the number after its "
+        "last '=' is the answer; answer_credit then scores 'Answer: <the reply>' in place). "
+        "A tiny model under RL copies a reply whose first word varies, not one that always starts "
+        "with the same digit (a 4-digit sum starts with 1): docs/agents.md",
+    )
+    blanks: bool = param(
+        False,
+        help="ask 'a + b = ? ? ? ?' (one ? per digit of the sum): with echo, the question reads as calc's "
+        "line will, so the call (the question up to '=') and the answer (calc's line) are one copy for a "
+        "tiny model (docs/agents.md)",
     )
     instructions: bool = param(
         False, help="prepend a system message that explains the task and the tool (for instruct models)"

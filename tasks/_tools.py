@@ -8,10 +8,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rlzoo.errors import RlzooError
 from rlzoo.tasks._stamp import build_task_folder
 
 DATA_SOURCE = "rlzoo/tool_arithmetic"
-WORDS = (*(str(d) for d in range(10)), "+", "calc", "Answer:")
+WORDS = (*(str(d) for d in range(10)), "+", "=", "?", "calc", "Answer:")
 #: ``<|role|> content``; an assistant turn is closed by ``<eos>`` (the model's stop token), so a
 #: tool result or a user reply appends after the sampled ids as the template's delta
 CHAT_TEMPLATE = (
@@ -32,12 +33,21 @@ def build_tokenizer() -> Any:
     return build_word_tokenizer(WORDS, CHAT_TEMPLATE, extra_special=("<|tool|>",))
 
 
-def pairs(n: int, digits: int, rng: random.Random, exclude: set[tuple[int, int]]) -> list[tuple[int, int]]:
+def pairs(
+    n: int, digits: int, rng: random.Random, exclude: set[tuple[int, int]], sum_digits: int = 0
+) -> list[tuple[int, int]]:
+    """``n`` pairs of ``digits``-digit numbers not in ``exclude`` (``sum_digits``: only pairs whose
+    sum has that many digits; 0: any)."""
+    if sum_digits not in (0, digits, digits + 1):
+        raise RlzooError(
+            f"tool_arithmetic: sum_digits={sum_digits} is impossible for two {digits}-digit numbers: "
+            f"use {digits}, {digits + 1} or 0 (any)"
+        )
     lo, hi = 10 ** (digits - 1), 10**digits - 1
     out: list[tuple[int, int]] = []
     while len(out) < n:
         p = (rng.randint(lo, hi), rng.randint(lo, hi))
-        if p not in exclude:
+        if p not in exclude and sum_digits in (0, len(str(sum(p)))):
             out.append(p)
     return out
 
@@ -60,8 +70,8 @@ def prepare(out_dir: Path, params: Any) -> dict[str, Path]:
 
     def build() -> tuple[list[dict], list[dict], Any, Any]:
         rng = random.Random(params.seed)
-        val = pairs(params.val_size, params.digits, rng, set())
-        train = pairs(params.train_size, params.digits, rng, set(val))
+        val = pairs(params.val_size, params.digits, rng, set(), params.sum_digits)
+        train = pairs(params.train_size, params.digits, rng, set(val), params.sum_digits)
         tok = build_tokenizer()
         model, _ = build_tiny_qwen2(
             tokenizer=tok,
@@ -72,12 +82,12 @@ def prepare(out_dir: Path, params: Any) -> dict[str, Path]:
         )
         return rows(train, "train"), rows(val, "val"), tok, model
 
-    return build_task_folder(out_dir, "tool_arithmetic", params, build)
+    return build_task_folder(out_dir, "tool_arithmetic", params, build, words=" ".join(WORDS))
 
 
 def score(
     response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any], params: Any
 ) -> dict[str, Any]:
-    pred = re.sub(r"\D", "", response.split("Answer:")[-1])
+    pred = re.sub(r"\D", "", response.split("Answer:")[-1].split("=")[-1])
     acc = float(pred == str(ground_truth))
     return {"score": acc, "acc": acc, "pred": pred}

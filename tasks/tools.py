@@ -30,6 +30,9 @@ class ToolArithmeticDataParams:
     train_size: int = param(4096, ge=1, help="training prompts")
     val_size: int = param(64, ge=1, help="held-out validation prompts")
     digits: int = param(3, ge=1, le=6, help="digits of each number")
+    sum_digits: int = param(
+        0, ge=0, help="only pairs whose sum has this many digits (digits or digits + 1; 0: any)"
+    )
     hidden_size: int = param(64, ge=8, help="hidden size of the tiny model")
     num_layers: int = param(2, ge=1, help="transformer layers of the tiny model")
     seed: int = param(0, help="seed of the model's initialisation and the data")

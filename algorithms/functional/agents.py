@@ -86,7 +86,9 @@ class CalcTool:
         if len(expression) > self.params.max_chars:
             raise ValueError(f"expression longer than {self.params.max_chars} characters")
         out = _show(evaluate(expression))
-        return spaced(out) if self.params.spaced_digits else out
+        if self.params.spaced_digits:
+            out, expression = spaced(out), spaced(expression)
+        return f"{' '.join(expression.split())} = {out}" if self.params.echo else out
 
 
 def make_calc(params: CalcParams) -> CalcTool:
@@ -102,13 +104,25 @@ def _digits(text: str) -> str:
     return re.sub(r"\D", "", text)
 
 
+def _answer(text: str) -> str:
+    """What a turn answers: the words after its last ``Answer:``, after their last ``=`` if any
+    (a repeated ``expression = result`` line answers its result)."""
+    return text.split("Answer:")[-1].split("=")[-1]
+
+
+#: a calc reply that is a number (``5 7 9``), or an echoed line (``1 2 3 + 4 5 6 = 5 7 9``)
+_RESULT = re.compile(r"(?:[^=]*=)?[\d\s]+")
+
+
 class ToolArithmetic:
     """The ``tool_arithmetic`` environment (see :class:`rlzoo.algorithms.agents.ToolArithmeticParams`)."""
 
     def __init__(self, params: ToolArithmeticParams) -> None:
         self.params = params
         self._tools: list[Tool] = (
-            [CalcTool(CalcParams(spaced_digits=params.spaced_digits))] if params.with_tool else []
+            [CalcTool(CalcParams(spaced_digits=params.spaced_digits, echo=params.echo))]
+            if params.with_tool
+            else []
         )
         self.answer: int | None = None
         self.question = ""
@@ -137,12 +151,13 @@ class ToolArithmetic:
             )
             messages.append({"role": "system", "content": "Add the two numbers." + how})
         self.question = f"{self._number(a)} + {self._number(b)}"
-        messages.append({"role": "user", "content": self.question})
+        blanks = " = " + " ".join("?" * len(str(a + b))) if self.params.blanks else ""
+        messages.append({"role": "user", "content": self.question + blanks})
         return EnvStep(messages=messages)
 
     def step(self, turn: AgentTurn) -> EnvStep:
         text = turn.text.split("Answer:")[-1]
-        ok = self.answer is not None and _digits(text) == str(self.answer)
+        ok = self.answer is not None and _digits(_answer(turn.text)) == str(self.answer)
         reward = 1.0 if ok else 0.0
         info = {"acc": float(ok)}
         calls = [c for c in turn.tool_calls if c.name == "calc"]
@@ -157,11 +172,10 @@ class ToolArithmetic:
         results = [  # the calc results the model read (an error message is no result to repeat)
             r
             for c, r in zip(turn.tool_calls, turn.tool_results, strict=False)
-            if c.name == "calc" and re.fullmatch(r"[\d\s]+", r)
+            if c.name == "calc" and _RESULT.fullmatch(r)
         ]
         if self.params.answer_credit > 0:
-            said_digits, want_digits = _digits(text), _digits(results[-1]) if results else ""
-            share = _matched(said_digits, want_digits)
+            share = _matched(self._words(text), self._words(results[-1]) if results else [])
             info["answer_match"] = share
             if not self.params.dense:
                 # x call_share: repeating the result of a call that is not the question earns nothing
@@ -193,13 +207,16 @@ class ToolArithmetic:
         if first is not None and p.call_credit > 0:
             score(first, ["calc", *self.question.split()], p.call_credit)
         if results and p.answer_credit > 0:
-            score(
-                len(turn.turn_tokens) - 1,
-                list(_digits(results[-1])),
-                p.answer_credit,
-                ("Answer:",),
-            )
+            if p.echo:  # "Answer:" and calc's line, as the call is "calc" and the question
+                score(len(turn.turn_tokens) - 1, ["Answer:", *results[-1].split()], p.answer_credit)
+            else:
+                score(len(turn.turn_tokens) - 1, self._words(results[-1]), p.answer_credit, ("Answer:",))
         return out
+
+    def _words(self, text: str) -> list[str]:
+        """What an answer repeats of a calc reply, and what the reply offers: the digits, or every
+        word of an echoed ``expression = result`` line."""
+        return text.split() if self.params.echo else list(_digits(text))
 
 
 def make_tool_arithmetic(params: ToolArithmeticParams) -> ToolArithmetic:

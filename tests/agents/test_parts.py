@@ -30,6 +30,23 @@ class TestCalcSpaced(ToolConformance):
     cases = (({"expression": "9 9 9 + 1"}, "1 0 0 0"),)
 
 
+class TestCalcEcho(ToolConformance):
+    """echo: the expression as written (spaces normalized), then ``=`` and the result."""
+
+    name = "calc"
+    params_overrides = {"spaced_digits": True, "echo": True}
+    cases = (
+        ({"expression": "1 2 3 +4 5 6"}, "1 2 3 + 4 5 6 = 5 7 9"),
+        ({"expression": "9 9 9+1"}, "9 9 9 + 1 = 1 0 0 0"),
+    )
+
+
+class TestCalcEchoWords(ToolConformance):
+    name = "calc"
+    params_overrides = {"echo": True}
+    cases = (({"expression": " 12 *  3"}, "12 * 3 = 36"),)
+
+
 ROW1 = {"prompt_text": "", "ground_truth": "579", "extra_info": {"a": 123, "b": 456}}
 ROW2 = {"prompt_text": "", "ground_truth": "1100", "extra_info": {"a": 999, "b": 101}}
 
@@ -41,6 +58,19 @@ class TestToolArithmetic(EnvironmentConformance):
         (ROW1, ["Answer: 5 7 9"], 1.0),
         (ROW2, ["1 1 0 0"], 1.0),
         (ROW1, ["Answer: 5 7 8"], 0.0),
+    )
+
+
+class TestToolArithmeticEcho(EnvironmentConformance):
+    """echo: an answer that repeats calc's line answers the number after its last ``=``."""
+
+    name = "tool_arithmetic"
+    row = ROW1
+    params_overrides = {"echo": True}
+    episodes = (
+        (ROW1, ["Answer: 1 2 3 + 4 5 6 = 5 7 9"], 1.0),
+        (ROW1, ["1 2 3 + 4 5 6 = 5 7 8"], 0.0),
+        (ROW2, ["1 1 0 0"], 1.0),
     )
 
 
