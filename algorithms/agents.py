@@ -23,7 +23,8 @@ class CalcParams:
     """Calculator: evaluates an arithmetic expression (integers, + - * / and parentheses).
 
     The expression is parsed, never ``eval``'d: anything but integer literals, the four operators,
-    unary minus and parentheses is refused with an error the model reads. Whitespace between
+    unary minus and parentheses is refused with an error the model reads; a trailing ``=`` (the
+    equals key) is allowed. Whitespace between
     digits is ignored, so a word-level tokenizer's ``1 2 3 + 4`` is ``123+4``. Division is exact
     (a fraction prints as ``a/b``).
     """
@@ -67,9 +68,9 @@ class ToolArithmeticParams:
     )
     blanks: bool = param(
         False,
-        help="ask 'a + b = ? ? ? ?' (one ? per digit of the sum): with echo, the question reads as calc's "
-        "line will, so the call (the question up to '=') and the answer (calc's line) are one copy for a "
-        "tiny model (docs/agents.md)",
+        help="ask 'a + b = ? ? ? ?' (one ? per digit of the sum): with echo the question is as long as "
+        "calc's line, so the call ('calc a + b') and the answer ('Answer:' and calc's line) repeat the "
+        "line before them at one distance, one copy for a tiny model (docs/agents.md)",
     )
     instructions: bool = param(
         False, help="prepend a system message that explains the task and the tool (for instruct models)"

@@ -85,6 +85,7 @@ class CalcTool:
             raise ValueError(f"calc needs a string 'expression', got {expression!r}")
         if len(expression) > self.params.max_chars:
             raise ValueError(f"expression longer than {self.params.max_chars} characters")
+        expression = expression.strip().removesuffix("=")  # the equals key ends an expression
         out = _show(evaluate(expression))
         if self.params.spaced_digits:
             out, expression = spaced(out), spaced(expression)
@@ -164,8 +165,7 @@ class ToolArithmetic:
         call_share = 0.0
         if self.params.call_credit > 0 or self.params.answer_credit > 0:
             said = str(calls[0].arguments.get("expression", "")).split() if calls else []
-            want = self.question.split()
-            call_share = _matched(said, want)
+            call_share = _matched(said, self._call_words()[1:])
             if not self.params.dense:
                 reward += self.params.call_credit * call_share
             info["call_match"] = call_share
@@ -205,13 +205,17 @@ class ToolArithmetic:
         # once), so every finished trajectory teaches the copy from the first step on
         first = calls[0] if calls else 0 if self.params.with_tool and turn.turn == 0 else None
         if first is not None and p.call_credit > 0:
-            score(first, ["calc", *self.question.split()], p.call_credit)
+            score(first, self._call_words(), p.call_credit)
         if results and p.answer_credit > 0:
             if p.echo:  # "Answer:" and calc's line, as the call is "calc" and the question
                 score(len(turn.turn_tokens) - 1, ["Answer:", *results[-1].split()], p.answer_credit)
             else:
                 score(len(turn.turn_tokens) - 1, self._words(results[-1]), p.answer_credit, ("Answer:",))
         return out
+
+    def _call_words(self) -> list[str]:
+        """The call asked for: ``calc`` and the question (``a + b``, without the blanks)."""
+        return ["calc", *self.question.split()]
 
     def _words(self, text: str) -> list[str]:
         """What an answer repeats of a calc reply, and what the reply offers: the digits, or every

@@ -37,7 +37,7 @@ class TestCalcEcho(ToolConformance):
     params_overrides = {"spaced_digits": True, "echo": True}
     cases = (
         ({"expression": "1 2 3 +4 5 6"}, "1 2 3 + 4 5 6 = 5 7 9"),
-        ({"expression": "9 9 9+1"}, "9 9 9 + 1 = 1 0 0 0"),
+        ({"expression": "9 9 9+1 ="}, "9 9 9 + 1 = 1 0 0 0"),  # the equals key ends the expression
     )
 
 

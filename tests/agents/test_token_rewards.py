@@ -170,24 +170,25 @@ def test_token_rewards_of_the_wrong_shape_fail_the_trajectory() -> None:
 
 def test_echo_answer_is_scored_against_answer_and_the_whole_reply() -> None:
     """echo + blanks: the question reads "1 2 3 + 4 5 6 = ? ? ?"; the call is still scored against
-    "calc 1 2 3 + 4 5 6". calc replies "1 2 3 + 4 5 7 = 5 8 0" (11 words). By hand, the answer
-    "Answer: 1 2 3 + 4 5 7 = 5 8 1" <eos> is scored in place against "Answer:" and those 11 words:
-    11 of its 12 words right and the stop token (its length is right), each worth 1 / 13, the wrong
-    "1" 0. Its number is 581 (after the last "="), not the sum 579: no exact reward. The right
-    line answers 579: acc 1."""
+    "calc 1 2 3 + 4 5 6" (8 words: each token worth 1 / 9). By hand, the call "calc 1 2 3 + 4 5 7 ="
+    <eos> gets 7 words (the "=" is one word too many: its stop token is unpaid); calc (the equals
+    key ends the expression) replies "1 2 3 + 4 5 7 = 5 8 0" (11 words). The answer "Answer: 1 2 3 + 4 5 7 =
+    5 8 1" <eos> is scored in place against "Answer:" and those 11 words: 11 of its 12 words right
+    and the stop token, each worth 1 / 13, the wrong "1" 0. Its number is 581 (after the last "="),
+    not the sum 579: no exact reward. The right line answers 579: acc 1."""
     env = lambda: ToolArithmetic(  # noqa: E731
         ToolArithmeticParams(call_credit=1.0, answer_credit=1.0, dense=True, echo=True, blanks=True)
     )
     assert env().reset(ROW).messages[-1]["content"] == "1 2 3 + 4 5 6 = ? ? ?"
-    s = run({0: "calc 1 2 3 + 4 5 7", 1: "Answer: 1 2 3 + 4 5 7 = 5 8 1"}, env)
+    s = run({0: "calc 1 2 3 + 4 5 7 =", 1: "Answer: 1 2 3 + 4 5 7 = 5 8 1"}, env)
     assert s.agent is not None and s.agent["env_info"]["acc"] == 0.0
     u, v = 1 / 9, 1 / 13
-    call = [u] * 7 + [0.0, u]  # calc 1 2 3 + 4 5 | 7 | <eos>
+    call = [u] * 7 + [0.0, 0.0, 0.0]  # calc 1 2 3 + 4 5 | 7 | = <eos>
     answer = [v] * 11 + [0.0, v]  # Answer: 1 2 3 + 4 5 7 = 5 8 | 1 | <eos>
     assert [r for _, r in s.agent["token_rewards"]] == pytest.approx(call + answer)
     assert s.agent["env_info"]["answer_match"] == pytest.approx(10 / 11)
+    assert s.agent["env_info"]["call_match"] == pytest.approx(6 / 8)
     s = run({0: "calc 1 2 3 + 4 5 6", 1: "Answer: 1 2 3 + 4 5 6 = 5 7 9"}, env)
     assert s.agent is not None and s.agent["env_info"]["acc"] == 1.0
-    assert [r for _, r in s.agent["token_rewards"]][-13:] == pytest.approx(
-        [1 / 13] * 13
-    )  # the exact 1.0 is the reward
+    # every shaped token paid (the exact 1.0 is the trajectory's reward)
+    assert [r for _, r in s.agent["token_rewards"]] == pytest.approx([u] * 9 + [v] * 13)
