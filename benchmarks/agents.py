@@ -118,86 +118,202 @@ def compare_runners(steps: int, overrides: list[str], fa_overrides: list[str]) -
     )
 
 
-def compare_credit(steps: int, seed: int = 0) -> None:
-    """The call alone, as a bandit: the recipe's tiny model sees ``<|user|> a + b <|assistant|>``
-    and samples up to 9 tokens; each token is scored in place against ``calc a + b <eos>`` (1 or 0;
-    nothing after a stop token). REINFORCE (one AdamW step of lr 3e-3 per batch of 32 prompts x 8,
-    entropy bonus 0.03), the advantage from the ``grpo`` part (the rewards summed: one credit per
-    sequence) or the ``token_grpo`` part (gamma 0: each token its own credit). Prints the share of
-    the question's digits copied in place and of exact calls, per step."""
+def reinforce(
+    model: Any, tok: Any, case: Any, steps: int, estimator: Any, every: int = 10, seed: int = 0
+) -> dict[int, tuple[float, float]]:
+    """One bandit: each step 32 prompts from ``case(rng)`` (-> context messages, wanted words) x 8
+    samples of up to len(wanted) + 1 tokens, each token scored in place against the wanted words and
+    the stop token (1 or 0; nothing after a stop token); the advantage from ``estimator``; one AdamW
+    step (lr 3e-3, entropy bonus 0.03, grad clip 1). Returns step -> (share of the wanted words
+    repeated in place, sampled; share of prompts answered exactly, greedy)."""
     import random
 
     import torch
 
+    from rlzoo.protocols import AdvantageInputs
+
+    rng = random.Random(seed)
+    eos = int(tok.eos_token_id)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    out: dict[int, tuple[float, float]] = {}
+    for step in range(steps + 1):
+        prompts, targets = [], []
+        for _ in range(32):
+            messages, words = case(rng)
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            prompts.append(tok(text, add_special_tokens=False)["input_ids"])
+            targets.append([*tok.convert_tokens_to_ids(words), eos])
+        if len({len(p) for p in prompts}) > 1 or len({len(t) for t in targets}) > 1:
+            raise ValueError("a bandit case must give contexts and answers of one length")
+        prompt = torch.tensor(prompts).repeat_interleave(8, 0)  # [B, P]
+        want = torch.tensor(targets).repeat_interleave(8, 0)  # [B, L]
+        P, L = prompt.shape[1], want.shape[1]
+        with torch.no_grad():
+            sampled = model.generate(prompt, max_new_tokens=L, do_sample=True, top_k=0, pad_token_id=eos)
+        resp = torch.nn.functional.pad(sampled[:, P:], (0, L), value=eos)[:, :L]  # [B, L]
+        seen = (resp == eos).long().cumsum(-1)  # [B, L]
+        mask = ((seen == 0) | ((seen == 1) & (resp == eos))).float()  # up to the stop token
+        hit = (resp == want).float() * mask  # [B, L]
+        if step % every == 0:
+            with torch.no_grad():
+                greedy = model.generate(prompt[::8], max_new_tokens=L, do_sample=False, pad_token_id=eos)
+            g = torch.nn.functional.pad(greedy[:, P:], (0, L), value=eos)[:, :L]
+            out[step] = (
+                hit[:, :-1].sum().item() / (32 * 8 * (L - 1)),
+                (g == want[::8]).all(-1).float().mean().item(),
+            )
+        groups = torch.arange(32).repeat_interleave(8)
+        adv = estimator(AdvantageInputs(hit, mask, groups, turn_ids=torch.where(mask > 0, 0, -1))).advantages
+        logits = model(torch.cat([prompt, resp], 1)).logits[:, P - 1 : -1]  # [B, L, V]
+        logp = torch.log_softmax(logits, -1)
+        lp = logp.gather(-1, resp.unsqueeze(-1)).squeeze(-1)  # [B, L]
+        ent = -(logp.exp() * logp).sum(-1)  # [B, L]
+        loss = -((adv * lp + 0.03 * ent) * mask).sum() / mask.sum()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    return out
+
+
+def tiny_task_model(tmp: str, seed: int = 0) -> tuple[Any, Any]:
+    """The recipe's tiny model (as the ``tool_arithmetic`` dataset builds it) and its tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import rlzoo.tasks.tools as task
+    from rlzoo.data.tokenizer import load_tokenizer
+    from rlzoo.tasks._tools import prepare
+
+    torch.manual_seed(seed)
+    prepare(Path(tmp), task.ToolArithmeticDataParams(train_size=8, val_size=8, seed=seed))
+    model = AutoModelForCausalLM.from_pretrained(f"{tmp}/model", dtype=torch.float32)
+    return model, load_tokenizer(f"{tmp}/model")
+
+
+def compare_credit(steps: int, seed: int = 0) -> None:
+    """The call alone, as a bandit (:func:`reinforce`): the recipe's tiny model sees ``<|user|> a +
+    b <|assistant|>`` and is scored in place against ``calc a + b <eos>``, the advantage from the
+    ``grpo`` part (the rewards summed: one credit per sequence) or the ``token_grpo`` part (gamma 0:
+    each token its own credit)."""
+    import torch
+
     from rlzoo.algorithms.advantage import GRPOParams, TokenGRPOParams
     from rlzoo.algorithms.functional.advantage import grpo, token_grpo
-    from rlzoo.protocols import AdvantageInputs
-    from rlzoo.tasks._tools import prepare
 
     torch.set_num_threads(1)
     estimators = {
         "grpo": lambda x: grpo(x, GRPOParams()),
         "token_grpo": lambda x: token_grpo(x, TokenGRPOParams(gamma=0.0)),
     }
-    curves: dict[str, dict[int, tuple[float, float]]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        import rlzoo.tasks.tools as task
-
-        prepare(Path(tmp), task.ToolArithmeticDataParams(train_size=8, val_size=8))
-        tok = AutoTokenizer.from_pretrained(f"{tmp}/model")
-        calc, eos = tok.convert_tokens_to_ids("calc"), int(tok.eos_token_id)
-        for name, estimator in estimators.items():
-            torch.manual_seed(seed)
-            rng = random.Random(seed)
-            model = AutoModelForCausalLM.from_pretrained(f"{tmp}/model", dtype=torch.float32)
-            opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-            curves[name] = {}
-            for step in range(steps + 1):
-                prompts, targets = [], []
-                for _ in range(32):
-                    a, b = rng.randint(100, 999), rng.randint(100, 999)
-                    q = f"{' '.join(str(a))} + {' '.join(str(b))}"  # as the environment asks it
-                    text = tok.apply_chat_template(
-                        [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
-                    )
-                    ids = tok(text, add_special_tokens=False)["input_ids"]
-                    want = [calc, *tok(q, add_special_tokens=False)["input_ids"], eos]
-                    prompts += [ids] * 8
-                    targets += [want] * 8
-                prompt, want = torch.tensor(prompts), torch.tensor(targets)  # [B, P], [B, 9]
-                L = want.shape[1]
-                with torch.no_grad():
-                    out = model.generate(prompt, max_new_tokens=L, do_sample=True, top_k=0, pad_token_id=eos)
-                resp = torch.nn.functional.pad(out[:, prompt.shape[1] :], (0, L), value=eos)[:, :L]  # [B, L]
-                seen = (resp == eos).long().cumsum(-1)  # [B, L]
-                mask = ((seen == 0) | ((seen == 1) & (resp == eos))).float()  # up to the stop token
-                hit = (resp == want).float() * mask  # [B, L]
-                if step % 10 == 0:
-                    curves[name][step] = (
-                        hit[:, 1:-1].mean().item(),
-                        (hit.sum(-1) == L).float().mean().item(),
-                    )
-                groups = torch.arange(32).repeat_interleave(8)
-                adv = estimator(
-                    AdvantageInputs(hit, mask, groups, turn_ids=torch.where(mask > 0, 0, -1))
-                ).advantages
-                logits = model(torch.cat([prompt, resp], 1)).logits[:, prompt.shape[1] - 1 : -1]  # [B, L, V]
-                logp = torch.log_softmax(logits, -1)
-                lp = logp.gather(-1, resp.unsqueeze(-1)).squeeze(-1)  # [B, L]
-                ent = -(logp.exp() * logp).sum(-1)  # [B, L]
-                loss = -((adv * lp + 0.03 * ent) * mask).sum() / mask.sum()
-                opt.zero_grad()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
-    print("the call alone: share of the question's digits copied in place | exact calls (sampled)")
+    curves = {}
+    for name, estimator in estimators.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            model, tok = tiny_task_model(tmp, seed)
+            curves[name] = reinforce(model, tok, _case_call, steps, estimator, seed=seed)
+    print("the call alone: share of the question's words repeated in place (sampled) | exact calls (greedy)")
     print(f"{'step':>5} | " + " | ".join(f"{k:>20}" for k in curves))
     for step in sorted(curves["grpo"]):
         print(
             f"{step:>5} | " + " | ".join(f"{c[step][0]:>9.3f} {c[step][1]:>10.3f}" for c in curves.values())
         )
+
+
+def _question(rng: Any, sum_digits: int = 4) -> tuple[int, int, str]:
+    while True:
+        a, b = rng.randint(100, 999), rng.randint(100, 999)
+        if len(str(a + b)) == sum_digits:
+            return a, b, f"{' '.join(str(a))} + {' '.join(str(b))}"
+
+
+def _after_call(q: str, reply: str, shown: str | None = None) -> list[dict[str, str]]:
+    return [
+        {"role": "user", "content": shown or q},
+        {"role": "assistant", "content": f"calc {q}"},
+        {"role": "tool", "content": reply},
+    ]
+
+
+def _blanks(q: str) -> str:
+    return f"{q} = ? ? ? ?"  # the recipe's question (blanks: true; 4-digit sums)
+
+
+def _case_call(rng: Any, blanks: bool = False) -> tuple[list[dict[str, str]], list[str]]:
+    _, _, q = _question(rng)
+    return [{"role": "user", "content": _blanks(q) if blanks else q}], ["calc", *q.split()]
+
+
+def _case_sum(rng: Any) -> tuple[list[dict[str, str]], list[str]]:
+    a, b, q = _question(rng)
+    s = " ".join(str(a + b))
+    return _after_call(q, s), s.split()
+
+
+def _case_echo(rng: Any, blanks: bool = False) -> tuple[list[dict[str, str]], list[str]]:
+    a, b, q = _question(rng)
+    line = f"{q} = {' '.join(str(a + b))}"
+    if blanks:  # the recipe: "Answer:" and calc's line, as the call is "calc" and the question
+        return _after_call(q, line, _blanks(q)), ["Answer:", *line.split()]
+    return _after_call(q, line), line.split()
+
+
+def _random_reply(lo: int, hi: int) -> Any:
+    def case(rng: Any) -> tuple[list[dict[str, str]], list[str]]:
+        _, _, q = _question(rng)
+        r = " ".join(str(rng.randint(lo, hi)))
+        return _after_call(q, r), r.split()
+
+    return case
+
+
+#: what the answer turn repeats of calc's reply, with the question, the call and the reply in
+#: context (4-digit sums); "after the call": from the model that first learned the call
+COPY_CASES: dict[str, Any] = {
+    "sum": _case_sum,
+    "random 1000-9999": _random_reply(1000, 9999),
+    "random 1000-1999": _random_reply(1000, 1999),
+    "echo": _case_echo,
+}
+
+
+def compare_copies(steps: int, seed: int = 0) -> None:
+    """What the answer turn learns to repeat (:func:`reinforce`, ``token_grpo`` credit), each from
+    the recipe's untrained tiny model: calc's reply as it is (a 4-digit sum: always starts with 1),
+    a random 4-digit number (first digit 1-9), a random one that starts with 1, and the echoed line
+    ``a + b = s``; then, from the model that first learned the call for ``steps``, the echo as the
+    answer (the question ``a + b``), and the recipe's pair: the question ``a + b = ? ? ? ?`` and the
+    answer ``Answer: a + b = s`` (the call and the answer repeat the line before them at one distance)."""
+    import functools
+
+    import torch
+
+    from rlzoo.algorithms.advantage import TokenGRPOParams
+    from rlzoo.algorithms.functional.advantage import token_grpo
+
+    torch.set_num_threads(1)
+    estimator = lambda x: token_grpo(x, TokenGRPOParams(gamma=0.0))  # noqa: E731
+    curves = {}
+    for name, case in COPY_CASES.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            model, tok = tiny_task_model(tmp, seed)
+            curves[name] = reinforce(model, tok, case, steps, estimator, seed=seed)
+    for blanks, label in ((False, "echo after the call"), (True, "recipe, after the call")):
+        with tempfile.TemporaryDirectory() as tmp:
+            model, tok = tiny_task_model(tmp, seed)
+            call = functools.partial(_case_call, blanks=blanks)
+            curves[f"call{' (blanks)' if blanks else ''}"] = reinforce(
+                model, tok, call, steps, estimator, seed=seed
+            )
+            echo = functools.partial(_case_echo, blanks=blanks)
+            curves[label] = reinforce(model, tok, echo, steps, estimator, seed=seed)
+    print("share of the wanted words repeated in place (sampled) / exact answers (greedy), per step")
+    for names in (list(curves)[:4], list(curves)[4:]):
+        print(f"{'step':>5} | " + " | ".join(f"{k:>22}" for k in names))
+        for step in sorted(curves[names[0]]):
+            print(
+                f"{step:>5} | "
+                + " | ".join(f"{curves[k][step][0]:>11.3f} {curves[k][step][1]:>10.3f}" for k in names)
+            )
 
 
 def main() -> None:
@@ -210,7 +326,13 @@ def main() -> None:
     ap.add_argument(
         "--fa", action="append", default=[], help="an override for the fully_async run only (repeatable)"
     )
+    ap.add_argument(
+        "--copy", action="store_true", help="what the answer turn learns to repeat, as bandits side by side"
+    )
     args, overrides = ap.parse_known_args()
+    if args.copy:
+        compare_copies(args.steps)
+        return
     if args.credit:
         compare_credit(args.steps)
         return
