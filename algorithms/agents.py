@@ -62,9 +62,8 @@ class ToolArithmeticParams:
     echo: bool = param(
         False,
         help="calc replies 'expression = result' and an answer may repeat that line (the number after its "
-        "last '=' is the answer; answer_credit then scores 'Answer: <the reply>' in place). "
-        "A tiny model under RL copies a reply whose first word varies, not one that always starts "
-        "with the same digit (a 4-digit sum starts with 1): docs/agents.md",
+        "last '=' is the answer; answer_credit then scores 'Answer: <the reply>' in place). A tiny "
+        "model under RL learns to repeat calc's whole line, not a 4-digit sum alone (docs/agents.md)",
     )
     blanks: bool = param(
         False,

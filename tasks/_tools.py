@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rlzoo.algorithms.functional.agents import answered
 from rlzoo.errors import RlzooError
 from rlzoo.tasks._stamp import build_task_folder
 
@@ -88,6 +88,6 @@ def prepare(out_dir: Path, params: Any) -> dict[str, Path]:
 def score(
     response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any], params: Any
 ) -> dict[str, Any]:
-    pred = re.sub(r"\D", "", response.split("Answer:")[-1].split("=")[-1])
+    pred = answered(response)
     acc = float(pred == str(ground_truth))
     return {"score": acc, "acc": acc, "pred": pred}

@@ -105,10 +105,11 @@ def _digits(text: str) -> str:
     return re.sub(r"\D", "", text)
 
 
-def _answer(text: str) -> str:
-    """What a turn answers: the words after its last ``Answer:``, after their last ``=`` if any
-    (a repeated ``expression = result`` line answers its result)."""
-    return text.split("Answer:")[-1].split("=")[-1]
+def answered(text: str) -> str:
+    """The number a turn answers, as digits: those after its last ``Answer:``, and after their last
+    ``=`` if any (a repeated ``expression = result`` line answers its result). The environment and
+    the ``tool_arithmetic`` scorer both read an answer with it."""
+    return _digits(text.split("Answer:")[-1].split("=")[-1])
 
 
 #: a calc reply that is a number (``5 7 9``), or an echoed line (``1 2 3 + 4 5 6 = 5 7 9``)
@@ -158,7 +159,7 @@ class ToolArithmetic:
 
     def step(self, turn: AgentTurn) -> EnvStep:
         text = turn.text.split("Answer:")[-1]
-        ok = self.answer is not None and _digits(_answer(turn.text)) == str(self.answer)
+        ok = self.answer is not None and answered(turn.text) == str(self.answer)
         reward = 1.0 if ok else 0.0
         info = {"acc": float(ok)}
         calls = [c for c in turn.tool_calls if c.name == "calc"]
