@@ -44,6 +44,18 @@ def pairs(
             f"use {digits}, {digits + 1} or 0 (any)"
         )
     lo, hi = 10 ** (digits - 1), 10**digits - 1
+    if digits <= 2:  # a small space: refuse one the held-out pairs use up, rather than draw forever
+        space = [
+            (a, b)
+            for a in range(lo, hi + 1)
+            for b in range(lo, hi + 1)
+            if sum_digits in (0, len(str(a + b))) and (a, b) not in exclude
+        ]
+        if n and not space:
+            raise RlzooError(
+                f"tool_arithmetic: no {digits}-digit pair is left to draw (sum_digits={sum_digits}, "
+                f"{len(exclude)} held out): lower val_size"
+            )
     out: list[tuple[int, int]] = []
     while len(out) < n:
         p = (rng.randint(lo, hi), rng.randint(lo, hi))

@@ -41,6 +41,12 @@ def test_an_impossible_sum_length_is_refused_by_name(tmp_path: Path) -> None:
     assert not (tmp_path / "train.parquet").exists()
 
 
+def test_held_out_pairs_that_leave_nothing_to_train_on_are_refused(tmp_path: Path) -> None:
+    # 1-digit numbers with a 1-digit sum: 36 pairs, all of them drawn for validation by 400 draws
+    with pytest.raises(RlzooError, match=r"no 1-digit pair is left to draw .* lower val_size"):
+        prepare(tmp_path, ToolArithmeticDataParams(digits=1, sum_digits=1, val_size=400, train_size=8))
+
+
 def test_model_knows_every_word_of_the_task_and_a_stale_cache_is_rebuilt(tmp_path: Path) -> None:
     files = prepare(tmp_path, ToolArithmeticDataParams(train_size=4, val_size=2))
     tok = load_tokenizer(files["model"])
