@@ -191,6 +191,26 @@ def tiny_task_model(tmp: str, seed: int = 0) -> tuple[Any, Any]:
     return model, load_tokenizer(f"{tmp}/model")
 
 
+def _token_credit(x: Any) -> Any:
+    """The ``token_grpo`` part with gamma 0: each token its own credit."""
+    from rlzoo.algorithms.advantage import TokenGRPOParams
+    from rlzoo.algorithms.functional.advantage import token_grpo
+
+    return token_grpo(x, TokenGRPOParams(gamma=0.0))
+
+
+def _print_curves(title: str, curves: dict[str, dict[int, tuple[float, float]]], rows: int = 4) -> None:
+    """The bandits' curves side by side, ``rows`` to a table: (repeated share, exact share) per step."""
+    print(title)
+    names = list(curves)
+    for at in range(0, len(names), rows):
+        group = names[at : at + rows]
+        print(f"{'step':>5} | " + " | ".join(f"{k:>22}" for k in group))
+        for step in sorted(curves[group[0]]):
+            cells = (f"{curves[k][step][0]:>11.3f} {curves[k][step][1]:>10.3f}" for k in group)
+            print(f"{step:>5} | " + " | ".join(cells))
+
+
 def compare_credit(steps: int, seed: int = 0) -> None:
     """The call alone, as a bandit (:func:`reinforce`): the recipe's tiny model sees ``<|user|> a +
     b <|assistant|>`` and is scored in place against ``calc a + b <eos>``, the advantage from the
@@ -198,25 +218,20 @@ def compare_credit(steps: int, seed: int = 0) -> None:
     each token its own credit)."""
     import torch
 
-    from rlzoo.algorithms.advantage import GRPOParams, TokenGRPOParams
-    from rlzoo.algorithms.functional.advantage import grpo, token_grpo
+    from rlzoo.algorithms.advantage import GRPOParams
+    from rlzoo.algorithms.functional.advantage import grpo
 
     torch.set_num_threads(1)
-    estimators = {
-        "grpo": lambda x: grpo(x, GRPOParams()),
-        "token_grpo": lambda x: token_grpo(x, TokenGRPOParams(gamma=0.0)),
-    }
+    estimators = {"grpo": lambda x: grpo(x, GRPOParams()), "token_grpo": _token_credit}
     curves = {}
     for name, estimator in estimators.items():
         with tempfile.TemporaryDirectory() as tmp:
             model, tok = tiny_task_model(tmp, seed)
             curves[name] = reinforce(model, tok, _case_call, steps, estimator, seed=seed)
-    print("the call alone: share of the question's words repeated in place (sampled) | exact calls (greedy)")
-    print(f"{'step':>5} | " + " | ".join(f"{k:>20}" for k in curves))
-    for step in sorted(curves["grpo"]):
-        print(
-            f"{step:>5} | " + " | ".join(f"{c[step][0]:>9.3f} {c[step][1]:>10.3f}" for c in curves.values())
-        )
+    _print_curves(
+        "the call alone: share of the question's words repeated in place (sampled) | exact calls (greedy)",
+        curves,
+    )
 
 
 def _question(rng: Any, sum_digits: int = 4) -> tuple[int, int, str]:
@@ -287,33 +302,24 @@ def compare_copies(steps: int, seed: int = 0) -> None:
 
     import torch
 
-    from rlzoo.algorithms.advantage import TokenGRPOParams
-    from rlzoo.algorithms.functional.advantage import token_grpo
-
     torch.set_num_threads(1)
-    estimator = lambda x: token_grpo(x, TokenGRPOParams(gamma=0.0))  # noqa: E731
     curves = {}
     for name, case in COPY_CASES.items():
         with tempfile.TemporaryDirectory() as tmp:
             model, tok = tiny_task_model(tmp, seed)
-            curves[name] = reinforce(model, tok, case, steps, estimator, seed=seed)
+            curves[name] = reinforce(model, tok, case, steps, _token_credit, seed=seed)
     for blanks, label in ((False, "echo after the call"), (True, "recipe, after the call")):
         with tempfile.TemporaryDirectory() as tmp:
             model, tok = tiny_task_model(tmp, seed)
             call = functools.partial(_case_call, blanks=blanks)
             curves[f"call{' (blanks)' if blanks else ''}"] = reinforce(
-                model, tok, call, steps, estimator, seed=seed
+                model, tok, call, steps, _token_credit, seed=seed
             )
             echo = functools.partial(_case_echo, blanks=blanks)
-            curves[label] = reinforce(model, tok, echo, steps, estimator, seed=seed)
-    print("share of the wanted words repeated in place (sampled) / exact answers (greedy), per step")
-    for names in (list(curves)[:4], list(curves)[4:]):
-        print(f"{'step':>5} | " + " | ".join(f"{k:>22}" for k in names))
-        for step in sorted(curves[names[0]]):
-            print(
-                f"{step:>5} | "
-                + " | ".join(f"{curves[k][step][0]:>11.3f} {curves[k][step][1]:>10.3f}" for k in names)
-            )
+            curves[label] = reinforce(model, tok, echo, steps, _token_credit, seed=seed)
+    _print_curves(
+        "share of the wanted words repeated in place (sampled) / exact answers (greedy), per step", curves
+    )
 
 
 def main() -> None:

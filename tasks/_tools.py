@@ -44,22 +44,21 @@ def pairs(
             f"use {digits}, {digits + 1} or 0 (any)"
         )
     lo, hi = 10 ** (digits - 1), 10**digits - 1
-    if digits <= 2:  # a small space: refuse one the held-out pairs use up, rather than draw forever
-        space = [
-            (a, b)
-            for a in range(lo, hi + 1)
-            for b in range(lo, hi + 1)
-            if sum_digits in (0, len(str(a + b))) and (a, b) not in exclude
-        ]
-        if n and not space:
-            raise RlzooError(
-                f"tool_arithmetic: no {digits}-digit pair is left to draw (sum_digits={sum_digits}, "
-                f"{len(exclude)} held out): lower val_size"
-            )
+
+    def fits(p: tuple[int, int]) -> bool:
+        return p not in exclude and sum_digits in (0, len(str(sum(p))))
+
+    span = range(lo, hi + 1)
+    # a small space: refuse one the held-out pairs use up, rather than draw forever
+    if n and digits <= 2 and not any(fits((a, b)) for a in span for b in span):
+        raise RlzooError(
+            f"tool_arithmetic: no {digits}-digit pair is left to draw (sum_digits={sum_digits}, "
+            f"{len(exclude)} held out): lower val_size"
+        )
     out: list[tuple[int, int]] = []
     while len(out) < n:
         p = (rng.randint(lo, hi), rng.randint(lo, hi))
-        if p not in exclude and sum_digits in (0, len(str(sum(p)))):
+        if fits(p):
             out.append(p)
     return out
 

@@ -208,10 +208,10 @@ class ToolArithmetic:
         if first is not None and p.call_credit > 0:
             score(first, self._call_words(), p.call_credit)
         if results and p.answer_credit > 0:
-            if p.echo:  # "Answer:" and calc's line, as the call is "calc" and the question
-                score(len(turn.turn_tokens) - 1, ["Answer:", *results[-1].split()], p.answer_credit)
-            else:
-                score(len(turn.turn_tokens) - 1, self._words(results[-1]), p.answer_credit, ("Answer:",))
+            # echo: "Answer:" and calc's line, as the call is "calc" and the question; else the
+            # result's digits, after an "Answer:" the answer may or may not write
+            want = ["Answer:", *results[-1].split()] if p.echo else self._words(results[-1])
+            score(len(turn.turn_tokens) - 1, want, p.answer_credit, () if p.echo else ("Answer:",))
         return out
 
     def _call_words(self) -> list[str]:

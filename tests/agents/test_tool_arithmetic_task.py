@@ -1,5 +1,5 @@
 """The ``tool_arithmetic`` dataset and scorer: held-out pairs, the ``sum_digits`` filter, the
-model's RoPE base and vocabulary, and answers read after the last ``=`` (an echoed calc line)."""
+tokenizer's vocabulary, and answers read after the last ``=`` (an echoed calc line)."""
 
 from __future__ import annotations
 
