@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import rlzoo
-from rlzoo.metrics import read_metrics
+from rlzoo.report.metrics import read_metrics
 
 #: fully_async with the sync step's prompts: require_batches x ppo_mini_batch_size (16) = 32
 FULLY_ASYNC = (
@@ -130,7 +130,7 @@ def reinforce(
 
     import torch
 
-    from rlzoo.protocols import AdvantageInputs
+    from rlzoo.kernel.protocols import AdvantageInputs
 
     rng = random.Random(seed)
     eos = int(tok.eos_token_id)

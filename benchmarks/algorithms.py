@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 import rlzoo
-from rlzoo.protocols import AdvantageInputs
+from rlzoo.kernel.protocols import AdvantageInputs
 
 # ---------------------------------------------------------------------------------------------
 # loop baselines (verl's formulas, one sample / one group at a time)
@@ -246,7 +246,7 @@ def bench_advantages(
 def bench_policy_losses(n: int, t: int, rows: list[tuple]) -> None:
     try:
         importlib.import_module("rlzoo.algorithms.functional.policy_loss")
-        from rlzoo.protocols import PolicyLossInputs
+        from rlzoo.kernel.protocols import PolicyLossInputs
     except ImportError as exc:  # written by another part of the project; optional here
         print(f"  (policy losses skipped: {exc})")
         return

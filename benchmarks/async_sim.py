@@ -75,7 +75,7 @@ def configs(args: argparse.Namespace) -> dict[str, list[str]]:
 
 
 def plugin_manager() -> Any:
-    from rlzoo.plugins import PluginManager
+    from rlzoo.kernel.plugins import PluginManager
 
     return PluginManager(load_entrypoints=False)  # the simulated backends are built in
 
@@ -84,7 +84,7 @@ def run_one(
     name: str, extra: list[str], args: argparse.Namespace, pm: Any, data_dir: str, out: Path
 ) -> dict[str, Any]:
     import rlzoo
-    from rlzoo.metrics import read_metrics
+    from rlzoo.report.metrics import read_metrics
 
     run_dir = out / name.split(" ")[0].replace("=", "") / str(abs(hash(name)))
     common = [

@@ -6,7 +6,7 @@ one of 2 cores lost), for each thread setting:
 
 - ``before``: libgomp's own waiting (``RLZOO_OMP_WAIT_POLICY=keep``: a thread spins 300,000 times
   in a barrier before it sleeps; rlzoo's default until issue 25);
-- ``after``: rlzoo's default (:data:`rlzoo.threads.DEFAULT_WAIT_POLICY`, ``short``:
+- ``after``: rlzoo's default (:data:`rlzoo.system.threads.DEFAULT_WAIT_POLICY`, ``short``:
   ``GOMP_SPINCOUNT=1000``, set when rlzoo is imported before torch); default threads;
 - ``passive``: ``RLZOO_OMP_WAIT_POLICY=passive`` (``OMP_WAIT_POLICY=PASSIVE``: sleep at once);
 - ``spin 10k``: ``GOMP_SPINCOUNT=10000``, a longer spin;
@@ -44,7 +44,7 @@ SETTINGS = {
 _CHILD = """
 import json, sys
 import rlzoo
-from rlzoo.metrics import read_metrics
+from rlzoo.report.metrics import read_metrics
 import torch
 run = rlzoo.build_run("quickstart", sys.argv[2:])
 run.train()

@@ -18,8 +18,9 @@ import time
 import torch
 
 from rlzoo.batch import Batch
+from rlzoo.kernel.protocols import AggContext
+from rlzoo.kernel.settings import MicroBatchSettings, OptimSettings, TrainSpec
 from rlzoo.models.tiny import tiny_qwen2_config
-from rlzoo.protocols import AggContext, MicroBatchSettings, OptimSettings, TrainSpec
 
 
 def qwen2_config(tiny: bool):  # type: ignore[no-untyped-def]

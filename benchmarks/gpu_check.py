@@ -129,7 +129,8 @@ def section_rollout(a: argparse.Namespace) -> dict[str, Any]:
 
     from rlzoo.backends.native.rollout import NativeRolloutBackend
     from rlzoo.backends.native.rollout_params import NativeRolloutParams
-    from rlzoo.protocols import GenerationRequest, RolloutSpec, SamplingParams
+    from rlzoo.kernel.protocols import GenerationRequest, SamplingParams
+    from rlzoo.kernel.settings import RolloutSpec
 
     cfg = qwen2_config(a.tiny)
     torch.manual_seed(0)
@@ -215,7 +216,7 @@ def section_fsdp2(a: argparse.Namespace) -> dict[str, Any]:
 
     from rlzoo.backends.fsdp2 import FSDP2Params
     from rlzoo.backends.fsdp2.train import FSDP2TrainBackend
-    from rlzoo.protocols import MicroBatchSettings, OptimSettings, TrainSpec
+    from rlzoo.kernel.settings import MicroBatchSettings, OptimSettings, TrainSpec
 
     cfg = qwen2_config(a.tiny)
     cfg._attn_implementation = "sdpa"
@@ -246,7 +247,7 @@ def section_megatron(a: argparse.Namespace) -> dict[str, Any]:
         return {"skipped": f"megatron-core not installed ({e})"}
     from rlzoo.backends.megatron import MegatronParams
     from rlzoo.backends.megatron.train import MegatronTrainBackend
-    from rlzoo.protocols import MicroBatchSettings, OptimSettings, TrainSpec
+    from rlzoo.kernel.settings import MicroBatchSettings, OptimSettings, TrainSpec
 
     cfg = qwen2_config(a.tiny)
     torch.manual_seed(0)

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlzoo.protocols import MicroBatchSettings
+from rlzoo.kernel.settings import MicroBatchSettings
 
 PROMPT = 64
 ROWS = {128: 16, 512: 4, 2048: 1}  # 128: the SmolLM2 recipe's micro-batch of 16; else ~2k response tokens
@@ -67,8 +67,8 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
     from rlzoo.backends.native.train import NativeTrainBackend
     from rlzoo.backends.native.train_params import NativeTrainParams
     from rlzoo.batch import Batch
+    from rlzoo.kernel.settings import MicroBatchSettings, TrainSpec
     from rlzoo.models.tiny import tiny_qwen2_config
-    from rlzoo.protocols import MicroBatchSettings, TrainSpec
 
     torch.set_num_threads(cfg["threads"])
     torch.manual_seed(0)

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 import rlzoo
-from rlzoo.metrics import read_metrics
+from rlzoo.report.metrics import read_metrics
 from rlzoo.train.loop import COMPUTE_PHASES
 
 

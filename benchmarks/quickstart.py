@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 import rlzoo
-from rlzoo.metrics import read_metrics
+from rlzoo.report.metrics import read_metrics
 
 
 def constant_answer_accuracy(val_file: Path) -> float:

@@ -20,7 +20,7 @@ import time
 from rlzoo.algorithms.functional.reward import BoundScorer, NaiveRewardManager, ProcessPoolRewardManager
 from rlzoo.algorithms.reward import NaiveParams, ProcessPoolParams
 from rlzoo.algorithms.scorers import MathParams
-from rlzoo.protocols import RewardItem
+from rlzoo.kernel.protocols import RewardItem
 
 
 def hang_on_h(response, ground_truth, data_source, extra_info, params):  # type: ignore[no-untyped-def]

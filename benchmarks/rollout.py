@@ -80,7 +80,7 @@ def run_hf(model, prompts, max_new, batch: int, device: str) -> tuple[float, int
 
 def run_native(model, prompts, max_new, batch: int) -> tuple[float, int, int, dict]:
     from rlzoo.backends.native.engine import NativeEngine
-    from rlzoo.protocols import GenerationRequest, SamplingParams
+    from rlzoo.kernel.protocols import GenerationRequest, SamplingParams
 
     reqs = [
         GenerationRequest(f"r{i}", p, SamplingParams(max_new_tokens=m, temperature=1.0))

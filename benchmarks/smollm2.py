@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import rlzoo
-from rlzoo.metrics import read_metrics
+from rlzoo.report.metrics import read_metrics
 
 PHASES = ("gen", "reward", "old_log_prob", "adv", "update_actor", "sync_weights", "testing")
 

@@ -38,8 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlzoo.config import load_config
-from rlzoo.metrics import read_metrics
+from rlzoo.recipe.config import load_config
+from rlzoo.report.metrics import read_metrics
 from rlzoo.train.inputs import ensure_data
 
 RECIPE = "smollm2_calc_agent"

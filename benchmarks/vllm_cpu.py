@@ -29,7 +29,7 @@ NATIVE = "rollout.backend={name: native, max_num_seqs: 64}"
 
 def run(label: str, backend: str, steps: int, out: Path, overrides: list[str]) -> dict[str, float]:
     import rlzoo
-    from rlzoo.metrics import read_metrics
+    from rlzoo.report.metrics import read_metrics
 
     cache = Path(os.environ.get("RLZOO_CACHE", "~/.cache/rlzoo")).expanduser()
     t0 = time.perf_counter()

@@ -15,9 +15,9 @@ What each side may choose (a *configuration*, ``side:precision:micro[:packed][:o
   accumulation up to the 64 samples of the batch (64: no accumulation). rlzoo:
   ``trainer.micro_batch.size`` (gradients accumulate within the one optimizer step either way).
 - ``packed`` (rlzoo): ``trainer.backend.use_remove_padding=true`` (padding-free micro-batches).
-- ``omp=<policy>``: how the child's OpenMP threads wait (:data:`rlzoo.threads.WAIT_POLICIES`:
+- ``omp=<policy>``: how the child's OpenMP threads wait (:data:`rlzoo.system.threads.WAIT_POLICIES`:
   ``keep`` = libgomp's own 300,000-spin waiting, ``short``, ``passive``). Default: each side's own
-  -- rlzoo's :data:`~rlzoo.threads.DEFAULT_WAIT_POLICY` (set when ``rlzoo`` is imported), TRL's
+  -- rlzoo's :data:`~rlzoo.system.threads.DEFAULT_WAIT_POLICY` (set when ``rlzoo`` is imported), TRL's
   ``keep`` (what a TRL program gets); ``trl:bf16:64:omp=short`` gives TRL rlzoo's setting.
 
 Every configuration runs in a fresh subprocess, so each one's peak RSS (``wait4``'s ``ru_maxrss``,
@@ -61,8 +61,8 @@ from typing import Any
 import torch
 
 import rlzoo
-from rlzoo.metrics import read_metrics
-from rlzoo.threads import DEFAULT_WAIT_POLICY, WAIT_POLICIES
+from rlzoo.report.metrics import read_metrics
+from rlzoo.system.threads import DEFAULT_WAIT_POLICY, WAIT_POLICIES
 
 PROMPTS, N, MICRO, LR = 8, 8, 16, 1e-5
 # the configurations run by default: each side's candidates for its fastest (docs/performance.md);

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import rlzoo
-from rlzoo.protocols import AgentTurn, EnvStep, Tool
+from rlzoo.kernel.protocols import AgentTurn, EnvStep, Tool
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ def my_clip_loss(inputs, params):  # type: ignore[no-untyped-def]
     """PPO-clip, written by hand: -min(r * A, clip(r, 1 - e, 1 + e) * A), aggregated with inputs.agg."""
     import torch
 
-    from rlzoo.protocols import PolicyLossOutput
+    from rlzoo.kernel.protocols import PolicyLossOutput
 
     ratio = torch.exp(inputs.log_probs - inputs.old_log_probs)  # [B, T]
     clipped = ratio.clamp(1 - params.clip, 1 + params.clip)  # [B, T]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from rlzoo.protocols import AgentTurn, EnvStep, GenerationRequest, Sample, SamplingParams, Tool
+from rlzoo.kernel.protocols import AgentTurn, EnvStep, GenerationRequest, Sample, SamplingParams, Tool
 
 
 class Recorder:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import rlzoo
-from rlzoo.metrics import read_metrics
+from rlzoo.report.metrics import read_metrics
 from rlzoo.train.loop import build_loop
 
 BATCH = 8

@@ -19,7 +19,7 @@ import pytest
 from rlzoo.agents.chat import ChatTemplate, TemplateTurnError
 from rlzoo.algorithms.agents import CalcParams
 from rlzoo.algorithms.functional.agents import CalcTool
-from rlzoo.protocols import Message
+from rlzoo.kernel.protocols import Message
 
 # Qwen2.5-Instruct's chat template (Qwen/Qwen2.5-*-Instruct tokenizer_config.json), verbatim.
 QWEN25_TEMPLATE = """{%- if tools %}

@@ -7,7 +7,7 @@ import runpy
 from pathlib import Path
 from types import SimpleNamespace
 
-from rlzoo.plugins import PluginManager
+from rlzoo.kernel.plugins import PluginManager
 from rlzoo.testing import EnvironmentConformance, ToolConformance
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "agent_plugin.py"

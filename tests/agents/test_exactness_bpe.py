@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from agents.helpers import Chatter, Recorder, _segments, check_sampled_ids_are_trained, requests
-from rlzoo.protocols import RolloutSpec, Sample, TrainSpec
+from rlzoo.kernel.protocols import Sample
+from rlzoo.kernel.settings import RolloutSpec, TrainSpec
 from rlzoo.train.batching import samples_to_batch
 
 

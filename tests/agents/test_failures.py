@@ -17,11 +17,11 @@ from rlzoo.agents.rollout import MultiTurnRollout, agent_metrics
 from rlzoo.agents.settings import MultiTurnSettings
 from rlzoo.algorithms.agents import CalcParams, ToolArithmeticParams
 from rlzoo.algorithms.functional.agents import CalcTool, ToolArithmetic
-from rlzoo.failures import RewardFailureError, RewardFailures
+from rlzoo.kernel.protocols import AgentTurn, EnvStep, Sample, Tool
 from rlzoo.models.tiny import build_tokenizer
-from rlzoo.protocols import AgentTurn, EnvStep, Sample, Tool
 from rlzoo.tasks._tools import CHAT_TEMPLATE, WORDS
 from rlzoo.train.batching import rollout_metrics, samples_to_batch
+from rlzoo.train.failures import RewardFailureError, RewardFailures
 from rlzoo.train.rewards import score_samples
 
 TOK = build_tokenizer((*WORDS, "slow", "boom"), CHAT_TEMPLATE, extra_special=("<|tool|>",))

@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 
 from rlzoo.algorithms.functional.agents import evaluate
-from rlzoo.plugins import PluginManager
+from rlzoo.kernel.plugins import PluginManager
 from rlzoo.testing import EnvironmentConformance, ToolConformance
 
 
@@ -123,12 +123,12 @@ def test_tool_problems_name_each_broken_rule() -> None:
 
 class _ToolsUndeclared:
     def reset(self, row):  # type: ignore[no-untyped-def]
-        from rlzoo.protocols import EnvStep
+        from rlzoo.kernel.protocols import EnvStep
 
         return EnvStep(messages=[{"role": "user", "content": "hi"}])
 
     def step(self, turn):  # type: ignore[no-untyped-def]
-        from rlzoo.protocols import EnvStep
+        from rlzoo.kernel.protocols import EnvStep
 
         return EnvStep(messages=[], reward=0.0, done=True)
 
@@ -162,8 +162,8 @@ def test_environment_suite_catches_undeclared_tools() -> None:
 
 
 def test_validate_rules_of_agent_settings() -> None:
-    from rlzoo.config import load_config
-    from rlzoo.errors import ConfigError
+    from rlzoo.kernel.errors import ConfigError
+    from rlzoo.recipe.config import load_config
 
     with pytest.raises(ConfigError) as err:
         load_config("quickstart", ["rollout.tools=[calc,calc]"])

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import rlzoo
-from rlzoo.metrics import read_metrics
+from rlzoo.report.metrics import read_metrics
 
 STEPS = 3
 RUNNERS = {

@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import rlzoo
-from rlzoo.metrics import read_metrics
-from rlzoo.protocols import AgentTurn, ToolCall
+from rlzoo.kernel.protocols import AgentTurn, ToolCall
+from rlzoo.report.metrics import read_metrics
 from rlzoo.tasks._smollm2_calc import SYSTEM, SmolLM2Calc, last_integer, prepare
 from rlzoo.tasks.smollm2_calc import SmolLM2CalcDataParams, SmolLM2CalcEnvParams
 from rlzoo.testing import EnvironmentConformance
@@ -181,7 +181,7 @@ def test_recipe_runs_two_steps_on_a_tiny_gguf(runner: list[str], data_dir: Path,
 def test_validate_refuses_the_recipe_without_the_calc_tool() -> None:
     """The prompt teaches calc turns: without the tool every one would be scored wrong, silently.
     Checked at validate time (the environment's own rule, which every selected part now gets)."""
-    from rlzoo.errors import ConfigError
+    from rlzoo.kernel.errors import ConfigError
 
     rlzoo.build_run("smollm2_calc_agent")  # as shipped: valid
     with pytest.raises(ConfigError, match=r"rollout.tools does not offer; add rollout.tools: \[calc\]"):

@@ -16,8 +16,8 @@ pytest.importorskip("textarena", reason="the textarena extra: pip install rlzoo[
 from agents.helpers import ScriptedBackend, requests
 from rlzoo.agents.rollout import MultiTurnRollout
 from rlzoo.agents.settings import MultiTurnSettings
-from rlzoo.config import bind_part
-from rlzoo.plugins import PluginManager
+from rlzoo.kernel.plugins import PluginManager
+from rlzoo.recipe.config import bind_part
 from rlzoo.tasks._textarena import TextArenaError, start
 from rlzoo.testing import EnvironmentConformance
 from rlzoo.train.batching import samples_to_batch

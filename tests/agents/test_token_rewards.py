@@ -17,8 +17,8 @@ from rlzoo.algorithms.advantage import TokenGRPOParams
 from rlzoo.algorithms.agents import ToolArithmeticParams
 from rlzoo.algorithms.functional.advantage import token_grpo
 from rlzoo.algorithms.functional.agents import ToolArithmetic
+from rlzoo.kernel.protocols import AdvantageInputs, AgentTurn, EnvStep, Sample
 from rlzoo.models.tiny import build_tokenizer
-from rlzoo.protocols import AdvantageInputs, AgentTurn, EnvStep, Sample
 from rlzoo.tasks._tools import CHAT_TEMPLATE, WORDS
 from rlzoo.testing import AdvantageConformance
 from rlzoo.train.batching import samples_to_batch

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlzoo.data.tokenizer import load_tokenizer
-from rlzoo.errors import RlzooError
+from rlzoo.kernel.errors import RlzooError
 from rlzoo.tasks._tools import prepare, score
 from rlzoo.tasks.tools import ToolArithmeticDataParams
 

@@ -14,8 +14,8 @@ from rlzoo.agents.rollout import MultiTurnRollout
 from rlzoo.agents.settings import MultiTurnSettings
 from rlzoo.algorithms.advantage import GRPOParams, TurnGRPOParams
 from rlzoo.algorithms.functional.advantage import grpo, turn_grpo
+from rlzoo.kernel.protocols import AdvantageInputs, AgentTurn, EnvStep, RewardResult, Sample
 from rlzoo.models.tiny import build_tokenizer
-from rlzoo.protocols import AdvantageInputs, AgentTurn, EnvStep, RewardResult, Sample
 from rlzoo.tasks._tools import CHAT_TEMPLATE, WORDS
 from rlzoo.testing import AdvantageConformance
 from rlzoo.train.batching import samples_to_batch

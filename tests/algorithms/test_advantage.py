@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import rlzoo
 from rlzoo.algorithms import advantage as adv_mod
 from rlzoo.algorithms.functional import advantage as F
-from rlzoo.protocols import AdvantageInputs
+from rlzoo.kernel.protocols import AdvantageInputs
 
 # Two groups of three, interleaved, with non-contiguous ids (10 and 3):
 #   group 10 = samples 0, 2, 4 with rewards 1, 2, 3 and lengths 4, 2, 1

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rlzoo
-from rlzoo.protocols import CorrectionInputs
+from rlzoo.kernel.protocols import CorrectionInputs
 
 # row 0: p_old = .5, .5 and p_rollout = .25, 1.0 -> ratios 2, .5 (product 1)
 # row 1: p_old = .9, .9 and p_rollout = .3, .9 -> ratios 3, 1 (product 3); third token is padding

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rlzoo.protocols import GenerationRequest, RewardItem, Sample
+from rlzoo.kernel.protocols import GenerationRequest, RewardItem, Sample
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -63,8 +63,8 @@ class StubJudge:
 
 
 def judge(engine: Any = None, tok: Any = None, **params: Any) -> Any:
-    from rlzoo.config import bind_part
-    from rlzoo.plugins import get_plugin_manager
+    from rlzoo.kernel.plugins import get_plugin_manager
+    from rlzoo.recipe.config import bind_part
 
     problems: list[str] = []
     raw = {"name": "judge", "model": "stub", **params}
@@ -129,8 +129,8 @@ def test_chat_off_failure_reward_and_long_prompts():
 )
 def test_bad_params_are_validate_problems(params, error):
     """`rlzoo validate` reports them: nothing loads."""
-    from rlzoo.config import bind_part
-    from rlzoo.plugins import get_plugin_manager
+    from rlzoo.kernel.plugins import get_plugin_manager
+    from rlzoo.recipe.config import bind_part
 
     problems: list[str] = []
     raw = {"name": "judge", "model": "m", **params}

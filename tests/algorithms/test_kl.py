@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import rlzoo
-from rlzoo.formulas import AdaptiveKLController, FixedKLController, apply_kl_penalty
+from rlzoo.train_kit.formulas import AdaptiveKLController, FixedKLController, apply_kl_penalty
 
 LOG2 = math.log(2.0)
 

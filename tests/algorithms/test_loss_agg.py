@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import rlzoo
 from rlzoo.algorithms.functional import loss_agg as F
 from rlzoo.algorithms.loss_agg import SeqMeanTokenSumNormParams
-from rlzoo.formulas import make_agg_context
+from rlzoo.train_kit.formulas import make_agg_context
 
 NAMES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 FNS = {

@@ -13,8 +13,8 @@ import rlzoo
 from rlzoo.algorithms import policy_loss as P
 from rlzoo.algorithms.functional import loss_agg as A
 from rlzoo.algorithms.functional import policy_loss as F
-from rlzoo.formulas import make_agg_context
-from rlzoo.protocols import PolicyLossInputs
+from rlzoo.kernel.protocols import PolicyLossInputs
+from rlzoo.train_kit.formulas import make_agg_context
 
 D = torch.float64
 AGGS = {"token-mean": A.token_mean, "seq-mean-token-mean": A.seq_mean_token_mean}

@@ -22,7 +22,7 @@ from rlzoo.algorithms.functional.reward import (
 )
 from rlzoo.algorithms.reward import BatchParams, DAPOParams, NaiveParams, ProcessPoolParams
 from rlzoo.algorithms.scorers import MathParams
-from rlzoo.protocols import RewardItem, RewardResult
+from rlzoo.kernel.protocols import RewardItem, RewardResult
 
 
 # ---------------------------------------------------------------------------------------------

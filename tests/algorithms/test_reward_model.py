@@ -8,8 +8,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from rlzoo.errors import RlzooError
-from rlzoo.protocols import RewardItem
+from rlzoo.kernel.errors import RlzooError
+from rlzoo.kernel.protocols import RewardItem
 from rlzoo.testing import RewardManagerConformance
 
 torch = pytest.importorskip("torch")
@@ -34,8 +34,8 @@ def rm_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def manager(path: Path, scorer: Any = None, **params: Any) -> Any:
-    from rlzoo.config import bind_part
-    from rlzoo.plugins import get_plugin_manager
+    from rlzoo.kernel.plugins import get_plugin_manager
+    from rlzoo.recipe.config import bind_part
 
     problems: list[str] = []
     raw = {"name": "reward_model", "path": str(path), **params}

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlzoo.algorithms.functional import loss_agg as A
-from rlzoo.formulas import make_agg_context, value_loss
+from rlzoo.train_kit.formulas import make_agg_context, value_loss
 
 D = torch.float64
 

@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from fsdp2_worker import PARAMS, SETTINGS, TokenMeanPG, TokenMeanValue, sample_batch, tiny_model
 
-from rlzoo.protocols import LoraSettings
+from rlzoo.kernel.settings import LoraSettings
 
 LORA = LoraSettings(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "up_proj"))
 
@@ -30,7 +30,7 @@ def _main(out: Path) -> None:
     from rlzoo.backends.fsdp2 import FSDP2Params
     from rlzoo.backends.fsdp2.collectives import ensure_process_group
     from rlzoo.backends.fsdp2.train import FSDP2TrainBackend
-    from rlzoo.protocols import TrainSpec
+    from rlzoo.kernel.settings import TrainSpec
 
     logging.basicConfig(level=logging.WARNING)
     ensure_process_group("cpu")

@@ -20,8 +20,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlzoo.batch import Batch
+from rlzoo.kernel.protocols import AggContext
+from rlzoo.kernel.settings import MicroBatchSettings, OptimSettings
 from rlzoo.models.tiny import tiny_qwen2_config
-from rlzoo.protocols import AggContext, MicroBatchSettings, OptimSettings
 from rlzoo.testing.backends import make_train_batch
 
 V = 64
@@ -77,7 +78,7 @@ class TokenMeanValue:
 
 
 PARAMS: dict[str, Any] = {"device": "cpu"}
-#: the trainer settings every test backend shares (rlzoo.protocols.TrainSpec.optim / .micro_batch)
+#: the trainer settings every test backend shares (rlzoo.kernel.settings.TrainSpec.optim / .micro_batch)
 SETTINGS: dict[str, Any] = {
     "optim": OptimSettings(lr=1e-3, grad_clip=1.0, critic_lr=1e-3),
     "micro_batch": MicroBatchSettings(size=2, log_prob_size=2),
@@ -93,7 +94,7 @@ def _main(out: Path) -> None:
     from rlzoo.backends.fsdp2 import FSDP2Params
     from rlzoo.backends.fsdp2.collectives import ensure_process_group
     from rlzoo.backends.fsdp2.train import FSDP2TrainBackend
-    from rlzoo.protocols import TrainSpec
+    from rlzoo.kernel.settings import TrainSpec
 
     logging.basicConfig(level=logging.WARNING)
     ensure_process_group("cpu")

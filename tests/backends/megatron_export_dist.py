@@ -25,7 +25,7 @@ def main(layout: str, shared: Path) -> None:
 
     from rlzoo.backends.megatron import MegatronParams
     from rlzoo.backends.megatron.train import MegatronTrainBackend
-    from rlzoo.protocols import OptimSettings, TrainSpec
+    from rlzoo.kernel.settings import OptimSettings, TrainSpec
     from rlzoo.testing.backends import (
         TokenMeanObjective,
         _random_batch,

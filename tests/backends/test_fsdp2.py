@@ -19,7 +19,8 @@ from rlzoo.backends.fsdp2 import FSDP2Params
 from rlzoo.backends.fsdp2.sharding import balanced_shards, micro_batch_bounds, plan_shards
 from rlzoo.backends.native.train import NativeTrainBackend
 from rlzoo.backends.native.train_params import NativeTrainParams
-from rlzoo.protocols import TrainBackend, TrainSpec
+from rlzoo.kernel.protocols import TrainBackend
+from rlzoo.kernel.settings import TrainSpec
 from rlzoo.testing.backends import make_train_batch
 from rlzoo.train_kit.logprobs import pack, unpack
 from rlzoo.train_kit.params import HFTrainParams

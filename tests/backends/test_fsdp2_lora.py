@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlzoo import lora
 from rlzoo.backends.native.train import NativeTrainBackend
 from rlzoo.backends.native.train_params import NativeTrainParams
-from rlzoo.protocols import TrainSpec
+from rlzoo.kernel.settings import TrainSpec
+from rlzoo.train_kit import lora
 
 from .conftest import torchrun
 

@@ -11,11 +11,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlzoo import lora
 from rlzoo.backends.native.rollout import NativeRolloutBackend
 from rlzoo.backends.native.rollout_params import NativeRolloutParams
-from rlzoo.errors import RlzooError
-from rlzoo.protocols import GenerationRequest, LoraSettings, RolloutSpec, SamplingParams, TrainSpec
+from rlzoo.kernel.errors import RlzooError
+from rlzoo.kernel.protocols import GenerationRequest, SamplingParams
+from rlzoo.kernel.settings import LoraSettings, RolloutSpec, TrainSpec
+from rlzoo.train_kit import lora
 
 from .test_native_train import (
     TokenMeanPG,

@@ -101,7 +101,7 @@ def test_geo3k_recipe_params_are_valid_here() -> None:
     """The recipe's megatron params pass validation without Transformer Engine (every key is one)."""
     import yaml
 
-    recipe = Path(__file__).parents[2] / "recipes" / "grpo_geo3k_vl.yaml"
+    recipe = Path(__file__).parents[2] / "src" / "rlzoo" / "recipes" / "grpo_geo3k_vl.yaml"
     backend = dict(yaml.safe_load(recipe.read_text())["trainer"]["backend"])
     backend.pop("name")
     MegatronParams(**backend)
@@ -126,7 +126,7 @@ CPU = {"device": "cpu", "dtype": "float32", "use_distributed_optimizer": False}
 
 def _backend(tmp: Path, **kw):  # type: ignore[no-untyped-def]
     from rlzoo.backends.megatron.train import MegatronTrainBackend
-    from rlzoo.protocols import OptimSettings, TrainSpec
+    from rlzoo.kernel.settings import OptimSettings, TrainSpec
 
     path = tmp / "model"
     if not path.exists():
@@ -181,7 +181,7 @@ def test_reads_the_shared_trainer_settings(tmp_path: Path) -> None:
     import dataclasses
 
     from rlzoo.backends.megatron.train import MegatronTrainBackend
-    from rlzoo.protocols import MicroBatchSettings, OptimSettings, TrainSpec
+    from rlzoo.kernel.settings import MicroBatchSettings, OptimSettings, TrainSpec
 
     save_tiny_qwen2(tmp_path / "m")
     optim = OptimSettings(lr=2e-3, lr_scheduler="linear", warmup_steps=2, min_lr_ratio=0.5, critic_lr=3e-3)
@@ -205,7 +205,7 @@ def test_bf16_with_grad_clipping_and_distributed_optimizer(tmp_path: Path) -> No
     weights; save → load of the distributed optimizer's state."""
     import torch
 
-    from rlzoo.protocols import OptimSettings
+    from rlzoo.kernel.settings import OptimSettings
     from rlzoo.testing.backends import TokenMeanObjective, _random_batch
 
     optim = OptimSettings(lr=1e-2, grad_clip=1e-3)

@@ -33,7 +33,7 @@ pytestmark = [
 def build(model_dir: Path, **params: Any) -> Any:
     from rlzoo.backends.megatron import MegatronParams
     from rlzoo.backends.megatron.train import MegatronTrainBackend
-    from rlzoo.protocols import OptimSettings, TrainSpec
+    from rlzoo.kernel.settings import OptimSettings, TrainSpec
 
     spec = TrainSpec(
         model_path=str(model_dir),
@@ -50,8 +50,8 @@ def test_export_loads_in_transformers_with_the_trainers_log_probs(tmp_path: Path
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlzoo.export import export_model
     from rlzoo.testing.backends import VOCAB, TokenMeanObjective, _random_batch, save_tiny_qwen2
+    from rlzoo.train.export import export_model
 
     src = save_tiny_qwen2(tmp_path / "base", seed=1, tie=tie)
     batch = _random_batch(3)
@@ -114,8 +114,8 @@ def test_vision_language_export_keeps_the_vision_tower(tmp_path: Path) -> None:
     from safetensors.torch import load_file
     from transformers import AutoModelForImageTextToText
 
-    from rlzoo.export import export_model
     from rlzoo.models.tiny import build_tiny_qwen2_5_vl
+    from rlzoo.train.export import export_model
 
     src = tmp_path / "vl"
     _, processor = build_tiny_qwen2_5_vl(src)
@@ -163,12 +163,12 @@ def test_a_megatron_run_exports_and_rlzoo_export_rebuilds_it(tmp_path: Path) -> 
     from transformers import AutoModelForCausalLM
 
     from rlzoo.cli import main
-    from rlzoo.compose import build_run
     from rlzoo.data.tokenizer import load_tokenizer
-    from rlzoo.export import load_run_config
+    from rlzoo.recipe.compose import build_run
     from rlzoo.tasks._quickstart import prepare
     from rlzoo.tasks.quickstart import QuickstartDataParams
     from rlzoo.testing.backends import make_train_batch
+    from rlzoo.train.export import load_run_config
     from rlzoo.train.inputs import train_spec
 
     if dist.is_initialized():

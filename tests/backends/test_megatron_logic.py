@@ -259,7 +259,7 @@ def test_params_validation() -> None:
 
 
 def test_registered_without_importing_megatron() -> None:
-    from rlzoo.plugins import get_plugin_manager
+    from rlzoo.kernel.plugins import get_plugin_manager
 
     comp = get_plugin_manager().get("train_backend", "megatron")
     assert list(comp.capabilities["devices"]) == ["cuda", "cpu"] and comp.capabilities["distributed"] is True

@@ -16,8 +16,9 @@ from torch import nn
 from rlzoo.backends.native.engine import NativeEngine, inverse_cdf_draw
 from rlzoo.backends.native.rollout import NativeRolloutBackend
 from rlzoo.backends.native.rollout_params import NativeRolloutParams
+from rlzoo.kernel.protocols import GenerationRequest, RolloutBackend, SamplingParams
+from rlzoo.kernel.settings import RolloutSpec
 from rlzoo.models.tiny import tiny_qwen2_config
-from rlzoo.protocols import GenerationRequest, RolloutBackend, RolloutSpec, SamplingParams
 
 transformers = pytest.importorskip("transformers")
 

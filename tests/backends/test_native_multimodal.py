@@ -24,9 +24,10 @@ from rlzoo.backends.native import multimodal as mm  # noqa: E402
 from rlzoo.backends.native.engine import NativeEngine  # noqa: E402
 from rlzoo.backends.native.train import NativeTrainBackend  # noqa: E402
 from rlzoo.backends.native.train_params import NativeTrainParams  # noqa: E402
+from rlzoo.kernel.protocols import SamplingParams  # noqa: E402
+from rlzoo.kernel.settings import MicroBatchSettings, OptimSettings, TrainSpec  # noqa: E402
 from rlzoo.models.processor import expand_prompt, has_vision_config  # noqa: E402
 from rlzoo.models.tiny import build_tiny_qwen2_5_vl, png_bytes  # noqa: E402
-from rlzoo.protocols import MicroBatchSettings, OptimSettings, SamplingParams, TrainSpec  # noqa: E402
 from rlzoo.train.batching import make_requests, samples_to_batch  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -228,7 +229,7 @@ def test_update_policy_trains_the_vision_tower(vl: tuple[Any, Any], sampled: lis
     backend = _trainer(model)
     visual = {n: p.detach().clone() for n, p in backend.actor.named_parameters() if "visual" in n}
 
-    class MeanLogProb:  # a declared rlzoo.protocols.Objective
+    class MeanLogProb:  # a declared rlzoo.kernel.protocols.Objective
         needs_entropy = False
 
         def __call__(self, mb: Any, log_probs: Any, entropy: Any) -> tuple[Any, dict]:
@@ -251,8 +252,8 @@ def test_vl_critic_is_not_supported(vl: tuple[Any, Any]) -> None:
 def test_backends_and_processor_load_a_vl_folder(tmp_path: Path) -> None:
     from rlzoo.backends.native.rollout import NativeRolloutBackend
     from rlzoo.backends.native.rollout_params import NativeRolloutParams
+    from rlzoo.kernel.settings import RolloutSpec
     from rlzoo.models.tiny import build_tiny_qwen2
-    from rlzoo.protocols import RolloutSpec
     from rlzoo.train.inputs import load_processor
 
     build_tiny_qwen2_5_vl(tmp_path / "vl")
@@ -282,8 +283,8 @@ def test_tiny_grpo_geo3k_vl_trains_two_steps(tmp_path: Path, monkeypatch: pytest
     """``rlzoo train grpo_geo3k_vl +tiny=grpo_geo3k_vl trainer.total_steps=2`` on the tiny Qwen2.5-VL."""
     import datasets
 
-    from rlzoo.compose import build_run
     from rlzoo.models.tiny import build_tiny
+    from rlzoo.recipe.compose import build_run
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_cache")
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)

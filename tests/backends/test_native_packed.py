@@ -11,7 +11,7 @@ import torch
 
 from rlzoo.backends.native.train import NativeTrainBackend
 from rlzoo.backends.native.train_params import NativeTrainParams
-from rlzoo.protocols import MicroBatchSettings, TrainSpec
+from rlzoo.kernel.settings import MicroBatchSettings, TrainSpec
 
 from .test_native_train import TokenMeanPG, ValueMSE, sample_batch, tiny_model
 

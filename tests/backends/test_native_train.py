@@ -16,8 +16,9 @@ from transformers import AutoModelForCausalLM
 from rlzoo.backends.native.train import NativeTrainBackend
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.batch import Batch
+from rlzoo.kernel.protocols import TrainBackend
+from rlzoo.kernel.settings import OptimSettings, TrainSpec
 from rlzoo.models.tiny import tiny_qwen2_config
-from rlzoo.protocols import OptimSettings, TrainBackend, TrainSpec
 from rlzoo.testing.backends import padded_ids, response_logits
 from rlzoo.train_kit import checkpoint as ckpt
 from rlzoo.train_kit.update import lr_multiplier

@@ -16,7 +16,8 @@ import torch
 from rlzoo.backends.native.train import NativeTrainBackend
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.batch import Batch
-from rlzoo.protocols import MicroBatchSettings, SumPiSquaredSource, TrainSpec
+from rlzoo.kernel.protocols import SumPiSquaredSource
+from rlzoo.kernel.settings import MicroBatchSettings, TrainSpec
 from rlzoo.testing.backends import response_logits
 from rlzoo.train_kit.logprobs import sum_pi_squared
 

@@ -9,8 +9,8 @@ from transformers import AutoModelForCausalLM
 
 from rlzoo.backends.megatron.vocab_parallel import simulate_vocab_parallel
 from rlzoo.batch import Batch
+from rlzoo.kernel.settings import MicroBatchSettings
 from rlzoo.models.tiny import tiny_qwen2_config
-from rlzoo.protocols import MicroBatchSettings
 from rlzoo.train_kit.logprobs import (
     actor_log_probs,
     chunked_token_fn,
@@ -251,7 +251,7 @@ def test_native_fused_lm_head_equals_logits_path():
 
     from rlzoo.backends.native.train import NativeTrainBackend
     from rlzoo.backends.native.train_params import NativeTrainParams
-    from rlzoo.protocols import TrainSpec
+    from rlzoo.kernel.settings import TrainSpec
     from rlzoo.train_kit.models import fusable_lm_head
 
     from .test_native_train import TokenMeanPG, sample_batch, tiny_model
@@ -320,7 +320,7 @@ def test_accumulate_needs_a_dummy_for_padding_passes() -> None:
 
 
 def test_lr_schedule_record_is_what_a_checkpoint_keeps() -> None:
-    from rlzoo.protocols import OptimSettings, TrainSpec
+    from rlzoo.kernel.settings import OptimSettings, TrainSpec
     from rlzoo.train_kit.update import LRSchedule
 
     spec = TrainSpec(

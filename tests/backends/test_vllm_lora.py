@@ -1,4 +1,4 @@
-"""The vLLM backend's LoRA logic (backends/vllm/lora.py) on CPU: engine arguments, and each push
+"""The vLLM backend's LoRA logic (src/rlzoo/backends/vllm/lora.py) on CPU: engine arguments, and each push
 written as a PEFT folder that real peft loads into the base model and reproduces the trainer's
 logits. vLLM itself is not needed (nor imported)."""
 
@@ -11,8 +11,8 @@ import torch
 
 from rlzoo.backends.vllm import VLLMRolloutParams
 from rlzoo.backends.vllm.lora import AdapterPushes, lora_engine_args, max_lora_rank
-from rlzoo.errors import RlzooError
-from rlzoo.protocols import LoraSettings, RolloutSpec, TrainSpec
+from rlzoo.kernel.errors import RlzooError
+from rlzoo.kernel.settings import LoraSettings, RolloutSpec, TrainSpec
 
 from .test_native_train import TokenMeanPG, backend, sample_batch, tiny_model
 

@@ -49,7 +49,7 @@ def tiny(tmp_path_factory):  # type: ignore[no-untyped-def]
 
 
 def _spec(path):  # type: ignore[no-untyped-def]
-    from rlzoo.protocols import RolloutSpec
+    from rlzoo.kernel.settings import RolloutSpec
 
     return RolloutSpec(
         model_path=str(path), tokenizer_path=str(path), seed=5, max_prompt_length=16, max_response_length=32
@@ -83,7 +83,7 @@ def test_sampling_params_are_accepted_by_vllm() -> None:
     from vllm.sampling_params import RequestOutputKind
 
     from rlzoo.backends.vllm.logic import vllm_sampling_kwargs
-    from rlzoo.protocols import SamplingParams
+    from rlzoo.kernel.protocols import SamplingParams
 
     sp = SamplingParams(n=4, temperature=0.7, top_p=0.9, top_k=-1, max_new_tokens=20, stop_token_ids=[9])
     v = VSamplingParams(
@@ -196,7 +196,7 @@ def test_multimodal_engine_args_keep_the_tokenizer() -> None:
 
     from rlzoo.backends.vllm import VLLMRolloutParams
     from rlzoo.backends.vllm.rollout import engine_args
-    from rlzoo.protocols import RolloutSpec
+    from rlzoo.kernel.settings import RolloutSpec
 
     spec = RolloutSpec(model_path="/m", tokenizer_path="/m")
     args = AsyncEngineArgs(**engine_args(VLLMRolloutParams(), spec, multimodal=True))
@@ -243,7 +243,8 @@ def test_a_push_reaches_vllm_and_a_skipped_push_shows() -> None:
         pytest.skip("vLLM's CPU platform test (on a GPU the vllm contract suite covers it)")
     from rlzoo.backends.vllm import VLLMRolloutParams
     from rlzoo.backends.vllm.rollout import VLLMRolloutBackend
-    from rlzoo.protocols import GenerationRequest, RolloutSpec, SamplingParams
+    from rlzoo.kernel.protocols import GenerationRequest, SamplingParams
+    from rlzoo.kernel.settings import RolloutSpec
 
     owner = _NativeTrainer()
     path = str(owner.model_dir())

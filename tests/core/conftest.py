@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 import rlzoo
-from rlzoo import plugins as plugins_mod
-from rlzoo.plugins import ENV_ALLOW, ENV_NO_AUTOLOAD, PluginManager
+from rlzoo.kernel import plugins as plugins_mod
+from rlzoo.kernel.plugins import ENV_ALLOW, ENV_NO_AUTOLOAD, PluginManager
 
 #: A recipe that binds with the built-in parts (no file or model is touched by binding).
 MINIMAL_RECIPE: dict[str, Any] = {

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import pytest
 
 import rlzoo
-from rlzoo.errors import ConfigError
-from rlzoo.plugins import PluginManager
+from rlzoo.kernel.errors import ConfigError
+from rlzoo.kernel.plugins import PluginManager
 
 from .conftest import MINIMAL_RECIPE
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rlzoo.config import bind_config
-from rlzoo.errors import ConfigError
-from rlzoo.plugins import PluginManager
+from rlzoo.kernel.errors import ConfigError
+from rlzoo.kernel.plugins import PluginManager
+from rlzoo.recipe.config import bind_config
 
 from .conftest import MINIMAL_RECIPE
 
@@ -84,7 +84,7 @@ def test_a_missing_required_section_does_not_hide_the_other_problems(pm: PluginM
 def test_every_missing_required_field_is_listed() -> None:
     import dataclasses
 
-    from rlzoo.binding import bind_dataclass
+    from rlzoo.kernel.binding import bind_dataclass
 
     @dataclasses.dataclass
     class Two:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rlzoo.console import summary_lines
+from rlzoo.report.console import summary_lines
 
 
 def _run_dir(tmp_path: Path) -> Path:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlzoo.docgen import (
+from rlzoo.kernel.kinds import KINDS
+from rlzoo.kernel.plugins import PluginManager
+from rlzoo.report.docgen import (
     builtin_plugin_manager,
     components_reference,
     generate,
     hook_functions,
     hooks_reference,
 )
-from rlzoo.kinds import KINDS
-from rlzoo.plugins import PluginManager
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,13 +35,13 @@ def test_components_reference_covers_every_part(pm: PluginManager) -> None:
 
 
 def test_reference_files_are_up_to_date() -> None:
-    """Regenerate with `python -m rlzoo.docgen` when this fails."""
+    """Regenerate with `python -m rlzoo.report.docgen` when this fails."""
     stale = [
         str(path.relative_to(ROOT))
         for path, text in generate(ROOT / "docs" / "reference").items()
         if not path.exists() or path.read_text() != text
     ]
-    assert not stale, f"stale generated docs {stale}: run `python -m rlzoo.docgen`"
+    assert not stale, f"stale generated docs {stale}: run `python -m rlzoo.report.docgen`"
 
 
 def test_builtin_reference_ignores_entry_points() -> None:

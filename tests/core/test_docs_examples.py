@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from rlzoo.plugins import PluginManager
-from rlzoo.recipe_files import list_recipes
+from rlzoo.kernel.plugins import PluginManager
+from rlzoo.recipe.files import list_recipes
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "compose_run.py"
 
 
 def test_compose_run_example_validates(default_pm: PluginManager, capsys: pytest.CaptureFixture[str]) -> None:
     if "quickstart" not in list_recipes(default_pm):
-        pytest.skip("recipes/quickstart.yaml is not there yet")
+        pytest.skip("src/rlzoo/recipes/quickstart.yaml is not there yet")
     module = runpy.run_path(str(EXAMPLE))
     assert module["main"]([]) == 0
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()}
@@ -29,7 +29,7 @@ def test_compose_run_example_trains_one_step(tmp_path: Path) -> None:
     import sys
 
     if "quickstart" not in list_recipes():
-        pytest.skip("recipes/quickstart.yaml is not there yet")
+        pytest.skip("src/rlzoo/recipes/quickstart.yaml is not there yet")
     env = {**os.environ, "RLZOO_CACHE": str(tmp_path / "cache")}
     proc = subprocess.run(
         [sys.executable, str(EXAMPLE), "--train"],

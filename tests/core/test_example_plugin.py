@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from rlzoo.cli import main
-from rlzoo.config import bind_config
-from rlzoo.errors import ConfigError
-from rlzoo.plugins import PluginManager
-from rlzoo.recipe_files import list_recipes
+from rlzoo.kernel.errors import ConfigError
+from rlzoo.kernel.plugins import PluginManager
+from rlzoo.recipe.config import bind_config
+from rlzoo.recipe.files import list_recipes
 
 from .conftest import EXAMPLE_DIST, MINIMAL_RECIPE
 
@@ -64,7 +64,7 @@ def test_recipe_from_the_plugin_search_path(
     assert recipes["example_quickstart"].parent.name == "recipes"
     assert "rlzoo_example" in str(recipes["example_quickstart"])
     if "quickstart" not in recipes:
-        pytest.skip("recipes/quickstart.yaml is not there yet (example_quickstart extends it)")
+        pytest.skip("src/rlzoo/recipes/quickstart.yaml is not there yet (example_quickstart extends it)")
     assert main(["validate", "example_quickstart"]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("algorithm.advantage "))

@@ -1,4 +1,4 @@
-"""A run's model as a standard HF folder (rlzoo.export): final/, export/step_K/, rlzoo export.
+"""A run's model as a standard HF folder (rlzoo.train.export): final/, export/step_K/, rlzoo export.
 
 The exported folder is loaded with plain transformers (``AutoModelForCausalLM``, ``AutoTokenizer``,
 ``AutoProcessor``) and its log-probs, computed here with a bare HF forward, must equal the trainer's.
@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load_file
 
 from rlzoo.batch import Batch
-from rlzoo.errors import RlzooError
-from rlzoo.export import HFExportable, export_model, load_run_config
+from rlzoo.kernel.errors import RlzooError
+from rlzoo.train.export import HFExportable, export_model, load_run_config
 
 QUIET = ["run.progress=false", "run.loggers=[jsonl]", "trainer.val_before_train=false"]
 
@@ -33,7 +33,7 @@ def hf_log_probs(model: Any, batch: Batch) -> torch.Tensor:
 
 
 def text_batch(tok: Any) -> Batch:
-    from rlzoo.protocols import Sample
+    from rlzoo.kernel.protocols import Sample
     from rlzoo.train.batching import samples_to_batch
 
     msgs = [[{"role": "user", "content": f"first of {a} {b}"}] for a, b in ((3, 7), (5, 1), (2, 2))]
@@ -54,7 +54,7 @@ def text_batch(tok: Any) -> Batch:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory, quickstart_dir: Path) -> Path:
     """A 3-step quickstart run (native backend) with a checkpoint at steps 2 and 3 and exports."""
-    from rlzoo.compose import build_run
+    from rlzoo.recipe.compose import build_run
 
     out = tmp_path_factory.mktemp("export") / "run"
     run = build_run(
@@ -158,8 +158,8 @@ def test_fsdp2_export_is_the_gathered_model(tmp_path: Path) -> None:
 
     from rlzoo.backends.fsdp2 import FSDP2Params
     from rlzoo.backends.fsdp2.train import FSDP2TrainBackend
+    from rlzoo.kernel.settings import TrainSpec
     from rlzoo.models.tiny import build_tiny_qwen2
-    from rlzoo.protocols import TrainSpec
 
     if dist.is_initialized():
         pytest.skip("a process group is already initialised in this process")
@@ -186,9 +186,9 @@ def test_vision_language_export_carries_the_processor(tmp_path: Path) -> None:
 
     from rlzoo.backends.native.train import NativeTrainBackend
     from rlzoo.backends.native.train_params import NativeTrainParams
+    from rlzoo.kernel.settings import TrainSpec
     from rlzoo.models.processor import load_processor
     from rlzoo.models.tiny import build_tiny_qwen2_5_vl
-    from rlzoo.protocols import TrainSpec
 
     src = tmp_path / "vl"
     _, processor = build_tiny_qwen2_5_vl(src)
@@ -270,21 +270,21 @@ def test_a_kill_during_the_final_export_is_redone_by_the_resume(
 ) -> None:
     """Before: the last checkpoint was saved before the export, so a crash in the export left no
     final/ and the resume said "finished" at once."""
-    import rlzoo.export
-    from rlzoo.compose import build_run
+    import rlzoo.train.export
+    from rlzoo.recipe.compose import build_run
 
     out = tmp_path / "run"
     common = [*QUIET, f"data.dir={quickstart_dir}", f"run.output_dir={out}", "trainer.save_freq=1"]
-    real = rlzoo.export.check_hf_folder
+    real = rlzoo.train.export.check_hf_folder
 
     def crash(folder: Any) -> None:
         raise SystemExit("killed mid-export")
 
-    monkeypatch.setattr(rlzoo.export, "check_hf_folder", crash)
+    monkeypatch.setattr(rlzoo.train.export, "check_hf_folder", crash)
     with pytest.raises(SystemExit):
         build_run("quickstart", [*common, "trainer.total_steps=2"]).train()
     assert not (out / "final").exists()
-    monkeypatch.setattr(rlzoo.export, "check_hf_folder", real)
+    monkeypatch.setattr(rlzoo.train.export, "check_hf_folder", real)
     summary = build_run(None, ["resume=latest", f"run.output_dir={out}"]).train()
     assert summary["start_step"] == 1 and summary["last_step"] == 2
     assert json.loads((out / "final" / "rlzoo_export.json").read_text())["step"] == 2
@@ -333,8 +333,8 @@ def test_a_tokenizer_plain_autotokenizer_would_misread_is_flagged(tmp_path: Path
 
     from rlzoo.backends.native.train import NativeTrainBackend
     from rlzoo.backends.native.train_params import NativeTrainParams
+    from rlzoo.kernel.settings import TrainSpec
     from rlzoo.models.tiny import build_tiny_qwen2
-    from rlzoo.protocols import TrainSpec
 
     src = tmp_path / "qwen2"
     _, run_tok = build_tiny_qwen2(src)

@@ -7,8 +7,9 @@ from collections.abc import Iterator
 import pytest
 
 import rlzoo
-from rlzoo.kinds import KINDS
-from rlzoo.plugins import PluginManager
+from rlzoo.kernel.commands import CliCommand
+from rlzoo.kernel.kinds import KINDS
+from rlzoo.kernel.plugins import PluginManager
 
 
 def _part(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -16,7 +17,7 @@ def _part(*args, **kwargs):  # type: ignore[no-untyped-def]
 
 
 class EveryHook:
-    """A fake plugin implementing every hook of rlzoo/hookspecs.py."""
+    """A fake plugin implementing every hook of src/rlzoo/kernel/hookspecs.py."""
 
     @rlzoo.hookimpl
     def rlzoo_register_advantages(self, registry):  # type: ignore[no-untyped-def]
@@ -82,6 +83,17 @@ class EveryHook:
     def rlzoo_recipe_search_paths(self):  # type: ignore[no-untyped-def]
         return ["/nonexistent/every-hook-recipes"]
 
+    @rlzoo.hookimpl
+    def rlzoo_cli_commands(self):  # type: ignore[no-untyped-def]
+        def add(parser):  # type: ignore[no-untyped-def]
+            parser.add_argument("word")
+
+        def run(ns):  # type: ignore[no-untyped-def]
+            print(f"every-hook says {ns.word}")
+            return 3
+
+        return [CliCommand("every-hook", "say a word", add, run, "  rlzoo every-hook hello")]
+
 
 @pytest.fixture
 def every_hook(pm: PluginManager) -> Iterator[PluginManager]:
@@ -97,7 +109,7 @@ def test_register_hook_of_each_kind(every_hook: PluginManager, kind: str) -> Non
 
 
 def test_recipe_search_paths_hook(every_hook: PluginManager) -> None:
-    from rlzoo.recipe_files import recipe_search_paths
+    from rlzoo.recipe.files import recipe_search_paths
 
     paths = [str(p) for p in recipe_search_paths(every_hook)]
     assert "/nonexistent/every-hook-recipes" in paths
@@ -106,4 +118,34 @@ def test_recipe_search_paths_hook(every_hook: PluginManager) -> None:
 
 def test_plugin_lists_every_hook(every_hook: PluginManager) -> None:
     info = {i.name: i for i in every_hook.plugins()}["every_hook"]
-    assert len(info.hooks) == len(KINDS) + 1
+    assert len(info.hooks) == len(KINDS) + 2
+
+
+def test_cli_commands_hook(
+    every_hook: PluginManager, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A plugin's command is an ``rlzoo`` subcommand: its arguments, its exit code, its examples."""
+    from rlzoo import cli
+    from rlzoo.kernel import plugins as plugins_mod
+
+    monkeypatch.setattr(plugins_mod, "_default", every_hook)
+    assert cli.main(["every-hook", "hello"]) == 3
+    assert "every-hook says hello" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli.main(["every-hook", "--help"])
+    assert "rlzoo every-hook hello" in capsys.readouterr().out
+
+
+def test_a_plugin_command_cannot_take_a_builtin_name(pm: PluginManager, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlzoo import cli
+    from rlzoo.kernel import plugins as plugins_mod
+
+    class Shadow:
+        @rlzoo.hookimpl
+        def rlzoo_cli_commands(self):  # type: ignore[no-untyped-def]
+            return [CliCommand("train", "not the real train", lambda p: None, lambda ns: 0)]
+
+    pm.register(Shadow(), "shadow")
+    monkeypatch.setattr(plugins_mod, "_default", pm)
+    with pytest.raises(rlzoo.RlzooError, match="'train' is already an rlzoo command"):
+        cli.build_parser()

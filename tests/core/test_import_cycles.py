@@ -11,13 +11,10 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-#: package -> folder (the implementation trees live beside the core, mapped by setup.py)
+#: package -> folder (import paths are file paths)
 TREES = {
-    "rlzoo": ROOT / "rlzoo",
-    "rlzoo.algorithms": ROOT / "algorithms",
-    "rlzoo.backends": ROOT / "backends",
-    "rlzoo.tasks": ROOT / "tasks",
-    "rlzoo.from_verl": ROOT / "from_verl",
+    "rlzoo": ROOT / "src" / "rlzoo",
+    "rlzoo_from_verl": ROOT / "plugins" / "rlzoo-from-verl" / "src" / "rlzoo_from_verl",
 }
 
 
@@ -130,7 +127,7 @@ def test_no_import_cycles() -> None:
 def test_the_check_finds_a_cycle_a_deferred_import_hides() -> None:
     graph = {"rlzoo.a": {"rlzoo.b"}, "rlzoo.b": {"rlzoo.c"}, "rlzoo.c": {"rlzoo.a"}, "rlzoo.d": {"rlzoo.a"}}
     assert _cycles(graph) == [["rlzoo.a", "rlzoo.b", "rlzoo.c"]]
-    tree = ast.parse("def f():\n    from rlzoo.config import load_config\n")
-    mods = {"rlzoo.config": Path("x"), "rlzoo.metrics": Path("y")}
-    found = [t for n in ast.walk(tree) for t in _targets(n, "rlzoo.metrics", False, mods)]
-    assert found == ["rlzoo.config"]
+    tree = ast.parse("def f():\n    from rlzoo.recipe.config import load_config\n")
+    mods = {"rlzoo.recipe.config": Path("x"), "rlzoo.report.metrics": Path("y")}
+    found = [t for n in ast.walk(tree) for t in _targets(n, "rlzoo.report.metrics", False, mods)]
+    assert found == ["rlzoo.recipe.config"]

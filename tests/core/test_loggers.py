@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 import rlzoo
-from rlzoo.errors import ConfigError
-from rlzoo.metrics import LoggerContext, MetricsLogger, read_metrics
-from rlzoo.plugins import PluginManager
+from rlzoo.kernel.errors import ConfigError
+from rlzoo.kernel.plugins import PluginManager
+from rlzoo.report.metrics import LoggerContext, MetricsLogger, read_metrics
 from rlzoo.testing import LoggerConformance
 
 QUIET = ["run.progress=false", "trainer.val_before_train=false"]
@@ -53,7 +53,7 @@ class ListPlugin:
     def rlzoo_register_loggers(self, registry):  # type: ignore[no-untyped-def]
         from dataclasses import dataclass
 
-        from rlzoo.params import param
+        from rlzoo.kernel.params import param
 
         @dataclass(frozen=True)
         class ListParams:
@@ -75,7 +75,7 @@ def with_memory_logger() -> Iterator[PluginManager]:
 
 
 def test_a_third_party_logger_gets_every_record(with_memory_logger: PluginManager, tmp_path: Path) -> None:
-    from rlzoo.config import load_config
+    from rlzoo.recipe.config import load_config
 
     assert "memory" in with_memory_logger.registry("logger")
     cfg = load_config(
@@ -124,7 +124,7 @@ class TestTensorBoardLogger(LoggerConformance):
 
 
 def test_an_unknown_logger_lists_the_registered_ones() -> None:
-    from rlzoo.config import load_config
+    from rlzoo.recipe.config import load_config
 
     with pytest.raises(ConfigError) as e:
         load_config("quickstart", ["run.loggers=[console,wandbb]"])
@@ -216,7 +216,7 @@ def tracked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     to step 5."""
     pytest.importorskip("wandb", reason="pip install rlzoo[wandb] (the dev extra installs it)")
     pytest.importorskip("mlflow", reason="pip install rlzoo[mlflow] (the dev extra installs it)")
-    from rlzoo.compose import build_run
+    from rlzoo.recipe.compose import build_run
     from rlzoo.tasks._quickstart import prepare
     from rlzoo.tasks.quickstart import QuickstartDataParams
 

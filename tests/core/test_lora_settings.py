@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from rlzoo.config import load_config
-from rlzoo.errors import ConfigError
-from rlzoo.protocols import LoraSettings
+from rlzoo.kernel.errors import ConfigError
+from rlzoo.kernel.settings import LoraSettings
+from rlzoo.recipe.config import load_config
 
 
 def problems_of(*overrides: str, recipe: str = "quickstart") -> list[str]:
@@ -57,7 +57,7 @@ def test_the_megatron_backend_refuses_lora_when_built_directly() -> None:
     pytest.importorskip("megatron.core")
     from rlzoo.backends.megatron import MegatronParams
     from rlzoo.backends.megatron.train import MegatronTrainBackend
-    from rlzoo.protocols import TrainSpec
+    from rlzoo.kernel.settings import TrainSpec
 
     with pytest.raises(ValueError, match="not supported; use the native or fsdp2"):
         MegatronTrainBackend(MegatronParams(device="cpu"), TrainSpec(model_path="", lora=LoraSettings()))

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from rlzoo.docgen import hook_functions
-from rlzoo.kinds import KINDS
-from rlzoo.plugins import PluginManager
+from rlzoo.kernel.kinds import KINDS
+from rlzoo.kernel.plugins import PluginManager
+from rlzoo.report.docgen import hook_functions
 from rlzoo.testing import component_problems
 
 ROOT = Path(__file__).resolve().parents[2]

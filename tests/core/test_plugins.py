@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import rlzoo
-from rlzoo import plugins as plugins_mod
-from rlzoo.errors import PluginError, closest
-from rlzoo.plugins import BUILTIN_PLUGINS, ENV_ALLOW, ENV_NO_AUTOLOAD, PluginLoadWarning, PluginManager
+from rlzoo.kernel import plugins as plugins_mod
+from rlzoo.kernel.errors import PluginError, closest
+from rlzoo.kernel.plugins import BUILTIN_PLUGINS, ENV_ALLOW, ENV_NO_AUTOLOAD, PluginLoadWarning, PluginManager
 
 from .conftest import EXAMPLE_DIST
 
@@ -65,7 +65,7 @@ def test_a_hook_declared_as_data_registers_its_parts(pm: PluginManager) -> None:
     mod = types.ModuleType("declared_plugin")
     mod.rlzoo_register_scorers = rlzoo.registers(  # type: ignore[attr-defined]
         rlzoo.Registration("declared_b", _fn, capabilities={"batched": True}, aliases=("decl_b",)),
-        rlzoo.Registration("declared_a", "rlzoo.errors:closest"),
+        rlzoo.Registration("declared_a", "rlzoo.kernel.errors:closest"),
     )
     name = pm.register(mod, "declared")
     try:

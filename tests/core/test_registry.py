@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import pytest
 
 import rlzoo
-from rlzoo.errors import DuplicateComponentError, PluginError, UnknownComponentError
-from rlzoo.plugins import PluginManager
-from rlzoo.registry import Registry
+from rlzoo.kernel.errors import DuplicateComponentError, PluginError, UnknownComponentError
+from rlzoo.kernel.plugins import PluginManager
+from rlzoo.kernel.registry import Registry
 
 
 def _fn(inputs, params):  # type: ignore[no-untyped-def]

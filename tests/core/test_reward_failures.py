@@ -12,8 +12,8 @@ import pytest
 import rlzoo
 from rlzoo.algorithms.functional.reward import BoundScorer, NaiveRewardManager
 from rlzoo.algorithms.reward import NaiveParams
-from rlzoo.failures import RewardFailureError, RewardFailures
-from rlzoo.protocols import RewardItem
+from rlzoo.kernel.protocols import RewardItem
+from rlzoo.train.failures import RewardFailureError, RewardFailures
 
 
 def odd(response, ground_truth, data_source, extra_info, params):  # type: ignore[no-untyped-def]
@@ -109,7 +109,7 @@ def test_a_run_whose_scorer_always_raises_exits_non_zero(
 def test_mostly_failing_steps_abort_too() -> None:
     # issue 23: 95 % of samples failing never aborted (only an all-failed step counted); the
     # recipe's reward.max_failed_frac (default 0.9) makes such a step count toward the streak
-    from rlzoo.recipe import RewardSection
+    from rlzoo.recipe.types import RewardSection
 
     tracker = RewardFailures(limit=2, max_frac=RewardSection().max_failed_frac)
     for step in (1, 2):

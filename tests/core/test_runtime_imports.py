@@ -6,7 +6,7 @@ commands over every recipe, every built-in plugin module, every registered part'
 2-step quickstart run (which prepares its data and model from scratch). Function-local imports are
 therefore covered too: they run. A second check reads the core's source: ``rlzoo/`` imports no
 implementation module (algorithms, backends, tasks, the from-verl tool), at module level or inside a
-function (the CLI's from-verl command excepted, see ``LAZY_COMMANDS``); tasks/, like algorithms/, imports no
+function (the from-verl tool is a plugin package: the CLI finds it through a hook); tasks/, like algorithms/, imports no
 runtime.
 """
 
@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src" / "rlzoo"
 #: installed by the ``dev`` extra only (a newcomer's ``pip install -e .`` does not bring them)
 DEV_ONLY = ("pytest", "_pytest", "pytest_timeout", "hypothesis", "ruff", "mypy", "rlzoo.testing")
 
@@ -64,9 +65,9 @@ def step(label, fn):
 
 step("extra: " + sys.argv[3], lambda: exec(sys.argv[3], {}))
 from rlzoo.cli import main
-from rlzoo.recipe_files import list_recipes
-from rlzoo.kinds import KIND_NAMES
-from rlzoo.plugins import BUILTIN_PLUGINS, get_plugin_manager
+from rlzoo.recipe.files import list_recipes
+from rlzoo.kernel.kinds import KIND_NAMES
+from rlzoo.kernel.plugins import BUILTIN_PLUGINS, get_plugin_manager
 
 def cli(*args):
     code = main(list(args))
@@ -143,12 +144,11 @@ def test_the_probe_catches_a_dev_only_import(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 # layering: the core knows kinds, not implementations
 # ---------------------------------------------------------------------------------------------
-#: the implementation and tool trees beside the core (setup.py maps each top-level folder into rlzoo)
-IMPLEMENTATION_PACKAGES = ("rlzoo.algorithms", "rlzoo.backends", "rlzoo.tasks", "rlzoo.from_verl")
-#: the one edge from the core into them, besides the registry: ``rlzoo from-verl`` is a CLI command
-#: whose implementation is the converter tool, imported inside the command's handler only, so that
-#: every other command (and ``import rlzoo.cli``) never loads it
-LAZY_COMMANDS = {("rlzoo/cli.py", "rlzoo.from_verl")}
+#: the implementation trees inside src/rlzoo/, and the converter tool (its own plugin package)
+IMPLEMENTATION_PACKAGES = ("rlzoo.algorithms", "rlzoo.backends", "rlzoo.tasks", "rlzoo_from_verl")
+#: folders of src/rlzoo/ that are not the core: the built-in parts, the recipes, and rlzoo.testing
+#: (test code for plugin authors, which may name built-in parts)
+NOT_CORE = {"algorithms", "backends", "tasks", "recipes", "testing"}
 
 
 def _imports(tree: ast.AST) -> list[tuple[int, str]]:
@@ -163,8 +163,7 @@ def _imports(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def _core_files() -> list[Path]:
-    # rlzoo/ is the core; rlzoo.testing is test code for plugin authors (it may name built-in parts)
-    return [p for p in sorted((ROOT / "rlzoo").rglob("*.py")) if "testing" not in p.relative_to(ROOT).parts]
+    return [p for p in sorted(SRC.rglob("*.py")) if p.relative_to(SRC).parts[0] not in NOT_CORE]
 
 
 @pytest.mark.parametrize("where", ["module level", "anywhere"])
@@ -183,8 +182,6 @@ def test_core_imports_no_implementation(where: str) -> None:
                 if pkg is None:
                     continue
                 where_ = str(path.relative_to(ROOT))
-                if where == "anywhere" and (where_, pkg) in LAZY_COMMANDS:
-                    continue
                 bad.append(f"{where_}:{lineno}: imports {name}")
     assert not bad, "the core must reach built-in parts through the registry:\n" + "\n".join(sorted(set(bad)))
 
@@ -192,7 +189,7 @@ def test_core_imports_no_implementation(where: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # layering, the other way: algorithms (formulas over tensors) and tasks never import the runtime
 # ---------------------------------------------------------------------------------------------
-#: the loop, the session and the batch sources; algorithms share math through rlzoo.formulas
+#: the loop, the session and the batch sources; algorithms share math through rlzoo.train_kit.formulas
 RUNTIME_PACKAGES = ("rlzoo.train", "rlzoo.sources")
 
 
@@ -208,7 +205,7 @@ def _runtime_imports(root: Path) -> list[str]:
 @pytest.mark.parametrize("tree", ["algorithms", "tasks"])
 def test_parts_import_no_runtime(tree: str) -> None:
     """Algorithms are formulas; tasks are data, scorers and environments: neither drives a run."""
-    bad = _runtime_imports(ROOT / tree)
+    bad = _runtime_imports(SRC / tree)
     assert not bad, f"{tree}/ may import the core's kinds and helpers, never the runtime:\n" + "\n".join(bad)
 
 
@@ -229,7 +226,7 @@ def _backend_of(name: str) -> str | None:
 
 
 def _backend_files() -> list[tuple[str, Path]]:
-    return [(p.relative_to(ROOT / "backends").parts[0], p) for p in sorted((ROOT / "backends").rglob("*.py"))]
+    return [(p.relative_to(SRC / "backends").parts[0], p) for p in sorted((SRC / "backends").rglob("*.py"))]
 
 
 def test_no_backend_imports_another_backend() -> None:
@@ -242,7 +239,7 @@ def test_no_backend_imports_another_backend() -> None:
         for node in ast.walk(tree):
             if (
                 isinstance(node, ast.ImportFrom)
-                and node.level > len(path.relative_to(ROOT / "backends").parts) - 1
+                and node.level > len(path.relative_to(SRC / "backends").parts) - 1
             ):
                 bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: relative import above its backend")
         for lineno, name in _imports(tree):
@@ -251,5 +248,5 @@ def test_no_backend_imports_another_backend() -> None:
                 bad.append(f"{path.relative_to(ROOT)}:{lineno}: imports {name}")
     assert not bad, (
         "a backend imports another backend; move what they share into the core train kit "
-        "(rlzoo/train_kit/):\n" + "\n".join(sorted(set(bad)))
+        "(src/rlzoo/train_kit/):\n" + "\n".join(sorted(set(bad)))
     )

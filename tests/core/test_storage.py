@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlzoo.storage import StorageError, check_writable, storage_message
+from rlzoo.system.storage import StorageError, check_writable, storage_message
 
 
 def _mount(where: Path, options: str) -> None:

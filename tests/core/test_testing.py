@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import pytest
 
 import rlzoo
-from rlzoo.plugins import PluginManager
-from rlzoo.registry import Registry
+from rlzoo.kernel.plugins import PluginManager
+from rlzoo.kernel.registry import Registry
 from rlzoo.testing import (
     SUITES,
     AdvantageConformance,
@@ -54,7 +54,7 @@ def test_unimportable_target_is_a_problem() -> None:
 
 def bad_advantage(inputs, params):  # type: ignore[no-untyped-def]
     """Leaks into masked positions and divides by a zero std."""
-    from rlzoo.protocols import AdvantageOutput
+    from rlzoo.kernel.protocols import AdvantageOutput
 
     r = inputs.token_level_rewards.sum(-1)  # [B]
     adv = ((r - r.mean()) / r.std(unbiased=False))[:, None].expand_as(inputs.response_mask)  # [B, T]

@@ -1,4 +1,4 @@
-"""rlzoo.threads: how waiting OpenMP threads wait (RLZOO_OMP_WAIT_POLICY; default: a short spin)."""
+"""rlzoo.system.threads: how waiting OpenMP threads wait (RLZOO_OMP_WAIT_POLICY; default: a short spin)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rlzoo.threads import choose_wait_policy
+from rlzoo.system.threads import choose_wait_policy
 
 
 def test_passive_when_asked_unless_the_user_chose():
@@ -32,17 +32,22 @@ def test_passive_when_asked_unless_the_user_chose():
         choose_wait_policy({"RLZOO_OMP_WAIT_POLICY": "sleepy"})
 
 
-def test_set_when_rlzoo_is_imported_before_torch():
-    """In a fresh interpreter, importing rlzoo sets the asked policy and imports no torch."""
+def test_import_sets_nothing_and_a_run_sets_the_policy_before_torch():
+    """``import rlzoo`` changes no environment; starting a run (``build_run``, the CLI) sets the asked
+    policy, before torch is imported, and leaves it alone once torch is loaded."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     env["RLZOO_OMP_WAIT_POLICY"] = "passive"
     code = "import os, sys, rlzoo; print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["PASSIVE", "False"]
-    code = "import torch, os, rlzoo; print(os.environ.get('OMP_WAIT_POLICY'))"  # too late: left alone
+    assert out.stdout.split() == ["None", "False"]
+    start = "import os, sys, rlzoo; rlzoo.build_run('quickstart'); "
+    code = start + "print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["None"]
+    assert out.stdout.split() == ["PASSIVE", "False"]
+    code = "import torch, os, rlzoo; rlzoo.build_run('quickstart'); print(os.environ.get('OMP_WAIT_POLICY'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["None"]  # too late: left alone
     env.pop("RLZOO_OMP_WAIT_POLICY")  # the default
-    code = "import os, rlzoo; print(os.environ.get('GOMP_SPINCOUNT'), os.environ.get('OMP_WAIT_POLICY'))"
+    code = start + "print(os.environ.get('GOMP_SPINCOUNT'), os.environ.get('OMP_WAIT_POLICY'))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["1000", "None"]

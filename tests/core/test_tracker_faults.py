@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from rlzoo.config import load_config
-from rlzoo.errors import ConfigError
-from rlzoo.metrics import read_metrics
-from rlzoo.plugins import PluginManager
+from rlzoo.kernel.errors import ConfigError
+from rlzoo.kernel.plugins import PluginManager
+from rlzoo.recipe.config import load_config
+from rlzoo.report.metrics import read_metrics
 from rlzoo.testing.runs import SIMULATED_BACKENDS
 
 from .test_loggers import wandb_records, wandb_run

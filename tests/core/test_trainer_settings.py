@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import rlzoo
-from rlzoo.config import load_config
-from rlzoo.errors import ConfigError
-from rlzoo.recipe import mini_batches_per_step, optimizer_steps
+from rlzoo.kernel.errors import ConfigError
+from rlzoo.recipe.config import load_config
+from rlzoo.recipe.types import mini_batches_per_step, optimizer_steps
 from rlzoo.train.inputs import train_spec
 
 TOKENIZER = SimpleNamespace(pad_token_id=0)

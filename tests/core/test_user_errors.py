@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rlzoo.config import load_config
-from rlzoo.errors import ConfigError
+from rlzoo.kernel.errors import ConfigError
+from rlzoo.recipe.config import load_config
 
 
 def problems_of(*overrides: str, recipe: str = "quickstart") -> list[str]:
@@ -110,7 +110,7 @@ def _has_dist(name: str) -> bool:
 
 
 def test_a_missing_optional_package_is_the_callers_message_and_error() -> None:
-    from rlzoo.errors import RlzooError, import_optional
+    from rlzoo.kernel.errors import RlzooError, import_optional
 
     assert import_optional("json", "never said") is __import__("json")
     with pytest.raises(RlzooError, match=r"^the x part needs no_such_pkg_zz: pip install rlzoo\[x\]$") as e:

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 import rlzoo
-import rlzoo.kinds
-from rlzoo.config import load_config
-from rlzoo.errors import ConfigError
-from rlzoo.plugins import PluginManager
+import rlzoo.kernel.kinds
+from rlzoo.kernel.errors import ConfigError
+from rlzoo.kernel.plugins import PluginManager
+from rlzoo.recipe.config import load_config
 
 
 def problems_of(*overrides: str, recipe: str = "quickstart") -> list[str]:
@@ -64,7 +64,7 @@ def test_each_range(override: str, message: str) -> None:
 
 
 def test_unknown_logger_is_refused_by_validate() -> None:
-    if "logger" not in rlzoo.kinds.KIND_BY_NAME:
+    if "logger" not in rlzoo.kernel.kinds.KIND_BY_NAME:
         pytest.skip("loggers are not a plugin kind yet")
     got = problems_of("run.loggers=[console,wandbb]")
     assert any("unknown logger 'wandbb'" in p and "wandb" in p for p in got)
@@ -118,7 +118,7 @@ def test_a_local_recipe_shadowing_a_builtin_says_so(
     (tmp_path / "recipes").mkdir()
     builtin = Path(rlzoo.__file__).parent / "recipes" / "quickstart.yaml"
     if not builtin.exists():
-        from rlzoo.recipe_files import list_recipes
+        from rlzoo.recipe.files import list_recipes
 
         builtin = list_recipes()["quickstart"]
     (tmp_path / "recipes" / "quickstart.yaml").write_text(builtin.read_text())
@@ -140,7 +140,7 @@ def _one_part(
     mod = types.ModuleType(plugin)
     setattr(
         mod,
-        rlzoo.kinds.KIND_BY_NAME[kind].hook,
+        rlzoo.kernel.kinds.KIND_BY_NAME[kind].hook,
         rlzoo.registers(rlzoo.Registration(name, _fn, capabilities=caps)),
     )
     pm.register(mod, plugin)
@@ -156,7 +156,7 @@ def _fn(inputs, params):  # type: ignore[no-untyped-def]
 
 def test_a_misspelt_capability_is_an_error_at_registration(pm: PluginManager) -> None:
     with _one_part(pm, "typo_plugin", "advantage", "typo_adv", {"needs_critc": True}):
-        with pytest.raises(rlzoo.errors.PluginError) as e:
+        with pytest.raises(rlzoo.kernel.errors.PluginError) as e:
             pm.registries()
         msg = str(e.value)
         assert "typo_adv" in msg and "typo_plugin" in msg
@@ -166,7 +166,7 @@ def test_a_misspelt_capability_is_an_error_at_registration(pm: PluginManager) ->
 def test_a_capability_of_the_wrong_type_is_an_error(pm: PluginManager) -> None:
     with (
         _one_part(pm, "bad_caps", "runner", "bad_runner", {"placements": "local"}),
-        pytest.raises(rlzoo.errors.PluginError, match=r"capability 'placements': expected a list"),
+        pytest.raises(rlzoo.kernel.errors.PluginError, match=r"capability 'placements': expected a list"),
     ):
         pm.registries()
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlzoo.errors import RlzooError
+from rlzoo.kernel.errors import RlzooError
 from rlzoo.tasks._stamp import held_out_split
 
 

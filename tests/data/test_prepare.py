@@ -280,7 +280,7 @@ def test_missing_local_path(tmp_path: Path) -> None:
 
 
 def test_unknown_param_is_a_config_error(tmp_path: Path) -> None:
-    from rlzoo.errors import ConfigError
+    from rlzoo.kernel.errors import ConfigError
     from rlzoo.tasks.prepare import gsm8k
 
     with pytest.raises(ConfigError, match=r"splts: unknown key.*did you mean splits"):
@@ -299,8 +299,8 @@ def test_split_helpers() -> None:
 
 
 def test_registered_through_the_hook(tmp_path: Path) -> None:
-    from rlzoo.config import bind_part
-    from rlzoo.plugins import PluginManager
+    from rlzoo.kernel.plugins import PluginManager
+    from rlzoo.recipe.config import bind_part
 
     pm = PluginManager(load_entrypoints=False)
     reg = pm.registry("dataset")

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from data.conftest import make_tokenizer
-from rlzoo.config import bind_part
 from rlzoo.data.dataset import PromptDataset
-from rlzoo.plugins import PluginManager
+from rlzoo.kernel.plugins import PluginManager
+from rlzoo.recipe.config import bind_part
 
 rg = pytest.importorskip("reasoning_gym", reason="the reasoning-gym extra: pip install rlzoo[reasoning-gym]")
 
@@ -161,7 +161,7 @@ def test_validate_names_the_extra_when_reasoning_gym_is_missing(
 ) -> None:
     import dataclasses
 
-    from rlzoo.checks import _optional_package_rule
+    from rlzoo.recipe.checks import _optional_package_rule
 
     @dataclasses.dataclass
     class Cfg:  # the rule walks every selected part of a recipe (RecipeConfig.selections)

@@ -38,7 +38,7 @@ def test_quickstart_on_ray(ray_cluster: Any, tmp_path: Path, placement: list[str
 def test_fully_async_on_ray_split(ray_cluster: Any, tmp_path: Path) -> None:
     """The fully-async runner drives a trainer pool and a rollout pool of Ray actors."""
     import rlzoo
-    from rlzoo.metrics import read_metrics
+    from rlzoo.report.metrics import read_metrics
 
     run = rlzoo.build_run(
         "quickstart_async",

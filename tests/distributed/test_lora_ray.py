@@ -16,7 +16,7 @@ pytest.importorskip("peft")
 
 def test_lora_on_ray_split_pushes_the_adapter(ray_cluster: Any, tmp_path: Path) -> None:
     import rlzoo
-    from rlzoo.metrics import read_metrics
+    from rlzoo.report.metrics import read_metrics
 
     run = rlzoo.build_run(
         "quickstart",

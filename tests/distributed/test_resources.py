@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from rlzoo.distributed.resources import PoolPlan, check_pools, plan_pools
-from rlzoo.errors import ConfigError
-from rlzoo.recipe import PlacementSection
+from rlzoo.kernel.errors import ConfigError
+from rlzoo.recipe.types import PlacementSection
 
 from .conftest import free_cpus_after_release
 

@@ -11,14 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from rlzoo.protocols import (
-    GenerationRequest,
-    MicroBatchSettings,
-    OptimSettings,
-    RolloutSpec,
-    SamplingParams,
-    TrainSpec,
-)
+from rlzoo.kernel.protocols import GenerationRequest, SamplingParams
+from rlzoo.kernel.settings import MicroBatchSettings, OptimSettings, RolloutSpec, TrainSpec
 
 pytestmark = pytest.mark.ray
 

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import rlzoo
-from rlzoo.metrics import read_metrics
+from rlzoo.report.metrics import read_metrics
 from rlzoo.tasks._quickstart import distinct_prompts, prepare
 from rlzoo.tasks.quickstart import QuickstartDataParams
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import rlzoo
-from rlzoo.errors import ConfigError, RlzooError
-from rlzoo.metrics import read_metrics
+from rlzoo.kernel.errors import ConfigError, RlzooError
+from rlzoo.report.metrics import read_metrics
 
 
 def overrides(tmp: Path, quickstart_dir: Path, **kw: object) -> list[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import rlzoo
-from rlzoo.metrics import read_metrics
+from rlzoo.report.metrics import read_metrics
 
 pytest.importorskip("gguf", reason="the gguf package is not installed (pip install gguf accelerate)")
 pytest.importorskip("accelerate", reason="the accelerate package is not installed (pip install accelerate)")

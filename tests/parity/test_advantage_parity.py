@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import rlzoo
-from rlzoo.protocols import AdvantageInputs
+from rlzoo.kernel.protocols import AdvantageInputs
 
 from ._verl import DT, RECORD, core_algos, make_batch
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 import rlzoo
-from rlzoo.protocols import CorrectionInputs
+from rlzoo.kernel.protocols import CorrectionInputs
 
 from ._verl import RECORD, make_batch, rollout_corr
 

@@ -12,8 +12,8 @@ import torch
 
 import rlzoo
 from rlzoo.algorithms.functional import loss_agg as A
-from rlzoo.formulas import make_agg_context
-from rlzoo.protocols import PolicyLossInputs
+from rlzoo.kernel.protocols import PolicyLossInputs
+from rlzoo.train_kit.formulas import make_agg_context
 
 from ._verl import DT, RECORD, core_algos, make_batch
 
@@ -159,7 +159,7 @@ def test_loss_aggregation(agg, seed):
 @pytest.mark.parametrize("seed", (0, 1))
 @pytest.mark.parametrize("agg", AGG_MODES)
 def test_value_loss(agg, seed):
-    from rlzoo.formulas import value_loss
+    from rlzoo.train_kit.formulas import value_loss
 
     b = make_batch(seed)
     g = torch.Generator().manual_seed(seed)
@@ -213,7 +213,7 @@ def test_kl_full_is_a_documented_difference():
 
 
 def test_kl_controllers():
-    from rlzoo.formulas import AdaptiveKLController, FixedKLController
+    from rlzoo.train_kit.formulas import AdaptiveKLController, FixedKLController
 
     ours, theirs = AdaptiveKLController(0.05, 0.1, 1000), core_algos.AdaptiveKLController(0.05, 0.1, 1000)
     g = torch.Generator().manual_seed(0)

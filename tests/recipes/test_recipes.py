@@ -1,6 +1,6 @@
 """Every shipped recipe validates; each has a tiny variant that runs end to end on the CPU.
 
-The tiny variants (``recipes/tiny/<name>.yaml``, composed as ``+tiny=<name>``) keep the recipe's
+The tiny variants (``src/rlzoo/recipes/tiny/<name>.yaml``, composed as ``+tiny=<name>``) keep the recipe's
 algorithm and swap the scale: a tiny Qwen2 built from a config, a few rows in the *upstream*
 layout run through the real preparer, native backends, 3 steps with validation at steps 0, 2, 3.
 """
@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from rlzoo.config import load_config
 from rlzoo.models.tiny import TINY_RECIPES, build_tiny
-from rlzoo.recipe import RecipeConfig
-from rlzoo.recipe_files import list_recipes
+from rlzoo.recipe.config import load_config
+from rlzoo.recipe.files import list_recipes
+from rlzoo.recipe.types import RecipeConfig
 
-RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
+RECIPES_DIR = Path(__file__).resolve().parents[2] / "src" / "rlzoo" / "recipes"
 ALL_RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 SEED_RECIPES = ("dapo_math", "grpo_geo3k_vl", "ppo_gsm8k", "grpo_gsm8k")
 
@@ -178,7 +178,7 @@ VAL = {
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", SEED_RECIPES)
 def test_tiny_variant_runs_end_to_end(recipe: str, tiny_env: Path, tmp_path: Path) -> None:
-    from rlzoo.compose import build_run
+    from rlzoo.recipe.compose import build_run
 
     base = build_tiny(recipe, tiny_env)
     assert not (base / "train.parquet").exists()  # the recipe's data.prepare writes it

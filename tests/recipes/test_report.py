@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rlzoo.errors import RlzooError
+from rlzoo.kernel.errors import RlzooError
 from rlzoo.report import (
     PANELS,
     RunData,
@@ -330,7 +330,7 @@ def test_several_runs_are_overlaid(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def series_records(run_dir: Path) -> list[dict[str, Any]]:
-    from rlzoo.metrics import read_metrics
+    from rlzoo.report.metrics import read_metrics
 
     return read_metrics(run_dir)
 

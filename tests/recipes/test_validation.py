@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlzoo.protocols import RewardResult, Sample
+from rlzoo.kernel.protocols import RewardResult, Sample
 from rlzoo.train.rewards import validation_metrics
 
 

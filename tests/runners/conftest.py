@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rlzoo.plugins import PluginManager
+from rlzoo.kernel.plugins import PluginManager
 
 #: overrides shared by every runner test: quiet, fast, no validation before training
 QUIET = ["run.progress=false", "run.loggers=[jsonl]", "trainer.val_before_train=false"]

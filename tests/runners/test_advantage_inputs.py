@@ -22,12 +22,13 @@ from rlzoo.algorithms.functional import advantage as F
 from rlzoo.backends.native.train import NativeTrainBackend
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.batch import Batch
-from rlzoo.config import load_config
-from rlzoo.formulas import offpolicy_metrics
+from rlzoo.kernel.protocols import AdvantageInputs
+from rlzoo.kernel.settings import MicroBatchSettings, TrainSpec
 from rlzoo.models.tiny import tiny_qwen2_config
-from rlzoo.protocols import AdvantageInputs, MicroBatchSettings, TrainSpec
+from rlzoo.recipe.config import load_config
 from rlzoo.testing.backends import make_train_batch
 from rlzoo.train.update import PolicyTrainer
+from rlzoo.train_kit.formulas import offpolicy_metrics
 
 from .conftest import as_rollout
 

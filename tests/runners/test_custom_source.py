@@ -17,8 +17,8 @@ import pytest
 
 import rlzoo
 from rlzoo.batch import Batch
-from rlzoo.metrics import read_metrics
-from rlzoo.plugins import PluginManager
+from rlzoo.kernel.plugins import PluginManager
+from rlzoo.report.metrics import read_metrics
 from rlzoo.train.batching import samples_to_batch
 from rlzoo.train.loop import BatchSource, StepTimer
 from rlzoo.train.session import Session
@@ -90,7 +90,7 @@ def test_a_plugin_source_trains_like_sync(
     assert mine["runner"] == "generate_once" and mine["last_step"] == 2
     a, b = read_metrics(Path(sync["run_dir"])), read_metrics(Path(mine["run_dir"]))
     assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2]
-    prompts, n = 16, 16  # recipes/quickstart.yaml: data.train_batch_size, rollout.n
+    prompts, n = 16, 16  # src/rlzoo/recipes/quickstart.yaml: data.train_batch_size, rollout.n
     assert [r["generate_once/responses"] for r in b] == [prompts * n, 2 * prompts * n]
     for ra, rb in zip(a, b):
         for k in ("critic/rewards/mean", "critic/advantages/max", "actor/pg_loss", "actor/grad_norm"):

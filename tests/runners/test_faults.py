@@ -1,7 +1,7 @@
 """Fault injection (issue 23): kill -9 at seeded random points of checkpoint save, export, the
 metrics write and resume, for every runner, on the tiny quickstart model (native backends).
 
-Each runner's run is killed again and again (``RLZOO_KILL_AT``, :mod:`rlzoo.failpoints`: the
+Each runner's run is killed again and again (``RLZOO_KILL_AT``, :mod:`rlzoo.system.failpoints`: the
 process sends itself SIGKILL at the named point) and resumed each time with the same printed
 command, then once without a fault. The result must be the uninterrupted run's: every step's
 metrics row exactly once (for sync with the same numbers, to the bit), the same
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from rlzoo.metrics import read_metrics
+from rlzoo.report.metrics import read_metrics
 
 from .conftest import QUIET
 
@@ -103,7 +103,7 @@ def _plan(runner: str) -> list[str]:
 def _effective(run_dir: Path) -> dict[str, Any]:
     """The settings a resume of ``run_dir`` would run with (what a chain of resumes composed)."""
     import rlzoo
-    from rlzoo.plugins import PluginManager
+    from rlzoo.kernel.plugins import PluginManager
 
     cfg = rlzoo.build_run(
         None, ["resume=latest", f"run.output_dir={run_dir}"], pm=PluginManager(load_entrypoints=False)
@@ -119,7 +119,7 @@ def test_kill_9_anywhere_loses_duplicates_and_changes_nothing(
     runner: str, quickstart_dir: Path, tmp_path: Path
 ) -> None:
     import rlzoo
-    from rlzoo.plugins import PluginManager
+    from rlzoo.kernel.plugins import PluginManager
 
     args = ["quickstart", f"data.dir={quickstart_dir}", *QUIET, *COMMON, *RUNNER[runner]]
     ref, out, log = tmp_path / "ref", tmp_path / "run", tmp_path / "log.txt"

@@ -14,11 +14,11 @@ import pytest
 import rlzoo
 from rlzoo.backends.simulated import SimulatedRolloutParams, SimulatedTrainParams
 from rlzoo.backends.simulated.backend import SimulatedRolloutBackend, SimulatedTrainBackend
-from rlzoo.compose import _selection_for
-from rlzoo.config import load_config
-from rlzoo.errors import ConfigError
-from rlzoo.metrics import read_metrics
-from rlzoo.plugins import PluginManager
+from rlzoo.kernel.errors import ConfigError
+from rlzoo.kernel.plugins import PluginManager
+from rlzoo.recipe.compose import _selection_for
+from rlzoo.recipe.config import load_config
+from rlzoo.report.metrics import read_metrics
 from rlzoo.sources.params import FullyAsyncParams
 from rlzoo.sources.queue import RolloutFailed
 from rlzoo.testing.runs import SIMULATED_BACKENDS

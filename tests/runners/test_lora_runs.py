@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlzoo.errors import RlzooError
-from rlzoo.metrics import read_metrics
-from rlzoo.plugins import PluginManager
+from rlzoo.kernel.errors import RlzooError
+from rlzoo.kernel.plugins import PluginManager
+from rlzoo.report.metrics import read_metrics
 
 from .conftest import build
 from .test_run_safety import RUNNER
@@ -122,7 +122,7 @@ def test_a_resumed_lora_run_continues_exactly(
 def test_export_adapter_of_a_full_fine_tuning_run_is_refused(
     pm: PluginManager, quickstart_dir: Path, tmp_path: Path
 ) -> None:
-    from rlzoo.export import export_checkpoint
+    from rlzoo.train.export import export_checkpoint
 
     build(pm, "quickstart", quickstart_dir, tmp_path / "run", "trainer.total_steps=1").train()
     with pytest.raises(RlzooError, match=r"no trainer\.lora"):

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rlzoo.metrics import MetricsFileError, read_metrics, set_aside_cut_row
-from rlzoo.plugins import PluginManager
+from rlzoo.kernel.plugins import PluginManager
+from rlzoo.report.metrics import MetricsFileError, read_metrics, set_aside_cut_row
 from rlzoo.testing.runs import SIMULATED_BACKENDS
 
 from .conftest import QUIET

@@ -12,12 +12,12 @@ from transformers import AutoModelForCausalLM
 from rlzoo.backends.native.train import NativeTrainBackend
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.batch import Batch
-from rlzoo.config import load_config
-from rlzoo.formulas import offpolicy_metrics
+from rlzoo.kernel.settings import MicroBatchSettings, OptimSettings, TrainSpec
 from rlzoo.models.tiny import tiny_qwen2_config
-from rlzoo.protocols import MicroBatchSettings, OptimSettings, TrainSpec
+from rlzoo.recipe.config import load_config
 from rlzoo.testing.backends import make_train_batch
 from rlzoo.train.update import PolicyTrainer
+from rlzoo.train_kit.formulas import offpolicy_metrics
 
 from .conftest import as_rollout
 

@@ -6,8 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
-from rlzoo.metrics import read_metrics
-from rlzoo.plugins import PluginManager
+from rlzoo.kernel.plugins import PluginManager
+from rlzoo.report.metrics import read_metrics
 from rlzoo.testing.runs import SIMULATED_BACKENDS
 
 from .conftest import build

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rlzoo.protocols import RewardResult, Sample
+from rlzoo.kernel.protocols import RewardResult, Sample
 from rlzoo.train.batching import clip_ratio, rollout_metrics, samples_to_batch
 from rlzoo.train.rewards import validation_metrics
 

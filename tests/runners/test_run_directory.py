@@ -14,9 +14,9 @@ import yaml
 
 from rlzoo.backends.simulated import SimulatedTrainParams
 from rlzoo.backends.simulated.backend import SimulatedTrainBackend
-from rlzoo.errors import ConfigError
-from rlzoo.metrics import read_metrics
-from rlzoo.plugins import PluginManager
+from rlzoo.kernel.errors import ConfigError
+from rlzoo.kernel.plugins import PluginManager
+from rlzoo.report.metrics import read_metrics
 from rlzoo.testing.runs import SIMULATED_BACKENDS
 from rlzoo.train.checkpoint import CheckpointError, CheckpointManager
 
@@ -267,7 +267,7 @@ def test_the_readme_export_example_names_a_checkpoint_the_quickstart_keeps() -> 
     """Before: `rlzoo export … --step 100`, but the quickstart keeps only steps 150 and 200."""
     import re
 
-    from rlzoo.config import load_config
+    from rlzoo.recipe.config import load_config
 
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     steps = [int(s) for s in re.findall(r"rlzoo export runs/quickstart-\S+ --step (\d+)", readme)]
@@ -283,7 +283,7 @@ def test_a_users_file_in_final_stops_the_run_before_training(
     pm: PluginManager, quickstart_dir: Path, tmp_path: Path
 ) -> None:
     """final/ is replaced only when it holds nothing but an earlier export: said at the start."""
-    from rlzoo.errors import RlzooError
+    from rlzoo.kernel.errors import RlzooError
 
     out = tmp_path / "run"
     _first(pm, quickstart_dir, out, "trainer.total_steps=1")

@@ -19,9 +19,9 @@ import pytest
 
 from rlzoo.backends.simulated import SimulatedTrainParams
 from rlzoo.backends.simulated.backend import SimulatedTrainBackend
-from rlzoo.errors import RlzooError
-from rlzoo.metrics import read_metrics
-from rlzoo.plugins import PluginManager
+from rlzoo.kernel.errors import RlzooError
+from rlzoo.kernel.plugins import PluginManager
+from rlzoo.report.metrics import read_metrics
 from rlzoo.testing.runs import SIMULATED_BACKENDS
 from rlzoo.train.checkpoint import CheckpointError, CheckpointManager, RunDirLocked, RunLock
 

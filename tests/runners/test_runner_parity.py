@@ -19,8 +19,8 @@ import torch
 import rlzoo
 from rlzoo.backends.simulated import SimulatedTrainParams
 from rlzoo.backends.simulated.backend import SimulatedTrainBackend
-from rlzoo.metrics import read_metrics
-from rlzoo.plugins import PluginManager
+from rlzoo.kernel.plugins import PluginManager
+from rlzoo.report.metrics import read_metrics
 from rlzoo.testing.runs import SIMULATED_BACKENDS
 
 from .conftest import build
@@ -145,7 +145,7 @@ def test_every_runner_honours_the_same_settings(
 
 def test_kl_penalty_lowers_the_rewards_by_coef_times_kl(tmp_path: Path) -> None:
     """The hand value of the per-token penalty the parity test relies on (verl apply_kl_penalty)."""
-    from rlzoo.formulas import apply_kl_penalty
+    from rlzoo.train_kit.formulas import apply_kl_penalty
 
     scores = torch.tensor([[0.0, 0.0, 1.0]])  # [1, 3]
     kl = torch.full((1, 3), REF_OFFSET)  # [1, 3]

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 import rlzoo
-from rlzoo.config import load_config
-from rlzoo.plugins import PluginManager
-from rlzoo.protocols import RewardItem
+from rlzoo.kernel.plugins import PluginManager
+from rlzoo.kernel.protocols import RewardItem
+from rlzoo.recipe.config import load_config
 from rlzoo.train.rewards import build_reward_manager
 
 CALLS: list[tuple[str, list[str]]] = []

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from rlzoo.protocols import AdvantageInputs, AdvantageOutput
+from rlzoo.kernel.protocols import AdvantageInputs, AdvantageOutput
 
 from .plugin import ExampleRLOOParams
 

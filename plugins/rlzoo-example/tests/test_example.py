@@ -8,7 +8,7 @@ from rlzoo_example.advantage import example_rloo
 from rlzoo_example.plugin import ExampleRLOOParams, KeywordParams
 from rlzoo_example.scorer import keyword_score
 
-from rlzoo.protocols import AdvantageInputs
+from rlzoo.kernel.protocols import AdvantageInputs
 
 
 def test_leave_one_out_by_hand() -> None:

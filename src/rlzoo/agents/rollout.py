@@ -1,0 +1,560 @@
+"""``MultiTurnRollout``: multi-turn, tool-calling trajectories on any rollout backend.
+
+It wraps a :class:`~rlzoo.kernel.protocols.RolloutBackend` and is one itself (``submit`` / ``stream`` /
+``generate`` / ``pause`` / ``resume`` / ``update_weights``), so the sync, one-step-off and
+fully-async batch sources use it unchanged. Each trajectory is a chain of single-turn requests on
+the inner backend: the context so far (prompt + every turn's ids) is the next request's prompt.
+Because every trajectory's next turn is an ordinary request, the engine's continuous batching
+spans turns: a trajectory waiting on its tool or environment holds no slot, and the others keep
+decoding.
+
+Environment and tool calls run on one asyncio loop in a background thread (sync methods in its
+thread pool, ``async`` ones awaited there), each under its timeout, so a slow environment never
+blocks the engine or the caller.
+
+The trajectory (a :class:`~rlzoo.kernel.protocols.Sample`): ``prompt_ids`` = the first observation
+rendered with the chat template; ``response_ids`` = per turn the sampled ids (``loss_mask`` 1,
+their rollout log-probs and policy versions as the engine gave them) followed by the
+observation's ids (``loss_mask`` 0, log-prob 0, the version of the turn before). Sampled ids are
+never decoded and encoded again: the text of a turn is decoded only for the parser and the
+environment to read. ``Sample.agent`` records the trajectory (turns, tool calls, errors, rewards,
+environment time, token counts, a failure); :func:`agent_metrics` turns a batch of them into
+``agent/*`` metrics.
+
+A trajectory ends when the environment says ``done``, after ``max_turns`` model turns, when a
+turn ends without its stop token (``finish_reason`` ``length``: the per-turn or the whole budget
+ran out), when the next observation does not fit the response budget (``length``), or when the
+environment fails (raises or times out: ``agent["error"]``; scoring counts it as a failed sample).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import inspect
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlzoo.agents.chat import ChatTemplate
+from rlzoo.agents.parsing import parse_tool_calls, schema_problems
+from rlzoo.agents.settings import MultiTurnSettings
+from rlzoo.kernel.protocols import (
+    AgentTurn,
+    Environment,
+    EnvStep,
+    GenerationRequest,
+    Message,
+    RolloutBackend,
+    Sample,
+    Tool,
+    ToolCall,
+)
+from rlzoo.rollout_kit.streams import POLL_S
+
+__all__ = ["MultiTurnRollout", "agent_metrics"]
+
+
+@dataclass
+class _Traj:
+    """One trajectory in flight."""
+
+    request: GenerationRequest
+    index: int
+    env: Environment | None = None
+    tools: dict[str, Tool] = field(default_factory=dict)
+    template: ChatTemplate | None = None
+    conversation: list[Message] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    malformed_calls: int = 0
+    rewards: list[float] = field(default_factory=list)
+    #: per reward, the index in response_ids of the last token of the model turn it rewards
+    #: (-1: given by reset, before any turn; the batch credits the first turn)
+    reward_positions: list[int] = field(default_factory=list)
+    env_time_s: float = 0.0
+    final_text: str = ""
+    truncated: bool = False
+    error: str | None = None
+    env_info: dict[str, float] = field(default_factory=dict)
+    pending_calls: list[ToolCall] = field(default_factory=list)  # since the env's last step
+    pending_results: list[str] = field(default_factory=list)
+    #: [start, end) in response_ids of each model turn since the env's last step
+    pending_spans: list[tuple[int, int]] = field(default_factory=list)
+    #: (index in response_ids, reward): the environment's dense rewards, each on its own token
+    token_rewards: list[tuple[int, float]] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.request.request_id, self.index)
+
+
+class MultiTurnRollout:
+    """A :class:`~rlzoo.kernel.protocols.RolloutBackend` running multi-turn trajectories on ``inner``.
+
+    Args:
+        inner: the rollout backend that samples each turn (native engine, vLLM, ...).
+        make_env: builds one environment per trajectory (the selected part's factory, bound).
+        tools: tools offered on top of each environment's own.
+        tokenizer: the model's tokenizer (chat template; decoding turns for reading).
+        settings: ``rollout.multi_turn``.
+        max_response_length: the response budget of a trajectory (every token after the prompt).
+        stop_ids: ids that end a model turn (EOS).
+        template_kwargs: extra ``apply_chat_template`` arguments.
+    """
+
+    def __init__(
+        self,
+        inner: RolloutBackend,
+        make_env: Callable[[], Environment],
+        tokenizer: Any,
+        settings: MultiTurnSettings,
+        *,
+        max_response_length: int,
+        stop_ids: Sequence[int],
+        tools: Sequence[Tool] = (),
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.inner = inner
+        self.make_env = make_env
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.max_response_length = int(max_response_length)
+        self.stop_ids = tuple(int(t) for t in stop_ids)
+        self.extra_tools = list(tools)
+        self.template_kwargs = dict(template_kwargs or {})
+        self._lock = threading.RLock()
+        self._events: queue.Queue[tuple[str, _Traj, Any]] = queue.Queue()
+        self._by_turn: dict[str, _Traj] = {}  # inner request id -> trajectory
+        self._finished: dict[tuple[str, int], Sample] = {}
+        self._claimed: set[tuple[str, int]] = set()  # wanted by a generate() call
+        self._live = 0  # trajectories submitted and not finished
+        self._loop = asyncio.new_event_loop()
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            settings.concurrency, thread_name_prefix="rlzoo-env"
+        )
+        self._loop.set_default_executor(self._pool)
+        self._gate = asyncio.Semaphore(settings.concurrency)
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rlzoo-agents", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------------------------------
+    # RolloutBackend
+    # ------------------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self.inner.version
+
+    def submit(self, requests: Sequence[GenerationRequest]) -> None:
+        with self._lock:
+            for req in requests:
+                for i in range(req.sampling.n):
+                    traj = _Traj(request=req, index=i)
+                    self._live += 1
+                    self._spawn("reset", traj, self._reset(traj))
+
+    def stream(self, timeout: float | None = None) -> Iterator[Sample]:
+        last = time.monotonic()
+        while True:
+            out = self._take(lambda k: k not in self._claimed)
+            if out is not None:
+                last = time.monotonic()
+                yield out
+                continue
+            with self._lock:
+                idle = self._live == 0 and not any(k not in self._claimed for k in self._finished)
+            if idle:
+                return
+            if timeout is not None and time.monotonic() - last > timeout:
+                return
+            self._pump()
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Sample]:
+        wanted = [(r.request_id, i) for r in requests for i in range(r.sampling.n)]
+        if len(set(wanted)) != len(wanted):
+            raise ValueError("generate(): request ids must be unique")
+        with self._lock:
+            self._claimed.update(wanted)
+        try:
+            self.submit(requests)
+            while True:
+                with self._lock:
+                    if all(k in self._finished for k in wanted):
+                        return [self._finished.pop(k) for k in wanted]
+                self._pump()
+        finally:
+            with self._lock:
+                self._claimed.difference_update(wanted)
+
+    def pause(self) -> None:
+        self.inner.pause()
+
+    def resume(self) -> None:
+        self.inner.resume()
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
+        self.inner.update_weights(named_tensors, version)
+
+    def num_pending(self) -> int:
+        with self._lock:
+            return self._live + sum(1 for k in self._finished if k not in self._claimed)
+
+    def shutdown(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.inner.shutdown()
+
+    def __getattr__(self, name: str) -> Any:  # abort(), model, last_sync ... of the inner backend
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    # ------------------------------------------------------------------------------------------
+    # the pump: inner samples and finished env / tool work move trajectories along
+    # ------------------------------------------------------------------------------------------
+    def _take(self, ok: Callable[[tuple[str, int]], bool]) -> Sample | None:
+        with self._lock:
+            for k in self._finished:
+                if ok(k):
+                    return self._finished.pop(k)
+        return None
+
+    def _pump(self) -> None:
+        """Handle finished env / tool work, then the inner backend's finished turns (one poll)."""
+        self._drain_events()
+        with self._lock:
+            waiting_on_inner = bool(self._by_turn)
+        if not waiting_on_inner:
+            try:  # nothing on the engine: wait for env / tool work instead
+                event = self._events.get(timeout=POLL_S)
+            except queue.Empty:
+                return
+            self._handle_event(*event)
+            return
+        for s in self.inner.stream(timeout=POLL_S):
+            self._on_turn(s)
+            self._drain_events()
+
+    def _drain_events(self) -> None:
+        while True:
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                return
+            self._handle_event(*event)
+
+    def _spawn(self, what: str, traj: _Traj, coro: Any) -> None:
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+        def done(f: concurrent.futures.Future[Any]) -> None:
+            try:
+                self._events.put((what, traj, f.result()))
+            except BaseException as exc:
+                self._events.put(("error", traj, f"{what}: {type(exc).__name__}: {exc}"))
+
+        fut.add_done_callback(done)
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, timeout: float) -> Any:
+        """``fn(*args)`` (sync in the thread pool, or awaited) within ``timeout`` seconds."""
+        async with self._gate:
+            if inspect.iscoroutinefunction(fn):
+                return await asyncio.wait_for(fn(*args), timeout)
+            loop = asyncio.get_running_loop()
+
+            def run() -> Any:
+                return fn(*args)
+
+            out = await asyncio.wait_for(loop.run_in_executor(None, run), timeout)
+            if inspect.isawaitable(out):
+                out = await asyncio.wait_for(out, timeout)
+            return out
+
+    # -- environment and tools (on the loop thread) ----------------------------------------------
+    async def _reset(self, traj: _Traj) -> EnvStep:
+        t0 = time.perf_counter()
+        try:
+            env = await self._call(self.make_env, timeout=self.settings.env_timeout_s)
+            traj.env = env
+            row = {**traj.request.data, "prompt_ids": list(traj.request.prompt_ids)}
+            out = await self._call(env.reset, row, timeout=self.settings.env_timeout_s)
+            tools = [*env.tools(), *self.extra_tools]
+        finally:
+            traj.env_time_s += time.perf_counter() - t0
+        if not isinstance(out, EnvStep) or not out.messages:
+            raise TypeError(f"reset(row) must return an EnvStep with the first messages, got {out!r}")
+        traj.tools = {t.name: t for t in tools}
+        traj.template = ChatTemplate(self.tokenizer, tools, self.stop_ids, self.template_kwargs)
+        return out
+
+    async def _step(self, traj: _Traj, turn: AgentTurn, spans: list[tuple[int, int]]) -> EnvStep:
+        assert traj.env is not None
+        t0 = time.perf_counter()
+        try:
+            out = await self._call(traj.env.step, turn, timeout=self.settings.env_timeout_s)
+        finally:
+            traj.env_time_s += time.perf_counter() - t0
+        if not isinstance(out, EnvStep):
+            raise TypeError(f"step(turn) must return an EnvStep, got {out!r}")
+        if out.token_rewards is not None:
+            want = [len(t) for t in turn.turn_tokens]
+            got = [len(r) for r in out.token_rewards]
+            if got != want:
+                raise ValueError(
+                    f"step(turn).token_rewards must hold one list per turn of turn.turn_tokens with one "
+                    f"reward per token: token counts {want}, got reward counts {got}"
+                )
+            traj.token_rewards += [
+                (a + j, float(r)) for (a, _), rs in zip(spans, out.token_rewards) for j, r in enumerate(rs)
+            ]
+        return out
+
+    async def _run_tools(self, traj: _Traj, calls: list[ToolCall], errors: list[str]) -> list[Message]:
+        """One tool message per call (its text, or the error the model reads), then one per
+        malformed call; counted on the trajectory."""
+        messages: list[Message] = []
+        t0 = time.perf_counter()
+        for call in calls:
+            traj.tool_calls += 1
+            text, failed = await self._one_tool(traj, call)
+            traj.tool_errors += int(failed)
+            traj.pending_calls.append(call)
+            traj.pending_results.append(text)
+            messages.append({"role": "tool", "name": call.name, "content": text})
+        for err in errors:
+            traj.tool_errors += 1
+            traj.malformed_calls += 1
+            messages.append({"role": "tool", "content": f"error: {err}"})
+        traj.env_time_s += time.perf_counter() - t0
+        return messages
+
+    async def _one_tool(self, traj: _Traj, call: ToolCall) -> tuple[str, bool]:
+        tool = traj.tools.get(call.name)
+        if tool is None:
+            return (
+                f"error: unknown tool {call.name!r}; tools: {', '.join(sorted(traj.tools)) or 'none'}",
+                True,
+            )
+        if traj.tool_calls > self.settings.max_tool_calls:
+            return f"error: tool call limit ({self.settings.max_tool_calls}) reached", True
+        problems = schema_problems(call.arguments, tool.parameters)
+        if problems:
+            return f"error: {call.name}: " + "; ".join(problems), True
+        try:
+            out = await self._call(tool.call, dict(call.arguments), timeout=float(tool.timeout_s))
+        except TimeoutError:
+            return f"error: {call.name} timed out after {tool.timeout_s} s", True
+        except Exception as exc:
+            return f"error: {call.name}: {exc}", True
+        if not isinstance(out, str):
+            return f"error: {call.name} returned {type(out).__name__}, not text", True
+        return out, False
+
+    # -- moving a trajectory along (on the caller's thread, under the lock) ----------------------
+    def _handle_event(self, what: str, traj: _Traj, value: Any) -> None:
+        with self._lock:
+            if what == "error":
+                traj.error = str(value)
+                self._finish(traj, "stop")
+            elif what == "reset":
+                assert traj.template is not None
+                traj.conversation = list(value.messages)
+                traj.prompt_ids = traj.template.prompt_ids(traj.conversation)
+                self._note_env(traj, value)
+                self._next_turn(traj)
+            elif what in ("step", "tools"):
+                step: EnvStep = value
+                if what == "step":
+                    self._note_env(traj, step)
+                if step.done or traj.turns >= self.settings.max_turns:
+                    traj.truncated = not step.done
+                    self._finish(traj, "stop" if step.done else "length")
+                    return
+                self._observe(traj, list(step.messages))
+
+    def _note_env(self, traj: _Traj, step: EnvStep) -> None:
+        if step.reward is not None:
+            traj.rewards.append(float(step.reward))
+            traj.reward_positions.append(len(traj.response_ids) - 1)  # the turn just read (or -1)
+        for k, v in step.info.items():
+            if (isinstance(v, (int, float)) and not isinstance(v, bool)) or isinstance(v, bool):
+                traj.env_info[k] = float(v)
+
+    def _observe(self, traj: _Traj, messages: list[Message]) -> None:
+        """Append the observation as the template's delta (mask 0), then ask for the next turn."""
+        assert traj.template is not None
+        try:
+            delta = traj.template.delta_ids(traj.conversation, messages)
+        except Exception as exc:
+            traj.error = f"{type(exc).__name__}: {exc}"
+            self._finish(traj, "stop")
+            return
+        if len(traj.response_ids) + len(delta) >= self.max_response_length:
+            traj.truncated = True
+            self._finish(traj, "length")
+            return
+        traj.conversation.extend(messages)
+        version = traj.versions[-1] if traj.versions else self.inner.version
+        traj.response_ids += delta
+        traj.loss_mask += [0] * len(delta)
+        traj.log_probs += [0.0] * len(delta)
+        traj.versions += [version] * len(delta)
+        self._next_turn(traj)
+
+    def _next_turn(self, traj: _Traj) -> None:
+        left = self.max_response_length - len(traj.response_ids)
+        per_turn = self.settings.per_turn_max_tokens
+        budget = left if per_turn is None else min(left, per_turn)
+        if budget <= 0:
+            traj.truncated = True
+            self._finish(traj, "length")
+            return
+        req = traj.request
+        seed = req.sampling.seed
+        sampling = dataclasses.replace(
+            req.sampling,
+            n=1,
+            max_new_tokens=budget,
+            seed=None if seed is None else (seed * 1_000_003 + traj.index * 7_919 + traj.turns) % (2**31),
+        )
+        rid = f"{req.request_id}/{traj.index}#t{traj.turns}"
+        turn = GenerationRequest(
+            request_id=rid,
+            prompt_ids=[*traj.prompt_ids, *traj.response_ids],
+            sampling=sampling,
+            data=req.data,
+            multi_modal=req.multi_modal,
+        )
+        self._by_turn[rid] = traj
+        self.inner.submit([turn])
+
+    def _on_turn(self, s: Sample) -> None:
+        with self._lock:
+            traj = self._by_turn.pop(s.request_id, None)
+            if traj is None:  # not ours (a caller of the inner backend)
+                return
+            ids = list(s.response_ids)
+            traj.pending_spans.append((len(traj.response_ids), len(traj.response_ids) + len(ids)))
+            traj.response_ids += ids
+            traj.loss_mask += [1] * len(ids)
+            traj.log_probs += list(s.rollout_log_probs)
+            traj.versions += list(s.versions)
+            traj.turns += 1
+            stopped = bool(ids) and ids[-1] in self.stop_ids and s.finish_reason == "stop"
+            text = self.tokenizer.decode(ids[:-1] if stopped else ids, skip_special_tokens=False)
+            traj.final_text = text
+            if s.finish_reason == "abort":
+                self._finish(traj, "abort")
+                return
+            if not stopped:  # the turn ran out of tokens: nothing can follow it
+                traj.truncated = True
+                self._finish(traj, "length")
+                return
+            traj.conversation.append({"role": "assistant", "content": text})
+            calls, errors = (
+                parse_tool_calls(text, self.settings.tool_call_format, traj.tools) if traj.tools else ([], [])
+            )
+            if calls or errors:
+                if traj.turns >= self.settings.max_turns:
+                    traj.truncated = True
+                    self._finish(traj, "length")
+                    return
+                self._spawn("tools", traj, self._tools_step(traj, calls, errors))
+                return
+            turn = AgentTurn(
+                text=text,
+                turn=traj.turns - 1,
+                finish_reason=s.finish_reason,
+                tool_calls=tuple(traj.pending_calls),
+                tool_results=tuple(traj.pending_results),
+                turn_tokens=tuple(  # one batch_decode call per turn (each id alone)
+                    tuple(
+                        self.tokenizer.batch_decode(
+                            [[i] for i in traj.response_ids[a:b]], skip_special_tokens=False
+                        )
+                    )
+                    for a, b in traj.pending_spans
+                ),
+            )
+            spans = traj.pending_spans
+            traj.pending_calls, traj.pending_results, traj.pending_spans = [], [], []
+            self._spawn("step", traj, self._step(traj, turn, spans))
+
+    async def _tools_step(self, traj: _Traj, calls: list[ToolCall], errors: list[str]) -> EnvStep:
+        return EnvStep(messages=await self._run_tools(traj, calls, errors))
+
+    def _finish(self, traj: _Traj, finish_reason: str) -> None:
+        req = traj.request
+        prompt = traj.prompt_ids or list(req.prompt_ids)
+        model_tokens = sum(traj.loss_mask)
+        dense = sum(r for _, r in traj.token_rewards)
+        sample = Sample(
+            request_id=req.request_id,
+            index=traj.index,
+            prompt_ids=list(prompt),
+            response_ids=traj.response_ids,
+            rollout_log_probs=traj.log_probs,
+            versions=traj.versions,
+            finish_reason=finish_reason,
+            data=dict(req.data),
+            multi_modal=req.multi_modal,
+            loss_mask=traj.loss_mask,
+            agent={
+                "turns": traj.turns,
+                "tool_calls": traj.tool_calls,
+                "tool_errors": traj.tool_errors,
+                "malformed_calls": traj.malformed_calls,
+                "reward": sum(traj.rewards) + dense if traj.rewards or traj.token_rewards else None,
+                "turn_rewards": list(traj.rewards),
+                "turn_reward_positions": list(traj.reward_positions),
+                "token_rewards": [[p, r] for p, r in traj.token_rewards],
+                "env_time_s": traj.env_time_s,
+                "truncated": traj.truncated,
+                "model_tokens": model_tokens,
+                "env_tokens": len(traj.response_ids) - model_tokens,
+                "final_text": traj.final_text,
+                "error": traj.error,
+                "env_info": dict(traj.env_info),
+            },
+        )
+        self._finished[traj.key] = sample
+        self._live -= 1
+
+
+def agent_metrics(records: Sequence[Mapping[str, Any] | None]) -> dict[str, float]:
+    """``agent/*`` metrics of a batch's trajectory records (:attr:`Sample.agent`; None: single-turn)."""
+    recs = [r for r in records if r is not None]
+    if not recs:
+        return {}
+    n = len(recs)
+
+    def mean(key: str) -> float:
+        return sum(float(r[key]) for r in recs) / n
+
+    out = {
+        "agent/turns/mean": mean("turns"),
+        "agent/turns/max": float(max(r["turns"] for r in recs)),
+        "agent/tool_calls/mean": mean("tool_calls"),
+        "agent/tool_errors/mean": mean("tool_errors"),
+        "agent/malformed_calls/mean": mean("malformed_calls"),
+        "agent/env_time_s/mean": mean("env_time_s"),
+        "agent/truncated_frac": sum(1.0 for r in recs if r["truncated"]) / n,
+        "agent/env_failed": float(sum(1 for r in recs if r.get("error"))),
+        "agent/model_tokens/mean": mean("model_tokens"),
+        "agent/env_tokens/mean": mean("env_tokens"),
+    }
+    keys = sorted({k for r in recs for k in r.get("env_info", {})})
+    for k in keys:
+        vals = [r["env_info"][k] for r in recs if k in r.get("env_info", {})]
+        out[f"agent/env/{k}"] = sum(vals) / len(vals)
+    return out

@@ -1,0 +1,87 @@
+"""The fsdp2 train backend plugin: params + registration. Import-light (no torch here).
+
+The implementation lives in :mod:`rlzoo.backends.fsdp2.train`; see ``docs/backends/fsdp2.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from rlzoo import Registration, registers
+from rlzoo.kernel.params import param
+from rlzoo.train_kit.params import HFTrainParams
+
+__all__ = ["FSDP2Params"]
+
+
+@dataclass(frozen=True)
+class FSDP2Params(HFTrainParams):
+    """Data-parallel PyTorch FSDP2 trainer (fully_shard): sharded actor, critic and reference, SPMD.
+
+    Runs in every rank of a torch.distributed group (it starts a one-process group itself when none
+    is initialised: gloo on CPU, nccl on CUDA). Every rank is called with the same full mini-batch
+    and trains on its own shard, chosen by balancing real-token counts across ranks; results of
+    ``compute_log_probs`` / ``compute_values`` are all-gathered back into the original order on every
+    rank. Each decoder layer and then the root module is ``fully_shard``-ed over a device mesh of
+    ``fsdp_size`` ranks (several meshes replicate: HSDP). Gradients are **summed** over micro-batches
+    and ranks (the objective divides by the mini-batch's global counts; FSDP2's default mean is turned
+    off with ``set_gradient_divide_factor(1.0)``). Optional bf16 mixed precision (CUDA), CPU offload
+    of params / grads / optimizer step, activation checkpointing, padding-free (packed) forwards,
+    a critic (value head) and a param-offloaded frozen reference. Checkpoints are sharded
+    ``torch.distributed.checkpoint`` directories written atomically; ``export_hf`` gathers a full
+    HF safetensors model on rank 0.
+
+    The fields every HF trainer shares come from :class:`~rlzoo.train_kit.params.HFTrainParams`
+    (as the native backend's do); the optimizer, LR schedule and micro-batch sizes
+    are the trainer's (``trainer.optim``, ``trainer.micro_batch``; micro-batches are per rank).
+    ``dtype`` is the dtype of the stored (master) weights and optimizer state.
+    """
+
+    fsdp_size: int = param(
+        -1, help="ranks one model is sharded over; -1: the whole world; a divisor of it gives HSDP replicas"
+    )
+    mixed_precision: bool = param(
+        True, help="on CUDA: compute in bf16 (param_dtype), reduce gradients in fp32; ignored on CPU"
+    )
+    offload: bool = param(
+        False,
+        help="keep the actor's and critic's params, grads and optimizer step on the CPU (CPUOffloadPolicy)",
+    )
+    ref_offload: bool = param(
+        True, help="keep the frozen reference model's params on the CPU between forwards"
+    )
+    use_remove_padding: bool = param(
+        True,
+        help="padding-free forward: pack a micro-batch's real tokens into one row, position_ids restarting "
+        "per sequence (needs an attention implementation that honours packed position_ids: sdpa, eager, "
+        "flash_attention_2 in transformers >= 5)",
+    )
+    reshard_after_forward: bool = param(
+        True, help="free gathered params after each layer's forward (ZeRO-3); False keeps them until backward"
+    )
+
+    kind: ClassVar[str] = "fsdp2"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.fsdp_size == 0 or self.fsdp_size < -1:
+            raise ValueError(
+                f"invalid fsdp2 train params: fsdp_size must be -1 or >= 1, got {self.fsdp_size}"
+            )
+
+
+rlzoo_register_train_backends = registers(
+    Registration(
+        "fsdp2",
+        "rlzoo.backends.fsdp2.train:FSDP2TrainBackend",
+        params=FSDP2Params,
+        capabilities={
+            "distributed": True,
+            "devices": ["cpu", "cuda"],
+            "supports_critic": True,
+            "supplies_sum_pi_squared": True,
+            "supports_lora": True,
+        },
+    ),
+)

@@ -1,0 +1,89 @@
+"""Process group, megatron's model-parallel state and RNG seeding for :mod:`.train`, and the
+module-level record of what this process's backends set up themselves (and so tear down)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from rlzoo.kernel.errors import import_optional
+
+#: what the backends of this process set up themselves (and so tear down when the last one shuts
+#: down): the process group, megatron's model-parallel state, and how many backends use them
+_OWNED: dict[str, Any] = {"group": False, "model_parallel": False, "users": 0}
+
+
+def _init_distributed(device: str) -> None:
+    """A process group of the device's kind: NCCL on ``cuda`` (one GPU per rank), gloo on ``cpu``.
+
+    Joins ``torchrun``'s world (``RANK`` / ``WORLD_SIZE`` set) or starts a one-process group.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        backend = "nccl" if device == "cuda" else "gloo"
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            # the launcher's world (torchrun): it outlives any backend; never torn down here (a
+            # second init over the launcher's store after a teardown would wait forever)
+            dist.init_process_group(backend, init_method="env://")
+        else:
+            _OWNED["group"] = True
+            from rlzoo.distributed.weight_sync import free_port
+
+            dist.init_process_group(
+                backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+            )
+    if device == "cuda":
+        torch.cuda.set_device(
+            int(os.environ.get("LOCAL_RANK", dist.get_rank() % max(1, torch.cuda.device_count())))
+        )
+
+
+def _seed(seed: int, device: str) -> None:
+    """Megatron's RNG tracker. On CPU there is no CUDA generator to fork: the no-op tracker is used
+    (its ``fork()`` is a null context), which is exact here because every dropout is 0 and the
+    weights are loaded from the checkpoint, never initialised at random."""
+    from megatron.core import tensor_parallel
+
+    torch.manual_seed(seed)
+    if device == "cuda":
+        tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
+    else:
+        from megatron.core.tensor_parallel.random import initialize_rng_tracker
+
+        initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+
+
+def _require_psutil() -> None:
+    """megatron-core's checkpoint writer imports psutil in a worker; without it a save hangs."""
+    import_optional(
+        "psutil",
+        "the 'megatron' train backend needs psutil (megatron-core's dist_checkpointing writer hangs "
+        "without it): pip install 'rlzoo[megatron]' or pip install psutil",
+        ImportError,
+    )
+
+
+def claim_owned(mpu: Any, tp: int, pp: int) -> None:
+    """Initialise megatron's model-parallel state unless present (then owned here); count a user."""
+    if not mpu.model_parallel_is_initialized():
+        mpu.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        _OWNED["model_parallel"] = True
+    _OWNED["users"] += 1
+
+
+def release_owned(mpu: Any) -> None:
+    """One user fewer; the last one out tears down what the backends set up, when that was a
+    one-process group of their own (in a launcher's world the state stays for the next backend)."""
+    _OWNED["users"] -= 1
+    if _OWNED["users"] == 0 and _OWNED["group"]:
+        import torch.distributed as dist
+
+        if _OWNED["model_parallel"]:
+            mpu.destroy_model_parallel()
+            _OWNED["model_parallel"] = False
+        if _OWNED["group"] and dist.is_initialized():
+            dist.destroy_process_group()
+            _OWNED["group"] = False

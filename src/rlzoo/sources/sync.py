@@ -1,0 +1,120 @@
+"""The synchronous runner: the batch source "generate now" for the one loop (:mod:`rlzoo.train.loop`).
+
+prompts -> rollout (n per prompt) -> rewards -> [filter / refill] -> the loop's update -> weight push
+every step. Validation, checkpoints, metrics and resume are the loop's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from rlzoo.batch import Batch
+from rlzoo.kernel.protocols import RefillLimit, RewardResult, Sample
+from rlzoo.sources.params import SyncParams
+from rlzoo.train.batching import rollout_metrics, samples_to_batch
+from rlzoo.train.loop import StepTimer
+from rlzoo.train.session import Session
+
+logger = logging.getLogger("rlzoo")
+
+#: data key of a greedy-baseline sample: the request id whose samples it is the baseline for
+BASELINE_OF = "greedy_baseline_of"
+
+
+def generate_groups(
+    s: Session, loader: Any, step: int, timer: StepTimer
+) -> tuple[Batch | None, dict[str, float]]:
+    """One training batch of groups: generate, score, filter (refilling), greedy baselines.
+
+    The trainer waits through the generation and the scoring (``timer.wait``). Returns no batch
+    when a sample filter dropped every group (the step is skipped).
+    """
+    want = s.plan.prompts_per_step
+    kept_s: list[Sample] = []
+    kept_r: list[RewardResult] = []
+    rounds, dropped = 0, 0
+    flt = s.filter
+    max_rounds = flt.params.max_num_gen_batches if flt and isinstance(flt.params, RefillLimit) else 0
+    refills = flt is not None and flt.capability("refills")
+    while True:
+        rounds += 1
+        items = list(next(loader))
+        reqs = s.train_requests(items, step, rounds)
+        if s.greedy_baseline:  # one greedy response per prompt, tagged with the request it serves
+            greedy_reqs = s.train_requests(items, step, rounds, greedy=True)
+            for g, r in zip(greedy_reqs, reqs):
+                g.data[BASELINE_OF] = r.request_id
+            reqs += greedy_reqs
+        with timer.wait("gen"):
+            samples = s.rollout.generate(reqs)
+        with timer.wait("reward"):
+            results = s.score(samples)
+        if s.greedy_baseline:
+            base = {
+                smp.data[BASELINE_OF]: r.reward for smp, r in zip(samples, results) if BASELINE_OF in smp.data
+            }
+            pairs = [(smp, r) for smp, r in zip(samples, results) if BASELINE_OF not in smp.data]
+            for smp, _ in pairs:
+                smp.data["baseline_reward"] = base.get(smp.request_id, 0.0)
+            samples, results = [p[0] for p in pairs], [p[1] for p in pairs]
+        if flt is not None:
+            keep = s.keep(samples, results)
+            dropped += len({smp.request_id for smp, k in zip(samples, keep) if not k})
+            samples = [smp for smp, k in zip(samples, keep) if k]
+            results = [r for r, k in zip(results, keep) if k]
+        kept_s += samples
+        kept_r += results
+        groups = len({smp.request_id for smp in kept_s})
+        if not refills or groups >= want or (max_rounds and rounds >= max_rounds):
+            break
+    extra = {"rollout/gen_rounds": float(rounds), "rollout/dropped_groups": float(dropped)}
+    if not kept_s:
+        # every group had zero reward variance (zero advantage: nothing to learn from)
+        logger.warning(
+            "step %d: the sample filter dropped all %d groups after %d generation round(s); skipping "
+            "the update (raise max_num_gen_batches, or the data may be too hard / too easy)",
+            step,
+            dropped,
+            rounds,
+        )
+        return None, extra
+    order: dict[str, int] = {}
+    for smp in kept_s:
+        order.setdefault(smp.request_id, len(order))
+    chosen = {rid for rid, i in order.items() if i < want}
+    pairs = [(smp, r) for smp, r in zip(kept_s, kept_r) if smp.request_id in chosen]
+    samples, results = [p[0] for p in pairs], [p[1] for p in pairs]
+    batch = samples_to_batch(samples, results, s.pad_token_id, max_response_length=s.max_response_length)
+    if s.greedy_baseline:
+        import torch
+
+        batch["baseline_rewards"] = torch.tensor([smp.data.get("baseline_reward", 0.0) for smp in samples])
+    extra.update(rollout_metrics(batch, s.max_response_length))
+    return batch, extra
+
+
+class GenerateNow:
+    """Batch source of ``sync``: generate the step's batch when the loop asks for it."""
+
+    def __init__(self, params: SyncParams, session: Session) -> None:
+        self.s = session
+        self.loader = session.make_loader(session.plan.prompts_per_step)
+        self._metrics: dict[str, float] = {}
+
+    def resume(self, state: Mapping[str, Any]) -> None:
+        self.loader.load_state_dict(state["loader"])
+
+    def next_batch(self, step: int, timer: StepTimer) -> Batch | None:
+        batch, self._metrics = generate_groups(self.s, self.loader, step, timer)
+        return batch
+
+    def push_weights(self, timer: StepTimer) -> dict[str, float]:
+        return self.s.sync_weights()
+
+    def step_done(self, batch: Batch | None) -> dict[str, float]:
+        return self._metrics  # the generation's: rounds, dropped groups, response lengths ...
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"loader": self.loader.state_dict(), "pending": []}

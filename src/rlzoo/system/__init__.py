@@ -1,0 +1,1 @@
+"""What rlzoo asks of the operating system: storage checks, thread waiting, fault-injection points."""

@@ -1,0 +1,318 @@
+"""The policy update shared by every runner: samples -> old / ref log-probs, values, rewards,
+advantages -> PPO epochs over mini-batches.
+
+:class:`PolicyTrainer` takes flat arguments (parts and numbers); :meth:`PolicyTrainer.from_config`
+is the one place that reads a recipe for it (the session calls it at the edge).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlzoo.batch import Batch
+from rlzoo.kernel.protocols import (
+    AdvantageInputs,
+    CorrectionInputs,
+    CorrectionMode,
+    RewardComponentKeys,
+    SumPiSquaredSource,
+)
+from rlzoo.recipe.types import RecipeConfig, Selection
+from rlzoo.report.metrics import mean_metrics
+from rlzoo.train.objective import PolicyObjective, ValueObjective, agg_context
+from rlzoo.train.rewards import reward_components
+from rlzoo.train_kit.formulas import AdaptiveKLController, FixedKLController, apply_kl_penalty
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """The numbers of one PPO update (all from the recipe's ``trainer`` / ``algorithm`` sections)."""
+
+    rollout_n: int  # responses per prompt (a mini-batch of M prompts holds M * n samples)
+    mini_batch_prompts: int | None  # prompts per PPO mini-batch; None: the whole batch
+    ppo_epochs: int
+    shuffle_mini_batches: bool
+    seed: int
+    critic_warmup: int  # steps that train only the critic
+    max_response_length: int
+    entropy_coeff: float = 0.0
+    kl_loss_coef: float = 0.0
+    value_clip: float = 0.5
+    # skip the old-log-prob forward when the update is exactly on-policy (see PolicyTrainer.reuses_log_probs)
+    reuse_on_policy_log_probs: bool = True
+
+
+class PolicyTrainer:
+    """One training step on a collated batch.
+
+    Args:
+        backend: the train backend (log-probs, values, updates).
+        settings: the update's numbers.
+        advantage / policy_loss / loss_agg: the selected parts.
+        kl_loss: the KL estimator of the KL loss (None: no KL loss).
+        kl_penalty: the KL estimator of the in-reward penalty (None: no KL in the reward);
+            ``kl_ctrl`` holds its coefficient.
+        correction: the rollout correction part (None: diagnostics only).
+        correction_bypass: use the rollout log-probs as old log-probs (the correction's mode).
+        offpolicy_metrics: ``fn(old, rollout, mask) -> metrics`` logged when no correction is selected.
+        needs_reference / needs_critic: what the parts need computed.
+        advantage_reads_old_log_probs: the advantage reads old log-probs (or sum_pi_squared), so
+            they are computed before it even when the update is exactly on-policy.
+        needs_sum_pi_squared: the old-log-prob forward also gives ``sum_pi_squared`` (the backend
+            implements :class:`~rlzoo.kernel.protocols.SumPiSquaredSource`).
+        reward_keys: the reward components the advantage reads (``reward_components [B, K]``).
+    """
+
+    def __init__(
+        self,
+        backend: Any,
+        settings: UpdateSettings,
+        *,
+        advantage: Selection,
+        policy_loss: Selection,
+        loss_agg: Selection,
+        kl_loss: Selection | None = None,
+        kl_penalty: Selection | None = None,
+        kl_ctrl: FixedKLController | AdaptiveKLController | None = None,
+        correction: Selection | None = None,
+        correction_bypass: bool = False,
+        offpolicy_metrics: Callable[..., Mapping[str, Any]] | None = None,
+        needs_reference: bool = False,
+        needs_critic: bool = False,
+        advantage_reads_old_log_probs: bool = False,
+        needs_sum_pi_squared: bool = False,
+        reward_keys: tuple[str, ...] = (),
+    ) -> None:
+        self.backend = backend
+        self.settings = settings
+        self.adv = advantage
+        self.policy_loss = policy_loss
+        self.loss_agg = loss_agg
+        self.kl_loss = kl_loss
+        self.kl_penalty = kl_penalty
+        self.kl_ctrl = kl_ctrl
+        self.correction = correction
+        self.bypass = correction_bypass
+        self.offpolicy_metrics = offpolicy_metrics
+        self.needs_ref = needs_reference
+        self.needs_critic = needs_critic
+        self.needs_sum_pi_squared = needs_sum_pi_squared
+        self.adv_reads_old = advantage_reads_old_log_probs or needs_sum_pi_squared
+        self.reward_keys = tuple(reward_keys)
+        if needs_sum_pi_squared and not isinstance(backend, SumPiSquaredSource):
+            raise TypeError(
+                f"advantage {advantage.name!r} needs sum_pi_squared (needs_sum_pi_squared), but the train "
+                f"backend {type(backend).__name__} has no compute_log_probs_and_sum_pi_squared "
+                "(capability supplies_sum_pi_squared); use trainer.backend=native or fsdp2"
+            )
+        self.step_count = 0
+
+    @classmethod
+    def from_config(cls, cfg: RecipeConfig, backend: Any, **parts: Any) -> PolicyTrainer:
+        """Read the recipe once: the edge between the config and the trainer."""
+        alg, tr = cfg.algorithm, cfg.trainer
+        corr: Selection | None = alg.rollout_correction
+        settings = UpdateSettings(
+            rollout_n=cfg.rollout.n,
+            mini_batch_prompts=tr.ppo_mini_batch_size,
+            ppo_epochs=tr.ppo_epochs,
+            shuffle_mini_batches=tr.shuffle_mini_batches,
+            seed=cfg.run.seed,
+            critic_warmup=tr.critic_warmup,
+            max_response_length=cfg.data.max_response_length,
+            entropy_coeff=alg.entropy_coeff,
+            kl_loss_coef=alg.kl_loss_coef if alg.use_kl_loss else 0.0,
+            value_clip=alg.value_clip,
+        )
+        adv_caps = alg.advantage.caps
+        reward_keys: tuple[str, ...] = ()
+        if adv_caps.needs_reward_components:
+            if not isinstance(alg.advantage.params, RewardComponentKeys):
+                raise TypeError(
+                    f"advantage {alg.advantage.name!r} declares needs_reward_components, but its params "
+                    f"{type(alg.advantage.params).__name__} have no reward_keys (rlzoo.kernel.protocols.RewardComponentKeys)"
+                )
+            reward_keys = tuple(str(k) for k in alg.advantage.params.reward_keys)
+        kl_ctrl: FixedKLController | AdaptiveKLController | None = None
+        if alg.use_kl_in_reward:
+            kc = alg.kl_ctrl
+            kl_ctrl = (
+                AdaptiveKLController(kc.kl_coef, kc.target_kl, kc.horizon)
+                if kc.type == "adaptive"
+                else FixedKLController(kc.kl_coef)
+            )
+        return cls(
+            backend,
+            settings,
+            advantage=alg.advantage,
+            policy_loss=alg.policy_loss,
+            loss_agg=alg.loss_agg,
+            kl_loss=alg.kl_loss if alg.use_kl_loss else None,
+            kl_penalty=alg.kl_penalty if alg.use_kl_in_reward else None,
+            kl_ctrl=kl_ctrl,
+            correction=corr,
+            correction_bypass=corr is not None
+            and isinstance(corr.params, CorrectionMode)
+            and corr.params.mode == "bypass",
+            needs_reference=alg.use_kl_loss or alg.use_kl_in_reward,
+            needs_critic=bool(alg.advantage.capability("needs_critic")),
+            advantage_reads_old_log_probs=adv_caps.needs_old_log_probs,
+            needs_sum_pi_squared=adv_caps.needs_sum_pi_squared,
+            reward_keys=reward_keys,
+            **parts,
+        )
+
+    # -- phases ---------------------------------------------------------------------------------
+    def prepare(self, batch: Batch, timer: Callable[[str], Any]) -> dict[str, float]:
+        """Fill old / ref log-probs, values, token rewards, correction weights and advantages."""
+        m: dict[str, float] = {}
+        reuse = self.reuses_log_probs(batch)
+        m["actor/old_log_prob_skipped"] = float(reuse)
+        with timer("old_log_prob"):
+            if self.needs_sum_pi_squared:  # one forward gives both (a SumPiSquaredSource, checked at init)
+                old, batch["sum_pi_squared"] = self.backend.compute_log_probs_and_sum_pi_squared(batch)
+                batch["old_log_probs"] = batch["rollout_log_probs"].clone() if self.bypass else old
+            elif self.bypass:
+                batch["old_log_probs"] = batch["rollout_log_probs"].clone()
+            elif not reuse:  # reuse: the update's own forward gives them (PolicyObjective)
+                batch["old_log_probs"], _ = self.backend.compute_log_probs(batch)
+        if self.needs_ref:
+            with timer("ref"):
+                batch["ref_log_probs"], _ = self.backend.compute_log_probs(batch, model="ref")
+        if self.needs_critic:
+            with timer("values"):
+                batch["values"] = self.backend.compute_values(batch)
+        with timer("adv"):
+            if self.kl_penalty is not None:
+                assert self.kl_ctrl is not None
+                mask = batch["response_mask"].float()  # [B, T]
+                kl = self.kl_penalty(batch["old_log_probs"], batch["ref_log_probs"])  # [B, T]
+                rewards, km = apply_kl_penalty(batch["token_level_scores"], kl, mask, self.kl_ctrl.value)
+                self.kl_ctrl.update(km["reward_kl_penalty"], n_steps=len(batch))
+                batch["token_level_rewards"] = rewards
+                m.update({f"actor/{k}": v for k, v in km.items()})
+            else:
+                batch["token_level_rewards"] = batch["token_level_scores"]
+            if self.correction is not None:
+                out = self.correction(
+                    CorrectionInputs(
+                        batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"]
+                    )
+                )
+                if out.weights is not None:
+                    batch["rollout_is_weights"] = out.weights.detach()
+                batch["response_mask"] = out.mask.to(batch["response_mask"].dtype)
+                m.update({_corr_key(k): v for k, v in out.metrics.items()})
+            elif self.offpolicy_metrics is not None and not reuse:  # reuse: measured in the update
+                diag = self.offpolicy_metrics(
+                    batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"]
+                )
+                m.update({_corr_key(k): v for k, v in diag.items()})
+            inputs = AdvantageInputs(
+                token_level_rewards=batch["token_level_rewards"],
+                response_mask=batch["response_mask"],
+                group_ids=batch["group_ids"],
+                values=batch.get("values"),
+                baseline_rewards=batch.get("baseline_rewards"),
+                old_log_probs=batch.get("old_log_probs"),
+                sum_pi_squared=batch.get("sum_pi_squared"),
+                rollout_is_weights=batch.get("rollout_is_weights"),
+                turn_ids=batch.get("turn_ids"),
+                reward_components=(
+                    reward_components(batch, self.reward_keys, f"advantage {self.adv.name!r}")
+                    if self.reward_keys
+                    else None
+                ),
+            )
+            out_adv = self.adv(inputs)
+            batch["advantages"], batch["returns"] = out_adv.advantages, out_adv.returns
+        valid = batch["response_mask"].bool()  # [B, T]
+        if valid.any():
+            a = batch["advantages"][valid]  # [N valid tokens]
+            m["critic/advantages/mean"] = a.mean().item()
+            m["critic/advantages/max"] = a.max().item()
+            m["critic/advantages/min"] = a.min().item()
+            m["critic/rewards/mean"] = batch["token_level_rewards"].sum(-1).mean().item()
+        return m
+
+    def reuses_log_probs(self, batch: Batch) -> bool:
+        """True when the old log-probs need no forward of their own: the update is exactly on-policy.
+
+        With one PPO epoch over one mini-batch there is one optimizer step, and every micro-batch
+        of it is evaluated with the weights the old log-probs would be computed with, so
+        ``old_log_probs == log_probs.detach()`` (ratio 1, the same loss and gradient). Not when a
+        part reads the old log-probs before the update (a rollout correction, bypass mode, a KL
+        penalty in the reward, an advantage that reads old log-probs or sum_pi_squared). The
+        rollout-vs-trainer drift (``rollout_corr/*``) is then measured on the update's forward.
+        """
+        st = self.settings
+        one_mini_batch = st.mini_batch_prompts is None or st.mini_batch_prompts * st.rollout_n >= len(batch)
+        return (
+            st.reuse_on_policy_log_probs
+            and st.ppo_epochs == 1
+            and one_mini_batch
+            and not self.bypass
+            and self.correction is None
+            and self.kl_penalty is None
+            and not self.adv_reads_old
+        )
+
+    def mini_batches(self, batch: Batch, epoch: int) -> list[Batch]:
+        st = self.settings
+        size = len(batch) if st.mini_batch_prompts is None else st.mini_batch_prompts * st.rollout_n
+        if st.shuffle_mini_batches:
+            g = torch.Generator().manual_seed(st.seed * 7919 + self.step_count * 31 + epoch)
+            batch = batch.select(torch.randperm(len(batch), generator=g))
+        return batch.split(max(1, size))
+
+    def update(self, batch: Batch, timer: Callable[[str], Any]) -> dict[str, float]:
+        st = self.settings
+        metrics: list[dict[str, float]] = []
+        for epoch in range(st.ppo_epochs):
+            for mb in self.mini_batches(batch, epoch):
+                ctx = agg_context(mb, st.max_response_length)
+                if self.needs_critic:
+                    with timer("update_critic"):
+                        vobj = ValueObjective(self.loss_agg, ctx, st.value_clip)
+                        cm = self.backend.update_critic(mb, vobj)
+                        metrics.append({**cm, **vobj.summary()})
+                if self.step_count >= st.critic_warmup:
+                    with timer("update_actor"):
+                        obj = PolicyObjective(
+                            self.policy_loss,
+                            self.loss_agg,
+                            ctx,
+                            kl_loss=self.kl_loss,
+                            kl_coef=st.kl_loss_coef if self.kl_loss is not None else 0.0,
+                            entropy_coeff=st.entropy_coeff,
+                            offpolicy_metrics=self.offpolicy_metrics,
+                        )
+                        am = self.backend.update_policy(mb, obj)
+                        metrics.append({**am, **obj.summary()})
+        self.step_count += 1
+        return mean_metrics(metrics)
+
+    def step(self, batch: Batch, timer: Callable[[str], Any]) -> dict[str, float]:
+        m = self.prepare(batch, timer)
+        m.update(self.update(batch, timer))
+        return m
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step_count": self.step_count,
+            "kl_coef": None if self.kl_ctrl is None else self.kl_ctrl.value,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.step_count = int(state.get("step_count", 0))
+        if self.kl_ctrl is not None and state.get("kl_coef") is not None:
+            self.kl_ctrl.value = float(state["kl_coef"])
+
+
+def _corr_key(k: str) -> str:
+    """Correction metrics under ``rollout_corr/`` (parts may already prefix them)."""
+    return k if k.startswith("rollout_corr/") else f"rollout_corr/{k}"

@@ -1,0 +1,208 @@
+"""LoRA adapters (``trainer.lora``): the train kit every backend that trains adapters composes.
+
+``peft`` injects the adapters **in place**: the actor module keeps its class, its forward and its
+HF names, and each targeted linear layer ``X`` becomes a LoRA layer whose tensors are named
+``X.base_layer.weight`` (the frozen base), ``X.lora_A.default.weight`` ``[r, in]`` and
+``X.lora_B.default.weight`` ``[out, r]``. Those model-relative names are what a train backend pushes
+(:func:`adapter_items`) and what a rollout backend built with the same settings (:func:`apply_lora`
+on its own copy of the base model) receives, so a push is an ordinary ``update_weights`` of a few
+tensors. The reference policy is the actor with its adapters disabled (:class:`AdaptersOff`), not
+a second copy of the weights.
+
+Files: :func:`save_adapter` writes a PEFT folder (``adapter_model.safetensors`` +
+``adapter_config.json``, loads with ``PeftModel.from_pretrained``); :func:`merged_state_dict` folds
+the adapters into the base weights (``W + (alpha / r) B A``, peft's own merge arithmetic) for a
+plain HF folder. ``peft`` is imported inside the functions that need it (``pip install rlzoo[lora]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from rlzoo.kernel.errors import RlzooError, import_optional
+from rlzoo.kernel.settings import LORA_ALL_LINEAR, LoraSettings
+from rlzoo.train_kit.modes import eval_mode
+
+__all__ = [
+    "ADAPTER_NAME",
+    "AdaptersOff",
+    "adapter_items",
+    "apply_lora",
+    "check_target_modules",
+    "is_adapter_name",
+    "linear_module_names",
+    "merged_state_dict",
+    "peft_config",
+    "save_adapter",
+    "settings_record",
+]
+
+#: peft's name of the one adapter rlzoo trains (it appears in the in-memory tensor names)
+ADAPTER_NAME = "default"
+_PEFT_PREFIX = "base_model.model."  # how a PEFT folder prefixes the model-relative names
+
+
+def _require_peft() -> Any:
+    return import_optional("peft", "trainer.lora needs the 'peft' package: pip install rlzoo[lora]")
+
+
+def settings_record(settings: LoraSettings | None) -> dict[str, Any] | None:
+    """The settings as plain JSON (checkpoint metadata), or None for full fine-tuning."""
+    if settings is None:
+        return None
+    out = dataclasses.asdict(settings)
+    out["target_modules"] = list(settings.target_modules)
+    return out
+
+
+def peft_config(settings: LoraSettings) -> Any:
+    """``peft.LoraConfig`` of ``settings`` (causal LM, no bias, adapters' B zero-initialised)."""
+    peft = _require_peft()
+    targets: Any = (
+        LORA_ALL_LINEAR if settings.target_modules == (LORA_ALL_LINEAR,) else list(settings.target_modules)
+    )
+    return peft.LoraConfig(
+        r=int(settings.rank),
+        lora_alpha=float(settings.alpha),
+        lora_dropout=float(settings.dropout),
+        target_modules=targets,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def _output_embeddings(model: nn.Module) -> Any:
+    get = getattr(model, "get_output_embeddings", None)  # an HF PreTrainedModel's LM head
+    return get() if callable(get) else None
+
+
+def linear_module_names(model: nn.Module) -> list[str]:
+    """The last name component of every linear layer of ``model`` but its output embedding (LM
+    head): what ``target_modules`` may name, sorted."""
+    out_emb = _output_embeddings(model)
+    names = set()
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and module is not out_emb and name:
+            names.add(name.rsplit(".", 1)[-1])
+    return sorted(names)
+
+
+def check_target_modules(model: nn.Module, settings: LoraSettings) -> None:
+    """Refuse ``target_modules`` entries that name no linear module of ``model`` but its LM head
+    (matched as peft does: a module whose full name is the entry or ends with ``"." + entry``); the
+    error lists the model's linear modules. Cheap: it walks module names only."""
+    if settings.target_modules == (LORA_ALL_LINEAR,):
+        if not linear_module_names(model):
+            raise RlzooError(f"trainer.lora: {type(model).__name__} has no linear layers to adapt")
+        return
+    out_emb = _output_embeddings(model)
+    names = [n for n, m in model.named_modules() if n and isinstance(m, nn.Linear) and m is not out_emb]
+    unknown = [t for t in settings.target_modules if not any(n == t or n.endswith("." + t) for n in names)]
+    if unknown:
+        raise RlzooError(
+            f"trainer.lora.target_modules: {unknown} name no linear module of {type(model).__name__} (the LM "
+            f"head is not adapted); its linear "
+            f"modules are {linear_module_names(model)} (or use {LORA_ALL_LINEAR!r})"
+        )
+
+
+def apply_lora(model: nn.Module, settings: LoraSettings, *, seed: int = 0) -> Any:
+    """Inject adapters into ``model`` in place and freeze everything else; returns the
+    ``peft.PeftModel`` around it (its ``get_base_model()`` is ``model``). Target modules are
+    checked first (:func:`check_target_modules`). The adapters' ``A`` are drawn from ``seed``
+    alone (the global RNG streams are left as they were), so every backend built from the same
+    settings and seed starts from the same adapters."""
+    peft = _require_peft()
+    check_target_modules(model, settings)
+    devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        wrapped = peft.get_peft_model(model, peft_config(settings), adapter_name=ADAPTER_NAME)
+    assert wrapped.get_base_model() is model  # injected in place: names and forward unchanged
+    return wrapped
+
+
+def is_adapter_name(name: str) -> bool:
+    """Whether a model-relative tensor name is a LoRA adapter tensor (``...lora_A/B.default...``)."""
+    return f".lora_A.{ADAPTER_NAME}." in name or f".lora_B.{ADAPTER_NAME}." in name
+
+
+def adapter_items(state: Mapping[str, Tensor] | Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
+    """The adapter tensors of a state dict (or of ``(name, tensor)`` pairs), in order."""
+    items = state.items() if isinstance(state, Mapping) else state
+    for name, t in items:
+        if is_adapter_name(name):
+            yield name, t
+
+
+class AdaptersOff(nn.Module):
+    """The reference policy of a LoRA actor: the same module, run with its adapters disabled.
+
+    No weights of its own (the actor is held outside the module tree, so ``parameters()`` is
+    empty and nothing here is trained or saved). Each call runs the actor in eval mode inside
+    peft's ``disable_adapter()`` and restores the actor's mode afterwards.
+    """
+
+    def __init__(self, peft_model: Any) -> None:
+        super().__init__()
+        object.__setattr__(self, "_peft", peft_model)  # not a submodule
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        wrapped: Any = self.__dict__["_peft"]
+        actor = wrapped.get_base_model()
+        with eval_mode(actor), wrapped.disable_adapter():
+            return actor(*args, **kwargs)
+
+
+def merged_state_dict(state: Mapping[str, Tensor], settings: LoraSettings) -> dict[str, Tensor]:
+    """A plain HF state dict from a LoRA actor's: ``X.weight = W + (B @ A) * alpha / r`` for every
+    adapted ``X`` (peft's ``get_delta_weight`` arithmetic, in the base weight's dtype), base names
+    without ``.base_layer``, adapter tensors dropped. ``state`` is not modified."""
+    scaling = settings.scaling
+    out: dict[str, Tensor] = {}
+    for name, t in state.items():
+        if is_adapter_name(name):
+            continue
+        if ".base_layer." in name:
+            prefix, leaf = name.split(".base_layer.", 1)
+            if leaf == "weight":
+                a = state[f"{prefix}.lora_A.{ADAPTER_NAME}.weight"]  # [r, in]
+                b = state[f"{prefix}.lora_B.{ADAPTER_NAME}.weight"]  # [out, r]
+                delta = (b.to(t.dtype) @ a.to(t.dtype)) * scaling  # [out, in]
+                out[f"{prefix}.weight"] = t + delta.to(t.device)
+            else:
+                out[f"{prefix}.{leaf}"] = t
+            continue
+        out[name] = t
+    return out
+
+
+def save_adapter(
+    adapter: Iterable[tuple[str, Tensor]], settings: LoraSettings, out_dir: str | Path, *, base_model: str
+) -> Path:
+    """Write a PEFT adapter folder (``adapter_model.safetensors`` + ``adapter_config.json``) from
+    model-relative adapter tensors; ``base_model``: the base model's path or hub id (recorded in the
+    config). Loads with ``PeftModel.from_pretrained(base, out_dir)``."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {
+        _PEFT_PREFIX + name.replace(f".{ADAPTER_NAME}.", "."): t.detach().to("cpu").contiguous().clone()
+        for name, t in adapter
+    }
+    if not tensors:
+        raise RlzooError("save_adapter: no adapter tensors given")
+    save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    config = peft_config(settings)
+    config.base_model_name_or_path = base_model
+    config.save_pretrained(str(out))
+    json.loads((out / "adapter_config.json").read_text())  # written and readable
+    return out

@@ -1,0 +1,402 @@
+"""Train kit: the LR schedule and the micro-batch update every train backend runs.
+
+- :class:`LRSchedule`: the LR of optimizer step ``s`` (0-based) of the actor or the critic, a pure
+  function of ``s`` and ``trainer.optim`` (:func:`lr_multiplier`: verl's / HF's schedules), and
+  the record of its position a checkpoint keeps.
+- :func:`accumulate`: the micro-batch loop of one update: forward, ``objective(mb, out, entropy)``,
+  ``loss.backward()`` per micro-batch; gradients accumulate unscaled (the objective normalises by
+  the mini-batch's global counts). ``None`` micro-batches are dummy passes (loss times zero) that
+  keep a rank's collectives in step with the others'.
+- :func:`optimizer_step`: clip, then step at the scheduled LR unless the loss or the gradient
+  norm is not finite (the step is skipped and the gradients dropped); :func:`step_metrics`.
+- :func:`run_update`: one step of a :class:`Target` (the actor or the critic): the two above, with
+  a data-parallel backend's :class:`Ranks` (loss sum, skip verdict, metrics merge) around them.
+- :func:`policy_update` / :func:`critic_update`: one actor / critic step of a backend that
+  declares :class:`Updates`; the step counters count the steps not skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from rlzoo.batch import Batch
+from rlzoo.kernel.protocols import Objective
+from rlzoo.kernel.settings import OptimSettings, TrainSpec
+
+__all__ = [
+    "Forward",
+    "LRSchedule",
+    "OneProcess",
+    "Ranks",
+    "Target",
+    "Updates",
+    "accumulate",
+    "clip_grad_norm",
+    "critic_update",
+    "lr_multiplier",
+    "mean_metrics",
+    "optimizer_step",
+    "policy_update",
+    "run_update",
+    "step_metrics",
+]
+
+logger = logging.getLogger(__name__)
+
+Forward = Callable[[Batch], tuple[Tensor, Tensor | None]]
+"""``forward(micro_batch) -> (log_probs or values [b, T], entropy [b, T] | None)``."""
+
+
+def lr_multiplier(
+    step: int, *, schedule: str, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0
+) -> float:
+    """LR of optimizer step ``step`` (0-based) as a fraction of the peak LR.
+
+    verl / HF conventions (``verl/utils/torch_functional.py``), ``W`` warmup steps, ``N`` total::
+
+        constant: s < W: s / W                 else 1
+        linear:   s < W: m + (1 - m) s / W     else m + (1 - m) max(0, (N - s) / (N - W))
+        cosine:   s < W: m + (1 - m) s / W     else m + (1 - m) (1 + cos(pi p)) / 2,
+                  p = min(1, (s - W) / (N - W))
+
+    (the first warmup step has multiplier ``m``, 0 by default, as in HF).
+    """
+    m = 0.0 if schedule == "constant" else min_lr_ratio
+    if step < warmup_steps:
+        return m + (1.0 - m) * step / max(1, warmup_steps)
+    if schedule == "constant":
+        return 1.0
+    decay = max(1, total_steps - warmup_steps)
+    if schedule == "linear":
+        return m + (1.0 - m) * max(0.0, (total_steps - step) / decay)
+    if schedule == "cosine":
+        p = min(1.0, (step - warmup_steps) / decay)
+        return m + (1.0 - m) * 0.5 * (1.0 + math.cos(math.pi * p))
+    raise ValueError(f"unknown lr schedule {schedule!r}")
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    """The actor's and the critic's LR per optimizer step (``trainer.optim``, ``spec.total_steps``).
+
+    ``warmup_steps``: ``optim.warmup_steps``, else ``warmup_ratio`` of ``total_steps``.
+    """
+
+    optim: OptimSettings
+    total_steps: int
+    warmup_steps: int
+
+    @classmethod
+    def from_spec(cls, spec: TrainSpec) -> LRSchedule:
+        optim = spec.optim
+        warmup = int(optim.warmup_steps or int(optim.warmup_ratio * max(1, spec.total_steps)))
+        return cls(optim, spec.total_steps, warmup)
+
+    def lr(self, step: int, *, critic: bool = False) -> float:
+        """The LR of optimizer step ``step`` (0-based) of the actor or the critic."""
+        peak = self.optim.critic_lr if critic else self.optim.lr
+        return float(
+            peak
+            * lr_multiplier(
+                step,
+                schedule=self.optim.lr_scheduler,
+                warmup_steps=self.warmup_steps,
+                total_steps=max(1, self.total_steps),
+                min_lr_ratio=self.optim.min_lr_ratio,
+            )
+        )
+
+    def record(self, actor_steps: int, critic_steps: int) -> dict[str, Any]:
+        """The schedule's position, as a checkpoint's ``meta.json`` keeps it."""
+        return {
+            "actor": {"steps": actor_steps, "next_lr": self.lr(actor_steps)},
+            "critic": {"steps": critic_steps, "next_lr": self.lr(critic_steps, critic=True)},
+            "schedule": self.optim.lr_scheduler,
+            "warmup_steps": self.warmup_steps,
+            "total_steps": self.total_steps,
+        }
+
+
+@dataclass(frozen=True)
+class Target:
+    """The model one update steps (the actor or the critic), its optimizer, LR and clip."""
+
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+    lr: float
+    grad_clip: float
+    prefix: str
+    """The metrics' prefix: "actor" or "critic"."""
+
+
+class Ranks(Protocol):
+    """The data-parallel ranks of one update, as :func:`run_update` joins them."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world(self) -> int: ...
+    def sum_loss(self, total: Tensor) -> Tensor:
+        """The summed loss over all ranks."""
+        ...
+
+    def agree(self, bad: bool) -> bool:
+        """Whether any rank's loss or gradient norm is not finite (every rank skips together)."""
+        ...
+
+    def mark(self, objective: Objective) -> Any:
+        """What to merge from after the update (e.g. the objective's accumulator now)."""
+        ...
+
+    def metrics(self, collected: dict[str, list[Any]], objective: Objective, mark: Any) -> dict[str, float]:
+        """The objective's metrics over every rank's micro-batches (and its accumulator merged)."""
+        ...
+
+
+class OneProcess:
+    """:class:`Ranks` of a one-process backend: nothing to join."""
+
+    rank = 0
+    world = 1
+
+    def sum_loss(self, total: Tensor) -> Tensor:
+        return total
+
+    def agree(self, bad: bool) -> bool:
+        return bad
+
+    def mark(self, objective: Objective) -> None:
+        return None
+
+    def metrics(self, collected: dict[str, list[Any]], objective: Objective, mark: Any) -> dict[str, float]:
+        return mean_metrics(collected)
+
+
+class Updates(Protocol):
+    """What :func:`policy_update` / :func:`critic_update` drive: a train backend's models, their
+    optimizers, step counters and schedule, its forwards and its :func:`accumulate`-based step."""
+
+    version: int
+    critic_steps: int
+
+    @property
+    def spec(self) -> TrainSpec: ...
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def schedule(self) -> LRSchedule: ...
+    @property
+    def actor(self) -> Any: ...
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+    @property
+    def critic(self) -> Any: ...
+    @property
+    def critic_optimizer(self) -> torch.optim.Optimizer | None: ...
+
+    def _actor_forward(
+        self, module: nn.Module, mb: Batch, *, with_entropy: bool, temperature: float
+    ) -> tuple[Tensor, Tensor | None]: ...
+
+    def _critic_forward(self, mb: Batch) -> Tensor: ...
+
+    def _update(
+        self, mini_batch: Batch, objective: Objective, forward: Forward, target: Target
+    ) -> dict[str, float]: ...
+
+
+def accumulate(
+    micro_batches: Iterable[Batch | None],
+    objective: Objective,
+    forward: Forward,
+    *,
+    device: torch.device,
+    dummy: Callable[[], Batch] | None = None,
+) -> tuple[Tensor, dict[str, list[Any]]]:
+    """Forward and backward every micro-batch (already on the device); the summed loss (fp32
+    scalar, detached) and each objective metric's per-micro-batch values (tensors kept on the
+    device: no sync per micro-batch). ``None``: a dummy pass over ``dummy()`` whose loss is
+    times zero (the same collectives, no gradient)."""
+    collected: dict[str, list[Any]] = {}
+    total_loss = torch.zeros((), device=device)
+    for mb in micro_batches:
+        if mb is None:
+            if dummy is None:
+                raise ValueError("accumulate: a dummy micro-batch (None) needs dummy=")
+            out, _ = forward(dummy())
+            (out.sum() * 0.0).backward()
+            continue
+        out, entropy = forward(mb)
+        loss, mb_metrics = objective(mb, out, entropy)
+        loss.backward()  # summed, never averaged: the objective divides by global counts
+        total_loss += loss.detach().float()
+        for k, v in mb_metrics.items():
+            collected.setdefault(k, []).append(v.detach().float() if isinstance(v, Tensor) else v)
+    return total_loss, collected
+
+
+def run_update(
+    target: Target,
+    micro_batches: Iterable[Batch | None],
+    objective: Objective,
+    forward: Forward,
+    *,
+    device: torch.device,
+    num_micro_batches: int,
+    ranks: Ranks | None = None,
+    dummy: Callable[[], Batch] | None = None,
+) -> dict[str, float]:
+    """One optimizer step of ``target`` over ``micro_batches`` (:func:`accumulate`, then
+    :func:`optimizer_step`, skipped on every rank when any rank's loss or gradient norm is not
+    finite). Metrics: the objective's (mean over micro-batches) and :func:`step_metrics`."""
+    ranks = ranks if ranks is not None else OneProcess()
+    target.module.train()
+    target.optimizer.zero_grad(set_to_none=True)
+    mark = ranks.mark(objective)
+    total, collected = accumulate(micro_batches, objective, forward, device=device, dummy=dummy)
+    loss_value, norm_value, skipped = optimizer_step(
+        target.module,
+        target.optimizer,
+        loss=ranks.sum_loss(total),
+        grad_clip=target.grad_clip,
+        lr=target.lr,
+        device=device,
+        agree=ranks.agree,
+    )
+    if skipped and ranks.rank == 0:
+        logger.warning(
+            "%s update skipped%s: non-finite %s (loss=%s, grad_norm=%s); gradients dropped",
+            target.prefix,
+            "" if ranks.world == 1 else f" on all {ranks.world} ranks",
+            "loss or grad norm"
+            if ranks.world > 1
+            else "loss"
+            if not math.isfinite(loss_value)
+            else "grad norm",
+            loss_value,
+            norm_value,
+        )
+    metrics = ranks.metrics(collected, objective, mark)
+    metrics.update(
+        step_metrics(
+            target.prefix,
+            loss=loss_value,
+            grad_norm=norm_value,
+            lr=target.lr,
+            skipped=skipped,
+            num_micro_batches=num_micro_batches,
+        )
+    )
+    return metrics
+
+
+def floats(collected: Mapping[str, list[Any]]) -> dict[str, list[float]]:
+    """:func:`accumulate`'s metrics as plain floats."""
+    return {k: [float(v) for v in vs] for k, vs in collected.items()}
+
+
+def mean_metrics(collected: Mapping[str, list[Any]]) -> dict[str, float]:
+    """The mean of each metric's values (those with none are left out)."""
+    return {k: sum(vs) / len(vs) for k, vs in floats(collected).items() if vs}
+
+
+def clip_grad_norm(module: nn.Module, grad_clip: float, device: torch.device) -> Tensor:
+    """Clip the gradients of ``module`` to ``grad_clip`` (no clipping when <= 0); the total norm.
+
+    A plain tensor also for sharded (DTensor) gradients; zero when no parameter has a gradient.
+    """
+    grads = [p for p in module.parameters() if p.requires_grad and p.grad is not None]
+    if not grads:
+        return torch.zeros((), device=device)
+    norm = torch.nn.utils.clip_grad_norm_(grads, grad_clip if grad_clip > 0 else math.inf)
+    full = getattr(norm, "full_tensor", None)  # a DTensor (FSDP2): the global norm
+    return full() if full is not None else norm  # type: ignore[no-any-return]
+
+
+def optimizer_step(
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    loss: Tensor,
+    grad_clip: float,
+    lr: float,
+    device: torch.device,
+    agree: Callable[[bool], bool] | None = None,
+) -> tuple[float, float, bool]:
+    """Clip, then step at ``lr`` unless the loss or grad norm is not finite; drop the gradients.
+
+    ``agree(bad)`` turns this process's verdict into the one every rank acts on (default: as is).
+    Returns ``(loss, grad_norm, skipped)``.
+    """
+    grad_norm = clip_grad_norm(module, grad_clip, device)
+    loss_value, norm_value = float(loss), float(grad_norm)
+    bad = not (math.isfinite(loss_value) and math.isfinite(norm_value))
+    skipped = agree(bad) if agree is not None else bad
+    if not skipped:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_value, norm_value, skipped
+
+
+def policy_update(backend: Updates, mini_batch: Batch, objective: Objective) -> dict[str, float]:
+    """``backend.update_policy``: one actor step through ``backend._update`` at ``schedule.lr(version)``;
+    ``version`` counts the steps not skipped."""
+    try:
+        needs_entropy = bool(objective.needs_entropy)
+    except AttributeError:
+        raise TypeError(
+            f"update_policy: {objective!r} is not an rlzoo.kernel.protocols.Objective: it declares no "
+            "needs_entropy (a bool: whether the backend computes and passes the per-token entropy)"
+        ) from None
+    temp = backend.temperature
+
+    def forward(mb: Batch) -> tuple[Tensor, Tensor | None]:
+        return backend._actor_forward(backend.actor, mb, with_entropy=needs_entropy, temperature=temp)
+
+    lr = backend.schedule.lr(backend.version)
+    target = Target(backend.actor, backend.optimizer, lr, backend.spec.optim.grad_clip, "actor")
+    metrics = backend._update(mini_batch, objective, forward, target)
+    if not metrics["actor/skipped_steps"]:
+        backend.version += 1
+    return metrics
+
+
+def critic_update(backend: Updates, mini_batch: Batch, objective: Objective) -> dict[str, float]:
+    """``backend.update_critic``: one critic step through ``backend._update`` (the objective gets
+    ``(micro_batch, values, None)``); ``critic_steps`` counts the steps not skipped."""
+    if backend.critic is None or backend.critic_optimizer is None:
+        raise ValueError("update_critic: no critic (spec.need_critic=False)")
+
+    def forward(mb: Batch) -> tuple[Tensor, Tensor | None]:
+        return backend._critic_forward(mb), None
+
+    lr = backend.schedule.lr(backend.critic_steps, critic=True)
+    target = Target(
+        backend.critic, backend.critic_optimizer, lr, backend.spec.optim.critic_grad_clip, "critic"
+    )
+    metrics = backend._update(mini_batch, objective, forward, target)
+    if not metrics["critic/skipped_steps"]:
+        backend.critic_steps += 1
+    return metrics
+
+
+def step_metrics(
+    prefix: str, *, loss: float, grad_norm: float, lr: float, skipped: bool, num_micro_batches: int
+) -> dict[str, float]:
+    """The ``{prefix}/...`` metrics every update returns."""
+    return {
+        f"{prefix}/loss": loss,
+        f"{prefix}/grad_norm": grad_norm,
+        f"{prefix}/lr": lr,
+        f"{prefix}/skipped_steps": float(skipped),
+        f"{prefix}/num_micro_batches": float(num_micro_batches),
+    }
