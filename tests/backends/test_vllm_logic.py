@@ -331,12 +331,6 @@ class _Engine:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
 
-    async def sleep(self, level: int) -> None:
-        self.calls.append(("sleep", level))
-
-    async def wake_up(self, tags=None) -> None:  # type: ignore[no-untyped-def]
-        self.calls.append(("wake_up", tags))
-
     async def collective_rpc(self, method: str, args=()) -> None:  # type: ignore[no-untyped-def]
         import torch
 
@@ -358,7 +352,7 @@ class _Engine:
         pass
 
 
-def _backend(sleep_level: int):  # type: ignore[no-untyped-def]
+def _backend():  # type: ignore[no-untyped-def]
     """A VLLMRolloutBackend around a recording engine (its loop thread is real)."""
     import asyncio
     import queue
@@ -367,8 +361,8 @@ def _backend(sleep_level: int):  # type: ignore[no-untyped-def]
     from rlzoo.backends.vllm.rollout import VLLMRolloutBackend
 
     b = VLLMRolloutBackend.__new__(VLLMRolloutBackend)
-    b.params = VLLMRolloutParams(enable_sleep_mode=True, sleep_level=sleep_level, weight_bucket_mb=1)
-    b.version, b._paused, b._sleeping, b._weights_discarded = 0, False, False, False
+    b.params = VLLMRolloutParams(weight_bucket_mb=1)
+    b.version, b._paused = 0, False
     b.book, b._out, b._tasks = RequestBook(0, 16), queue.Queue(), {}
     b._tie_word_embeddings = True
     b._loop = asyncio.new_event_loop()
@@ -378,36 +372,22 @@ def _backend(sleep_level: int):  # type: ignore[no-untyped-def]
     return b
 
 
-def test_wake_up_after_level2_sleep_needs_new_weights() -> None:
+def test_update_weights_is_one_in_place_reload() -> None:
     import torch
 
-    b = _backend(2)
+    b = _backend()
     try:
-        b.sleep()
-        with pytest.raises(RuntimeError, match="discarded"):
-            b.wake_up()
         b.update_weights(
             [("model.embed_tokens.weight", torch.ones(2, 2)), ("lm_head.weight", torch.ones(2, 2))], 4
         )
-        assert b.version == 4 and not b._sleeping
-        b.wake_up()  # weights are back
+        assert b.version == 4
         rpcs = [c for c in b.engine.calls if c[0].startswith("rlzoo_")]
         assert rpcs == [  # tied lm_head not sent; the buckets inside one in-place reload
             ("rlzoo_begin_weights",),
             ("rlzoo_load_weights", ["model.embed_tokens.weight"]),
             ("rlzoo_finish_weights",),
         ]
-    finally:
-        b._loop.call_soon_threadsafe(b._loop.stop)
-        b._thread.join(5)
-
-
-def test_wake_up_after_level1_sleep() -> None:
-    b = _backend(1)
-    try:
-        b.sleep()
-        b.wake_up()
-        assert ("sleep", 1) in b.engine.calls and ("wake_up", None) in b.engine.calls
+        assert b.engine.calls[-1] == ("reset_prefix_cache",)
     finally:
         b._loop.call_soon_threadsafe(b._loop.stop)
         b._thread.join(5)
@@ -437,26 +417,19 @@ def test_cpu_engine_args_prefill_whole_prompts_and_keep_seeds() -> None:
     assert vllm_sampling_kwargs(sp, max_tokens=4, seed=11)["seed"] == 11  # seeds still go to vLLM
 
 
-def test_cpu_engine_args_refuse_sleep_and_chunked_prefill() -> None:
+def test_cpu_engine_args_refuse_chunked_prefill() -> None:
     from rlzoo.backends.vllm.rollout import engine_args
 
-    with pytest.raises(ValueError, match="CPU platform has no sleep mode"):
-        engine_args(VLLMRolloutParams(enable_sleep_mode=True), _cpu_spec(), cpu=True)
     chunked = VLLMRolloutParams(engine_kwargs={"enable_chunked_prefill": "true"})
     with pytest.raises(ValueError, match="chunked prefill stays off on CPU"):
         engine_args(chunked, _cpu_spec(), cpu=True)
     assert engine_args(chunked, _cpu_spec())["enable_chunked_prefill"] is True  # a GPU takes it
 
 
-def test_validate_refuses_sleep_mode_on_a_cpu_run(capsys: pytest.CaptureFixture[str]) -> None:
+def test_sleep_mode_is_not_a_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    """No run path puts the engine to sleep (rollout and trainer never share a device here), so
+    there is no setting that would seem to: the key is refused by name."""
     from rlzoo.cli import main
 
-    sleepy = "rollout.backend={name: vllm, enable_sleep_mode: true}"
-    assert main(["validate", "quickstart", sleepy]) == 2
-    assert "vLLM's CPU platform has no sleep mode" in capsys.readouterr().err
-    capsys.readouterr()
-    # on a GPU (or without sleep mode) that rule is quiet; here vLLM itself may be missing, which a
-    # local placement refuses on its own (tests/core/test_user_errors.py)
-    main(["validate", "quickstart", sleepy, "model.device=cuda"])
-    main(["validate", "quickstart", "rollout.backend={name: vllm}"])
-    assert "sleep mode" not in capsys.readouterr().err
+    assert main(["validate", "quickstart", "rollout.backend={name: vllm, enable_sleep_mode: true}"]) == 2
+    assert "enable_sleep_mode: unknown key" in capsys.readouterr().err

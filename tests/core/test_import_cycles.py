@@ -1,8 +1,12 @@
-"""No import cycles among rlzoo's modules, counting imports inside functions.
+"""No import cycles among rlzoo's modules, counting imports inside functions, and no arrow back up.
 
-A function-local import only postpones a cycle to the first call; the graph here includes them
+A function-local import only postpones a cycle to the first call; the cycle graph includes them
 (``if TYPE_CHECKING:`` blocks excepted: they never run). Two modules that need each other's names
 are one module, or share a third that both import.
+
+The rooms of ``src/rlzoo/`` stand in layers (:data:`LAYERS`, bottom first): a module imports only
+from its own layer or the ones below it -- type-only imports (``if TYPE_CHECKING:``) included, since
+a type that points up is a dependency that points up. docs/architecture.md draws the same stack.
 """
 
 from __future__ import annotations
@@ -111,6 +115,62 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
                 if len(comp) > 1:
                     found.append(sorted(comp))
     return found
+
+
+#: the layers of src/rlzoo/, bottom first: module prefixes (a longer prefix wins). The parts
+#: (algorithms, backends, tasks, the batch sources) are plugins: they stand above the core they use,
+#: and the core reaches them through the registry only (tests/core/test_runtime_imports.py).
+LAYERS: list[tuple[str, ...]] = [
+    (
+        "rlzoo.version",
+        "rlzoo.kernel",
+    ),  # contracts: hooks, kinds, registry, params, Protocols, settings, Batch
+    ("rlzoo.system", "rlzoo.data", "rlzoo.rollout_kit"),  # the OS, the data schema, the sample stream
+    ("rlzoo.models", "rlzoo.agents"),  # model files and tokenizers; the multi-turn rollout
+    ("rlzoo.train_kit", "rlzoo.recipe"),  # what train backends share; the recipe language (not compose)
+    ("rlzoo.report", "rlzoo.loggers", "rlzoo.distributed", "rlzoo.placement"),  # metrics out; where parts run
+    ("rlzoo.train",),  # the run: session, one loop, checkpoints, export
+    ("rlzoo.recipe.compose",),  # a recipe into a run
+    ("rlzoo", "rlzoo.cli"),  # the public facade and the command line
+    ("rlzoo.sources", "rlzoo.algorithms", "rlzoo.backends", "rlzoo.tasks", "rlzoo.recipes", "rlzoo.testing"),
+]
+
+
+def _layer(mod: str) -> int:
+    best, found = -1, -1
+    for i, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (mod == prefix or mod.startswith(prefix + ".")) and len(prefix) > best:
+                best, found = len(prefix), i
+    return found
+
+
+def _typed_graph() -> dict[str, set[str]]:
+    """Every import of rlzoo's own modules, type-only imports and function-local ones included."""
+    mods = {m: p for m, p in _modules().items() if m.startswith("rlzoo.") or m == "rlzoo"}
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                graph[mod].update(t for t in _targets(node, mod, path.name == "__init__.py", mods))
+    return graph
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = sorted(m for m in _typed_graph() if _layer(m) < 0)
+    assert not missing, f"modules in no layer of LAYERS: {missing}"
+
+
+def test_no_arrow_back_up() -> None:
+    graph = _typed_graph()
+    up = [
+        f"{mod} (layer {_layer(mod)}) -> {target} (layer {_layer(target)})"
+        for mod, targets in sorted(graph.items())
+        for target in sorted(targets)
+        if _layer(target) > _layer(mod)
+    ]
+    assert not up, "imports that point up the layers (type-only imports count):\n" + "\n".join(up)
 
 
 def test_no_import_cycles() -> None:

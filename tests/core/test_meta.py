@@ -54,3 +54,62 @@ def test_every_part_conforms_to_the_generic_checks(pm: PluginManager) -> None:
         p for kind in KINDS for comp in pm.registry(kind.name) for p in component_problems(comp, load=False)
     ]
     assert not problems, "\n".join(problems)
+
+
+def _ranged_fields_rechecked(source: str) -> list[str]:
+    """Classes whose ``__post_init__`` compares a field that ``param(ge=/gt=/le=/lt=)`` already
+    bounds: the range said twice (``check_ranges`` is the one way to enforce it)."""
+    import ast
+
+    found = []
+    for cls in (n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef)):
+        ranged, post = set(), None
+        for st in cls.body:
+            call = st.value if isinstance(st, ast.AnnAssign) else None
+            bounds = isinstance(call, ast.Call) and any(
+                k.arg in ("ge", "gt", "le", "lt") for k in call.keywords
+            )
+            if bounds and getattr(call.func, "id", "") == "param":  # type: ignore[union-attr]
+                ranged.add(st.target.id)  # type: ignore[union-attr]
+            if isinstance(st, ast.FunctionDef) and st.name == "__post_init__":
+                post = st
+        if post is None:
+            continue
+        for node in ast.walk(post):
+            if not isinstance(node, ast.Compare):
+                continue
+            operands = [node.left, *node.comparators]
+            fields = [o.attr for o in operands if isinstance(o, ast.Attribute) and o.attr in ranged]
+            numbers = [
+                o for o in operands if isinstance(o, ast.Constant) and isinstance(o.value, (int, float))
+            ]
+            if len(fields) == 1 and len(fields) + len(numbers) == len(operands):  # a field against bounds
+                found.append(f"{cls.name}.{fields[0]}")
+    return found
+
+
+def test_a_range_is_declared_once() -> None:
+    files = [*(ROOT / "src").rglob("*.py"), *(ROOT / "plugins").rglob("*.py")]
+    twice = [
+        f"{p.relative_to(ROOT)}: {hit}" for p in files for hit in _ranged_fields_rechecked(p.read_text())
+    ]
+    assert not twice, "ranges declared in param() and checked again in __post_init__:\n" + "\n".join(twice)
+
+
+def test_the_range_check_sees_a_second_declaration() -> None:
+    source = (
+        "class P:\n    lr: float = param(1.0, gt=0, help='x')\n"
+        "    def __post_init__(self):\n        if not self.lr > 0: raise ValueError\n"
+    )
+    assert _ranged_fields_rechecked(source) == ["P.lr"]
+
+
+def test_check_ranges_refuses_nan_and_out_of_range() -> None:
+    from rlzoo.kernel.settings import LoraSettings, MicroBatchSettings, OptimSettings
+
+    with pytest.raises(ValueError, match="lr must be > 0, got nan"):
+        OptimSettings(lr=float("nan"))
+    with pytest.raises(ValueError, match=r"dropout must be < 1, got 1\.0"):
+        LoraSettings(dropout=1.0)
+    with pytest.raises(ValueError, match="log_prob_chunk must be >= 0, got -1"):
+        MicroBatchSettings(log_prob_chunk=-1)

@@ -59,7 +59,7 @@ def test_optimizer_settings_are_validated_all_at_once() -> None:
         load_config("quickstart", ["trainer.optim.lr=-1e-4", "trainer.micro_batch.size=0"])
     text = str(e.value)
     assert "trainer.optim: lr must be > 0, got -0.0001" in text
-    assert "trainer.micro_batch: size and log_prob_size must be >= 1" in text
+    assert "trainer.micro_batch: size must be >= 1, got 0" in text
 
 
 def test_backend_params_no_longer_hold_optimizer_settings() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from rlzoo.models.tiny import TINY_RECIPES, build_tiny
+from rlzoo.models.tiny import build_tiny, tiny_inputs
 from rlzoo.recipe.config import load_config
 from rlzoo.recipe.files import list_recipes
 from rlzoo.recipe.types import RecipeConfig
@@ -52,7 +52,7 @@ def _parts(cfg: RecipeConfig) -> dict[str, Any]:
 def test_seed_recipes_are_shipped() -> None:
     assert set(SEED_RECIPES) <= set(ALL_RECIPES)
     assert set(SEED_RECIPES) <= set(list_recipes())  # found by name on the search path
-    assert set(TINY_RECIPES) == set(SEED_RECIPES)
+    assert set(tiny_inputs()) == set(SEED_RECIPES)
     assert {p.stem for p in (RECIPES_DIR / "tiny").glob("[!_]*.yaml")} == set(SEED_RECIPES)
 
 

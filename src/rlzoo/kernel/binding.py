@@ -210,25 +210,3 @@ def tree_nodes(obj: Any, path: str = "", *, leaves: tuple[type, ...] = ()) -> It
     elif isinstance(obj, (list, tuple)):
         for v in obj:
             yield from tree_nodes(v, path, leaves=leaves)
-
-
-def range_problems(obj: Any, path: str) -> list[str]:
-    """Every number field of dataclass ``obj`` outside the range its field declares
-    (``param(..., ge=, gt=, le=)``), one message each; nested dataclasses are the caller's to walk.
-    ``None`` and values of the wrong type (reported by binding) are skipped."""
-    out: list[str] = []
-    if not (dataclasses.is_dataclass(obj) and not isinstance(obj, type)):
-        return out
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name, None)
-        sub = f"{path}.{f.name}" if path else f.name
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        ge, gt, le = f.metadata.get("ge"), f.metadata.get("gt"), f.metadata.get("le")
-        if ge is not None and not value >= ge:
-            out.append(f"{sub}: must be >= {ge:g}, got {value!r}")
-        elif gt is not None and not value > gt:
-            out.append(f"{sub}: must be > {gt:g}, got {value!r}")
-        elif le is not None and not value <= le:
-            out.append(f"{sub}: must be <= {le:g}, got {value!r}")
-    return out

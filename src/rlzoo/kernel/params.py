@@ -18,18 +18,21 @@ def param(
     ge: float | None = None,
     gt: float | None = None,
     le: float | None = None,
+    lt: float | None = None,
     **kw: Any,
 ) -> Any:
     """Declare a documented field of a part's params dataclass.
 
     ``help`` is shown by ``rlzoo components`` and in the generated reference docs; the
     conformance suite fails a part whose params have an undocumented field. ``ge`` / ``gt`` /
-    ``le`` declare the field's range (a number; ``None`` values are not checked): ``rlzoo
-    validate`` reports every value out of range at once (:func:`rlzoo.kernel.binding.range_problems`).
+    ``le`` / ``lt`` declare the field's range (a number; ``None`` values are not checked), once:
+    ``rlzoo validate`` reports every value out of range at once (:func:`range_problems`), and a
+    class built directly in Python checks them in its ``__post_init__`` with :func:`check_ranges`.
+    A NaN is outside every range.
     """
     metadata = dict(kw.pop("metadata", {}) or {})
     metadata["help"] = help
-    for key, bound in (("ge", ge), ("gt", gt), ("le", le)):
+    for key, bound in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)):
         if bound is not None:
             metadata[key] = bound
     if isinstance(default, (list, dict, set)):
@@ -41,3 +44,44 @@ def param(
     if default is dataclasses.MISSING:
         return field(metadata=metadata, **kw)
     return field(default=default, metadata=metadata, **kw)
+
+
+def _out_of_range(f: dataclasses.Field[Any], value: Any) -> str | None:
+    """What is wrong with ``value`` against the range ``f`` declares (None: in range or no number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None  # None, or a value of the wrong type (binding reports those)
+    ge, gt, le, lt = (f.metadata.get(k) for k in ("ge", "gt", "le", "lt"))
+    if ge is not None and not value >= ge:
+        return f"must be >= {ge:g}, got {value!r}"
+    if gt is not None and not value > gt:
+        return f"must be > {gt:g}, got {value!r}"
+    if le is not None and not value <= le:
+        return f"must be <= {le:g}, got {value!r}"
+    if lt is not None and not value < lt:
+        return f"must be < {lt:g}, got {value!r}"
+    return None
+
+
+def range_problems(obj: Any, path: str) -> list[str]:
+    """Every number field of dataclass ``obj`` outside the range its field declares
+    (``param(..., ge=, gt=, le=, lt=)``), one ``"path.field: must be ..."`` message each; nested
+    dataclasses are the caller's to walk."""
+    if not (dataclasses.is_dataclass(obj) and not isinstance(obj, type)):
+        return []
+    out = []
+    for f in dataclasses.fields(obj):
+        problem = _out_of_range(f, getattr(obj, f.name, None))
+        if problem is not None:
+            out.append(f"{path}.{f.name}: {problem}" if path else f"{f.name}: {problem}")
+    return out
+
+
+def check_ranges(obj: Any) -> list[str]:
+    """``"field must be ..."`` for every field of ``obj`` outside its declared range: what a
+    ``__post_init__`` raises (with its own cross-field rules), so a range is declared once."""
+    out = []
+    for f in dataclasses.fields(obj):
+        problem = _out_of_range(f, getattr(obj, f.name, None))
+        if problem is not None:
+            out.append(f"{f.name} {problem}")
+    return out

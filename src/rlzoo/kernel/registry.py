@@ -39,39 +39,6 @@ from rlzoo.kernel.kinds import KIND_BY_NAME
 
 T = TypeVar("T")
 
-#: Capability keys and what they mean, over every kind (the typed record of each kind, in
-#: :mod:`rlzoo.kernel.capabilities`, is the contract; this table is for documentation).
-WELL_KNOWN_CAPABILITIES: Mapping[str, str] = MappingProxyType(
-    {
-        "needs_critic": "the part needs value estimates from a critic model",
-        "needs_reference": "the part needs log-probs of a frozen reference policy",
-        "needs_group": "the part needs group ids (several responses per prompt)",
-        "needs_greedy_baseline": "the part needs one extra greedy response per prompt",
-        "needs_old_log_probs": "the part needs log-probs of the policy that sampled",
-        "needs_entropy": "the part needs per-token entropy of the current policy",
-        "needs_sum_pi_squared": "the part needs sum over the vocabulary of pi^2 of the old policy per token",
-        "needs_reward_components": "the part needs per-sample reward components from the scorers' info",
-        "supplies_sum_pi_squared": "a train backend that computes sum_pi_squared with the old log-probs",
-        "sequence_level": "the part works on whole sequences (ratios, weights)",
-        "fixed_aggregation": "a paper fixes this loss's aggregation (named here)",
-        "batch_statistics": "a loss that uses statistics of the whole mini-batch",
-        "supports_partial_rollout": "a rollout backend that can pause and resume requests",
-        "supports_streaming": "a rollout backend that yields samples as they finish",
-        "supports_critic": "a train backend that can train a critic",
-        "devices": "devices the backend runs on ('cpu', 'cuda')",
-        "distributed": "a backend that spans processes (needs torch.distributed)",
-        "refills": "a sample filter whose dropped groups the runner regenerates",
-        "batched": "a scorer / reward manager that works on a whole batch at once",
-        "placements": "placements a runner supports ('local', 'ray')",
-        "offers_tools": "an environment that offers the model tools",
-        "per_turn_rewards": "an environment that rewards intermediate turns",
-        "is_async": "an environment / tool whose methods are coroutines",
-        "modalities": "what a dataset's prompts hold ('text', 'image')",
-        "requires": "the optional package a backend needs (installed with its extra)",
-        "extra": "the pip extra that installs ``requires`` (``pip install rlzoo[EXTRA]``)",
-    }
-)
-
 
 def _resolve(ref: str) -> Any:
     module, _, attr = ref.partition(":")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlzoo.kernel.params import param
+from rlzoo.kernel.params import check_ranges, param
 
 #: Learning-rate schedules every train backend understands (``trainer.optim.lr_scheduler``).
 LR_SCHEDULES = ("constant", "linear", "cosine")
@@ -23,45 +23,40 @@ class OptimSettings:
     = trainer steps x mini-batches per step x PPO epochs), as HF's / verl's schedulers do.
     """
 
-    lr: float = param(1e-6, help="AdamW peak learning rate of the actor (> 0)")
+    lr: float = param(1e-6, gt=0, help="AdamW peak learning rate of the actor (> 0)")
     betas: tuple[float, float] = param((0.9, 0.999), help="AdamW betas (each in [0, 1))")
-    eps: float = param(1e-8, help="AdamW epsilon (> 0)")
-    weight_decay: float = param(0.01, help="AdamW decoupled weight decay of the actor (>= 0)")
+    eps: float = param(1e-8, gt=0, help="AdamW epsilon (> 0)")
+    weight_decay: float = param(0.01, ge=0, help="AdamW decoupled weight decay of the actor (>= 0)")
     grad_clip: float = param(
         1.0, help="max global grad norm of the actor; <= 0 disables clipping (the norm is still logged)"
     )
     lr_scheduler: str = param(
         "constant", help="'constant', 'linear' (to min_lr_ratio) or 'cosine' (to min_lr_ratio)"
     )
-    warmup_steps: int = param(0, help="linear warmup, in optimizer steps; 0: use warmup_ratio")
+    warmup_steps: int = param(0, ge=0, help="linear warmup, in optimizer steps; 0: use warmup_ratio")
     warmup_ratio: float = param(
-        0.0, help="warmup as a fraction of the run's optimizer steps (when warmup_steps is 0), in [0, 1)"
+        0.0,
+        ge=0,
+        lt=1,
+        help="warmup as a fraction of the run's optimizer steps (when warmup_steps is 0), in [0, 1)",
     )
-    min_lr_ratio: float = param(0.0, help="final LR of linear / cosine decay, as a fraction of the peak LR")
-    critic_lr: float = param(1e-5, help="AdamW peak learning rate of the critic (> 0)")
-    critic_weight_decay: float = param(0.01, help="AdamW weight decay of the critic (>= 0)")
+    min_lr_ratio: float = param(
+        0.0, ge=0, le=1, help="final LR of linear / cosine decay, as a fraction of the peak LR"
+    )
+    critic_lr: float = param(1e-5, gt=0, help="AdamW peak learning rate of the critic (> 0)")
+    critic_weight_decay: float = param(0.01, ge=0, help="AdamW weight decay of the critic (>= 0)")
     critic_grad_clip: float = param(1.0, help="max grad norm of the critic; <= 0 disables clipping")
 
     def __post_init__(self) -> None:
-        problems = []
-        for name in ("lr", "critic_lr", "eps"):
-            if not getattr(self, name) > 0:
-                problems.append(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("weight_decay", "critic_weight_decay"):
-            if getattr(self, name) < 0:
-                problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
+        problems = check_ranges(self)
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             problems.append(f"betas must be two numbers in [0, 1), got {list(self.betas)}")
         if self.lr_scheduler not in LR_SCHEDULES:
             problems.append(
                 f"lr_scheduler must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_scheduler!r}"
             )
-        if self.warmup_steps < 0 or not 0.0 <= self.warmup_ratio < 1.0:
-            problems.append("warmup_steps must be >= 0 and warmup_ratio in [0, 1)")
-        if self.warmup_steps > 0 and self.warmup_ratio > 0:
+        if self.warmup_steps and self.warmup_ratio:  # both in range, so both positive
             problems.append("set warmup_steps or warmup_ratio, not both")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            problems.append(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -70,27 +65,23 @@ class OptimSettings:
 class MicroBatchSettings:
     """How a train backend splits work into forwards (``trainer.micro_batch``), per device / rank."""
 
-    size: int = param(4, help="samples per forward/backward in updates (>= 1)")
+    size: int = param(4, ge=1, help="samples per forward/backward in updates (>= 1)")
     max_tokens: int | None = param(
         None,
+        ge=1,
         help="if set, updates pack consecutive samples into micro-batches of at most this many real "
         "tokens (prompt + response; a longer sample goes alone) instead of `size`",
     )
-    log_prob_size: int = param(8, help="samples per forward in log-prob / value computations (>= 1)")
+    log_prob_size: int = param(8, ge=1, help="samples per forward in log-prob / value computations (>= 1)")
     log_prob_chunk: int = param(
         256,
+        ge=0,
         help="positions per chunk of the log-prob / entropy computation from the logits, forward and "
         "backward (no fp32 [rows, T, vocab] copy is built whole; see docs/performance.md); 0: unchunked",
     )
 
     def __post_init__(self) -> None:
-        problems = []
-        if self.size < 1 or self.log_prob_size < 1:
-            problems.append(f"size and log_prob_size must be >= 1, got {self.size} and {self.log_prob_size}")
-        if self.log_prob_chunk < 0:
-            problems.append(f"log_prob_chunk must be >= 0 (0: unchunked), got {self.log_prob_chunk}")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            problems.append(f"max_tokens must be >= 1 or null, got {self.max_tokens}")
+        problems = check_ranges(self)
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -111,7 +102,7 @@ class LoraSettings:
 
     rank: int = param(16, ge=1, help="LoRA rank r (>= 1)")
     alpha: float = param(32.0, gt=0, help="LoRA alpha; the update is scaled by alpha / rank (> 0)")
-    dropout: float = param(0.0, ge=0, le=0.99, help="dropout on the adapter's input in training (in [0, 1))")
+    dropout: float = param(0.0, ge=0, lt=1, help="dropout on the adapter's input in training (in [0, 1))")
     target_modules: tuple[str, ...] = param(
         (LORA_ALL_LINEAR,),
         help="names of the linear modules that get adapters, matched as peft does (a module whose name "
@@ -120,13 +111,7 @@ class LoraSettings:
     )
 
     def __post_init__(self) -> None:
-        problems = []
-        if not self.rank >= 1:
-            problems.append(f"rank must be >= 1, got {self.rank}")
-        if not self.alpha > 0:
-            problems.append(f"alpha must be > 0, got {self.alpha}")
-        if not 0.0 <= self.dropout < 1.0:
-            problems.append(f"dropout must be in [0, 1), got {self.dropout}")
+        problems = check_ranges(self)
         if not self.target_modules or not all(isinstance(t, str) and t for t in self.target_modules):
             problems.append(
                 f"target_modules must be a non-empty list of module names, got {list(self.target_modules)}"

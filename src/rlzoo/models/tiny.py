@@ -47,8 +47,8 @@ from typing import Any
 
 __all__ = [
     "CHAT_TEMPLATE",
-    "TINY_RECIPES",
-    "TINY_VL_RECIPES",
+    "TINY_DATASETS",
+    "TINY_MODELS",
     "build_tiny",
     "build_tiny_llama",
     "build_tiny_qwen2",
@@ -80,15 +80,9 @@ WORDS = (
     "is",
     "x",
 )
-#: recipes with a tiny variant -> the datasets :func:`build_tiny` writes for them
-TINY_RECIPES: dict[str, tuple[str, ...]] = {
-    "grpo_gsm8k": ("gsm8k",),
-    "ppo_gsm8k": ("gsm8k",),
-    "dapo_math": ("dapo_math", "aime2024"),
-    "grpo_geo3k_vl": ("geometry3k",),
-}
-#: recipes whose tiny model is the tiny Qwen2.5-VL (:func:`build_tiny_qwen2_5_vl`), not the tiny Qwen2
-TINY_VL_RECIPES: frozenset[str] = frozenset({"grpo_geo3k_vl"})
+#: the upstream-layout datasets :func:`build_tiny` can write, and the tiny models it can build
+TINY_DATASETS = ("gsm8k", "dapo_math", "aime2024", "geometry3k")
+TINY_MODELS = ("qwen2", "qwen2_5_vl")
 ENV_TINY_DIR = "RLZOO_TINY_DIR"
 
 
@@ -434,18 +428,38 @@ def write_geometry3k_source(
 # ---------------------------------------------------------------------------------------------
 # one recipe's tiny inputs
 # ---------------------------------------------------------------------------------------------
+def tiny_inputs() -> dict[str, dict[str, Any]]:
+    """Recipe -> ``{"datasets": [...], "model": ...}``: what each recipe's tiny override set needs,
+    as the recipes declare it (``rlzoo/recipes/tiny/_inputs.yaml``, beside the override sets)."""
+    import importlib.resources
+
+    import yaml
+
+    text = (importlib.resources.files("rlzoo.recipes") / "tiny" / "_inputs.yaml").read_text()
+    table: dict[str, dict[str, Any]] = yaml.safe_load(text)
+    for recipe, entry in table.items():
+        unknown = [d for d in entry["datasets"] if d not in TINY_DATASETS]
+        if unknown or entry["model"] not in TINY_MODELS:
+            raise ValueError(
+                f"tiny/_inputs.yaml: {recipe}: datasets must be among {TINY_DATASETS} and model one of "
+                f"{TINY_MODELS}, got {entry}"
+            )
+    return table
+
+
 def build_tiny(recipe: str, root: Path | str | None = None, *, overwrite: bool = False) -> Path:
     """Write the tiny model and upstream-layout data of ``recipe`` under ``<root>/<recipe>/``.
 
     ``root`` defaults to :func:`default_root` (``$RLZOO_TINY_DIR``), the folder the tiny override
     sets read. Returns ``<root>/<recipe>``. Existing files are kept unless ``overwrite``.
     """
-    if recipe not in TINY_RECIPES:
-        raise ValueError(f"no tiny variant for recipe {recipe!r}; tiny variants: {', '.join(TINY_RECIPES)}")
+    variants = tiny_inputs()
+    if recipe not in variants:
+        raise ValueError(f"no tiny variant for recipe {recipe!r}; tiny variants: {', '.join(variants)}")
     base = (Path(root).expanduser() if root is not None else default_root()) / recipe
     upstream = base / "upstream"
     done = base / ".tiny-complete"
-    model_kind = "qwen2_5_vl" if recipe in TINY_VL_RECIPES else "qwen2"
+    datasets, model_kind = list(variants[recipe]["datasets"]), str(variants[recipe]["model"])
     if done.exists() and not overwrite:
         try:
             built = json.loads(done.read_text()).get("model", "qwen2")
@@ -454,7 +468,7 @@ def build_tiny(recipe: str, root: Path | str | None = None, *, overwrite: bool =
         if built == model_kind:
             return base  # else: built by an older rlzoo with another tiny model; rebuild
     base.mkdir(parents=True, exist_ok=True)
-    for dataset in TINY_RECIPES[recipe]:
+    for dataset in datasets:
         if dataset == "gsm8k":
             write_gsm8k_source(upstream / "gsm8k")
         elif dataset == "dapo_math":
@@ -472,9 +486,7 @@ def build_tiny(recipe: str, root: Path | str | None = None, *, overwrite: bool =
         build_tiny_qwen2_5_vl(base / "model")
     else:
         build_tiny_qwen2(base / "model")
-    done.write_text(
-        json.dumps({"recipe": recipe, "datasets": list(TINY_RECIPES[recipe]), "model": model_kind})
-    )
+    done.write_text(json.dumps({"recipe": recipe, "datasets": datasets, "model": model_kind}))
     return base
 
 
@@ -484,11 +496,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Write the tiny model and upstream-layout data of a recipe's tiny variant "
         "(then: rlzoo train RECIPE +tiny=RECIPE).",
     )
-    p.add_argument("recipes", nargs="*", help=f"recipes (default: all of {', '.join(TINY_RECIPES)})")
+    p.add_argument("recipes", nargs="*", help="recipes (default: every recipe with a tiny variant)")
     p.add_argument("--root", help=f"output root (default: ${ENV_TINY_DIR} or ~/.cache/rlzoo/tiny)")
     p.add_argument("--overwrite", action="store_true", help="rebuild even when the files exist")
     ns = p.parse_args(argv)
-    for r in ns.recipes or list(TINY_RECIPES):
+    for r in ns.recipes or list(tiny_inputs()):
         print(build_tiny(r, ns.root, overwrite=ns.overwrite))
     return 0
 

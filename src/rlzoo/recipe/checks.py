@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rlzoo.kernel.binding import range_problems, tree_nodes
+from rlzoo.kernel.binding import tree_nodes
+from rlzoo.kernel.params import range_problems
 from rlzoo.kernel.protocols import ChecksRecipe, RunReadyParams
 from rlzoo.recipe.types import RecipeConfig, Selection
 

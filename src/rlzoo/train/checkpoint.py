@@ -244,7 +244,7 @@ class CheckpointManager:
         """The newest checkpoint directory that has a manifest (not verified)."""
         for k in reversed(self.steps()):
             path = self.root / f"step_{k}"
-            if (path / MANIFEST).is_file() or _legacy(path):
+            if (path / MANIFEST).is_file():
                 return path
         return None
 
@@ -303,26 +303,17 @@ class CheckpointManager:
         )
 
     def _load(self, path: Path, backend: Any) -> dict[str, Any]:
-        manifest = self.verify(path) if not _legacy(path) else {}
+        manifest = self.verify(path)
         try:
-            extra = dict(backend.load_checkpoint(path))
+            backend.load_checkpoint(path)
         except Exception as exc:
             raise CheckpointError(f"{path}: the train backend could not load it: {exc}") from exc
-        state = dict(manifest.get("payload") or extra)
+        state = dict(manifest["payload"])
         if "python_random" in state:
             _decode_random_state(state.pop("python_random"))
         state.setdefault("step", int(STEP_DIR.match(path.name).group(1)))  # type: ignore[union-attr]
-        if "data" not in state and "loader" in state:  # a payload of the runners before the one loop
-            fa = state.get("fully_async") or {}
-            state["data"] = fa.get("prompts") or {"loader": state["loader"]}
-            state["policy_version"] = int(fa.get("param_version", 0))
         state["path"] = str(path)
         return state
-
-
-def _legacy(path: Path) -> bool:
-    """A checkpoint written before manifests existed (a backend's own COMPLETE marker)."""
-    return not (path / MANIFEST).exists() and (path / "COMPLETE").is_file()
 
 
 def _encode_random_state() -> Any:

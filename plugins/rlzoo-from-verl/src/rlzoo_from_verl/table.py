@@ -368,7 +368,7 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
         "backend loads model.path's weights, the same ones the trainer starts from"
     ),
     ROLL + "layered_summon": Skip(_PERF + "gathers LoRA weights layer by layer for the rollout"),
-    ROLL + "enable_sleep_mode": To("rollout.backend.enable_sleep_mode"),
+    ROLL + "enable_sleep_mode": Skip("rlzoo never puts its rollout engine to sleep (no colocated offload)"),
     ROLL + "multi_stage_wake_up": Skip(_PERF + "vLLM wake-up order"),
     ROLL + "skip_tokenizer_init": Skip(_PERF + "rlzoo's vLLM backend passes token ids"),
     ROLL + "disable_log_stats": Skip(_LOG + "vLLM statistics logging"),

