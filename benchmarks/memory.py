@@ -66,7 +66,7 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
 
     from rlzoo.backends.native.train import NativeTrainBackend
     from rlzoo.backends.native.train_params import NativeTrainParams
-    from rlzoo.batch import Batch
+    from rlzoo.kernel.batch import Batch
     from rlzoo.kernel.settings import MicroBatchSettings, TrainSpec
     from rlzoo.models.tiny import tiny_qwen2_config
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlzoo.batch import Batch
+from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.protocols import AggContext
 from rlzoo.kernel.settings import MicroBatchSettings, OptimSettings
 from rlzoo.models.tiny import tiny_qwen2_config

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from rlzoo.backends.native.train import NativeTrainBackend
 from rlzoo.backends.native.train_params import NativeTrainParams
-from rlzoo.batch import Batch
+from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.protocols import TrainBackend
 from rlzoo.kernel.settings import OptimSettings, TrainSpec
 from rlzoo.models.tiny import tiny_qwen2_config
@@ -36,7 +36,7 @@ def tiny_model(seed: int = 0, tie: bool = True) -> torch.nn.Module:
 
 
 def make_batch(prompts, responses, P=None, T=None, seed=0) -> Batch:
-    """Prompt left-padded to P, response right-padded to T (rlzoo.batch layout)."""
+    """Prompt left-padded to P, response right-padded to T (rlzoo.kernel.batch layout)."""
     ids, attn = padded_ids(prompts, responses, P, T)
     B, T = len(prompts), T or max(map(len, responses))
     P = ids.shape[1] - T

@@ -15,7 +15,7 @@ import torch
 
 from rlzoo.backends.native.train import NativeTrainBackend
 from rlzoo.backends.native.train_params import NativeTrainParams
-from rlzoo.batch import Batch
+from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.protocols import SumPiSquaredSource
 from rlzoo.kernel.settings import MicroBatchSettings, TrainSpec
 from rlzoo.testing.backends import response_logits

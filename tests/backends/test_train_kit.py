@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlzoo.backends.megatron.vocab_parallel import simulate_vocab_parallel
-from rlzoo.batch import Batch
+from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.settings import MicroBatchSettings
 from rlzoo.models.tiny import tiny_qwen2_config
 from rlzoo.train_kit.logprobs import (

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlzoo.batch import Batch
+from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.errors import RlzooError
 from rlzoo.train.export import HFExportable, export_model, load_run_config
 

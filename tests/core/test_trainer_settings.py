@@ -160,7 +160,7 @@ def test_value_clip_is_a_declared_validated_setting_the_trainer_uses() -> None:
         def update_policy(self, mb, objective):  # type: ignore[no-untyped-def]
             return {}
 
-    from rlzoo.batch import Batch
+    from rlzoo.kernel.batch import Batch
 
     batch = Batch(
         {

@@ -38,7 +38,7 @@ def as_rollout(b: Any, log_probs: Any, scores: Any, g: Any, meta: dict[str, Any]
     differ from the trainer's), ``scores`` per token, groups of 4."""
     import torch
 
-    from rlzoo.batch import Batch
+    from rlzoo.kernel.batch import Batch
 
     mask = b["response_mask"]
     return Batch(

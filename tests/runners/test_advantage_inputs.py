@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 from rlzoo.algorithms.functional import advantage as F
 from rlzoo.backends.native.train import NativeTrainBackend
 from rlzoo.backends.native.train_params import NativeTrainParams
-from rlzoo.batch import Batch
+from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.protocols import AdvantageInputs
 from rlzoo.kernel.settings import MicroBatchSettings, TrainSpec
 from rlzoo.models.tiny import tiny_qwen2_config

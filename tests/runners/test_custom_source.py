@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import rlzoo
-from rlzoo.batch import Batch
+from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.plugins import PluginManager
 from rlzoo.report.metrics import read_metrics
 from rlzoo.train.batching import samples_to_batch

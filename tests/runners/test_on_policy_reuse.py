@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from rlzoo.backends.native.train import NativeTrainBackend
 from rlzoo.backends.native.train_params import NativeTrainParams
-from rlzoo.batch import Batch
+from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.settings import MicroBatchSettings, OptimSettings, TrainSpec
 from rlzoo.models.tiny import tiny_qwen2_config
 from rlzoo.recipe.config import load_config

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     import torch
     from torch import Tensor
 
-    from rlzoo.batch import Batch
+    from rlzoo.kernel.batch import Batch
     from rlzoo.kernel.settings import StepPlan
 else:  # keep annotations resolvable for get_type_hints without importing torch
     Tensor = Any

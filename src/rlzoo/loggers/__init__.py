@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlzoo import hookimpl
+from rlzoo.kernel.hookspecs import hookimpl
 from rlzoo.kernel.params import param
 
 

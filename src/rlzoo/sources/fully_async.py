@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlzoo.batch import Batch
+from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.errors import ConfigError
 from rlzoo.kernel.protocols import GenerationRequest, RewardResult, Sample
 from rlzoo.sources.params import FullyAsyncParams, max_staleness_versions, window_budget

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from rlzoo.batch import Batch
+from rlzoo.kernel.batch import Batch
 from rlzoo.sources.params import OneStepOffParams
 from rlzoo.sources.sync import generate_groups
 from rlzoo.train.loop import SourceExhausted, StepTimer

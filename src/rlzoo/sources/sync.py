@@ -10,7 +10,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from rlzoo.batch import Batch
+from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.protocols import RefillLimit, RewardResult, Sample
 from rlzoo.sources.params import SyncParams
 from rlzoo.train.batching import rollout_metrics, samples_to_batch

@@ -126,7 +126,7 @@ def padded_ids(
     P: int | None = None,
     T: int | None = None,
 ) -> tuple[Any, Any]:
-    """``(input_ids, attention_mask)``, both ``[B, P + T]`` long, in the rlzoo.batch layout: each prompt
+    """``(input_ids, attention_mask)``, both ``[B, P + T]`` long, in the rlzoo.kernel.batch layout: each prompt
     left-padded to ``P`` (default: the longest), each response right-padded to ``T``; pad id 0."""
     import torch
 
@@ -143,7 +143,7 @@ def padded_ids(
 
 
 def response_logits(model: Any, batch: Any) -> Any:
-    """A plain HF forward of ``batch`` (rlzoo.batch layout): the logits that predict each response
+    """A plain HF forward of ``batch`` (rlzoo.kernel.batch layout): the logits that predict each response
     token, in float64, ``[B, T, V]`` (position ``P + t - 1`` predicts response token ``t``)."""
     import torch
 
@@ -173,10 +173,10 @@ def reference_batch_log_probs(model: Any, batch: Any, temperature: float) -> Any
 def make_train_batch(
     prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], seed: int = 0
 ) -> Any:
-    """rlzoo.batch layout (prompt left-padded, response right-padded) + advantages / old log-probs."""
+    """rlzoo.kernel.batch layout (prompt left-padded, response right-padded) + advantages / old log-probs."""
     import torch
 
-    from rlzoo.batch import Batch
+    from rlzoo.kernel.batch import Batch
 
     ids, attn = padded_ids(prompts, responses)
     B, T = len(prompts), max(map(len, responses))

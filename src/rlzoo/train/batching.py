@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from rlzoo.batch import Batch
+from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.protocols import GenerationRequest, RewardResult, Sample, SamplingParams
 from rlzoo.recipe.types import RecipeConfig
 
@@ -71,7 +71,7 @@ def samples_to_batch(
     *,
     max_response_length: int | None = None,
 ) -> Batch:
-    """Collate samples into the training layout (see :mod:`rlzoo.batch`)."""
+    """Collate samples into the training layout (see :mod:`rlzoo.kernel.batch`)."""
     B = len(samples)
     P = max(len(s.prompt_ids) for s in samples)
     T = max(max((len(s.response_ids) for s in samples), default=1), 1)

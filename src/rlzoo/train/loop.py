@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from rlzoo.batch import Batch
+from rlzoo.kernel.batch import Batch
 from rlzoo.recipe.types import Selection, step_plan
 from rlzoo.report.metrics import PhaseTimer
 from rlzoo.system.failpoints import failpoint

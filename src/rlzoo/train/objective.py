@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlzoo.batch import Batch
+from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.protocols import AggContext, PolicyLossInputs
 from rlzoo.recipe.types import Selection
 from rlzoo.report.metrics import to_float

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from rlzoo.batch import Batch
+from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.protocols import (
     AdvantageInputs,
     CorrectionInputs,

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from rlzoo.batch import Batch
+from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.settings import MicroBatchSettings
 
 __all__ = [
@@ -435,7 +435,7 @@ class Packed:
 
 
 def pack(mb: Batch) -> Packed:
-    """Pack ``mb`` (``rlzoo.batch`` layout: prompt left-padded, response right-padded).
+    """Pack ``mb`` (``rlzoo.kernel.batch`` layout: prompt left-padded, response right-padded).
 
     Response token ``t`` of a sample is predicted by the packed position just before it, which is
     the previous real token of the same sequence (prompt and response are contiguous). Needs at

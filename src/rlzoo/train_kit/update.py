@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from rlzoo.batch import Batch
+from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.protocols import Objective
 from rlzoo.kernel.settings import OptimSettings, TrainSpec
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rlzoo.batch import Batch
+from rlzoo.kernel.batch import Batch
 
 __all__ = ["ShardPlan", "balanced_shards", "micro_batch_bounds", "plan_shards"]
 

@@ -51,7 +51,7 @@ from torch.distributed.tensor import DTensor
 from rlzoo.backends.fsdp2 import FSDP2Params
 from rlzoo.backends.fsdp2.collectives import ProcessGroupRanks, ensure_process_group
 from rlzoo.backends.fsdp2.sharding import ShardPlan, plan_shards
-from rlzoo.batch import Batch
+from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.protocols import Objective
 from rlzoo.kernel.settings import TrainSpec
 from rlzoo.train_kit import checkpoint as ckpt

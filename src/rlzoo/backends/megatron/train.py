@@ -53,7 +53,7 @@ from rlzoo.backends.megatron.convert import (
 from rlzoo.backends.megatron.hf import _load_hf_state_dict
 from rlzoo.backends.megatron.parallel import _init_distributed, _require_psutil, _seed
 from rlzoo.backends.megatron.vocab_parallel import tp_reductions, vocab_parallel_log_probs
-from rlzoo.batch import Batch
+from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.errors import import_optional
 from rlzoo.kernel.protocols import Objective
 from rlzoo.kernel.settings import TrainSpec

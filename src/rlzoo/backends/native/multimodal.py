@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rlzoo.batch import Batch
+from rlzoo.kernel.batch import Batch
 from rlzoo.train_kit.logprobs import DEFAULT_LOG_PROB_CHUNK, pad_response, token_log_probs, trim
 
 __all__ = [
@@ -171,7 +171,7 @@ def vl_token_log_probs(
     entropy ``[B, T]`` of the same distribution when ``with_entropy`` (else None).
 
     ``input_ids`` / ``attention_mask`` ``[B, P+T]`` (prompt left-padded to P, response right-padded
-    to T, :mod:`rlzoo.batch`), ``responses`` ``[B, T]``, ``images`` from :func:`collate_images`.
+    to T, :mod:`rlzoo.kernel.batch`), ``responses`` ``[B, T]``, ``images`` from :func:`collate_images`.
     Position ``P - 1 + t`` predicts response token ``t``; ``log softmax(logits / temperature)`` in
     fp32 by :func:`rlzoo.train_kit.logprobs.token_log_probs` (chunks of ``chunk_tokens`` positions, as the
     text path); zero where the response is padding. Gradients flow (call under ``torch.no_grad()`` for old / ref log-probs).

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from rlzoo.backends.native.train_params import NativeTrainParams
-from rlzoo.batch import Batch
+from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.protocols import Objective
 from rlzoo.kernel.settings import TrainSpec
 from rlzoo.train_kit import checkpoint as ckpt
