@@ -21,6 +21,7 @@ from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.protocols import AggContext
 from rlzoo.kernel.settings import MicroBatchSettings, OptimSettings, TrainSpec
 from rlzoo.models.tiny import tiny_qwen2_config
+from rlzoo.testing.backends import make_train_batch
 
 
 def qwen2_config(tiny: bool):  # type: ignore[no-untyped-def]
@@ -44,24 +45,15 @@ def qwen2_config(tiny: bool):  # type: ignore[no-untyped-def]
 
 
 def random_batch(B: int, P: int, T: int, vocab: int, seed: int) -> Batch:
+    """B samples with random prompt (P/2..P) and response (T/2..T) lengths and random token ids,
+    in the train layout of :func:`rlzoo.testing.backends.make_train_batch`."""
     g = torch.Generator().manual_seed(seed)
-    plen = torch.randint(P // 2, P + 1, (B,), generator=g)  # [B]
-    rlen = torch.randint(T // 2, T + 1, (B,), generator=g)  # [B]
-    cols = torch.arange(P + T)  # [P+T]
-    attn = ((cols >= P - plen[:, None]) & (cols < P + rlen[:, None])).long()  # [B, P+T]
-    ids = torch.randint(1, vocab, (B, P + T), generator=g) * attn  # [B, P+T]
-    mask = attn[:, P:].float()  # [B, T]
-    return Batch(
-        {
-            "input_ids": ids,
-            "attention_mask": attn,
-            "position_ids": (attn.cumsum(-1) - 1).clamp(min=0),
-            "responses": ids[:, P:],
-            "response_mask": mask,
-            "old_log_probs": -torch.rand(B, T, generator=g) * mask,
-            "advantages": torch.randn(B, T, generator=g) * mask,
-        }
-    )
+    plen = torch.randint(P // 2, P + 1, (B,), generator=g).tolist()
+    rlen = torch.randint(T // 2, T + 1, (B,), generator=g).tolist()
+    prompts = [torch.randint(1, vocab, (n,), generator=g).tolist() for n in plen]
+    responses = [torch.randint(1, vocab, (n,), generator=g).tolist() for n in rlen]
+    batch: Batch = make_train_batch(prompts, responses, seed)
+    return batch
 
 
 class TokenMeanPG:
