@@ -14,8 +14,13 @@ equal the ground truth.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl, param
+
+if TYPE_CHECKING:
+    from rlzoo.kernel.protocols import ScorerFn
+    from rlzoo.kernel.registry import PartFactory, Registrar
 
 _IMPL = "rlzoo.tasks._tools"
 
@@ -45,10 +50,10 @@ class ToolArithmeticScorerParams:
 
 
 @hookimpl
-def rlzoo_register_datasets(registry):  # type: ignore[no-untyped-def]
+def rlzoo_register_datasets(registry: Registrar[PartFactory]) -> None:
     registry.register("tool_arithmetic", f"{_IMPL}:prepare", params=ToolArithmeticDataParams)
 
 
 @hookimpl
-def rlzoo_register_scorers(registry):  # type: ignore[no-untyped-def]
+def rlzoo_register_scorers(registry: Registrar[ScorerFn]) -> None:
     registry.register("tool_arithmetic", f"{_IMPL}:score", params=ToolArithmeticScorerParams)

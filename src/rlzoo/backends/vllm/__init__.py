@@ -8,10 +8,13 @@ names, buckets) in :mod:`rlzoo.backends.vllm.logic`. See ``docs/backends/vllm.md
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlzoo import Registration, registers
+from rlzoo import hookimpl
 from rlzoo.kernel.params import param
+
+if TYPE_CHECKING:
+    from rlzoo.kernel.registry import PartFactory, Registrar
 
 __all__ = ["CPU_NO_SLEEP", "LOGPROBS_MODES", "VLLMRolloutParams"]
 
@@ -122,8 +125,9 @@ class VLLMRolloutParams:
         return []
 
 
-rlzoo_register_rollout_backends = registers(
-    Registration(
+@hookimpl
+def rlzoo_register_rollout_backends(registry: Registrar[PartFactory]) -> None:
+    registry.register(
         "vllm",
         "rlzoo.backends.vllm.rollout:VLLMRolloutBackend",
         params=VLLMRolloutParams,
@@ -135,5 +139,4 @@ rlzoo_register_rollout_backends = registers(
             "requires": "vllm",
             "extra": "vllm",
         },
-    ),
-)
+    )
