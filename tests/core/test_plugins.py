@@ -51,6 +51,19 @@ def test_builtins_are_ordinary_plugins(pm: PluginManager) -> None:
     assert pm.registry("advantage").get("grpo").plugin == "rlzoo.algorithms.advantage"
 
 
+def test_builtin_datasets_environments_and_tools_live_with_their_tasks(pm: PluginManager) -> None:
+    """One home for a task: its dataset, environment and tool are registered from ``rlzoo.tasks``,
+    never from ``rlzoo.algorithms`` (which holds algorithms only)."""
+    homes = {
+        (comp.kind, comp.name): comp.plugin
+        for kind in ("dataset", "environment", "tool")
+        for comp in pm.registry(kind)
+        if comp.plugin.startswith("rlzoo.")
+    }
+    assert homes[("environment", "tool_arithmetic")] == homes[("tool", "calc")] == "rlzoo.tasks.tools"
+    assert {p for p in homes.values() if not p.startswith("rlzoo.tasks.")} == set(), homes
+
+
 def test_registered_plugin_is_listed_and_its_parts_stamped(pm: PluginManager, fake_plugin: str) -> None:
     assert pm.get("advantage", "fake_adv").plugin == "fake"
     info = {i.name: i for i in pm.plugins()}["fake"]
