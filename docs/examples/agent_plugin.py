@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import rlzoo
-from rlzoo.kernel.protocols import AgentTurn, EnvStep, Tool
+from rlzoo.kernel.protocols import AgentTurn, EnvironmentFactory, EnvStep, Tool, ToolFactory
 
 
 @dataclass(frozen=True)
@@ -83,14 +83,14 @@ class GuessNumber:
 
 
 @rlzoo.hookimpl
-def rlzoo_register_tools(registry: Any) -> None:
+def rlzoo_register_tools(registry: rlzoo.Registrar[ToolFactory]) -> None:
     registry.register(
         "hint", lambda params: HintTool(params), params=HintParams, capabilities={"is_async": True}
     )
 
 
 @rlzoo.hookimpl
-def rlzoo_register_environments(registry: Any) -> None:
+def rlzoo_register_environments(registry: rlzoo.Registrar[EnvironmentFactory]) -> None:
     registry.register(
         "guess_number",
         GuessNumber,

@@ -2,8 +2,8 @@
 
 The names exported here are the public API. Importing rlzoo is cheap: it does not import torch.
 
-- :data:`hookimpl` marks a plugin's hook implementations (see :mod:`rlzoo.kernel.hookspecs`);
-  :func:`registers` declares a hook that registers fixed parts (:class:`Registration`).
+- :data:`hookimpl` marks a plugin's hook implementations (see :mod:`rlzoo.kernel.hookspecs`); a
+  ``rlzoo_register_<kind>s`` hook receives a :class:`Registrar` and calls its ``register`` per part.
 - :func:`param` declares a documented field of a part's params dataclass.
 - :func:`get_plugin_manager` gives the registries (``get_plugin_manager().registry("advantage")``).
 - :func:`build_run` composes a run from a recipe name, a config, or objects passed directly.
@@ -16,7 +16,7 @@ from rlzoo.kernel.hookspecs import hookimpl
 from rlzoo.kernel.kinds import KIND_NAMES, KINDS
 from rlzoo.kernel.params import param
 from rlzoo.kernel.plugins import get_plugin_manager, reset_plugin_manager
-from rlzoo.kernel.registry import Component, Registrar, Registration, Registry, registers
+from rlzoo.kernel.registry import Component, Registrar, Registry
 from rlzoo.recipe.compose import Run, build_run, part
 from rlzoo.version import __version__
 
@@ -27,7 +27,6 @@ __all__ = [
     "ConfigError",
     "PluginError",
     "Registrar",
-    "Registration",
     "Registry",
     "RlzooError",
     "Run",
@@ -38,6 +37,5 @@ __all__ = [
     "hookimpl",
     "param",
     "part",
-    "registers",
     "reset_plugin_manager",
 ]

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from rlzoo.agents.chat import ChatTemplate, TemplateTurnError
-from rlzoo.algorithms.agents import CalcParams
-from rlzoo.algorithms.functional.agents import CalcTool
 from rlzoo.kernel.protocols import Message
+from rlzoo.tasks._tools import CalcTool
+from rlzoo.tasks.tools import CalcParams
 
 # Qwen2.5-Instruct's chat template (Qwen/Qwen2.5-*-Instruct tokenizer_config.json), verbatim.
 QWEN25_TEMPLATE = """{%- if tools %}

@@ -15,11 +15,10 @@ from agents.helpers import ScriptedBackend, requests
 from rlzoo.agents.parsing import parse_tool_calls, schema_problems
 from rlzoo.agents.rollout import MultiTurnRollout, agent_metrics
 from rlzoo.agents.settings import MultiTurnSettings
-from rlzoo.algorithms.agents import CalcParams, ToolArithmeticParams
-from rlzoo.algorithms.functional.agents import CalcTool, ToolArithmetic
 from rlzoo.kernel.protocols import AgentTurn, EnvStep, Sample, Tool
 from rlzoo.models.tiny import build_tokenizer
-from rlzoo.tasks._tools import CHAT_TEMPLATE, WORDS
+from rlzoo.tasks._tools import CHAT_TEMPLATE, WORDS, CalcTool, ToolArithmetic
+from rlzoo.tasks.tools import CalcParams, ToolArithmeticParams
 from rlzoo.train.batching import rollout_metrics, samples_to_batch
 from rlzoo.train.failures import RewardFailureError, RewardFailures
 from rlzoo.train.rewards import score_samples

@@ -39,8 +39,8 @@ def parts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _rollout(parts: dict[str, Any], *, turns: int = 3) -> tuple[MultiTurnRollout, Recorder]:
-    from rlzoo.algorithms.agents import CalcParams
-    from rlzoo.algorithms.functional.agents import CalcTool
+    from rlzoo.tasks._tools import CalcTool
+    from rlzoo.tasks.tools import CalcParams
 
     cfg, tok, spec = parts["cfg"], parts["tok"], parts["spec"]
     inner = Recorder(cfg.rollout.backend.fn(cfg.rollout.backend.params, spec))

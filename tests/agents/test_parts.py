@@ -7,8 +7,8 @@ from fractions import Fraction
 
 import pytest
 
-from rlzoo.algorithms.functional.agents import evaluate
 from rlzoo.kernel.plugins import PluginManager
+from rlzoo.tasks._tools import evaluate
 from rlzoo.testing import EnvironmentConformance, ToolConformance
 
 
@@ -133,8 +133,8 @@ class _ToolsUndeclared:
         return EnvStep(messages=[], reward=0.0, done=True)
 
     def tools(self):  # type: ignore[no-untyped-def]
-        from rlzoo.algorithms.agents import CalcParams
-        from rlzoo.algorithms.functional.agents import CalcTool
+        from rlzoo.tasks._tools import CalcTool
+        from rlzoo.tasks.tools import CalcParams
 
         return [CalcTool(CalcParams())]
 

@@ -14,12 +14,11 @@ from agents.helpers import ScriptedBackend, requests
 from rlzoo.agents.rollout import MultiTurnRollout
 from rlzoo.agents.settings import MultiTurnSettings
 from rlzoo.algorithms.advantage import TokenGRPOParams
-from rlzoo.algorithms.agents import ToolArithmeticParams
 from rlzoo.algorithms.functional.advantage import token_grpo
-from rlzoo.algorithms.functional.agents import ToolArithmetic
 from rlzoo.kernel.protocols import AdvantageInputs, AgentTurn, EnvStep, Sample
 from rlzoo.models.tiny import build_tokenizer
-from rlzoo.tasks._tools import CHAT_TEMPLATE, WORDS
+from rlzoo.tasks._tools import CHAT_TEMPLATE, WORDS, ToolArithmetic
+from rlzoo.tasks.tools import ToolArithmeticParams
 from rlzoo.testing import AdvantageConformance
 from rlzoo.train.batching import samples_to_batch
 from rlzoo.train.rewards import score_samples

@@ -306,8 +306,8 @@ def test_multi_turn_on_vllm_trains_exactly_the_sampled_tokens(tmp_path) -> None:
     import rlzoo
     from rlzoo.agents.rollout import MultiTurnRollout
     from rlzoo.agents.settings import MultiTurnSettings
-    from rlzoo.algorithms.agents import CalcParams
-    from rlzoo.algorithms.functional.agents import CalcTool
+    from rlzoo.tasks._tools import CalcTool
+    from rlzoo.tasks.tools import CalcParams
     from rlzoo.train.batching import samples_to_batch
     from rlzoo.train.inputs import ensure_data, load_tokenizer, rollout_spec, train_spec
 

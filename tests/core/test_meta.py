@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 from pathlib import Path
 
 import pytest
 
 from rlzoo.kernel.kinds import KINDS
-from rlzoo.kernel.plugins import PluginManager
+from rlzoo.kernel.plugins import BUILTIN_PLUGINS, PluginManager
 from rlzoo.report.docgen import hook_functions
 from rlzoo.testing import component_problems
 
@@ -113,3 +115,119 @@ def test_check_ranges_refuses_nan_and_out_of_range() -> None:
         LoraSettings(dropout=1.0)
     with pytest.raises(ValueError, match="log_prob_chunk must be >= 0, got -1"):
         MicroBatchSettings(log_prob_chunk=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# one spelling of a registration: a typed hook function that calls registry.register
+# ---------------------------------------------------------------------------------------------
+EXAMPLE_PACKAGE = ROOT / "plugins" / "rlzoo-example" / "rlzoo_example"
+
+
+def _shipped_plugin_files() -> dict[str, Path]:
+    """Every built-in plugin module and every module of the example plugin (which authors copy)."""
+    files = {}
+    for modname in BUILTIN_PLUGINS:
+        spec = importlib.util.find_spec(modname)
+        assert spec is not None and spec.origin is not None, modname
+        files[modname] = Path(spec.origin)
+    for path in sorted(EXAMPLE_PACKAGE.rglob("*.py")):
+        files[f"rlzoo_example.{path.relative_to(EXAMPLE_PACKAGE).with_suffix('').as_posix()}"] = path
+    return files
+
+
+def _called_name(call: ast.Call) -> str:
+    f = call.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+
+
+def registration_problems(source: str, where: str) -> tuple[list[str], set[str]]:
+    """What in ``source`` registers parts other than the one way, and the registration hooks it
+    defines. The one way: a module-level ``@hookimpl def rlzoo_register_<kind>s(registry:
+    Registrar[...]) -> None`` whose body calls ``registry.register``, no ``# type: ignore`` on it."""
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    problems: list[str] = []
+    hooks: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _called_name(node) in ("registers", "Registration"):
+            problems.append(f"{where}:{node.lineno}: {_called_name(node)}(...) declares parts as data")
+    for node in tree.body:
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, (ast.AnnAssign, ast.AugAssign))
+            else []
+        )
+        for t in targets:
+            if isinstance(t, ast.Name) and t.id.startswith("rlzoo_register_"):
+                problems.append(f"{where}:{node.lineno}: {t.id} is assigned, not defined with def")
+        if not (isinstance(node, ast.FunctionDef) and node.name.startswith("rlzoo_register_")):
+            continue
+        hooks.add(node.name)
+        at = f"{where}:{node.lineno}: {node.name}"
+        first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        if any("type: ignore" in line for line in lines[first - 1 : node.end_lineno]):
+            problems.append(f"{at} carries a '# type: ignore'")
+        if not any("hookimpl" in ast.unparse(d) for d in node.decorator_list):
+            problems.append(f"{at} is not decorated with @hookimpl")
+        args = node.args.args
+        if [a.arg for a in args] != ["registry"] or args[0].annotation is None:
+            problems.append(f"{at} must take one argument, registry: Registrar[...]")
+        elif "Registrar" not in ast.unparse(args[0].annotation):
+            problems.append(
+                f"{at}: registry is annotated {ast.unparse(args[0].annotation)}, not Registrar[...]"
+            )
+        if node.returns is None or ast.unparse(node.returns) != "None":
+            problems.append(f"{at} must be annotated '-> None'")
+    return problems, hooks
+
+
+def test_every_shipped_plugin_registers_parts_one_way(pm: PluginManager) -> None:
+    """Built-ins and the example plugin register the way a third party does: no parts declared as
+    data, no untyped hook silenced with ``# type: ignore``. The walk reads the files Python loads
+    and finds every registration hook that pluggy found in each built-in."""
+    problems: list[str] = []
+    found: dict[str, set[str]] = {}
+    for modname, path in _shipped_plugin_files().items():
+        where = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
+        more, found[modname] = registration_problems(path.read_text(), where)
+        problems += more
+    assert not problems, "\n".join(problems)
+    loaded = {i.name: i for i in pm.plugins(include_all=True)}
+    for modname in BUILTIN_PLUGINS:
+        hooked = {h for h in loaded[modname].hooks if h.startswith("rlzoo_register_")}
+        assert found[modname] == hooked, (modname, found[modname], hooked)
+    assert found["rlzoo_example.plugin"] == {"rlzoo_register_advantages", "rlzoo_register_scorers"}
+
+
+@pytest.mark.parametrize(
+    ("source", "says"),
+    [
+        ("rlzoo_register_kls = registers(Registration('k', 'm:f'))\n", "declares parts as data"),
+        ("from x import hook\nrlzoo_register_kls = hook\n", "is assigned, not defined"),
+        (
+            "@hookimpl\ndef rlzoo_register_kls(registry):  # type: ignore[no-untyped-def]\n    pass\n",
+            "carries a '# type: ignore'",
+        ),
+        ("@hookimpl\ndef rlzoo_register_kls(registry):\n    pass\n", "registry: Registrar[...]"),
+        ("@hookimpl\ndef rlzoo_register_kls(registry: Registrar[KLFn]):\n    pass\n", "'-> None'"),
+        ("def rlzoo_register_kls(registry: Registrar[KLFn]) -> None:\n    pass\n", "not decorated"),
+        (
+            "@hookimpl\ndef rlzoo_register_kls(registry: Registrar[KLFn]) -> None:\n"
+            "    registry.register(*Registration('k', 'm:f'))\n",
+            "declares parts as data",
+        ),
+    ],
+)
+def test_the_registration_walk_refuses_the_other_spellings(source: str, says: str) -> None:
+    problems, _ = registration_problems(source, "plugin.py")
+    assert any(says in p for p in problems), problems
+
+
+def test_the_registration_walk_accepts_the_one_way() -> None:
+    source = (
+        "@hookimpl\ndef rlzoo_register_kls(registry: Registrar[KLFn]) -> None:\n"
+        "    registry.register('k', 'm:f', params=P)\n"
+    )
+    assert registration_problems(source, "plugin.py") == ([], {"rlzoo_register_kls"})

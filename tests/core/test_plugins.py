@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,6 +51,19 @@ def test_builtins_are_ordinary_plugins(pm: PluginManager) -> None:
     assert pm.registry("advantage").get("grpo").plugin == "rlzoo.algorithms.advantage"
 
 
+def test_builtin_datasets_environments_and_tools_live_with_their_tasks(pm: PluginManager) -> None:
+    """One home for a task: its dataset, environment and tool are registered from ``rlzoo.tasks``,
+    never from ``rlzoo.algorithms`` (which holds algorithms only)."""
+    homes = {
+        (comp.kind, comp.name): comp.plugin
+        for kind in ("dataset", "environment", "tool")
+        for comp in pm.registry(kind)
+        if comp.plugin.startswith("rlzoo.")
+    }
+    assert homes[("environment", "tool_arithmetic")] == homes[("tool", "calc")] == "rlzoo.tasks.tools"
+    assert {p for p in homes.values() if not p.startswith("rlzoo.tasks.")} == set(), homes
+
+
 def test_registered_plugin_is_listed_and_its_parts_stamped(pm: PluginManager, fake_plugin: str) -> None:
     assert pm.get("advantage", "fake_adv").plugin == "fake"
     info = {i.name: i for i in pm.plugins()}["fake"]
@@ -58,15 +72,18 @@ def test_registered_plugin_is_listed_and_its_parts_stamped(pm: PluginManager, fa
     assert info.parts == ["advantage:fake_adv", "scorer:fake_scorer"]
 
 
-def test_a_hook_declared_as_data_registers_its_parts(pm: PluginManager) -> None:
-    """``registers(Registration(...), ...)`` is a hook implementation like a hand-written one."""
+def test_a_module_plugin_registers_its_parts(pm: PluginManager) -> None:
+    """A module whose hook function calls ``registry.register`` (as every built-in does): aliases,
+    capabilities, the doc of the part and a lazy ``"module:attr"`` target."""
     import types
 
+    @rlzoo.hookimpl
+    def rlzoo_register_scorers(registry: rlzoo.Registrar[Any]) -> None:
+        registry.register("declared_b", _fn, capabilities={"batched": True}, aliases=("decl_b",))
+        registry.register("declared_a", "rlzoo.kernel.errors:closest")
+
     mod = types.ModuleType("declared_plugin")
-    mod.rlzoo_register_scorers = rlzoo.registers(  # type: ignore[attr-defined]
-        rlzoo.Registration("declared_b", _fn, capabilities={"batched": True}, aliases=("decl_b",)),
-        rlzoo.Registration("declared_a", "rlzoo.kernel.errors:closest"),
-    )
+    mod.rlzoo_register_scorers = rlzoo_register_scorers  # type: ignore[attr-defined]
     name = pm.register(mod, "declared")
     try:
         info = {i.name: i for i in pm.plugins()}["declared"]

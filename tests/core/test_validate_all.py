@@ -7,6 +7,7 @@ import contextlib
 import types
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -137,12 +138,12 @@ def _one_part(
     pm: PluginManager, plugin: str, kind: str, name: str, caps: dict[str, object]
 ) -> Iterator[None]:
     """Plugin ``plugin`` registers a fake part ``name`` of ``kind`` with ``caps``, for the block."""
+
+    def register(registry: rlzoo.Registrar[Any]) -> None:
+        registry.register(name, _fn, capabilities=caps)
+
     mod = types.ModuleType(plugin)
-    setattr(
-        mod,
-        rlzoo.kernel.kinds.KIND_BY_NAME[kind].hook,
-        rlzoo.registers(rlzoo.Registration(name, _fn, capabilities=caps)),
-    )
+    setattr(mod, rlzoo.kernel.kinds.KIND_BY_NAME[kind].hook, rlzoo.hookimpl(register))
     pm.register(mod, plugin)
     try:
         yield

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlzoo import hookimpl, param
+from rlzoo import Registrar, hookimpl, param
+from rlzoo.kernel.protocols import AdvantageFn, ScorerFn
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 
@@ -49,7 +50,7 @@ class KeywordParams:
 
 
 @hookimpl
-def rlzoo_register_advantages(registry) -> None:  # type: ignore[no-untyped-def]
+def rlzoo_register_advantages(registry: Registrar[AdvantageFn]) -> None:
     registry.register(
         "example_rloo",
         "rlzoo_example.advantage:example_rloo",  # imported on first use
@@ -59,7 +60,7 @@ def rlzoo_register_advantages(registry) -> None:  # type: ignore[no-untyped-def]
 
 
 @hookimpl
-def rlzoo_register_scorers(registry) -> None:  # type: ignore[no-untyped-def]
+def rlzoo_register_scorers(registry: Registrar[ScorerFn]) -> None:
     registry.register("example_keyword", "rlzoo_example.scorer:keyword_score", params=KeywordParams)
 
 

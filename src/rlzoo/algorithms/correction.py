@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from rlzoo import Registration, param, registers
+from rlzoo import hookimpl, param
+
+if TYPE_CHECKING:
+    from rlzoo.kernel.protocols import CorrectionFn
+    from rlzoo.kernel.registry import Registrar
 
 _IMPL = "rlzoo.algorithms.functional.correction"
 
@@ -180,10 +185,18 @@ class RejectionParams:
 
 
 _NEEDS_OLD = {"needs_old_log_probs": True}
-rlzoo_register_rollout_corrections = registers(
-    Registration("none", f"{_IMPL}:none", NoCorrectionParams, {"needs_old_log_probs": False}),
-    Registration("token_is", f"{_IMPL}:token_is", TokenISParams, _NEEDS_OLD, ("tis",)),
-    Registration("seq_is", f"{_IMPL}:seq_is", SeqISParams, {**_NEEDS_OLD, "sequence_level": True}),
-    Registration("icepop", f"{_IMPL}:icepop", IcePopParams, _NEEDS_OLD),
-    Registration("rejection", f"{_IMPL}:rejection", RejectionParams, _NEEDS_OLD),
-)
+
+
+@hookimpl
+def rlzoo_register_rollout_corrections(registry: Registrar[CorrectionFn]) -> None:
+    registry.register(
+        "none", f"{_IMPL}:none", params=NoCorrectionParams, capabilities={"needs_old_log_probs": False}
+    )
+    registry.register(
+        "token_is", f"{_IMPL}:token_is", params=TokenISParams, capabilities=_NEEDS_OLD, aliases=("tis",)
+    )
+    registry.register(
+        "seq_is", f"{_IMPL}:seq_is", params=SeqISParams, capabilities={**_NEEDS_OLD, "sequence_level": True}
+    )
+    registry.register("icepop", f"{_IMPL}:icepop", params=IcePopParams, capabilities=_NEEDS_OLD)
+    registry.register("rejection", f"{_IMPL}:rejection", params=RejectionParams, capabilities=_NEEDS_OLD)

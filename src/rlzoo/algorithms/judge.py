@@ -9,9 +9,12 @@ from __future__ import annotations
 import re
 import string
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlzoo import Registration, param, registers
+from rlzoo import hookimpl, param
+
+if TYPE_CHECKING:
+    from rlzoo.kernel.registry import PartFactory, Registrar
 
 #: the fields a judge template may name
 TEMPLATE_FIELDS = ("prompt", "response", "ground_truth", "data_source")
@@ -84,6 +87,6 @@ def check_template(template: str) -> None:
         )
 
 
-rlzoo_register_reward_managers = registers(
-    Registration("judge", "rlzoo.algorithms.functional.judge:JudgeManager", JudgeParams)
-)
+@hookimpl
+def rlzoo_register_reward_managers(registry: Registrar[PartFactory]) -> None:
+    registry.register("judge", "rlzoo.algorithms.functional.judge:JudgeManager", params=JudgeParams)

@@ -7,9 +7,12 @@ transformers are imported when it first scores. See ``docs/components/reward_mod
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from rlzoo import Registration, param, registers
+from rlzoo import hookimpl, param
+
+if TYPE_CHECKING:
+    from rlzoo.kernel.registry import PartFactory, Registrar
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,10 @@ class RewardModelParams:
     )
 
 
-rlzoo_register_reward_managers = registers(
-    Registration(
-        "reward_model", "rlzoo.algorithms.functional.reward_model:RewardModelManager", RewardModelParams
+@hookimpl
+def rlzoo_register_reward_managers(registry: Registrar[PartFactory]) -> None:
+    registry.register(
+        "reward_model",
+        "rlzoo.algorithms.functional.reward_model:RewardModelManager",
+        params=RewardModelParams,
     )
-)

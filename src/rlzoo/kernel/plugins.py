@@ -47,7 +47,6 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlzoo.algorithms.correction",
     "rlzoo.algorithms.filters",
     "rlzoo.algorithms.scorers",
-    "rlzoo.algorithms.agents",
     "rlzoo.algorithms.reward",
     "rlzoo.algorithms.reward_model",
     "rlzoo.algorithms.judge",

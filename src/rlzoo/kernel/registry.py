@@ -1,10 +1,11 @@
 """One registry class for every kind of part.
 
 A plugin's ``rlzoo_register_<kind>s`` hook receives a :class:`Registrar` (a registry bound to the
-plugin's name) and calls :meth:`Registrar.register` once per part::
+plugin's name), typed with the kind's Protocol from :mod:`rlzoo.kernel.protocols`, and calls
+:meth:`Registrar.register` once per part::
 
     @rlzoo.hookimpl
-    def rlzoo_register_advantages(registry):
+    def rlzoo_register_advantages(registry: rlzoo.Registrar[AdvantageFn]) -> None:
         registry.register(
             "rloo",
             "my_pkg.adv:compute_rloo",       # or the function object itself
@@ -14,12 +15,6 @@ plugin's name) and calls :meth:`Registrar.register` once per part::
 
 The part may be given as an object or as a ``"module:attr"`` string that is imported on first use,
 so listing parts never imports torch, ray, vllm or megatron.
-
-A hook that only registers fixed parts can be declared as data instead (:func:`registers`)::
-
-    rlzoo_register_advantages = registers(
-        Registration("rloo", "my_pkg.adv:compute_rloo", params=RLOOParams, capabilities={...})
-    )
 """
 
 from __future__ import annotations
@@ -34,7 +29,6 @@ from typing import Any, Generic, TypeVar
 
 from rlzoo.kernel.capabilities import capability_record
 from rlzoo.kernel.errors import DuplicateComponentError, UnknownComponentError, closest
-from rlzoo.kernel.hookspecs import hookimpl
 from rlzoo.kernel.kinds import KIND_BY_NAME
 
 T = TypeVar("T")
@@ -296,30 +290,6 @@ class Registrar(Generic[T]):
             capabilities=capabilities,
             aliases=aliases,
         )
-
-
-@dataclass(frozen=True)
-class Registration:
-    """One part a registration hook registers, as data: the arguments of :meth:`Registrar.register`."""
-
-    name: str
-    target: Any
-    params: type | None = None
-    capabilities: Mapping[str, Any] | None = None
-    aliases: tuple[str, ...] = ()
-
-
-def registers(*parts: Registration) -> Callable[[Registrar[Any]], None]:
-    """A registration hook implementation that registers ``parts`` in order; assign it to the hook's
-    name in the plugin module (``rlzoo_register_train_backends = registers(Registration(...))``)."""
-
-    def register_parts(registry: Registrar[Any]) -> None:
-        for p in parts:
-            registry.register(
-                p.name, p.target, params=p.params, capabilities=p.capabilities, aliases=p.aliases
-            )
-
-    return hookimpl(register_parts)
 
 
 PartFactory = Callable[..., Any]

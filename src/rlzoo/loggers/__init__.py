@@ -10,9 +10,13 @@ package) is imported only when a run uses it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlzoo.kernel.hookspecs import hookimpl
 from rlzoo.kernel.params import param
+
+if TYPE_CHECKING:
+    from rlzoo.kernel.registry import PartFactory, Registrar
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,7 @@ class MLflowParams:
 
 
 @hookimpl
-def rlzoo_register_loggers(registry):  # type: ignore[no-untyped-def]
+def rlzoo_register_loggers(registry: Registrar[PartFactory]) -> None:
     registry.register("console", "rlzoo.loggers.builtin:ConsoleLogger", params=ConsoleParams)
     registry.register("jsonl", "rlzoo.loggers.builtin:JsonlLogger", params=JsonlParams)
     registry.register("tensorboard", "rlzoo.loggers.builtin:TensorBoardLogger", params=TensorBoardParams)

@@ -6,12 +6,17 @@ source classes themselves. Import-light: a source's code is imported only when a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rlzoo import hookimpl
 from rlzoo.sources.params import FullyAsyncParams, OneStepOffParams, SyncParams
 
+if TYPE_CHECKING:
+    from rlzoo.kernel.registry import PartFactory, Registrar
+
 
 @hookimpl
-def rlzoo_register_runners(registry):  # type: ignore[no-untyped-def]
+def rlzoo_register_runners(registry: Registrar[PartFactory]) -> None:
     both = {"placements": ["local", "ray"]}
     registry.register("sync", "rlzoo.sources.sync:GenerateNow", params=SyncParams, capabilities=both)
     registry.register(

@@ -9,8 +9,12 @@ schema of :mod:`rlzoo.data.schema`); ``rlzoo prepare NAME [key=value ...]`` runs
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from rlzoo import Registration, param, registers
+from rlzoo import hookimpl, param
+
+if TYPE_CHECKING:
+    from rlzoo.kernel.registry import PartFactory, Registrar
 
 _SOURCE_HELP = (
     "hub dataset name, or a local path: a folder of parquet/json/arrow files (a downloaded hub "
@@ -93,17 +97,29 @@ class Aime2024Params:
     dedup: bool = param(False, help="drop rows whose prompt repeats an earlier row's prompt")
 
 
-def _preparer(
-    name: str, params: type, *, modalities: tuple[str, ...] = ("text",), alias: str = ""
-) -> Registration:
-    """Dataset ``name``: its preparer is ``prepare`` in :mod:`rlzoo.tasks.prepare` ``.<name>``."""
-    caps = {"modalities": modalities}
-    return Registration(name, f"rlzoo.tasks.prepare.{name}:prepare", params, caps, (alias,) if alias else ())
-
-
-rlzoo_register_datasets = registers(
-    _preparer("geometry3k", Geometry3kParams, modalities=("text", "image"), alias="geo3k"),
-    _preparer("gsm8k", GSM8KParams),
-    _preparer("dapo_math", DapoMathParams, alias="dapo-math-17k"),
-    _preparer("aime2024", Aime2024Params, alias="aime-2024"),
-)
+@hookimpl
+def rlzoo_register_datasets(registry: Registrar[PartFactory]) -> None:
+    # each preparer is ``prepare`` in rlzoo.tasks.prepare.<name>
+    text = {"modalities": ("text",)}
+    registry.register(
+        "geometry3k",
+        "rlzoo.tasks.prepare.geometry3k:prepare",
+        params=Geometry3kParams,
+        capabilities={"modalities": ("text", "image")},
+        aliases=("geo3k",),
+    )
+    registry.register("gsm8k", "rlzoo.tasks.prepare.gsm8k:prepare", params=GSM8KParams, capabilities=text)
+    registry.register(
+        "dapo_math",
+        "rlzoo.tasks.prepare.dapo_math:prepare",
+        params=DapoMathParams,
+        capabilities=text,
+        aliases=("dapo-math-17k",),
+    )
+    registry.register(
+        "aime2024",
+        "rlzoo.tasks.prepare.aime2024:prepare",
+        params=Aime2024Params,
+        capabilities=text,
+        aliases=("aime-2024",),
+    )

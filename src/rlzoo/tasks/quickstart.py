@@ -22,8 +22,13 @@ Registered parts: dataset ``quickstart`` (writes train/val parquet, tokenizer an
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from rlzoo import Registration, param, registers
+from rlzoo import hookimpl, param
+
+if TYPE_CHECKING:
+    from rlzoo.kernel.protocols import ScorerFn
+    from rlzoo.kernel.registry import PartFactory, Registrar
 
 _IMPL = "rlzoo.tasks._quickstart"
 
@@ -59,5 +64,11 @@ class QuickstartScorerParams:
     """Quickstart scorer: 1.0 when the response's first word equals the answer, else 0.0."""
 
 
-rlzoo_register_datasets = registers(Registration("quickstart", f"{_IMPL}:prepare", QuickstartDataParams))
-rlzoo_register_scorers = registers(Registration("quickstart", f"{_IMPL}:score", QuickstartScorerParams))
+@hookimpl
+def rlzoo_register_datasets(registry: Registrar[PartFactory]) -> None:
+    registry.register("quickstart", f"{_IMPL}:prepare", params=QuickstartDataParams)
+
+
+@hookimpl
+def rlzoo_register_scorers(registry: Registrar[ScorerFn]) -> None:
+    registry.register("quickstart", f"{_IMPL}:score", params=QuickstartScorerParams)

@@ -16,9 +16,13 @@ Import-light: the params and the registration only; the code is in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlzoo import Registration, param, registers
+from rlzoo import hookimpl, param
+
+if TYPE_CHECKING:
+    from rlzoo.kernel.protocols import ScorerFn
+    from rlzoo.kernel.registry import PartFactory, Registrar
 
 _IMPL = "rlzoo.tasks._reasoning_gym"
 _NEEDS = {"requires": "reasoning-gym", "extra": "reasoning-gym"}
@@ -70,9 +74,13 @@ class ReasoningGymScorerParams:
 
 
 _TEXT = {"modalities": ("text",), **_NEEDS}
-rlzoo_register_datasets = registers(
-    Registration("reasoning_gym", f"{_IMPL}:prepare", ReasoningGymDataParams, _TEXT)
-)
-rlzoo_register_scorers = registers(
-    Registration("reasoning_gym", f"{_IMPL}:score", ReasoningGymScorerParams, _NEEDS)
-)
+
+
+@hookimpl
+def rlzoo_register_datasets(registry: Registrar[PartFactory]) -> None:
+    registry.register("reasoning_gym", f"{_IMPL}:prepare", params=ReasoningGymDataParams, capabilities=_TEXT)
+
+
+@hookimpl
+def rlzoo_register_scorers(registry: Registrar[ScorerFn]) -> None:
+    registry.register("reasoning_gym", f"{_IMPL}:score", params=ReasoningGymScorerParams, capabilities=_NEEDS)

@@ -18,8 +18,12 @@ it was converted from).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl, param
+
+if TYPE_CHECKING:
+    from rlzoo.kernel.registry import PartFactory, Registrar
 
 _IMPL = "rlzoo.tasks._smollm2"
 
@@ -69,7 +73,7 @@ class SmolLM2ArithParams:
 
 
 @hookimpl
-def rlzoo_register_datasets(registry):  # type: ignore[no-untyped-def]
+def rlzoo_register_datasets(registry: Registrar[PartFactory]) -> None:
     registry.register(
         "smollm2", f"{_IMPL}:prepare_model", params=SmolLM2Params, capabilities={"modalities": ("text",)}
     )

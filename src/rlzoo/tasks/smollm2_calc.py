@@ -21,10 +21,14 @@ Import-light: the params and the registration only; the code is in :mod:`rlzoo.t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlzoo import hookimpl, param
 from rlzoo.recipe.types import Selection
+
+if TYPE_CHECKING:
+    from rlzoo.kernel.protocols import EnvironmentFactory
+    from rlzoo.kernel.registry import PartFactory, Registrar
 
 _IMPL = "rlzoo.tasks._smollm2_calc"
 
@@ -84,7 +88,7 @@ class SmolLM2CalcEnvParams:
 
 
 @hookimpl
-def rlzoo_register_datasets(registry):  # type: ignore[no-untyped-def]
+def rlzoo_register_datasets(registry: Registrar[PartFactory]) -> None:
     registry.register(
         "smollm2_calc",
         f"{_IMPL}:prepare",
@@ -94,5 +98,5 @@ def rlzoo_register_datasets(registry):  # type: ignore[no-untyped-def]
 
 
 @hookimpl
-def rlzoo_register_environments(registry):  # type: ignore[no-untyped-def]
+def rlzoo_register_environments(registry: Registrar[EnvironmentFactory]) -> None:
     registry.register("smollm2_calc", f"{_IMPL}:make_env", params=SmolLM2CalcEnvParams)

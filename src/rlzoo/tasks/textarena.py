@@ -15,8 +15,13 @@ Import-light: the params and the registration only; the code is in :mod:`rlzoo.t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from rlzoo import Registration, param, registers
+from rlzoo import hookimpl, param
+
+if TYPE_CHECKING:
+    from rlzoo.kernel.protocols import EnvironmentFactory
+    from rlzoo.kernel.registry import PartFactory, Registrar
 
 _IMPL = "rlzoo.tasks._textarena"
 _NEEDS = {"requires": "textarena", "extra": "textarena"}
@@ -61,7 +66,13 @@ class TextArenaEnvParams:
 
 
 _TEXT = {"modalities": ("text",), **_NEEDS}
-rlzoo_register_datasets = registers(Registration("textarena", f"{_IMPL}:prepare", TextArenaDataParams, _TEXT))
-rlzoo_register_environments = registers(
-    Registration("textarena", f"{_IMPL}:make_env", TextArenaEnvParams, _NEEDS)
-)
+
+
+@hookimpl
+def rlzoo_register_datasets(registry: Registrar[PartFactory]) -> None:
+    registry.register("textarena", f"{_IMPL}:prepare", params=TextArenaDataParams, capabilities=_TEXT)
+
+
+@hookimpl
+def rlzoo_register_environments(registry: Registrar[EnvironmentFactory]) -> None:
+    registry.register("textarena", f"{_IMPL}:make_env", params=TextArenaEnvParams, capabilities=_NEEDS)

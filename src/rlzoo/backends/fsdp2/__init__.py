@@ -6,11 +6,14 @@ The implementation lives in :mod:`rlzoo.backends.fsdp2.train`; see ``docs/backen
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from rlzoo import Registration, registers
+from rlzoo import hookimpl
 from rlzoo.kernel.params import param
 from rlzoo.train_kit.params import HFTrainParams
+
+if TYPE_CHECKING:
+    from rlzoo.kernel.registry import PartFactory, Registrar
 
 __all__ = ["FSDP2Params"]
 
@@ -71,8 +74,9 @@ class FSDP2Params(HFTrainParams):
             )
 
 
-rlzoo_register_train_backends = registers(
-    Registration(
+@hookimpl
+def rlzoo_register_train_backends(registry: Registrar[PartFactory]) -> None:
+    registry.register(
         "fsdp2",
         "rlzoo.backends.fsdp2.train:FSDP2TrainBackend",
         params=FSDP2Params,
@@ -83,5 +87,4 @@ rlzoo_register_train_backends = registers(
             "supplies_sum_pi_squared": True,
             "supports_lora": True,
         },
-    ),
-)
+    )

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from rlzoo import Registration, registers
+from rlzoo import hookimpl
 from rlzoo.kernel.params import param
+
+if TYPE_CHECKING:
+    from rlzoo.kernel.registry import PartFactory, Registrar
 
 __all__ = ["MegatronParams"]
 
@@ -129,8 +133,9 @@ class MegatronParams:
             raise ValueError("invalid megatron train params: " + "; ".join(problems))
 
 
-rlzoo_register_train_backends = registers(
-    Registration(
+@hookimpl
+def rlzoo_register_train_backends(registry: Registrar[PartFactory]) -> None:
+    registry.register(
         "megatron",
         "rlzoo.backends.megatron.train:MegatronTrainBackend",
         params=MegatronParams,
@@ -141,5 +146,4 @@ rlzoo_register_train_backends = registers(
             "requires": "megatron-core",
             "extra": "megatron",
         },
-    ),
-)
+    )

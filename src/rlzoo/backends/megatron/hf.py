@@ -128,10 +128,9 @@ def export_hf(backend: MegatronTrainBackend, path: str | Path) -> None:
             raise RuntimeError(f"export_hf failed on rank 0: {error[0]}")
 
 
-def hf_model(
-    backend: MegatronTrainBackend, state: Mapping[str, Tensor]
-) -> Any:  # a transformers PreTrainedModel
-    """The base model's HF class holding ``state`` (full HF-named tensors of the text decoder)."""
+def hf_model(backend: MegatronTrainBackend, state: Mapping[str, Tensor]) -> Any:
+    """The base model's HF class (a transformers ``PreTrainedModel``) holding ``state`` (full
+    HF-named tensors of the text decoder)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from rlzoo.models.processor import has_vision_config

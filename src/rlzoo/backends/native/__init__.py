@@ -6,12 +6,19 @@ and the tests use, and the reference the distributed backends are checked agains
 
 from __future__ import annotations
 
-from rlzoo import Registration, registers
+from typing import TYPE_CHECKING
+
+from rlzoo import hookimpl
 from rlzoo.backends.native.rollout_params import NativeRolloutParams
 from rlzoo.backends.native.train_params import NativeTrainParams
 
-rlzoo_register_train_backends = registers(
-    Registration(
+if TYPE_CHECKING:
+    from rlzoo.kernel.registry import PartFactory, Registrar
+
+
+@hookimpl
+def rlzoo_register_train_backends(registry: Registrar[PartFactory]) -> None:
+    registry.register(
         "native",
         "rlzoo.backends.native.train:NativeTrainBackend",
         params=NativeTrainParams,
@@ -22,12 +29,12 @@ rlzoo_register_train_backends = registers(
             "supplies_sum_pi_squared": True,
             "supports_lora": True,
         },
-    ),
-)
+    )
 
 
-rlzoo_register_rollout_backends = registers(
-    Registration(
+@hookimpl
+def rlzoo_register_rollout_backends(registry: Registrar[PartFactory]) -> None:
+    registry.register(
         "native",
         "rlzoo.backends.native.rollout:NativeRolloutBackend",
         params=NativeRolloutParams,
@@ -37,5 +44,4 @@ rlzoo_register_rollout_backends = registers(
             "supports_lora": True,
             "devices": ["cpu", "cuda"],
         },
-    ),
-)
+    )

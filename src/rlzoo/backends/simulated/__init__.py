@@ -8,9 +8,13 @@ They burn wall-clock time instead of compute, with the cost model of a real depl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from rlzoo import Registration, registers
+from rlzoo import hookimpl
 from rlzoo.kernel.params import param
+
+if TYPE_CHECKING:
+    from rlzoo.kernel.registry import PartFactory, Registrar
 
 
 @dataclass(frozen=True)
@@ -55,21 +59,21 @@ class SimulatedTrainParams:
     )
 
 
-rlzoo_register_rollout_backends = registers(
-    Registration(
+@hookimpl
+def rlzoo_register_rollout_backends(registry: Registrar[PartFactory]) -> None:
+    registry.register(
         "simulated",
         "rlzoo.backends.simulated.backend:SimulatedRolloutBackend",
         params=SimulatedRolloutParams,
         capabilities={"supports_partial_rollout": True, "supports_streaming": True, "devices": ["cpu"]},
-    ),
-)
+    )
 
 
-rlzoo_register_train_backends = registers(
-    Registration(
+@hookimpl
+def rlzoo_register_train_backends(registry: Registrar[PartFactory]) -> None:
+    registry.register(
         "simulated",
         "rlzoo.backends.simulated.backend:SimulatedTrainBackend",
         params=SimulatedTrainParams,
         capabilities={"devices": ["cpu"], "supports_critic": True, "distributed": False},
-    ),
-)
+    )

@@ -8,9 +8,13 @@ names, buckets) in :mod:`rlzoo.backends.vllm.logic`. See ``docs/backends/vllm.md
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from rlzoo import Registration, registers
+from rlzoo import hookimpl
 from rlzoo.kernel.params import param
+
+if TYPE_CHECKING:
+    from rlzoo.kernel.registry import PartFactory, Registrar
 
 __all__ = ["LOGPROBS_MODES", "VLLMRolloutParams"]
 
@@ -101,8 +105,9 @@ class VLLMRolloutParams:
             raise ValueError("invalid vllm rollout params: " + "; ".join(problems))
 
 
-rlzoo_register_rollout_backends = registers(
-    Registration(
+@hookimpl
+def rlzoo_register_rollout_backends(registry: Registrar[PartFactory]) -> None:
+    registry.register(
         "vllm",
         "rlzoo.backends.vllm.rollout:VLLMRolloutBackend",
         params=VLLMRolloutParams,
@@ -114,5 +119,4 @@ rlzoo_register_rollout_backends = registers(
             "requires": "vllm",
             "extra": "vllm",
         },
-    ),
-)
+    )
