@@ -133,7 +133,7 @@ class BatchSurgery:
         first: list[_Seq] = []  # a member of each distinct context
         which = []
         for s in joiners:
-            mm = self.calls.images(s) if self.calls.vl else None
+            mm = self.calls.images(s.request) if self.calls.vl else None
             key = (tuple(s.tokens[:-1]), None if mm is None else id(mm))
             if key not in rows:
                 rows[key] = len(rows)
@@ -165,7 +165,7 @@ class BatchSurgery:
                 device=dev,
             ).reshape(len(chunk), p)  # [c, P]
             cache, deltas = self.calls.prefill(
-                ids, mask, [self.calls.images(first[k]) for k in chunk] if self.calls.vl else None
+                ids, mask, [self.calls.images(first[k].request) for k in chunk] if self.calls.vl else None
             )
             expand = torch.tensor(
                 [chunk_rows[which[i]] for i in members], dtype=torch.long, device=dev
@@ -290,5 +290,5 @@ class BatchSurgery:
             return
         self.calls.stats["recomputes"] += 1
         b.cache, _ = self.calls.prefill(
-            b.ctx_ids, b.ctx_mask, [self.calls.images(s) for s in b.seqs] if self.calls.vl else None
+            b.ctx_ids, b.ctx_mask, [self.calls.images(s.request) for s in b.seqs] if self.calls.vl else None
         )

@@ -553,7 +553,7 @@ class NativeEngine:
     def _recompute_logits(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, None]:
         if self._vl:  # the whole context again: the rows' pixels and M-RoPE positions
             pos, _, extra = self._calls.vl_inputs(
-                ids, mask, [self._calls.images(s) for s in self._rows.batch.seqs]
+                ids, mask, [self._calls.images(s.request) for s in self._rows.batch.seqs]
             )
             logits, _ = self._calls.forward(ids, mask, pos, None, want_cache=False, extra=extra)
             return logits, None

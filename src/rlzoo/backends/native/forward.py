@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from rlzoo.backends.native.batch import _Seq
+    from rlzoo.kernel.protocols import GenerationRequest
 
 
 class ModelCalls:
@@ -117,7 +117,7 @@ class ModelCalls:
         return pos, deltas.reshape(-1).to(device=self.device, dtype=torch.long), extra
 
     @staticmethod
-    def images(s: _Seq) -> dict[str, Any] | None:
-        """The pixel inputs of a sequence's prompt (None: text only)."""
-        mm = s.request.multi_modal
+    def images(request: GenerationRequest) -> dict[str, Any] | None:
+        """The pixel inputs of a request's prompt (None: text only)."""
+        mm = request.multi_modal
         return mm if mm and "pixel_values" in mm else None
