@@ -344,5 +344,5 @@ def test_an_objective_without_needs_entropy_is_refused_with_the_contract() -> No
     def plain(mb, log_probs, entropy):  # type: ignore[no-untyped-def]
         return log_probs.sum(), {}
 
-    with pytest.raises(TypeError, match=r"not an rlzoo\.protocols\.Objective.*needs_entropy"):
+    with pytest.raises(TypeError, match=r"not an rlzoo\.kernel\.protocols\.Objective.*needs_entropy"):
         be.update_policy(sample_batch(), plain)
