@@ -136,7 +136,9 @@ def test_cli_commands_hook(
     assert "rlzoo every-hook hello" in capsys.readouterr().out
 
 
-def test_a_plugin_command_cannot_take_a_builtin_name(pm: PluginManager, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_plugin_command_cannot_take_a_builtin_name(
+    pm: PluginManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from rlzoo import cli
     from rlzoo.kernel import plugins as plugins_mod
 

@@ -128,7 +128,9 @@ def export_hf(backend: MegatronTrainBackend, path: str | Path) -> None:
             raise RuntimeError(f"export_hf failed on rank 0: {error[0]}")
 
 
-def hf_model(backend: MegatronTrainBackend, state: Mapping[str, Tensor]) -> Any:  # a transformers PreTrainedModel
+def hf_model(
+    backend: MegatronTrainBackend, state: Mapping[str, Tensor]
+) -> Any:  # a transformers PreTrainedModel
     """The base model's HF class holding ``state`` (full HF-named tensors of the text decoder)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
