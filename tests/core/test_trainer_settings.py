@@ -49,7 +49,7 @@ def test_the_fsdp2_backend_built_from_the_switched_recipe_trains_at_its_lr() -> 
     be = sel.fn(sel.params, train_spec(cfg, 6, TOKENIZER), model=model)
     try:
         assert [g["lr"] for g in be.optimizer.param_groups] == [3e-3]
-        assert be.lr_at(0) == 3e-3  # constant schedule, no warmup (the recipe's)
+        assert be.schedule.lr(0) == 3e-3  # constant schedule, no warmup (the recipe's)
     finally:
         be.shutdown()
 

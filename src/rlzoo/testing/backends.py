@@ -560,6 +560,26 @@ class TrainBackendContract(BackendContract):
         assert m["actor/skipped_steps"] == 1.0, m
         self._close(after, before, "log-probs after a skipped (NaN) step", 0.0)
 
+    def test_an_update_counts_its_steps_and_reports_the_step_metrics(self) -> None:
+        """``version`` counts the actor steps taken, a skipped one not; every update reports the train
+        kit's step metrics (``rlzoo.train_kit.update.step_metrics``) at the schedule's LR."""
+        self.require()
+        batch = _random_batch(4)
+        b = self.make()
+        try:
+            taken = b.update_policy(batch, TokenMeanObjective(batch))
+            after_taken = b.version
+            skipped = b.update_policy(batch, NonFiniteObjective(batch))
+            after_skipped = b.version
+        finally:
+            b.shutdown()
+        keys = {"loss", "grad_norm", "lr", "skipped_steps", "num_micro_batches"}
+        for m in (taken, skipped):
+            assert {f"actor/{k}" for k in keys} <= set(m), m
+        assert (taken["actor/skipped_steps"], skipped["actor/skipped_steps"]) == (0.0, 1.0)
+        assert (after_taken, after_skipped) == (1, 1)
+        assert taken["actor/num_micro_batches"] >= 1
+
     def test_checkpoint_save_load_next_update_identical(self) -> None:
         self.require()
         b1, b2 = _random_batch(2), _random_batch(3)

@@ -1,18 +1,22 @@
-"""Train kit: the LR schedule and the micro-batch update every train backend runs.
+"""Train kit: the LR schedule and the pieces of the update every train backend runs.
+
+A backend owns its update: its ``update_policy`` / ``update_critic`` picks the LR of its next step
+from :class:`LRSchedule`, hands its own forward (a closure) and micro-batches to the functions
+below, and counts the steps it took. Nothing here calls a backend or reads its attributes.
 
 - :class:`LRSchedule`: the LR of optimizer step ``s`` (0-based) of the actor or the critic, a pure
   function of ``s`` and ``trainer.optim`` (:func:`lr_multiplier`: verl's / HF's schedules), and
   the record of its position a checkpoint keeps.
+- :func:`needs_entropy`: whether an objective wants the per-token entropy (its declared contract).
 - :func:`accumulate`: the micro-batch loop of one update: forward, ``objective(mb, out, entropy)``,
   ``loss.backward()`` per micro-batch; gradients accumulate unscaled (the objective normalises by
   the mini-batch's global counts). ``None`` micro-batches are dummy passes (loss times zero) that
   keep a rank's collectives in step with the others'.
-- :func:`optimizer_step`: clip, then step at the scheduled LR unless the loss or the gradient
-  norm is not finite (the step is skipped and the gradients dropped); :func:`step_metrics`.
+- :func:`optimizer_step`: clip, then step at the scheduled LR (:func:`set_lr`) unless the loss or
+  the gradient norm is not finite (the step is skipped and the gradients dropped);
+  :func:`warn_skipped` and :func:`step_metrics` say what happened.
 - :func:`run_update`: one step of a :class:`Target` (the actor or the critic): the two above, with
   a data-parallel backend's :class:`Ranks` (loss sum, skip verdict, metrics merge) around them.
-- :func:`policy_update` / :func:`critic_update`: one actor / critic step of a backend that
-  declares :class:`Updates`; the step counters count the steps not skipped.
 """
 
 from __future__ import annotations
@@ -36,16 +40,16 @@ __all__ = [
     "OneProcess",
     "Ranks",
     "Target",
-    "Updates",
     "accumulate",
     "clip_grad_norm",
-    "critic_update",
     "lr_multiplier",
     "mean_metrics",
+    "needs_entropy",
     "optimizer_step",
-    "policy_update",
     "run_update",
+    "set_lr",
     "step_metrics",
+    "warn_skipped",
 ]
 
 logger = logging.getLogger(__name__)
@@ -179,37 +183,15 @@ class OneProcess:
         return mean_metrics(collected)
 
 
-class Updates(Protocol):
-    """What :func:`policy_update` / :func:`critic_update` drive: a train backend's models, their
-    optimizers, step counters and schedule, its forwards and its :func:`accumulate`-based step."""
-
-    version: int
-    critic_steps: int
-
-    @property
-    def spec(self) -> TrainSpec: ...
-    @property
-    def temperature(self) -> float: ...
-    @property
-    def schedule(self) -> LRSchedule: ...
-    @property
-    def actor(self) -> Any: ...
-    @property
-    def optimizer(self) -> torch.optim.Optimizer: ...
-    @property
-    def critic(self) -> Any: ...
-    @property
-    def critic_optimizer(self) -> torch.optim.Optimizer | None: ...
-
-    def _actor_forward(
-        self, module: nn.Module, mb: Batch, *, with_entropy: bool, temperature: float
-    ) -> tuple[Tensor, Tensor | None]: ...
-
-    def _critic_forward(self, mb: Batch) -> Tensor: ...
-
-    def _update(
-        self, mini_batch: Batch, objective: Objective, forward: Forward, target: Target
-    ) -> dict[str, float]: ...
+def needs_entropy(objective: Objective) -> bool:
+    """Whether ``objective`` wants the per-token entropy (its declared ``needs_entropy``)."""
+    try:
+        return bool(objective.needs_entropy)
+    except AttributeError:
+        raise TypeError(
+            f"update_policy: {objective!r} is not an rlzoo.kernel.protocols.Objective: it declares no "
+            "needs_entropy (a bool: whether the backend computes and passes the per-token entropy)"
+        ) from None
 
 
 def accumulate(
@@ -271,18 +253,7 @@ def run_update(
         agree=ranks.agree,
     )
     if skipped and ranks.rank == 0:
-        logger.warning(
-            "%s update skipped%s: non-finite %s (loss=%s, grad_norm=%s); gradients dropped",
-            target.prefix,
-            "" if ranks.world == 1 else f" on all {ranks.world} ranks",
-            "loss or grad norm"
-            if ranks.world > 1
-            else "loss"
-            if not math.isfinite(loss_value)
-            else "grad norm",
-            loss_value,
-            norm_value,
-        )
+        warn_skipped(target.prefix, loss=loss_value, grad_norm=norm_value, world=ranks.world)
     metrics = ranks.metrics(collected, objective, mark)
     metrics.update(
         step_metrics(
@@ -340,53 +311,28 @@ def optimizer_step(
     bad = not (math.isfinite(loss_value) and math.isfinite(norm_value))
     skipped = agree(bad) if agree is not None else bad
     if not skipped:
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss_value, norm_value, skipped
 
 
-def policy_update(backend: Updates, mini_batch: Batch, objective: Objective) -> dict[str, float]:
-    """``backend.update_policy``: one actor step through ``backend._update`` at ``schedule.lr(version)``;
-    ``version`` counts the steps not skipped."""
-    try:
-        needs_entropy = bool(objective.needs_entropy)
-    except AttributeError:
-        raise TypeError(
-            f"update_policy: {objective!r} is not an rlzoo.kernel.protocols.Objective: it declares no "
-            "needs_entropy (a bool: whether the backend computes and passes the per-token entropy)"
-        ) from None
-    temp = backend.temperature
-
-    def forward(mb: Batch) -> tuple[Tensor, Tensor | None]:
-        return backend._actor_forward(backend.actor, mb, with_entropy=needs_entropy, temperature=temp)
-
-    lr = backend.schedule.lr(backend.version)
-    target = Target(backend.actor, backend.optimizer, lr, backend.spec.optim.grad_clip, "actor")
-    metrics = backend._update(mini_batch, objective, forward, target)
-    if not metrics["actor/skipped_steps"]:
-        backend.version += 1
-    return metrics
+def set_lr(optimizer: Any, lr: float) -> None:
+    """Set the LR of every parameter group of ``optimizer`` (a torch or megatron optimizer)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
 
 
-def critic_update(backend: Updates, mini_batch: Batch, objective: Objective) -> dict[str, float]:
-    """``backend.update_critic``: one critic step through ``backend._update`` (the objective gets
-    ``(micro_batch, values, None)``); ``critic_steps`` counts the steps not skipped."""
-    if backend.critic is None or backend.critic_optimizer is None:
-        raise ValueError("update_critic: no critic (spec.need_critic=False)")
-
-    def forward(mb: Batch) -> tuple[Tensor, Tensor | None]:
-        return backend._critic_forward(mb), None
-
-    lr = backend.schedule.lr(backend.critic_steps, critic=True)
-    target = Target(
-        backend.critic, backend.critic_optimizer, lr, backend.spec.optim.critic_grad_clip, "critic"
+def warn_skipped(prefix: str, *, loss: float, grad_norm: float, world: int) -> None:
+    """Log a skipped ``prefix`` ("actor" / "critic") step (one rank of ``world`` logs it)."""
+    logger.warning(
+        "%s update skipped%s: non-finite %s (loss=%s, grad_norm=%s); gradients dropped",
+        prefix,
+        "" if world == 1 else f" on all {world} ranks",
+        "loss or grad norm" if world > 1 else "loss" if not math.isfinite(loss) else "grad norm",
+        loss,
+        grad_norm,
     )
-    metrics = backend._update(mini_batch, objective, forward, target)
-    if not metrics["critic/skipped_steps"]:
-        backend.critic_steps += 1
-    return metrics
 
 
 def step_metrics(

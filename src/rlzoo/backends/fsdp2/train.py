@@ -15,7 +15,9 @@ Contract (see ``docs/backends/fsdp2.md``):
   ``(name, full tensor)`` one parameter at a time, the other ranks receive nothing.
 
 Log-prob / value conventions, the LR schedule, the update loop and the checkpoint helpers are the
-core train kit's (:mod:`rlzoo.train_kit`), as in the native backend.
+core train kit's (:mod:`rlzoo.train_kit`), as in the native backend: ``update_*`` run the step here,
+handing this backend's forward, micro-batches and :class:`ProcessGroupRanks` to the kit's loop, and
+count the steps taken.
 """
 
 from __future__ import annotations
@@ -241,10 +243,6 @@ class FSDP2TrainBackend:
     def _hf_kwargs(self) -> dict[str, Any]:
         return models.hf_kwargs(self.params, self.spec, self.dtype)
 
-    def lr_at(self, step: int, *, critic: bool = False) -> float:
-        """The LR of optimizer step ``step`` (0-based) of the actor or the critic."""
-        return self.schedule.lr(step, critic=critic)
-
     # -- planning -------------------------------------------------------------------------------
     def plan(self, batch: Batch, *, update: bool) -> ShardPlan:
         """This batch's shards and micro-batches (identical on every rank)."""
@@ -372,18 +370,43 @@ class FSDP2TrainBackend:
 
     # -- updates --------------------------------------------------------------------------------
     def update_policy(self, mini_batch: Batch, objective: Objective) -> dict[str, float]:
-        """One actor optimizer step over ``mini_batch`` (collective). Metrics as the native backend:
-        the objective's + ``actor/loss`` (sum over micro-batches and ranks), ``actor/grad_norm``,
-        ``actor/lr``, ``actor/skipped_steps``, ``actor/num_micro_batches`` (per rank)."""
-        return update.policy_update(self, mini_batch, objective)
+        """One actor optimizer step over ``mini_batch`` (collective) at ``schedule.lr(version)``;
+        ``version`` counts the steps not skipped. Metrics as the native backend: the objective's +
+        ``actor/loss`` (sum over micro-batches and ranks), ``actor/grad_norm``, ``actor/lr``,
+        ``actor/skipped_steps``, ``actor/num_micro_batches`` (per rank)."""
+        with_entropy = update.needs_entropy(objective)
+        actor, temperature = self.actor, self.temperature
+
+        def forward(mb: Batch) -> tuple[Tensor, Tensor | None]:
+            return self._actor_forward(actor, mb, with_entropy=with_entropy, temperature=temperature)
+
+        lr = self.schedule.lr(self.version)
+        target = Target(actor, self.optimizer, lr, self.spec.optim.grad_clip, "actor")
+        metrics = self._step(target, mini_batch, objective, forward)
+        if not metrics["actor/skipped_steps"]:
+            self.version += 1
+        return metrics
 
     def update_critic(self, mini_batch: Batch, objective: Objective) -> dict[str, float]:
-        """One critic optimizer step (collective): ``loss, metrics = objective(mb, values, None)``."""
-        return update.critic_update(self, mini_batch, objective)
+        """One critic optimizer step (collective) at ``schedule.lr(critic_steps, critic=True)``:
+        ``loss, metrics = objective(mb, values, None)``; ``critic_steps`` counts the steps not skipped."""
+        if self.critic is None or self.critic_optimizer is None:
+            raise ValueError("update_critic: no critic (spec.need_critic=False)")
 
-    def _update(
-        self, mini_batch: Batch, objective: Objective, forward: Forward, target: Target
+        def forward(mb: Batch) -> tuple[Tensor, Tensor | None]:
+            return self._critic_forward(mb), None
+
+        lr = self.schedule.lr(self.critic_steps, critic=True)
+        target = Target(self.critic, self.critic_optimizer, lr, self.spec.optim.critic_grad_clip, "critic")
+        metrics = self._step(target, mini_batch, objective, forward)
+        if not metrics["critic/skipped_steps"]:
+            self.critic_steps += 1
+        return metrics
+
+    def _step(
+        self, target: Target, mini_batch: Batch, objective: Objective, forward: Forward
     ) -> dict[str, float]:
+        """One optimizer step of ``target`` over this rank's micro-batches (padded with dummy passes)."""
         plan = self.plan(mini_batch, update=True)
         return update.run_update(
             target,

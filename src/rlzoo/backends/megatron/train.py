@@ -57,6 +57,7 @@ from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.errors import import_optional
 from rlzoo.kernel.protocols import Objective
 from rlzoo.kernel.settings import TrainSpec
+from rlzoo.train_kit import update
 from rlzoo.train_kit.logprobs import chunked_token_fn
 from rlzoo.train_kit.models import resolve_temperature, select_model
 from rlzoo.train_kit.update import LRSchedule
@@ -362,7 +363,8 @@ class MegatronTrainBackend:
         """This rank's data-parallel share of ``batch`` through ``module`` with megatron's schedule:
         forward only in log-prob micro-batches without an ``objective``, else forward and backward of
         its loss in update micro-batches. Returns, on the last PP stage, per micro-batch outputs
-        (log-probs or values) and entropies; the summed loss; the slice bounds for :meth:`_gather`."""
+        (log-probs or values) and entropies; the summed loss and the number of micro-batches; the
+        slice bounds for :meth:`_gather`."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         forward_only = objective is None
@@ -430,7 +432,7 @@ class MegatronTrainBackend:
                 micro_batch_size=mb_size,
                 forward_only=forward_only,
             )
-        return outs, ents, {"loss": sum(losses)}, bounds
+        return outs, ents, {"loss": sum(losses), "num_micro_batches": float(len(mbs))}, bounds
 
     def _gather(self, local: list[Tensor], bounds: list[int], T: int) -> Tensor:
         """Per-micro-batch ``[b, T]`` of this DP rank (last PP stage) → ``[B, T]`` on every rank."""
@@ -484,10 +486,6 @@ class MegatronTrainBackend:
             return self._gather(vals, bounds, batch["responses"].shape[1]).to(batch["input_ids"].device)
 
     # -- updates ----------------------------------------------------------------------------------
-    def lr_at(self, step: int, *, critic: bool = False) -> float:
-        """The LR of optimizer step ``step`` (0-based) of the actor or the critic (``trainer.optim``)."""
-        return self.schedule.lr(step, critic=critic)
-
     def _grads_finite(self, ddp: Any) -> bool:
         """Whether every rank's gradients are finite (megatron keeps them in ``main_grad``)."""
         import torch.distributed as dist
@@ -503,7 +501,7 @@ class MegatronTrainBackend:
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
         return not bool(bad.item())
 
-    def _update(
+    def _step(
         self,
         ddp: Any,
         optimizer: Any,
@@ -511,17 +509,20 @@ class MegatronTrainBackend:
         objective: Objective,
         *,
         values: bool,
+        with_entropy: bool,
         lr: float,
         prefix: str,
     ) -> dict[str, float]:
+        """One optimizer step of ``ddp`` at ``lr`` (megatron's optimizer clips); skipped on every
+        rank when any rank's gradients are not finite. Metrics: the train kit's ``step_metrics``."""
+        import torch.distributed as dist
+
         with self._resident(ddp):
             ddp.train()
             ddp.zero_grad_buffer()
             optimizer.zero_grad()
-            needs_entropy = objective.needs_entropy and not values
-            _, _, info, _ = self._run(ddp, mini_batch, objective, with_entropy=needs_entropy, values=values)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+            _, _, info, _ = self._run(ddp, mini_batch, objective, with_entropy=with_entropy, values=values)
+            update.set_lr(optimizer, lr)
             if self._grads_finite(ddp):
                 ok, grad_norm, _ = optimizer.step()
                 grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
@@ -530,44 +531,57 @@ class MegatronTrainBackend:
                 ddp.zero_grad_buffer()
                 optimizer.zero_grad()
             skipped = not ok or not math.isfinite(grad_norm)
-            return {
-                f"{prefix}/loss": info["loss"],
-                f"{prefix}/grad_norm": grad_norm,
-                f"{prefix}/lr": lr,
-                f"{prefix}/skipped_steps": float(skipped),
-            }
+            if skipped and dist.get_rank() == 0:
+                update.warn_skipped(
+                    prefix, loss=info["loss"], grad_norm=grad_norm, world=dist.get_world_size()
+                )
+            return update.step_metrics(
+                prefix,
+                loss=info["loss"],
+                grad_norm=grad_norm,
+                lr=lr,
+                skipped=skipped,
+                num_micro_batches=int(info["num_micro_batches"]),
+            )
 
     @_on_device
     def update_policy(self, mini_batch: Batch, objective: Objective) -> dict[str, float]:
-        m = self._update(
+        """One actor optimizer step at ``schedule.lr(version)``; ``version`` counts the steps not
+        skipped. Metrics: ``actor/loss`` (this rank's sum), ``actor/grad_norm``, ``actor/lr``,
+        ``actor/skipped_steps``, ``actor/num_micro_batches`` (this rank's)."""
+        metrics = self._step(
             self.actor_ddp,
             self.optimizer,
             mini_batch,
             objective,
             values=False,
-            lr=self.lr_at(self.version),
+            with_entropy=update.needs_entropy(objective),
+            lr=self.schedule.lr(self.version),
             prefix="actor",
         )
-        if not m["actor/skipped_steps"]:
+        if not metrics["actor/skipped_steps"]:
             self.version += 1
-        return m
+        return metrics
 
     @_on_device
     def update_critic(self, mini_batch: Batch, objective: Objective) -> dict[str, float]:
+        """One critic optimizer step at ``schedule.lr(critic_steps, critic=True)``; ``critic_steps``
+        counts the steps not skipped."""
         if self.critic_ddp is None:
             raise ValueError("update_critic: no critic (spec.need_critic=False)")
-        m = self._update(
+        metrics = self._step(
             self.critic_ddp,
             self.critic_optimizer,
             mini_batch,
             objective,
             values=True,
-            lr=self.lr_at(self.critic_steps, critic=True),
+            with_entropy=False,
+            lr=self.schedule.lr(self.critic_steps, critic=True),
             prefix="critic",
         )
-        if not m["critic/skipped_steps"]:
+        if not metrics["critic/skipped_steps"]:
             self.critic_steps += 1
-        return m
+        return metrics
 
     # -- weights ----------------------------------------------------------------------------------
     def _stage_full(self, module: nn.Module) -> dict[str, Tensor]:

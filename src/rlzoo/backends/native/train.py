@@ -7,10 +7,12 @@ prompt, common right padding of the response) before the forward pass, and only 
 last positions go through the LM head (``logits_to_keep``), so the prompt's logits are never
 materialised. Outputs are zero where the response is padding.
 
-Updates: ``loss.backward()`` per micro-batch, gradients accumulate unscaled (the objective
-normalises by the mini-batch's global counts), then one optimizer step unless the loss or the
-gradient norm is not finite (then the step is skipped and the gradients dropped). The LR schedule
-is a pure function of the number of optimizer steps taken. The pieces are the core train kit's
+Updates: ``update_policy`` / ``update_critic`` run the step here, handing this backend's forward
+to the core train kit's micro-batch loop (:mod:`rlzoo.train_kit.update`): ``loss.backward()`` per
+micro-batch, gradients accumulate unscaled (the objective normalises by the mini-batch's global
+counts), then one optimizer step unless the loss or the gradient norm is not finite (then the step
+is skipped and the gradients dropped). The LR schedule is a pure function of the number of
+optimizer steps taken, which this backend counts. The other pieces are the kit's too
 (:mod:`rlzoo.train_kit`); vision-language forwards are this backend's own (:mod:`.multimodal`).
 """
 
@@ -174,11 +176,6 @@ class NativeTrainBackend:
     def _hf_kwargs(self) -> dict[str, Any]:
         return models.hf_kwargs(self.params, self.spec, self.dtype)
 
-    # -- learning rates -------------------------------------------------------------------------
-    def lr_at(self, step: int, *, critic: bool = False) -> float:
-        """The LR of optimizer step ``step`` (0-based) of the actor or the critic."""
-        return self.schedule.lr(step, critic=critic)
-
     # -- forward passes -------------------------------------------------------------------------
     def _actor_forward(
         self, module: nn.Module, mb: Batch, *, with_entropy: bool, temperature: float
@@ -305,18 +302,44 @@ class NativeTrainBackend:
         return out
 
     def update_policy(self, mini_batch: Batch, objective: Objective) -> dict[str, float]:
-        """One actor optimizer step over ``mini_batch``. Metrics: the objective's (mean over
-        micro-batches) + ``actor/loss`` (sum), ``actor/grad_norm``, ``actor/lr``,
-        ``actor/skipped_steps``, ``actor/num_micro_batches``."""
-        return update.policy_update(self, mini_batch, objective)
+        """One actor optimizer step over ``mini_batch`` at ``schedule.lr(version)``; ``version``
+        counts the steps not skipped. Metrics: the objective's (mean over micro-batches) +
+        ``actor/loss`` (sum), ``actor/grad_norm``, ``actor/lr``, ``actor/skipped_steps``,
+        ``actor/num_micro_batches``."""
+        with_entropy = update.needs_entropy(objective)
+        actor, temperature = self.actor, self.temperature
+
+        def forward(mb: Batch) -> tuple[Tensor, Tensor | None]:
+            return self._actor_forward(actor, mb, with_entropy=with_entropy, temperature=temperature)
+
+        lr = self.schedule.lr(self.version)
+        target = Target(actor, self.optimizer, lr, self.spec.optim.grad_clip, "actor")
+        metrics = self._step(target, mini_batch, objective, forward)
+        if not metrics["actor/skipped_steps"]:
+            self.version += 1
+        return metrics
 
     def update_critic(self, mini_batch: Batch, objective: Objective) -> dict[str, float]:
-        """One critic optimizer step: ``loss, metrics = objective(micro_batch, values, None)``."""
-        return update.critic_update(self, mini_batch, objective)
+        """One critic optimizer step at ``schedule.lr(critic_steps, critic=True)``:
+        ``loss, metrics = objective(micro_batch, values, None)``; ``critic_steps`` counts the steps
+        not skipped."""
+        if self.critic is None or self.critic_optimizer is None:
+            raise ValueError("update_critic: no critic (spec.need_critic=False)")
 
-    def _update(
-        self, mini_batch: Batch, objective: Objective, forward: Forward, target: Target
+        def forward(mb: Batch) -> tuple[Tensor, Tensor | None]:
+            return self._critic_forward(mb), None
+
+        lr = self.schedule.lr(self.critic_steps, critic=True)
+        target = Target(self.critic, self.critic_optimizer, lr, self.spec.optim.critic_grad_clip, "critic")
+        metrics = self._step(target, mini_batch, objective, forward)
+        if not metrics["critic/skipped_steps"]:
+            self.critic_steps += 1
+        return metrics
+
+    def _step(
+        self, target: Target, mini_batch: Batch, objective: Objective, forward: Forward
     ) -> dict[str, float]:
+        """One optimizer step of ``target`` over this backend's micro-batches of ``mini_batch``."""
         mbs = self.micro_batches(mini_batch)
         return update.run_update(
             target,
