@@ -70,7 +70,7 @@ class BatchSource(Protocol):
     A runner plugin registers a factory ``(params, session) -> BatchSource`` (a class will do); the
     session (:class:`~rlzoo.train.session.Session`) carries the step plan (``session.plan``), the
     backends and the helpers that generate, score and collate (``make_loader``,
-    ``train_requests``, ``score``, ``keep``, ``sync_weights``). See ``tests/runners/test_custom_source.py``.
+    ``train_requests``, ``score``, ``keep``, ``sync_weights``). See ``tests/sources/test_custom_source.py``.
     """
 
     def resume(self, state: Mapping[str, Any]) -> None:

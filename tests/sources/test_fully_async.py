@@ -1,0 +1,235 @@
+"""The fully-async runner: equivalence with sync, prompt accounting across syncs and resume,
+crash propagation, knob validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from run_fixtures import build, overrides
+
+import rlzoo
+from rlzoo.backends.simulated import SimulatedRolloutParams, SimulatedTrainParams
+from rlzoo.backends.simulated.backend import SimulatedRolloutBackend, SimulatedTrainBackend
+from rlzoo.kernel.errors import ConfigError
+from rlzoo.kernel.plugins import PluginManager
+from rlzoo.recipe.compose import _selection_for
+from rlzoo.recipe.config import load_config
+from rlzoo.report.metrics import read_metrics
+from rlzoo.sources.params import FullyAsyncParams
+from rlzoo.sources.queue import RolloutFailed
+from rlzoo.testing.runs import SIMULATED_BACKENDS
+from rlzoo.train.loop import build_loop
+
+ON_POLICY = [
+    "runner.staleness_threshold=0",
+    "runner.trigger_parameter_sync_step=1",
+    "runner.require_batches=1",
+    "runner.partial_rollout=false",
+]
+
+
+def test_zero_staleness_matches_sync_step_for_step(
+    pm: PluginManager, quickstart_dir: Path, tmp_path: Path
+) -> None:
+    """s=0, K=1, R=1, no partial rollout on the native backends: the same updates as sync."""
+    common = [
+        "trainer.total_steps=3",
+        "trainer.ppo_mini_batch_size=16",
+        "trainer.save_freq=-1",
+        "trainer.test_freq=-1",
+    ]
+    sync = build(pm, "quickstart", quickstart_dir, tmp_path / "sync", *common).train()
+    fa = build(pm, "quickstart_async", quickstart_dir, tmp_path / "fa", *common, *ON_POLICY).train()
+    a, b = read_metrics(Path(sync["run_dir"])), read_metrics(Path(fa["run_dir"]))
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3]
+    keys = [
+        "critic/score/mean",
+        "response_length/mean",
+        "actor/pg_loss",
+        "actor/grad_norm",
+        "actor/ppo_kl",
+        "val/mean",
+    ]
+    for ra, rb in zip(a, b):
+        for k in keys:
+            if k in ra:
+                assert rb[k] == pytest.approx(ra[k], rel=1e-4, abs=1e-6), (ra["step"], k)
+        assert rb["staleness/max"] == 0.0 and rb["rollout/partial_ratio"] == 0.0
+        assert "rollout_corr/kl" in rb  # rollout / trainer mismatch metrics are logged
+
+
+def _sim_run(pm: PluginManager, quickstart_dir: Path, run_dir: Path, *extra: str, **objects: Any) -> Any:
+    return build(
+        pm,
+        "quickstart_async",
+        quickstart_dir,
+        run_dir,
+        *SIMULATED_BACKENDS,
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        *extra,
+        **objects,
+    )
+
+
+def test_no_prompt_lost_or_trained_twice_across_syncs_and_resume(
+    pm: PluginManager, quickstart_dir: Path, tmp_path: Path
+) -> None:
+    knobs = [
+        "runner.staleness_threshold=0.5",
+        "runner.trigger_parameter_sync_step=1",
+        "runner.partial_rollout=true",
+    ]
+    out = tmp_path / "run"
+    run1 = _sim_run(pm, quickstart_dir, out, *knobs, "trainer.total_steps=4")
+    r1 = build_loop(run1)
+    r1.run()
+    trained1 = list(r1.source.prompts.trained_keys)
+    assert len(trained1) == 4 * 16
+    run2 = _sim_run(pm, quickstart_dir, out, *knobs, "trainer.total_steps=8", "resume=true")
+    r2 = build_loop(run2)
+    r2.run()
+    trained = trained1 + list(r2.source.prompts.trained_keys)
+    assert len(trained) == 8 * 16 and len(set(trained)) == len(trained)  # nothing trained twice
+    # nothing lost: trained + still outstanding at the end == a prefix of the loader's epoch-0 order
+    st = r2.source.prompts.state_dict()
+    left = [(e, i) for e, i, _, _ in st["pending"] + st["buffer"]]
+    order = r2.source.prompts.loader.order(0)
+    assert sorted(trained + left) == sorted((0, i) for i in order[: len(trained) + len(left)])
+    recs = read_metrics(out)
+    assert [r["step"] for r in recs] == list(range(1, 9))
+    assert max(r["staleness/max"] for r in recs) <= 1
+    assert recs[-1]["rollouter/samples_collected"] > 0 and "queue/size" in recs[-1]
+
+
+def test_partial_rollout_spans_versions_and_bound_holds(
+    pm: PluginManager, quickstart_dir: Path, tmp_path: Path
+) -> None:
+    """Long responses across weight pushes: tokens from several versions, staleness <= ceil(s)."""
+    run = _sim_run(
+        pm,
+        quickstart_dir,
+        tmp_path / "run",
+        "rollout.backend.mean_response_length=12",
+        "rollout.backend.decode_step_s=0.002",
+        "rollout.backend.sigma=2.0",
+        "data.max_response_length=256",
+        "runner.staleness_threshold=0.5",
+        "runner.trigger_parameter_sync_step=1",
+        "runner.require_batches=1",
+        "trainer.ppo_mini_batch_size=4",
+        "trainer.total_steps=10",
+    )
+    runner = build_loop(run)
+    summary = runner.run()
+    recs = read_metrics(Path(summary["run_dir"]))
+    assert max(r["staleness/max"] for r in recs) <= 1
+    assert max(r["rollout/partial_ratio"] for r in recs) > 0  # some samples span a push
+    assert max(r["rollout/version_span/max"] for r in recs) >= 1
+    assert all(set(k) <= {"0", "1"} for k in [summary["staleness_histogram"]])
+    assert all(0.0 <= r["trainer/idle_ratio"] <= 1.0 for r in recs)
+    # long responses outlive two pushes: dropped as too stale, regenerated, never trained twice
+    assert recs[-1]["rollouter/dropped_samples"] > 0
+    assert len(set(runner.source.prompts.trained_keys)) == len(runner.source.prompts.trained_keys) == 10 * 4
+
+
+class _CrashingRollout(SimulatedRolloutBackend):
+    """Fails in its engine thread after 20 samples."""
+
+    def _sample(self, s: Any, n_tokens: int, reason: str) -> Any:
+        self.count = getattr(self, "count", 0) + 1
+        if self.count > 20:
+            raise RuntimeError("decode kernel fault (simulated)")
+        return super()._sample(s, n_tokens, reason)
+
+
+class _CrashingTrainer(SimulatedTrainBackend):
+    def update_policy(self, mini_batch: Any, objective: Any) -> dict[str, float]:
+        if self.version >= 2:
+            raise FloatingPointError("loss is NaN (simulated)")
+        return super().update_policy(mini_batch, objective)
+
+
+def test_rollouter_crash_stops_the_trainer(pm: PluginManager, quickstart_dir: Path, tmp_path: Path) -> None:
+    part = rlzoo.part(
+        _CrashingRollout,
+        params=SimulatedRolloutParams(decode_step_s=0.001, mean_response_length=6),
+        capabilities={"supports_partial_rollout": True, "supports_streaming": True},
+    )
+    run = _sim_run(pm, quickstart_dir, tmp_path / "run", "trainer.total_steps=50", rollout_backend=part)
+    t0 = time.monotonic()
+    with pytest.raises(RolloutFailed) as info:
+        run.train()
+    assert time.monotonic() - t0 < 60
+    assert "decode kernel fault" in repr(
+        info.value.__cause__.__cause__
+    )  # engine error -> rollouter -> trainer
+    assert not [t for t in threading.enumerate() if t.name == "rlzoo-rollouter" and t.is_alive()]
+
+
+def test_trainer_crash_stops_the_rollouter(pm: PluginManager, quickstart_dir: Path, tmp_path: Path) -> None:
+    part = rlzoo.part(_CrashingTrainer, params=SimulatedTrainParams(update_s_per_token=1e-6), capabilities={})
+    run = _sim_run(pm, quickstart_dir, tmp_path / "run", "trainer.total_steps=50", train_backend=part)
+    runner = build_loop(run)
+    with pytest.raises(FloatingPointError):
+        runner.run()
+    runner.source.rollouter.join(timeout=10)
+    assert not runner.source.rollouter.thread.is_alive()
+    assert runner.source.queue.stopped
+
+
+def _cfg(pm: PluginManager, quickstart_dir: Path, *extra: str) -> Any:
+    return load_config("quickstart_async", [f"data.dir={quickstart_dir}", *extra], pm)
+
+
+def test_knob_validation_names_the_knobs(pm: PluginManager, quickstart_dir: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        _cfg(
+            pm,
+            quickstart_dir,
+            "runner.trigger_parameter_sync_step=0",
+            "runner.max_queue_size=4",
+            "runner.require_batches=300",
+            "runner.total_rollout_steps=100",
+            "trainer.total_steps=7",
+        )
+    text = str(info.value)
+    assert "runner.trigger_parameter_sync_step: must be >= 1" in text
+    assert "runner.max_queue_size: 4 groups is smaller than one trainer step" in text
+    assert "runner.total_rollout_steps: 100 prompts is less than one trainer step" in text
+    assert "data.train_files hold only" in text and "runner.require_batches: 300" in text
+    with pytest.raises(
+        ConfigError, match=r"trainer.total_steps: 7 disagrees with runner.total_rollout_steps=320"
+    ):
+        _cfg(pm, quickstart_dir, "runner.total_rollout_steps=320", "trainer.total_steps=7")
+    cfg = _cfg(pm, quickstart_dir)
+    assert FullyAsyncParams.check(cfg.runner.params, cfg) == []
+    # a rollout backend that cannot pause / stream
+    cfg.rollout.backend = _selection_for(
+        "rollout_backend", "rollout.backend", rlzoo.part(object, capabilities={})
+    )
+    problems = FullyAsyncParams.check(cfg.runner.params, cfg)
+    assert any(p.startswith("runner.partial_rollout:") and "supports_partial_rollout" in p for p in problems)
+    assert any("supports_streaming" in p for p in problems)
+    no_partial = dataclasses.replace(cfg.runner.params, partial_rollout=False)
+    assert not any("partial_rollout" in p for p in FullyAsyncParams.check(no_partial, cfg))
+
+
+def test_total_rollout_steps_sets_the_trainer_steps(
+    pm: PluginManager, quickstart_dir: Path, tmp_path: Path
+) -> None:
+    # 50 prompts // (2 x 8 per step) = 3 steps; 50 - 48 drawn prompts are left untrained
+    summary = _sim_run(
+        pm, quickstart_dir, tmp_path / "run", "runner.total_rollout_steps=50", "trainer.total_steps=null"
+    ).train()
+    recs = read_metrics(Path(summary["run_dir"]))
+    assert summary["steps"] == 3 and [r["step"] for r in recs] == [1, 2, 3]
+
+
+def test_overrides_helper_is_stable(quickstart_dir: Path, tmp_path: Path) -> None:
+    assert overrides(quickstart_dir, tmp_path)[0] == f"data.dir={quickstart_dir}"
