@@ -90,19 +90,20 @@ def test_export_loads_in_transformers_with_the_trainers_log_probs(tmp_path: Path
 
 def test_a_mismatching_base_config_is_refused_before_writing(tmp_path: Path) -> None:
     """Strict: tensors that do not fit the base model's class fail loudly and leave no folder."""
+    from rlzoo.backends.megatron.hf import hf_model
     from rlzoo.testing.backends import save_tiny_qwen2
 
     src = save_tiny_qwen2(tmp_path / "base")
     be = build(src)
     try:
-        state = be._export_hf()
+        state = dict(be.export_weights())
         state.pop("model.norm.weight")
         with pytest.raises(RuntimeError, match=r"missing \['model.norm.weight'\]"):
-            be._hf_model(state)
-        state = be._export_hf()
+            hf_model(state, be.spec, dims=be.dims, dtype=be.dtype)
+        state = dict(be.export_weights())
         state["model.embed_tokens.weight"] = torch.zeros(be.vocab_padded, be.dims.hidden_size)  # padded
         with pytest.raises(RuntimeError, match="size mismatch"):
-            be._hf_model(state)
+            hf_model(state, be.spec, dims=be.dims, dtype=be.dtype)
     finally:
         be.shutdown()
     assert not (tmp_path / "final").exists()
@@ -124,7 +125,7 @@ def test_vision_language_export_keeps_the_vision_tower(tmp_path: Path) -> None:
         with torch.no_grad():  # move the decoder away from the base weights
             for p in be.actor.parameters():
                 p.add_(0.01)
-        decoder = {k: v.clone() for k, v in be._export_hf().items()}
+        decoder = {k: v.clone() for k, v in be.export_weights()}
         out = export_model(be, src, tmp_path / "final", tokenizer=processor.tokenizer, processor=processor)
     finally:
         be.shutdown()

@@ -1,21 +1,39 @@
-"""Checkpoints of :mod:`.train`: megatron ``dist_checkpointing`` (every rank writes its shards) with
-the optimizers' sharded state."""
+"""Checkpoints of the megatron train backend: megatron ``dist_checkpointing`` (every rank writes
+its shards) with the optimizers' sharded state, and the step counters in ``meta.json``."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
 import torch
 
+from rlzoo.backends.megatron.offload import Offloader
 from rlzoo.train_kit import checkpoint as ckpt
 
-if TYPE_CHECKING:
-    from rlzoo.backends.megatron.train import MegatronTrainBackend
+__all__ = ["CHECKPOINT_FORMAT", "Steps", "Trained", "load_checkpoint", "save_checkpoint"]
 
 CHECKPOINT_FORMAT = "rlzoo-megatron-train/1"
+
+
+@dataclass(frozen=True)
+class Trained:
+    """A model a checkpoint holds with its optimizer: ``name`` is its folder ('actor', 'critic')."""
+
+    name: str
+    ddp: Any  # megatron's DistributedDataParallel around the GPTModel
+    optimizer: Any  # the megatron optimizer of ``ddp``
+
+
+class Steps(NamedTuple):
+    """The optimizer steps taken (skipped steps not counted): the actor's (the policy version) and
+    the critic's."""
+
+    version: int
+    critic_steps: int
 
 
 def _init_torch_adam_state(optimizer: Any, step: int | None = None) -> None:
@@ -46,42 +64,44 @@ def _init_torch_adam_state(optimizer: Any, step: int | None = None) -> None:
                     )
 
 
-def ckpt_metadata(backend: MegatronTrainBackend) -> dict[str, Any]:
+def ckpt_metadata(distributed_optimizer: bool) -> dict[str, Any]:
     """How the distributed optimizer's state is laid out on disk. megatron-core 0.16's default
     ('fully_sharded_model_space', deprecated) is refused by its own ``dist_checkpointing.save``
     ("ShardedTensor.flattened_range is not supported"); 'dp_reshardable' saves each rank's
     buffers in parallel (resume with the same TP / PP, any DP)."""
-    return (
-        {"distrib_optim_sharding_type": "dp_reshardable"} if backend.params.use_distributed_optimizer else {}
-    )
+    return {"distrib_optim_sharding_type": "dp_reshardable"} if distributed_optimizer else {}
 
 
-def save_checkpoint(backend: MegatronTrainBackend, path: Path, extra_state: Mapping[str, Any]) -> None:
+def save_checkpoint(
+    path: Path,
+    extra_state: Mapping[str, Any],
+    models: Sequence[Trained],
+    steps: Steps,
+    *,
+    offloader: Offloader,
+    distributed_optimizer: bool,
+) -> None:
+    """Write ``models`` (each on the device while it is saved), ``steps`` and ``extra_state`` (JSON)
+    to ``path``. Collective: every rank writes its shards, rank 0 the rest, then renames the folder."""
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
 
     path = Path(path)
     extra = json.loads(json.dumps(dict(extra_state)))
-    parts = [("actor", backend.actor_ddp, backend.optimizer)]
-    if backend.critic_ddp is not None:
-        parts.append(("critic", backend.critic_ddp, backend.critic_optimizer))
     tmp = path.with_name(path.name + ".tmp")
-    for name, ddp, opt in parts:
-        if backend.params.param_offload:
-            backend._onload(ddp)
-        sd = ddp.module.sharded_state_dict(prefix="")
-        (tmp / name).mkdir(parents=True, exist_ok=True)
-        dist.barrier()
-        osd = opt.sharded_state_dict(sd, metadata=ckpt_metadata(backend))
-        dist_checkpointing.save({"model": sd, "optimizer": osd}, str(tmp / name))
-        if backend.params.param_offload:
-            backend._offload(ddp)
+    for model in models:
+        with offloader.resident(model.ddp):
+            sd = model.ddp.module.sharded_state_dict(prefix="")
+            (tmp / model.name).mkdir(parents=True, exist_ok=True)
+            dist.barrier()
+            osd = model.optimizer.sharded_state_dict(sd, metadata=ckpt_metadata(distributed_optimizer))
+            dist_checkpointing.save({"model": sd, "optimizer": osd}, str(tmp / model.name))
     if dist.get_rank() == 0:
         meta = {
             "format": CHECKPOINT_FORMAT,
-            "version": backend.version,
-            "critic_steps": backend.critic_steps,
-            "has_critic": backend.critic_ddp is not None,
+            "version": steps.version,
+            "critic_steps": steps.critic_steps,
+            "has_critic": any(model.name == "critic" for model in models),
             "extra_state": extra,
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
@@ -95,32 +115,30 @@ def save_checkpoint(backend: MegatronTrainBackend, path: Path, extra_state: Mapp
     dist.barrier()
 
 
-def load_checkpoint(backend: MegatronTrainBackend, path: Path) -> dict[str, Any]:
+def load_checkpoint(
+    path: Path, models: Sequence[Trained], *, offloader: Offloader, distributed_optimizer: bool
+) -> tuple[Steps, dict[str, Any]]:
+    """Load ``models`` and their optimizers in place from ``path`` and restore the RNG state;
+    returns the saved step counters and extra state."""
     from megatron.core import dist_checkpointing
 
     path = Path(path)
     ckpt.require_complete(path)
     meta = json.loads((path / "meta.json").read_text())
-    parts = [("actor", backend.actor_ddp, backend.optimizer)]
-    if backend.critic_ddp is not None:
-        parts.append(("critic", backend.critic_ddp, backend.critic_optimizer))
-    steps = {"actor": int(meta["version"]), "critic": int(meta["critic_steps"])}
-    for name, ddp, opt in parts:
-        if backend.params.param_offload:
-            backend._onload(ddp)
-        sd = ddp.module.sharded_state_dict(prefix="")
-        _init_torch_adam_state(opt)
-        # is_loading=True: the optimizer's sharded state dict must be built for loading (it
-        # allocates the state to load into); without it Adam's moments are silently not restored.
-        osd = opt.sharded_state_dict(sd, is_loading=True, metadata=ckpt_metadata(backend))
-        loaded = dist_checkpointing.load({"model": sd, "optimizer": osd}, str(path / name))
-        with torch.no_grad():  # fp32 + distributed optimizer: its main params are views of the weights
-            ddp.module.load_state_dict(loaded["model"], strict=False)
-            opt.load_state_dict(loaded["optimizer"])
-        _init_torch_adam_state(opt, step=steps[name])
-        if backend.params.param_offload:
-            backend._offload(ddp)
-    backend.version = int(meta["version"])
-    backend.critic_steps = int(meta["critic_steps"])
+    saved = Steps(version=int(meta["version"]), critic_steps=int(meta["critic_steps"]))
+    adam_steps = {"actor": saved.version, "critic": saved.critic_steps}
+    for model in models:
+        ddp, opt = model.ddp, model.optimizer
+        with offloader.resident(ddp):
+            sd = ddp.module.sharded_state_dict(prefix="")
+            _init_torch_adam_state(opt)
+            # is_loading=True: the optimizer's sharded state dict must be built for loading (it
+            # allocates the state to load into); without it Adam's moments are silently not restored.
+            osd = opt.sharded_state_dict(sd, is_loading=True, metadata=ckpt_metadata(distributed_optimizer))
+            loaded = dist_checkpointing.load({"model": sd, "optimizer": osd}, str(path / model.name))
+            with torch.no_grad():  # fp32 + distributed optimizer: its main params are views of the weights
+                ddp.module.load_state_dict(loaded["model"], strict=False)
+                opt.load_state_dict(loaded["optimizer"])
+            _init_torch_adam_state(opt, step=adam_steps[model.name])
     ckpt.set_rng_state(ckpt.load_tree(path, "rng"))
-    return dict(meta["extra_state"])
+    return saved, dict(meta["extra_state"])

@@ -1,9 +1,11 @@
-"""Process group, megatron's model-parallel state and RNG seeding for :mod:`.train`, and the
-module-level record of what this process's backends set up themselves (and so tear down)."""
+"""Process group, megatron's model-parallel state and RNG seeding for :mod:`.train`, this rank's
+place in the TP × PP × DP grid (:class:`Layout`), and the module-level record of what this
+process's backends set up themselves (and so tear down)."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -13,6 +15,18 @@ from rlzoo.kernel.errors import import_optional
 #: what the backends of this process set up themselves (and so tear down when the last one shuts
 #: down): the process group, megatron's model-parallel state, and how many backends use them
 _OWNED: dict[str, Any] = {"group": False, "model_parallel": False, "users": 0}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """This rank's place in the ``tp × pp × dp`` world: each size and this rank's index in it."""
+
+    tp: int
+    tp_rank: int
+    pp: int
+    pp_rank: int
+    dp: int
+    dp_rank: int
 
 
 def _init_distributed(device: str) -> None:

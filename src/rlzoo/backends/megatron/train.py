@@ -21,8 +21,10 @@ positions, which rotary embeddings do not see (scores depend on position differe
 are masked). With ``layer_spec='te'`` Transformer Engine's causal kernel may ignore the padding
 mask: use packed sequences (TODO: THD ``packed_seq_params``, as verl does) or the local spec.
 
-Sibling modules: :mod:`.parallel` (process group, seeding, owned-state teardown), :mod:`.hf`
-(HF load / export), :mod:`.offload`, :mod:`.checkpoint` (dist-checkpointing save / load).
+Sibling modules, each given what it works on (none reads the backend): :mod:`.parallel` (process
+group, seeding, the rank's :class:`~.parallel.Layout`, owned-state teardown), :mod:`.hf` (HF load /
+export of the actor), :mod:`.offload` (the :class:`~.offload.Offloader` this backend owns),
+:mod:`.checkpoint` (dist-checkpointing save / load of the trained models and their step counters).
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ import torch
 from torch import Tensor, nn
 
 from rlzoo.backends.megatron import MegatronParams, checkpoint, hf, parallel
-from rlzoo.backends.megatron import offload as _offload
 from rlzoo.backends.megatron.convert import (
     ModelDims,
     gpt_model_kwargs,
@@ -50,8 +51,9 @@ from rlzoo.backends.megatron.convert import (
     split_pp,
     transformer_config_kwargs,
 )
-from rlzoo.backends.megatron.hf import _load_hf_state_dict
-from rlzoo.backends.megatron.parallel import _init_distributed, _require_psutil, _seed
+from rlzoo.backends.megatron.hf import load_hf_state_dict
+from rlzoo.backends.megatron.offload import Offloader
+from rlzoo.backends.megatron.parallel import Layout, _init_distributed, _require_psutil, _seed
 from rlzoo.backends.megatron.vocab_parallel import tp_reductions, vocab_parallel_log_probs
 from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.errors import import_optional
@@ -164,9 +166,14 @@ class MegatronTrainBackend:
         self._uses_owned_state = True
         _seed(spec.seed, params.device)
         self.mpu = mpu
-        self.tp_rank, self.tp = mpu.get_tensor_model_parallel_rank(), tp
-        self.pp_rank, self.pp = mpu.get_pipeline_model_parallel_rank(), pp
-        self.dp_rank, self.dp = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()
+        self.layout = Layout(
+            tp=tp,
+            tp_rank=mpu.get_tensor_model_parallel_rank(),
+            pp=pp,
+            pp_rank=mpu.get_pipeline_model_parallel_rank(),
+            dp=mpu.get_data_parallel_world_size(),
+            dp_rank=mpu.get_data_parallel_rank(),
+        )
         self.dtype = torch.bfloat16 if params.dtype == "bfloat16" else torch.float32
         self.device = (
             torch.device("cuda", torch.cuda.current_device())
@@ -179,7 +186,7 @@ class MegatronTrainBackend:
         self.vocab_padded = padded_vocab_size(self.dims.vocab_size, tp, params.make_vocab_size_divisible_by)
         self.config = self._transformer_config()
         full = hf_to_mcore(
-            _load_hf_state_dict(spec.model_path),
+            load_hf_state_dict(spec.model_path),
             self.dims,
             layer_spec=params.layer_spec,
             vocab_padded=self.vocab_padded,
@@ -204,7 +211,7 @@ class MegatronTrainBackend:
             if spec.critic_model_path:
                 critic_state = self._my_shard(
                     hf_to_mcore(
-                        _load_hf_state_dict(spec.critic_model_path),
+                        load_hf_state_dict(spec.critic_model_path),
                         self.dims,
                         layer_spec=params.layer_spec,
                         vocab_padded=self.vocab_padded,
@@ -215,11 +222,10 @@ class MegatronTrainBackend:
                 self.critic, spec.optim.critic_lr, spec.optim.critic_weight_decay, spec.optim.critic_grad_clip
             )
         self.reduce_sum, self.reduce_max = tp_reductions(mpu.get_tensor_model_parallel_group())
-        self._offloaded: dict[int, list[tuple[Any, Tensor, int]]] = {}
-        if params.param_offload:
-            self._offload(self.actor_ddp)
-            if self.critic_ddp is not None:
-                self._offload(self.critic_ddp)
+        self.offloader = Offloader(self.device, params=params.param_offload, grads=params.grad_offload)
+        self.offloader.offload(self.actor_ddp)  # a no-op without param_offload
+        if self.critic_ddp is not None:
+            self.offloader.offload(self.critic_ddp)
 
     # -- building ---------------------------------------------------------------------------------
     def _transformer_config(self) -> Any:
@@ -252,13 +258,14 @@ class MegatronTrainBackend:
         return get_gpt_layer_local_spec(normalization="RMSNorm")
 
     def _my_shard(self, full: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        stage = split_pp(full, self.dims.num_layers, self.pp)[self.pp_rank]
-        return shard_tp(stage, self.tp)[self.tp_rank]
+        lay = self.layout
+        stage = split_pp(full, self.dims.num_layers, lay.pp)[lay.pp_rank]
+        return shard_tp(stage, lay.tp)[lay.tp_rank]
 
     def _build(self, state: Mapping[str, Tensor], *, value_head: bool = False) -> nn.Module:
         from megatron.core.models.gpt import GPTModel
 
-        kw = gpt_model_kwargs(self.dims, self.tp, self.params.make_vocab_size_divisible_by)
+        kw = gpt_model_kwargs(self.dims, self.layout.tp, self.params.make_vocab_size_divisible_by)
         model = GPTModel(
             # a copy per model: _wrap sets this model's own no_sync / finalize hooks on its config
             config=copy.copy(self.config),
@@ -322,31 +329,11 @@ class MegatronTrainBackend:
         config.no_sync_func = ddp.no_sync
         return ddp, optimizer
 
-    # -- offload (:mod:`.offload`) -----------------------------------------------------------------
-    def _offload(self, ddp: Any, grads: bool = True) -> None:
-        _offload.offload(self, ddp, grads)
-
-    def _onload(self, ddp: Any) -> None:
-        _offload.onload(self, ddp)
-
-    @contextlib.contextmanager
-    def _resident(self, ddp: Any) -> Iterator[None]:
-        """``ddp``'s params (and grads) on the device for the block when param_offload moves them
-        (``ddp`` None: nothing to move)."""
-        moves = ddp is not None and self.params.param_offload
-        if moves:
-            self._onload(ddp)
-        try:
-            yield
-        finally:
-            if moves:
-                self._offload(ddp)
-
     # -- forward ----------------------------------------------------------------------------------
     def _dp_slice(self, batch: Batch) -> tuple[Batch, list[int]]:
-        B = len(batch)
-        bounds = [round(r * B / self.dp) for r in range(self.dp + 1)]
-        return batch.select(slice(bounds[self.dp_rank], bounds[self.dp_rank + 1])), bounds
+        B, dp, dp_rank = len(batch), self.layout.dp, self.layout.dp_rank
+        bounds = [round(r * B / dp) for r in range(dp + 1)]
+        return batch.select(slice(bounds[dp_rank], bounds[dp_rank + 1])), bounds
 
     def _forward_only(
         self, module: Any, batch: Batch, *, values: bool, with_entropy: bool = False
@@ -377,7 +364,7 @@ class MegatronTrainBackend:
         ents: list[Tensor | None] = []
         losses: list[float] = []
         temperature = self.temperature
-        vocab_start = self.tp_rank * (self.vocab_padded // self.tp)
+        vocab_start = self.layout.tp_rank * (self.vocab_padded // self.layout.tp)
         chunk = self.spec.micro_batch.log_prob_chunk
 
         def token_fn(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -442,9 +429,9 @@ class MegatronTrainBackend:
         mine = torch.cat(local) if local else torch.zeros(0, T, device=self.device)
         full = torch.zeros(B, T, device=self.device)
         if self.mpu.is_pipeline_last_stage():
-            full[bounds[self.dp_rank] : bounds[self.dp_rank + 1]] = mine
+            full[bounds[self.layout.dp_rank] : bounds[self.layout.dp_rank + 1]] = mine
         dist.all_reduce(full, group=self.mpu.get_data_parallel_group())  # disjoint rows: a sum gathers
-        if self.pp > 1:
+        if self.layout.pp > 1:
             dist.broadcast(
                 full,
                 src=self.mpu.get_pipeline_model_parallel_last_rank(),
@@ -460,7 +447,7 @@ class MegatronTrainBackend:
         module: Any = select_model(model, self.actor_ddp, self.ref)
         ddp = self.actor_ddp if model == "actor" else None  # what param_offload moves; the reference has none
         T = batch["responses"].shape[1]
-        with self._resident(ddp):
+        with self.offloader.resident(ddp):
             if model == "ref" and self.params.ref_offload:
                 self.ref.to(self.device)  # type: ignore[union-attr]
             try:
@@ -481,7 +468,7 @@ class MegatronTrainBackend:
     def compute_values(self, batch: Batch) -> Tensor:
         if self.critic_ddp is None:
             raise ValueError("compute_values: no critic (spec.need_critic=False)")
-        with self._resident(self.critic_ddp):
+        with self.offloader.resident(self.critic_ddp):
             vals, _, bounds = self._forward_only(self.critic_ddp, batch, values=True)
             return self._gather(vals, bounds, batch["responses"].shape[1]).to(batch["input_ids"].device)
 
@@ -517,7 +504,7 @@ class MegatronTrainBackend:
         rank when any rank's gradients are not finite. Metrics: the train kit's ``step_metrics``."""
         import torch.distributed as dist
 
-        with self._resident(ddp):
+        with self.offloader.resident(ddp):
             ddp.train()
             ddp.zero_grad_buffer()
             optimizer.zero_grad()
@@ -583,31 +570,53 @@ class MegatronTrainBackend:
             self.critic_steps += 1
         return metrics
 
-    # -- weights ----------------------------------------------------------------------------------
-    def _stage_full(self, module: nn.Module) -> dict[str, Tensor]:
-        return hf.stage_full(self, module)
-
+    # -- weights (:mod:`.hf`) ------------------------------------------------------------------------
     def export_weights(self) -> Iterator[tuple[str, Tensor]]:
         yield from self._export_hf().items()
 
     @_on_device
     def _export_hf(self) -> dict[str, Tensor]:
-        return hf.export_tensors(self)
+        """The actor's full HF-named tensors on every rank (collective)."""
+        with self.offloader.resident(self.actor_ddp):
+            return hf.export_tensors(
+                self.actor,
+                dims=self.dims,
+                layer_spec=self.params.layer_spec,
+                layout=self.layout,
+                device=self.device,
+            )
 
     def export_hf(self, path: str | Path) -> None:
-        hf.export_hf(self, path)
-
-    def _hf_model(self, state: Mapping[str, Tensor]) -> Any:
-        return hf.hf_model(self, state)
+        hf.export_hf(path, self._export_hf, self.spec, dims=self.dims, dtype=self.dtype)
 
     # -- checkpoints (:mod:`.checkpoint`) ------------------------------------------------------------
+    def _trained(self) -> list[checkpoint.Trained]:
+        models = [checkpoint.Trained("actor", self.actor_ddp, self.optimizer)]
+        if self.critic_ddp is not None:
+            models.append(checkpoint.Trained("critic", self.critic_ddp, self.critic_optimizer))
+        return models
+
     @_on_device
     def save_checkpoint(self, path: Path, extra_state: Mapping[str, Any]) -> None:
-        checkpoint.save_checkpoint(self, path, extra_state)
+        checkpoint.save_checkpoint(
+            path,
+            extra_state,
+            self._trained(),
+            checkpoint.Steps(self.version, self.critic_steps),
+            offloader=self.offloader,
+            distributed_optimizer=self.params.use_distributed_optimizer,
+        )
 
     @_on_device
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
-        return checkpoint.load_checkpoint(self, path)
+        steps, extra_state = checkpoint.load_checkpoint(
+            path,
+            self._trained(),
+            offloader=self.offloader,
+            distributed_optimizer=self.params.use_distributed_optimizer,
+        )
+        self.version, self.critic_steps = steps
+        return extra_state
 
     @_on_device
     def shutdown(self) -> None:
