@@ -138,9 +138,12 @@ class Session:
         self.train_backend = self.placement.train_backend(
             tb, train_spec(cfg, self.total_steps, self.tokenizer)
         )
-        self.rollout = self.placement.rollout_backend(rb, self.rollout_spec)
+        # the engine takes the weights; the batch sources generate through ``rollout``: the engine
+        # itself, or, multi-turn, the trajectories composed over it
+        self.engine = self.placement.rollout_backend(rb, self.rollout_spec)
+        self.rollout = self.engine
         if cfg.rollout.environment is not None:  # multi-turn: every batch source goes through it
-            self.rollout = multi_turn_rollout(cfg, self.rollout, self.tokenizer, self.rollout_spec)
+            self.rollout = multi_turn_rollout(cfg, self.engine, self.tokenizer, self.rollout_spec)
         self.trainer = PolicyTrainer.from_config(cfg, self.train_backend, offpolicy_metrics=offpolicy_metrics)
         self.ckpt = CheckpointManager(
             self.run_dir, cfg.trainer.max_checkpoints, keep_best=cfg.trainer.keep_best
@@ -213,17 +216,17 @@ class Session:
         return out
 
     def send_weights(self, version: int) -> int | None:
-        """``rollout.update_weights(train_backend.export_weights(), version)``; the bytes pushed when
+        """``engine.update_weights(train_backend.export_weights(), version)``; the bytes pushed when
         the export is a local stream of tensors (a whole model, or only a LoRA adapter); for a Ray
         handle the rollout group moves itself, the bytes its sync reports
         (:class:`~rlzoo.kernel.protocols.ReportsWeightSync`), if any."""
         exported = self.train_backend.export_weights()
         if not isinstance(exported, WeightHandle):
             counter = _ByteCounter(exported)
-            self.rollout.update_weights(counter, version)
+            self.engine.update_weights(counter, version)
             return counter.bytes
-        self.rollout.update_weights(exported, version)
-        report = self.rollout.last_sync if isinstance(self.rollout, ReportsWeightSync) else {}
+        self.engine.update_weights(exported, version)
+        report = self.engine.last_sync if isinstance(self.engine, ReportsWeightSync) else {}
         return int(report["bytes"]) if "bytes" in report else None
 
     def train_requests(
