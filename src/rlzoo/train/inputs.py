@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from rlzoo.agents.chat import ChatTemplate
 from rlzoo.agents.settings import MultiTurnSettings
 from rlzoo.kernel.errors import ConfigError, RlzooError
 from rlzoo.kernel.protocols import Environment, JudgedMetric, SamplingParams, Tool
@@ -337,8 +338,6 @@ def run_inputs(cfg: RecipeConfig, resume_info: Any = None) -> RunInputs:
     spec = rollout_spec(cfg, tokenizer)
     agent = agent_setup(cfg)
     if agent is not None:  # a template that cannot do multi-turn fails before any model loads
-        from rlzoo.agents.chat import ChatTemplate
-
         ChatTemplate(tokenizer, stop_ids=spec.eos_token_ids).probe()
     runner = cfg.runner
     return RunInputs(
