@@ -10,16 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from rlzoo.kernel.settings import RolloutSpec, TrainSpec
-from rlzoo.recipe.types import RecipeConfig, Selection
+from rlzoo.recipe.types import PlacementSection, Selection
 
 
 class LocalPlacement:
     """Build backends in this process."""
 
     name = "local"
-
-    def __init__(self, cfg: RecipeConfig) -> None:
-        self.cfg = cfg
 
     def train_backend(self, sel: Selection, spec: TrainSpec) -> Any:
         return sel.fn(sel.params, spec)
@@ -31,9 +28,10 @@ class LocalPlacement:
         return None
 
 
-def make_placement(cfg: RecipeConfig) -> Any:
-    if cfg.placement.name == "ray":
+def make_placement(settings: PlacementSection) -> Any:
+    """The placement ``settings.name`` names (the recipe's ``placement`` section)."""
+    if settings.name == "ray":
         from rlzoo.distributed.ray_placement import RayPlacement
 
-        return RayPlacement(cfg)
-    return LocalPlacement(cfg)
+        return RayPlacement(settings)
+    return LocalPlacement()

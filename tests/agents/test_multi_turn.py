@@ -79,3 +79,19 @@ def test_trainer_log_probs_equal_the_engine_s_over_three_turns(parts: dict[str, 
     mask = batch["response_mask"].bool()  # [B, T]
     diff = (lp - batch["rollout_log_probs"]).abs()[mask]
     assert diff.numel() > 50 and float(diff.max()) <= 1e-5, float(diff.max())
+
+
+def test_the_rollout_is_a_rollout_backend_and_forwards_nothing_else(parts: dict[str, Any]) -> None:
+    """Composed, not impersonating: the Protocol's members are its own; anything else of the engine
+    (``abort``, ``model``, a sync report) is asked of the engine, which the caller holds."""
+    from rlzoo.kernel.protocols import RolloutBackend
+
+    mt, rec = _rollout(parts)
+    try:
+        assert isinstance(mt, RolloutBackend)
+        assert "__getattr__" not in vars(MultiTurnRollout)
+        assert callable(getattr(rec, "abort", None))  # the engine has it ...
+        assert not hasattr(mt, "abort")  # ... the multi-turn rollout does not pass it on
+        assert mt.version == rec.version
+    finally:
+        mt.shutdown()

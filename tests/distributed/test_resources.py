@@ -70,12 +70,12 @@ def test_ray_placement_refuses_before_any_actor_starts(ray_cluster) -> None:
     before = free_cpus_after_release(ray)  # actors of earlier tests are released asynchronously
     too_many = SimpleNamespace(placement=_placement(True, trainer=(1, 0, 6)))
     with pytest.raises(ConfigError, match=r"asks for CPU=6 but the cluster has CPU=4"):
-        RayPlacement(too_many)  # type: ignore[arg-type]
+        RayPlacement(too_many.placement)  # type: ignore[arg-type]
     gpus = SimpleNamespace(placement=_placement(True, trainer=(1, 2, 1)))
     with pytest.raises(ConfigError, match=r"asks for GPU=2 but the cluster has CPU=4, GPU=0"):
-        RayPlacement(gpus)  # type: ignore[arg-type]
+        RayPlacement(gpus.placement)  # type: ignore[arg-type]
     overlap = SimpleNamespace(placement=_placement(False, trainer=(1, 0, 3), rollout=(1, 0, 2)))
     with pytest.raises(ConfigError, match="the pools overlap"):
-        RayPlacement(overlap)  # type: ignore[arg-type]
+        RayPlacement(overlap.placement)  # type: ignore[arg-type]
     assert ray.is_initialized()  # a Ray it did not start is left running
     assert ray.available_resources().get("CPU", 0.0) == before  # nothing reserved, no actor started

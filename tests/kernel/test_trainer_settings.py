@@ -141,7 +141,7 @@ def test_lr_schedule_reaches_its_final_value_on_the_last_step(
 # the critic's value clip
 # ---------------------------------------------------------------------------------------------
 def test_value_clip_is_a_declared_validated_setting_the_trainer_uses() -> None:
-    from rlzoo.train.update import PolicyTrainer
+    from rlzoo.train.update import trainer_setup
 
     cfg = load_config("quickstart", ["algorithm.advantage=gae", "algorithm.value_clip=0.2"])
     assert cfg.algorithm.value_clip == 0.2
@@ -168,7 +168,7 @@ def test_value_clip_is_a_declared_validated_setting_the_trainer_uses() -> None:
             "responses": torch.zeros(4, 2, dtype=torch.long),
         }
     )
-    PolicyTrainer.from_config(cfg, Backend()).update(batch, lambda name: _Null())
+    trainer_setup(cfg).build(Backend()).update(batch, lambda name: _Null())
     assert seen and set(seen) == {0.2}
 
 

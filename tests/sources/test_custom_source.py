@@ -46,7 +46,7 @@ class GenerateOnce:
             samples = self.s.rollout.generate(self.s.train_requests(next(self.loader), step, 1))
         results = self.s.score(samples)
         return samples_to_batch(
-            samples, results, self.s.pad_token_id, max_response_length=self.s.max_response_length
+            samples, results, self.s.pad_token_id, max_response_length=self.s.data.max_response_length
         )
 
     def push_weights(self, timer: StepTimer) -> dict[str, float]:

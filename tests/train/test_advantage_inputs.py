@@ -28,7 +28,7 @@ from rlzoo.kernel.settings import MicroBatchSettings, TrainSpec
 from rlzoo.models.tiny import tiny_qwen2_config
 from rlzoo.recipe.config import load_config
 from rlzoo.testing.backends import make_train_batch
-from rlzoo.train.update import PolicyTrainer
+from rlzoo.train.update import PolicyTrainer, trainer_setup
 from rlzoo.train_kit.formulas import offpolicy_metrics
 
 V = 64
@@ -64,7 +64,7 @@ def _batch(be: NativeTrainBackend, infos: list[dict[str, Any]] | None = None) ->
 
 def _trainer(tmp_path: Path, be: Any, *extra: str) -> PolicyTrainer:
     cfg = load_config("quickstart", [f"data.dir={tmp_path}", "rollout.n=4", *ONE_MINI_BATCH, *extra])
-    return PolicyTrainer.from_config(cfg, be, offpolicy_metrics=offpolicy_metrics)
+    return trainer_setup(cfg).build(be, offpolicy_metrics=offpolicy_metrics)
 
 
 def _null_timer(name: str) -> Any:

@@ -17,7 +17,7 @@ from rlzoo.kernel.settings import MicroBatchSettings, OptimSettings, TrainSpec
 from rlzoo.models.tiny import tiny_qwen2_config
 from rlzoo.recipe.config import load_config
 from rlzoo.testing.backends import make_train_batch
-from rlzoo.train.update import PolicyTrainer
+from rlzoo.train.update import PolicyTrainer, trainer_setup
 from rlzoo.train_kit.formulas import offpolicy_metrics
 
 V = 64
@@ -58,7 +58,7 @@ def _trainer(tmp_path: Path, reuse: bool, *extra: str) -> tuple[PolicyTrainer, N
         [f"data.dir={tmp_path}", "rollout.n=4", "algorithm.entropy_coeff=0.01", *extra],
     )
     be = _backend()
-    tr = PolicyTrainer.from_config(cfg, be, offpolicy_metrics=offpolicy_metrics)
+    tr = trainer_setup(cfg).build(be, offpolicy_metrics=offpolicy_metrics)
     tr.settings = dataclasses.replace(tr.settings, reuse_on_policy_log_probs=reuse)
     return tr, be
 

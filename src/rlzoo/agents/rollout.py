@@ -1,16 +1,19 @@
 """``MultiTurnRollout``: multi-turn, tool-calling trajectories on any rollout backend.
 
-It wraps a :class:`~rlzoo.kernel.protocols.RolloutBackend` and is one itself (``submit`` / ``stream`` /
-``generate`` / ``pause`` / ``resume`` / ``update_weights``), so the sync, one-step-off and
-fully-async batch sources use it unchanged. Each trajectory is a chain of single-turn requests on
+It is composed over a :class:`~rlzoo.kernel.protocols.RolloutBackend` (the engine) and is one itself:
+every method of that Protocol, and only those (``submit`` / ``stream`` / ``generate`` / ``pause`` /
+``resume`` / ``update_weights`` / ``num_pending`` / ``shutdown`` / ``version``), so the sync,
+one-step-off and fully-async batch sources use it unchanged. Whatever else a caller wants of the
+engine (``abort()``, a weight sync's report), it asks the engine it holds itself. Each trajectory is a chain of single-turn requests on
 the inner backend: the context so far (prompt + every turn's ids) is the next request's prompt.
 Because every trajectory's next turn is an ordinary request, the engine's continuous batching
 spans turns: a trajectory waiting on its tool or environment holds no slot, and the others keep
 decoding.
 
-Environment and tool calls run on one asyncio loop in a background thread (sync methods in its
-thread pool, ``async`` ones awaited there), each under its timeout, so a slow environment never
-blocks the engine or the caller.
+Environment and tool calls run on a :class:`~rlzoo.agents.loop.SideLoop` (an asyncio loop on its own
+thread, sync methods in its thread pool, ``async`` ones awaited there), each under its timeout, so
+a slow environment never blocks the engine or the caller; a :class:`~rlzoo.agents.loop.Pump` moves
+trajectories along on the caller's thread. This module is only the trajectory logic.
 
 The trajectory (a :class:`~rlzoo.kernel.protocols.Sample`): ``prompt_ids`` = the first observation
 rendered with the chat template; ``response_ids`` = per turn the sampled ids (``loss_mask`` 1,
@@ -29,11 +32,7 @@ environment fails (raises or times out: ``agent["error"]``; scoring counts it as
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import dataclasses
-import inspect
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -41,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlzoo.agents.chat import ChatTemplate
+from rlzoo.agents.loop import Event, Pump, SideLoop
 from rlzoo.agents.parsing import parse_tool_calls, schema_problems
 from rlzoo.agents.settings import MultiTurnSettings
 from rlzoo.kernel.protocols import (
@@ -54,7 +54,6 @@ from rlzoo.kernel.protocols import (
     Tool,
     ToolCall,
 )
-from rlzoo.rollout_kit.streams import POLL_S
 
 __all__ = ["MultiTurnRollout", "agent_metrics"]
 
@@ -103,7 +102,8 @@ class MultiTurnRollout:
     """A :class:`~rlzoo.kernel.protocols.RolloutBackend` running multi-turn trajectories on ``inner``.
 
     Args:
-        inner: the rollout backend that samples each turn (native engine, vLLM, ...).
+        inner: the rollout backend that samples each turn (native engine, vLLM, ...); weights and
+            pauses go to it, and :meth:`shutdown` shuts it down too.
         make_env: builds one environment per trajectory (the selected part's factory, bound).
         tools: tools offered on top of each environment's own.
         tokenizer: the model's tokenizer (chat template; decoding turns for reading).
@@ -134,19 +134,18 @@ class MultiTurnRollout:
         self.extra_tools = list(tools)
         self.template_kwargs = dict(template_kwargs or {})
         self._lock = threading.RLock()
-        self._events: queue.Queue[tuple[str, _Traj, Any]] = queue.Queue()
         self._by_turn: dict[str, _Traj] = {}  # inner request id -> trajectory
         self._finished: dict[tuple[str, int], Sample] = {}
         self._claimed: set[tuple[str, int]] = set()  # wanted by a generate() call
         self._live = 0  # trajectories submitted and not finished
-        self._loop = asyncio.new_event_loop()
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            settings.concurrency, thread_name_prefix="rlzoo-env"
+        self._side: SideLoop[_Traj] = SideLoop(settings.concurrency)
+        self._pump = Pump(
+            self._side,
+            inner,
+            engine_busy=self._on_engine,
+            on_event=self._handle_event,
+            on_sample=self._on_turn,
         )
-        self._loop.set_default_executor(self._pool)
-        self._gate = asyncio.Semaphore(settings.concurrency)
-        self._thread = threading.Thread(target=self._loop.run_forever, name="rlzoo-agents", daemon=True)
-        self._thread.start()
 
     # ------------------------------------------------------------------------------------------
     # RolloutBackend
@@ -161,7 +160,7 @@ class MultiTurnRollout:
                 for i in range(req.sampling.n):
                     traj = _Traj(request=req, index=i)
                     self._live += 1
-                    self._spawn("reset", traj, self._reset(traj))
+                    self._side.spawn("reset", traj, self._reset(traj))
 
     def stream(self, timeout: float | None = None) -> Iterator[Sample]:
         last = time.monotonic()
@@ -210,18 +209,11 @@ class MultiTurnRollout:
             return self._live + sum(1 for k in self._finished if k not in self._claimed)
 
     def shutdown(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._side.close()
         self.inner.shutdown()
 
-    def __getattr__(self, name: str) -> Any:  # abort(), model, last_sync ... of the inner backend
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
     # ------------------------------------------------------------------------------------------
-    # the pump: inner samples and finished env / tool work move trajectories along
+    # finished trajectories, and what the pump asks
     # ------------------------------------------------------------------------------------------
     def _take(self, ok: Callable[[tuple[str, int]], bool]) -> Sample | None:
         with self._lock:
@@ -230,64 +222,19 @@ class MultiTurnRollout:
                     return self._finished.pop(k)
         return None
 
-    def _pump(self) -> None:
-        """Handle finished env / tool work, then the inner backend's finished turns (one poll)."""
-        self._drain_events()
+    def _on_engine(self) -> bool:
+        """Whether some trajectory's turn is on the engine."""
         with self._lock:
-            waiting_on_inner = bool(self._by_turn)
-        if not waiting_on_inner:
-            try:  # nothing on the engine: wait for env / tool work instead
-                event = self._events.get(timeout=POLL_S)
-            except queue.Empty:
-                return
-            self._handle_event(*event)
-            return
-        for s in self.inner.stream(timeout=POLL_S):
-            self._on_turn(s)
-            self._drain_events()
-
-    def _drain_events(self) -> None:
-        while True:
-            try:
-                event = self._events.get_nowait()
-            except queue.Empty:
-                return
-            self._handle_event(*event)
-
-    def _spawn(self, what: str, traj: _Traj, coro: Any) -> None:
-        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
-
-        def done(f: concurrent.futures.Future[Any]) -> None:
-            try:
-                self._events.put((what, traj, f.result()))
-            except BaseException as exc:
-                self._events.put(("error", traj, f"{what}: {type(exc).__name__}: {exc}"))
-
-        fut.add_done_callback(done)
-
-    async def _call(self, fn: Callable[..., Any], *args: Any, timeout: float) -> Any:
-        """``fn(*args)`` (sync in the thread pool, or awaited) within ``timeout`` seconds."""
-        async with self._gate:
-            if inspect.iscoroutinefunction(fn):
-                return await asyncio.wait_for(fn(*args), timeout)
-            loop = asyncio.get_running_loop()
-
-            def run() -> Any:
-                return fn(*args)
-
-            out = await asyncio.wait_for(loop.run_in_executor(None, run), timeout)
-            if inspect.isawaitable(out):
-                out = await asyncio.wait_for(out, timeout)
-            return out
+            return bool(self._by_turn)
 
     # -- environment and tools (on the loop thread) ----------------------------------------------
     async def _reset(self, traj: _Traj) -> EnvStep:
         t0 = time.perf_counter()
         try:
-            env = await self._call(self.make_env, timeout=self.settings.env_timeout_s)
+            env = await self._side.call(self.make_env, timeout=self.settings.env_timeout_s)
             traj.env = env
             row = {**traj.request.data, "prompt_ids": list(traj.request.prompt_ids)}
-            out = await self._call(env.reset, row, timeout=self.settings.env_timeout_s)
+            out = await self._side.call(env.reset, row, timeout=self.settings.env_timeout_s)
             tools = [*env.tools(), *self.extra_tools]
         finally:
             traj.env_time_s += time.perf_counter() - t0
@@ -301,7 +248,7 @@ class MultiTurnRollout:
         assert traj.env is not None
         t0 = time.perf_counter()
         try:
-            out = await self._call(traj.env.step, turn, timeout=self.settings.env_timeout_s)
+            out = await self._side.call(traj.env.step, turn, timeout=self.settings.env_timeout_s)
         finally:
             traj.env_time_s += time.perf_counter() - t0
         if not isinstance(out, EnvStep):
@@ -351,7 +298,7 @@ class MultiTurnRollout:
         if problems:
             return f"error: {call.name}: " + "; ".join(problems), True
         try:
-            out = await self._call(tool.call, dict(call.arguments), timeout=float(tool.timeout_s))
+            out = await self._side.call(tool.call, dict(call.arguments), timeout=float(tool.timeout_s))
         except TimeoutError:
             return f"error: {call.name} timed out after {tool.timeout_s} s", True
         except Exception as exc:
@@ -361,7 +308,8 @@ class MultiTurnRollout:
         return out, False
 
     # -- moving a trajectory along (on the caller's thread, under the lock) ----------------------
-    def _handle_event(self, what: str, traj: _Traj, value: Any) -> None:
+    def _handle_event(self, event: Event[_Traj]) -> None:
+        what, traj, value = event.what, event.subject, event.value
         with self._lock:
             if what == "error":
                 traj.error = str(value)
@@ -469,7 +417,7 @@ class MultiTurnRollout:
                     traj.truncated = True
                     self._finish(traj, "length")
                     return
-                self._spawn("tools", traj, self._tools_step(traj, calls, errors))
+                self._side.spawn("tools", traj, self._tools_step(traj, calls, errors))
                 return
             turn = AgentTurn(
                 text=text,
@@ -488,7 +436,7 @@ class MultiTurnRollout:
             )
             spans = traj.pending_spans
             traj.pending_calls, traj.pending_results, traj.pending_spans = [], [], []
-            self._spawn("step", traj, self._step(traj, turn, spans))
+            self._side.spawn("step", traj, self._step(traj, turn, spans))
 
     async def _tools_step(self, traj: _Traj, calls: list[ToolCall], errors: list[str]) -> EnvStep:
         return EnvStep(messages=await self._run_tools(traj, calls, errors))

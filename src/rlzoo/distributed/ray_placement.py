@@ -28,7 +28,7 @@ from rlzoo.distributed.resources import PoolPlan, check_pools, plan_pools
 from rlzoo.distributed.worker_group import RolloutGroup, TrainGroup, WorkerSet
 from rlzoo.kernel.errors import ConfigError
 from rlzoo.kernel.settings import RolloutSpec, TrainSpec
-from rlzoo.recipe.types import RecipeConfig, Selection
+from rlzoo.recipe.types import PlacementSection, Selection
 
 __all__ = ["RayPlacement", "init_ray"]
 
@@ -63,11 +63,9 @@ class RayPlacement:
 
     name = "ray"
 
-    def __init__(self, cfg: RecipeConfig) -> None:
+    def __init__(self, pc: PlacementSection) -> None:
         import ray
 
-        self.cfg = cfg
-        pc = cfg.placement
         self.colocate = bool(pc.colocate)
         self.pools: dict[str, PoolPlan] = {p.name: p for p in plan_pools(pc)}
         self.bucket_size_mb = float(pc.bucket_size_mb)

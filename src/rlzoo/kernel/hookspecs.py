@@ -215,7 +215,10 @@ def rlzoo_register_runners(registry: Registrar) -> None:
     ``step_done(batch) -> metrics`` and ``state_dict()``; one that generates while the trainer
     trains also has ``hold()`` and ``close(exc)`` (:class:`rlzoo.train.loop.Background`). The
     ``session`` (:class:`rlzoo.train.session.Session`) gives the step plan (``session.plan``), the
-    backends and the helpers to draw prompts, generate, score and push weights. Params may declare
+    rollout (``session.rollout``), the helpers to draw prompts, generate, score and push weights
+    (``make_loader``, ``train_requests``, ``score``, ``keep``, ``sync_weights``), ``pad_token_id``, and
+    typed records built from the recipe once (``session.data``, ``session.schedule``,
+    ``session.sampling``, ``session.reward``, ``session.backends``); it holds no recipe. Params may declare
     ``step_plan(cfg)`` (:class:`rlzoo.kernel.protocols.PlansSteps`) and ``check(cfg)``
     (:class:`rlzoo.kernel.protocols.ChecksRecipe`). A plugin's whole runner, e.g.::
 

@@ -354,7 +354,10 @@ class Sample:
 
 @runtime_checkable
 class RolloutBackend(Protocol):
-    version: int
+    @property
+    def version(self) -> int:
+        """The backend's weight version (stamped on every token it produces); read-only to callers."""
+        ...
 
     def submit(self, requests: Sequence[GenerationRequest]) -> None: ...
     def stream(self, timeout: float | None = None) -> Iterator[Sample]: ...

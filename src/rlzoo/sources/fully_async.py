@@ -324,12 +324,12 @@ class StreamFromQueue:
         self.s = session
         self.params = params
         self.step_groups = step_groups = session.plan.prompts_per_step
-        if len(session.train_data) < step_groups:
+        if len(session.data.train) < step_groups:
             raise ConfigError(
                 [
                     f"runner.require_batches: {params.require_batches} x trainer.ppo_mini_batch_size="
                     f"{step_groups // params.require_batches} = {step_groups} prompts per trainer step, but the "
-                    f"training data has only {len(session.train_data)} usable prompts"
+                    f"training data has only {len(session.data.train)} usable prompts"
                 ]
             )
         self.max_stale = max_staleness_versions(params.staleness_threshold)
@@ -337,7 +337,7 @@ class StreamFromQueue:
             params.staleness_threshold, params.trigger_parameter_sync_step, step_groups
         )
         self.prompts = PromptSource(
-            session.train_data,
+            session.data.train,
             session.make_loader(step_groups),
             self._make_request,
             params.total_rollout_steps,
@@ -361,7 +361,7 @@ class StreamFromQueue:
 
     def _start(self) -> StalenessQueue:
         s, p = self.s, self.params
-        payload = s.resume_payload or {}
+        payload = s.resumed.payload if s.resumed is not None else {}
         self.queue = q = StalenessQueue(
             budget=self.budget,
             max_staleness=self.max_stale,
@@ -369,12 +369,13 @@ class StreamFromQueue:
             param_version=int(payload.get("policy_version", 0)),
             backend_version=int(s.rollout.version),
         )
-        self.rollouter = Rollouter(s.rollout, q, self.prompts, s.score, self._keep if s.filter else None)
+        keep = self._keep if s.reward.sample_filter is not None else None
+        self.rollouter = Rollouter(s.rollout, q, self.prompts, s.score, keep)
         print(
             f"rlzoo: fully_async: {self.step_groups} groups/step (require_batches={p.require_batches} x mini-batch "
-            f"{self.step_groups // p.require_batches}), n={s.rollout_n}, sync every {p.trigger_parameter_sync_step} "
+            f"{self.step_groups // p.require_batches}), n={s.sampling.train.n}, sync every {p.trigger_parameter_sync_step} "
             f"steps, window budget {self.budget} groups, max staleness {self.max_stale} version(s), "
-            f"partial_rollout={p.partial_rollout}, {s.total_steps} steps",
+            f"partial_rollout={p.partial_rollout}, {s.schedule.total_steps} steps",
             flush=True,
         )
         self.rollouter.start()
@@ -397,11 +398,10 @@ class StreamFromQueue:
         self._batch_prompts = [g.payload[0] for g in groups]
         samples = [x for g in groups for x in g.payload[1]]
         results = [x for g in groups for x in g.payload[2]]
+        max_len = self.s.data.max_response_length
         with timer("collate"):
-            batch = samples_to_batch(
-                samples, results, self.s.pad_token_id, max_response_length=self.s.max_response_length
-            )
-        self._batch_metrics = rollout_metrics(batch, self.s.max_response_length)
+            batch = samples_to_batch(samples, results, self.s.pad_token_id, max_response_length=max_len)
+        self._batch_metrics = rollout_metrics(batch, max_len)
         return batch
 
     def push_weights(self, timer: StepTimer) -> dict[str, float]:
@@ -409,7 +409,7 @@ class StreamFromQueue:
         q, s, partial = self.queue, self.s, self.params.partial_rollout
         assert q is not None
         new = q.param_version + 1
-        backend_version = int(s.train_backend.version)
+        backend_version = int(s.backends.train.version)
         if not partial:
             with timer.wait("sync_drain"):  # finish in-flight requests under the old weights
                 q.hold()

@@ -91,9 +91,11 @@ class GenerateOneAhead:
         with timer.wait("wait_gen"):  # trainer idle: the batch is not ready yet
             batch, m = self.pending.result(self.timeout)
         gen = self.pending
-        trained_version = int(self.s.train_backend.version)
+        trained_version = int(self.s.backends.train.version)
         # the next batch starts now, under the weights of the last push
-        self.pending = _Generation(self.s, self.loader, step + 1) if step < self.s.total_steps else None
+        self.pending = (
+            _Generation(self.s, self.loader, step + 1) if step < self.s.schedule.total_steps else None
+        )
         m = dict(m)
         m.update({f"timing_s/{k}": v for k, v in gen.timer.seconds.items() if k != "gen_total"})
         m["timing_s/gen"] = gen.timer.seconds.get("gen", 0.0)

@@ -35,14 +35,14 @@ def generate_groups(
     kept_s: list[Sample] = []
     kept_r: list[RewardResult] = []
     rounds, dropped = 0, 0
-    flt = s.filter
+    flt = s.reward.sample_filter
     max_rounds = flt.params.max_num_gen_batches if flt and isinstance(flt.params, RefillLimit) else 0
     refills = flt is not None and flt.capability("refills")
     while True:
         rounds += 1
         items = list(next(loader))
         reqs = s.train_requests(items, step, rounds)
-        if s.greedy_baseline:  # one greedy response per prompt, tagged with the request it serves
+        if s.reward.greedy_baseline:  # one greedy response per prompt, tagged with the request it serves
             greedy_reqs = s.train_requests(items, step, rounds, greedy=True)
             for g, r in zip(greedy_reqs, reqs):
                 g.data[BASELINE_OF] = r.request_id
@@ -51,7 +51,7 @@ def generate_groups(
             samples = s.rollout.generate(reqs)
         with timer.wait("reward"):
             results = s.score(samples)
-        if s.greedy_baseline:
+        if s.reward.greedy_baseline:
             base = {
                 smp.data[BASELINE_OF]: r.reward for smp, r in zip(samples, results) if BASELINE_OF in smp.data
             }
@@ -86,12 +86,13 @@ def generate_groups(
     chosen = {rid for rid, i in order.items() if i < want}
     pairs = [(smp, r) for smp, r in zip(kept_s, kept_r) if smp.request_id in chosen]
     samples, results = [p[0] for p in pairs], [p[1] for p in pairs]
-    batch = samples_to_batch(samples, results, s.pad_token_id, max_response_length=s.max_response_length)
-    if s.greedy_baseline:
+    max_len = s.data.max_response_length
+    batch = samples_to_batch(samples, results, s.pad_token_id, max_response_length=max_len)
+    if s.reward.greedy_baseline:
         import torch
 
         batch["baseline_rewards"] = torch.tensor([smp.data.get("baseline_reward", 0.0) for smp in samples])
-    extra.update(rollout_metrics(batch, s.max_response_length))
+    extra.update(rollout_metrics(batch, max_len))
     return batch, extra
 
 

@@ -1,21 +1,32 @@
 """Inputs: data preparation, the checks that run before any model loads, tokenizer, specs, datasets.
 
 Everything here reads the recipe: it is the edge where a :class:`~rlzoo.recipe.types.RecipeConfig` turns
-into the flat objects the loop and the backends take.
+into the flat objects the loop and the backends take. :func:`run_inputs` reads it once, in the order
+that fails fast, into a frozen :class:`RunInputs`, from which :class:`~rlzoo.train.session.Session` is
+built; nothing after that reads the recipe.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from rlzoo.agents.chat import ChatTemplate
+from rlzoo.agents.settings import MultiTurnSettings
 from rlzoo.kernel.errors import ConfigError, RlzooError
-from rlzoo.kernel.settings import RolloutSpec, TrainSpec
-from rlzoo.recipe.types import RecipeConfig, Selection, optimizer_steps
+from rlzoo.kernel.protocols import Environment, JudgedMetric, SamplingParams, Tool
+from rlzoo.kernel.settings import RolloutSpec, StepPlan, TrainSpec
+from rlzoo.recipe.types import PlacementSection, RecipeConfig, Selection, optimizer_steps, step_plan
+from rlzoo.train.batching import sampling_params
+from rlzoo.train.failures import RewardFailures
+from rlzoo.train.rewards import build_reward_manager
+from rlzoo.train.update import TrainerSetup, trainer_setup
 
 logger = logging.getLogger("rlzoo")
 
@@ -196,22 +207,188 @@ def build_datasets(cfg: RecipeConfig, tokenizer: Any, processor: Any = None) -> 
     return train, val
 
 
-def multi_turn_rollout(cfg: RecipeConfig, inner: Any, tokenizer: Any, spec: RolloutSpec) -> Any:
-    """``inner`` wrapped in a :class:`rlzoo.agents.rollout.MultiTurnRollout` for
-    ``rollout.environment`` (one environment per trajectory), ``rollout.tools`` and
-    ``rollout.multi_turn``."""
-    from functools import partial
+def resume_step(value: Any) -> int | bool | None:
+    """``resume``: False (fresh run), True / ``latest`` (newest good checkpoint) or a step number."""
+    if value is None or value is False or (isinstance(value, str) and value.lower() in ("", "false", "no")):
+        return False
+    if value is True or (isinstance(value, str) and value.lower() in ("true", "latest", "yes")):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            [f"resume: {value!r} is not true/false, 'latest' or a checkpoint step number"]
+        ) from None
 
-    from rlzoo.agents.rollout import MultiTurnRollout
 
-    env = cfg.rollout.environment
-    tools = [sel.fn(sel.params) for sel in cfg.rollout.tools]
-    return MultiTurnRollout(
-        inner,
-        partial(env.fn, env.params),
-        tokenizer,
-        cfg.rollout.multi_turn,
-        max_response_length=cfg.data.max_response_length,
-        stop_ids=spec.eos_token_ids,
-        tools=tools,
+# ---------------------------------------------------------------------------------------------
+# RunInputs: the recipe, read once
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Schedule:
+    """When the loop does what."""
+
+    plan: StepPlan  # prompts per step, the weight-push cadence, a step limit
+    total_steps: int  # trainer steps of the run (trainer.total_steps, or total_epochs over the data)
+    validate_before_train: bool
+    test_freq: int  # validate every k steps (-1: only at the end)
+    save_freq: int  # checkpoint every k steps (-1: only at the end)
+    export_every: int  # an HF folder export/step_K/ every k steps (0: only final/)
+
+
+@dataclass(frozen=True)
+class Data:
+    """The prompts and how they read: the tokenizer (a VL model's processor), the datasets."""
+
+    tokenizer: Any
+    processor: Any  # None for a text model
+    train: Any  # rlzoo.data.dataset.PromptDataset
+    val: Any | None  # None: no validation data
+    shuffle: bool  # shuffle the training prompts each epoch
+    val_batch_size: int | None  # prompts per validation batch (None: all at once)
+    max_response_length: int  # tokens after the prompt (a multi-turn trajectory's whole budget)
+    pad_token_id: int
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How responses are sampled; each request's seed comes from ``seed``, the step and the round."""
+
+    train: SamplingParams  # rollout.{n, temperature, top_p, top_k}, no seed
+    val: SamplingParams  # rollout.val.*, no seed
+    seed: int  # run.seed
+
+
+@dataclass(frozen=True)
+class Reward:
+    """Scoring: the reward manager, its failure counter, the sample filter, the greedy baseline."""
+
+    manager: Any
+    failures: RewardFailures  # counts failed samples per step; aborts per reward.max_failed_*
+    sample_filter: Selection | None
+    filter_metric: str  # what the filter judges (sample_filter.metric, else "reward")
+    greedy_baseline: bool  # the advantage needs one greedy response per prompt
+
+
+@dataclass(frozen=True)
+class AgentSetup:
+    """Multi-turn trajectories (``rollout.environment``): composed over the rollout engine."""
+
+    make_env: Callable[[], Environment]  # one environment per trajectory
+    tools: tuple[Tool, ...]  # rollout.tools, on top of each environment's own
+    settings: MultiTurnSettings
+
+
+@dataclass(frozen=True)
+class BackendSetup:
+    """What the placement builds, and the trainer over the train backend."""
+
+    placement: PlacementSection
+    train: Selection
+    train_spec: TrainSpec
+    rollout: Selection
+    rollout_spec: RolloutSpec
+    agent: AgentSetup | None  # None: single-turn
+    trainer: TrainerSetup
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """Everything a :class:`~rlzoo.train.session.Session` is built from (:func:`run_inputs`)."""
+
+    runner_name: str
+    recipe: str | None  # the recipe's name, for the resume command
+    resume_at: int | bool | None  # resume_step(cfg.resume): False fresh, None latest, or a step
+    resume_info: Any  # rlzoo.recipe.compose.Run.resume_info (a resume from a saved config.yaml)
+    max_checkpoints: int
+    keep_best: bool
+    loggers: tuple[Any, ...]
+    progress: bool
+    schedule: Schedule
+    data: Data
+    sampling: Sampling
+    reward: Reward
+    backends: BackendSetup
+
+
+def run_inputs(cfg: RecipeConfig, resume_info: Any = None) -> RunInputs:
+    """Read the recipe once, in the order that fails fast: data prepared if asked, inputs checked
+    (model / tokenizer / dataset columns), tokenizer, datasets, the reward manager, the specs and a
+    multi-turn chat template probed, all before any model loads."""
+    resume_at = resume_step(cfg.resume)
+    ensure_data(cfg)
+    check_inputs(cfg)
+    tokenizer = load_tokenizer(cfg)
+    processor = load_processor(cfg)  # None for a text model
+    train, val = build_datasets(cfg, tokenizer, processor)
+    plan = step_plan(cfg)
+    per_epoch = max(1, len(train) // plan.prompts_per_step)
+    if plan.step_limit is not None:
+        total_steps = plan.step_limit
+    else:
+        total_steps = cfg.trainer.total_steps or per_epoch * cfg.trainer.total_epochs
+    flt: Selection | None = cfg.algorithm.sample_filter
+    reward = Reward(
+        manager=build_reward_manager(cfg),
+        failures=RewardFailures(cfg.reward.max_failed_steps, cfg.reward.max_failed_frac),
+        sample_filter=flt,
+        filter_metric=flt.params.metric if flt and isinstance(flt.params, JudgedMetric) else "reward",
+        greedy_baseline=bool(cfg.algorithm.advantage.capability("needs_greedy_baseline")),
+    )
+    spec = rollout_spec(cfg, tokenizer)
+    agent = agent_setup(cfg)
+    if agent is not None:  # a template that cannot do multi-turn fails before any model loads
+        ChatTemplate(tokenizer, stop_ids=spec.eos_token_ids).probe()
+    runner = cfg.runner
+    return RunInputs(
+        runner_name=runner.name if isinstance(runner, Selection) else "runner",
+        recipe=cfg.recipe,
+        resume_at=resume_at,
+        resume_info=resume_info,
+        max_checkpoints=cfg.trainer.max_checkpoints,
+        keep_best=cfg.trainer.keep_best,
+        loggers=tuple(cfg.run.loggers),
+        progress=cfg.run.progress,
+        schedule=Schedule(
+            plan=plan,
+            total_steps=total_steps,
+            validate_before_train=cfg.trainer.val_before_train,
+            test_freq=cfg.trainer.test_freq,
+            save_freq=cfg.trainer.save_freq,
+            export_every=cfg.run.export_every,
+        ),
+        data=Data(
+            tokenizer=tokenizer,
+            processor=processor,
+            train=train,
+            val=val,
+            shuffle=cfg.data.shuffle,
+            val_batch_size=cfg.data.val_batch_size,
+            max_response_length=cfg.data.max_response_length,
+            pad_token_id=int(tokenizer.pad_token_id),
+        ),
+        sampling=Sampling(train=sampling_params(cfg), val=sampling_params(cfg, val=True), seed=cfg.run.seed),
+        reward=reward,
+        backends=BackendSetup(
+            placement=cfg.placement,
+            train=cfg.trainer.backend,
+            train_spec=train_spec(cfg, total_steps, tokenizer),
+            rollout=cfg.rollout.backend,
+            rollout_spec=spec,
+            agent=agent,
+            trainer=trainer_setup(cfg),
+        ),
+    )
+
+
+def agent_setup(cfg: RecipeConfig) -> AgentSetup | None:
+    """``rollout.environment`` (one environment per trajectory), ``rollout.tools`` and
+    ``rollout.multi_turn``; None for a single-turn run."""
+    env: Selection | None = cfg.rollout.environment
+    if env is None:
+        return None
+    return AgentSetup(
+        make_env=partial(env.fn, env.params),
+        tools=tuple(sel.fn(sel.params) for sel in cfg.rollout.tools),
+        settings=cfg.rollout.multi_turn,
     )

@@ -32,10 +32,10 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rlzoo.kernel.batch import Batch
-from rlzoo.recipe.types import Selection, step_plan
+from rlzoo.recipe.types import Selection
 from rlzoo.report.metrics import PhaseTimer
 from rlzoo.system.failpoints import failpoint
-from rlzoo.train.session import Session
+from rlzoo.train.session import Session, open_session
 
 if TYPE_CHECKING:
     from rlzoo.recipe.compose import Run
@@ -117,7 +117,7 @@ def build_loop(run: Run) -> TrainLoop:
     """The session (models loaded, resume applied) and the runner's batch source, ready to :meth:`~TrainLoop.run`."""
     runner = run.config.runner
     assert isinstance(runner, Selection)
-    session = Session(run, step_plan(run.config))
+    session = open_session(run)
     try:
         source: BatchSource = runner.fn(runner.params, session)
     except BaseException:
@@ -204,16 +204,17 @@ class TrainLoop:
         rows: list[dict[str, Any]] = []
         ended = "completed"
         try:
-            state = s.resume_payload
-            if state is not None:
+            if s.resumed is not None:
+                state = s.resumed.payload
                 src.resume(state["data"])
                 self.versions = VersionMap(int(s.rollout.version), int(state.get("policy_version", 0)))
-            if s.validate_before_train and s.start_step == 0 and s.val_data is not None:
+            total = s.schedule.total_steps
+            if s.schedule.validate_before_train and s.start_step == 0 and s.data.val is not None:
                 rows.append(s.metrics.log(0, s.validate(), advance=False))
             since_push = 0
             val_pending = False
             t_prev = time.perf_counter()
-            for step in range(s.start_step + 1, s.total_steps + 1):
+            for step in range(s.start_step + 1, total + 1):
                 timer = StepTimer()
                 m: dict[str, Any] = {}
                 with timer("step"):
@@ -228,27 +229,27 @@ class TrainLoop:
                         m.update(s.trainer.step(batch, timer))
                         since_push += 1
                     synced = False
-                    if since_push and (step % plan.push_every == 0 or step == s.total_steps):
+                    if since_push and (step % plan.push_every == 0 or step == total):
                         with timer("sync_weights"):
                             m.update(src.push_weights(timer))
-                        self.versions.push(int(s.train_backend.version))
+                        self.versions.push(int(s.backends.train.version))
                         since_push, synced = 0, True
                 m["rollout/skipped_step"] = float(batch is None)
                 wall = time.perf_counter() - t_prev
                 m.update(self._perf(batch, timer, wall))
                 m.update(src.step_done(batch))
-                if s.val_data is not None and is_due(step, s.test_freq, s.total_steps):
+                if s.data.val is not None and is_due(step, s.schedule.test_freq, total):
                     val_pending = True
                 if val_pending and (synced or since_push == 0):  # on the weights just pushed
                     with timer("testing"), self._held():
                         m.update(s.validate())
                     m["timing_s/testing"] = timer.seconds["testing"]
                     val_pending = False
-                m.update(s.reward_failures.end_step(step))  # rlzoo.train.failures (H5)
+                m.update(s.reward.failures.end_step(step))  # rlzoo.train.failures (H5)
                 # HF folders export/step_K/ + final/ (rlzoo.train.export), before the checkpoint: a step is
                 # saved only complete, so a kill during the export has the resume redo it
-                m.update(s.export(step, s.total_steps))
-                if is_due(step, s.save_freq, s.total_steps):
+                m.update(s.export(step, total))
+                if is_due(step, s.schedule.save_freq, total):
                     # the checkpoint carries the step's row so far: killed before the row is
                     # written below, the resumed run writes it from there (no gap in the metrics)
                     with timer("save_checkpoint"):
@@ -263,7 +264,7 @@ class TrainLoop:
                 failpoint("metrics:before")
                 rows.append(s.metrics.log(step, m))
                 failpoint("metrics:after")
-                s.reward_failures.check()  # all samples failed scoring too many steps in a row: abort
+                s.reward.failures.check()  # all samples failed scoring too many steps in a row: abort
                 t_prev = time.perf_counter()
         except KeyboardInterrupt as exc:
             self._close_source(exc)

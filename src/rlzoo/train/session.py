@@ -1,10 +1,11 @@
-"""A training session: everything the loop needs, built once from the recipe, in the order that fails fast.
+"""A training session: everything the loop needs, built once from a :class:`~rlzoo.train.inputs.RunInputs`.
 
-The session is the edge: it is the only place below :class:`rlzoo.recipe.compose.Run` that reads the
-recipe. Order: the run directory is locked (one writer), inputs are checked (data prepared if
-asked, model / tokenizer / dataset columns) before any model is loaded; then datasets, reward
-manager, backends (through the placement), the policy trainer, the checkpoint to resume from, and
-metrics (continuing from the checkpoint step).
+:func:`open_session` is the edge: it locks the run directory (one writer), reads the recipe once
+into :class:`~rlzoo.train.inputs.RunInputs` (:func:`~rlzoo.train.inputs.run_inputs`: inputs checked,
+data prepared if asked, tokenizer, datasets, reward manager, before any model loads) and builds the
+:class:`Session` from them. The session then builds the backends (through the placement), the
+policy trainer, the checkpoint to resume from and the metrics (continuing from the checkpoint
+step); it holds no recipe and reads none.
 """
 
 from __future__ import annotations
@@ -13,22 +14,21 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlzoo.agents.chat import ChatTemplate
 from rlzoo.data.dataset import PromptLoader
 from rlzoo.distributed.worker_group import WeightHandle
 from rlzoo.kernel.errors import ConfigError
-from rlzoo.kernel.protocols import GenerationRequest, JudgedMetric, ReportsWeightSync, RewardResult, Sample
+from rlzoo.kernel.protocols import GenerationRequest, ReportsWeightSync, RewardResult, RolloutBackend, Sample
 from rlzoo.kernel.settings import StepPlan
 from rlzoo.placement import make_placement
-from rlzoo.recipe.types import RecipeConfig, Selection
 from rlzoo.report.metrics import MetricsLogger, missing_row
 from rlzoo.system.failpoints import failpoint
-from rlzoo.train.batching import make_requests, sampling_params
+from rlzoo.train.batching import make_requests
 from rlzoo.train.checkpoint import CheckpointManager, RunLock, rewind_metrics, write_summary
 from rlzoo.train.export import (
     HFExportable,
@@ -38,120 +38,99 @@ from rlzoo.train.export import (
     step_dir,
     writable_export_dir,
 )
-from rlzoo.train.failures import RewardFailures
-from rlzoo.train.inputs import (
-    build_datasets,
-    check_inputs,
-    ensure_data,
-    load_processor,
-    load_tokenizer,
-    multi_turn_rollout,
-    rollout_spec,
-    train_spec,
-)
-from rlzoo.train.rewards import build_reward_manager, keep_mask, score_samples, validation_metrics
+from rlzoo.train.inputs import AgentSetup, Data, Reward, RunInputs, Sampling, Schedule, run_inputs
+from rlzoo.train.rewards import keep_mask, score_samples, validation_metrics
 from rlzoo.train.rundir import record_resume
 from rlzoo.train.update import PolicyTrainer
 from rlzoo.train_kit.formulas import offpolicy_metrics
 
+if TYPE_CHECKING:
+    from rlzoo.recipe.compose import Run
+
 logger = logging.getLogger("rlzoo")
 
 
-def resume_step(value: Any) -> int | bool | None:
-    """``resume``: False (fresh run), True / ``latest`` (newest good checkpoint) or a step number."""
-    if value is None or value is False or (isinstance(value, str) and value.lower() in ("", "false", "no")):
-        return False
-    if value is True or (isinstance(value, str) and value.lower() in ("true", "latest", "yes")):
-        return None
+def open_session(run: Run) -> Session:
+    """The edge: the run directory locked, the recipe read once, the session built from what was read."""
+    run_dir = run.make_run_dir()
+    # make_run_dir took the one-writer lock; a run object without one gets it here. The session owns
+    # it from now on and releases it when it closes.
+    lock = run.lock or RunLock(run_dir).acquire()
+    run.lock = None
     try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(
-            [f"resume: {value!r} is not true/false, 'latest' or a checkpoint step number"]
-        ) from None
+        print(f"rlzoo: run directory {run_dir}", flush=True)
+        cfg = run.config
+        torch.manual_seed(cfg.run.seed)
+        writable_export_dir(final_dir(run_dir))  # a user's file in final/: say so now, not at the end
+        inputs = run_inputs(cfg, run.resume_info)
+    except BaseException:
+        lock.release()
+        raise
+    return Session(inputs, run_dir, lock)
+
+
+@dataclass(frozen=True)
+class Backends:
+    """Where generation and training happen (built by the placement)."""
+
+    placement: Any  # rlzoo.placement.LocalPlacement or rlzoo.distributed.ray_placement.RayPlacement
+    train: Any  # the train backend (rlzoo.kernel.protocols.TrainBackend)
+    engine: RolloutBackend  # the rollout backend: it takes the weights
+    rollout: RolloutBackend  # what the batch sources generate with: the engine, or trajectories over it
+    model_path: str  # the model they were built from (an HF export copies its other files)
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """The checkpoint this run resumed from."""
+
+    step: int
+    payload: dict[str, Any]  # the loop's checkpoint payload (step, trainer, data, policy version ...)
 
 
 class Session:
-    """Built by :func:`rlzoo.train.loop.train` from a :class:`rlzoo.recipe.compose.Run`.
+    """What the loop and the batch sources use, built from :class:`~rlzoo.train.inputs.RunInputs`.
+
+    Batch sources (runners) use ``plan``, ``rollout``, ``make_loader``, ``train_requests``, ``score``,
+    ``keep``, ``sync_weights`` / ``send_weights`` and ``pad_token_id``, and read the typed records
+    ``schedule``, ``data``, ``sampling``, ``reward``, ``backends`` and ``resumed``; nothing on it is
+    a recipe.
 
     Args:
-        run: the composed run.
-        plan: how the run is cut into trainer steps (:func:`rlzoo.recipe.types.step_plan`).
+        inputs: the recipe, read once (:func:`~rlzoo.train.inputs.run_inputs`).
+        run_dir: the run directory, locked by ``lock`` (released by :meth:`close`).
     """
 
-    def __init__(self, run: Any, plan: StepPlan) -> None:
-        self.run = run
-        cfg: RecipeConfig = run.config
-        self.cfg = cfg
-        self.plan = plan
-        self.runner_name = cfg.runner.name if isinstance(cfg.runner, Selection) else "runner"
-        self.run_dir: Path = run.make_run_dir()
-        # make_run_dir took the one-writer lock; a run object without one gets it here
-        self.lock = run.lock or RunLock(self.run_dir).acquire()
+    def __init__(self, inputs: RunInputs, run_dir: Path, lock: RunLock) -> None:
+        self.run_dir = run_dir
+        self.lock = lock
+        self.runner_name = inputs.runner_name
+        self.resume_command = (
+            f"rlzoo train {inputs.recipe or 'RECIPE'} resume=latest run.output_dir={run_dir}"
+        )
+        self.schedule: Schedule = inputs.schedule
+        self.data: Data = inputs.data
+        self.sampling: Sampling = inputs.sampling
+        self.reward: Reward = inputs.reward
         self._closed = False
         try:
-            self._build(cfg)
+            self._build(inputs)
         except BaseException:
             self.close()
             raise
 
-    def _build(self, cfg: RecipeConfig) -> None:
-        print(f"rlzoo: run directory {self.run_dir}", flush=True)
-        torch.manual_seed(cfg.run.seed)
-        resume_at = resume_step(cfg.resume)
-
-        writable_export_dir(final_dir(self.run_dir))  # a user's file in final/: say so now, not at the end
-        ensure_data(cfg)
-        check_inputs(cfg)
-        self.tokenizer = load_tokenizer(cfg)
-        self.processor = load_processor(cfg)  # None for a text model
-        self.train_data, self.val_data = build_datasets(cfg, self.tokenizer, self.processor)
-        per_epoch = max(1, len(self.train_data) // self.plan.prompts_per_step)
-        if self.plan.step_limit is not None:
-            self.total_steps = self.plan.step_limit
-        else:
-            self.total_steps = cfg.trainer.total_steps or per_epoch * cfg.trainer.total_epochs
-        # flat settings the loop reads
-        self.validate_before_train = cfg.trainer.val_before_train
-        self.test_freq = cfg.trainer.test_freq
-        self.save_freq = cfg.trainer.save_freq
-        self.seed = cfg.run.seed
-        self.pad_token_id = int(self.tokenizer.pad_token_id)
-        self.max_response_length = cfg.data.max_response_length
-        self.rollout_n = cfg.rollout.n
-        self.filter: Selection | None = cfg.algorithm.sample_filter
-        flt = self.filter.params if self.filter else None
-        self.filter_metric = flt.metric if isinstance(flt, JudgedMetric) else "reward"
-        self.greedy_baseline = bool(cfg.algorithm.advantage.capability("needs_greedy_baseline"))
-        self.reward_manager = build_reward_manager(cfg)
-        self.reward_failures = RewardFailures(
-            cfg.reward.max_failed_steps, cfg.reward.max_failed_frac
-        )  # rlzoo.train.failures (H5)
-        self.placement = make_placement(cfg)
-        self.rollout_spec = rollout_spec(cfg, self.tokenizer)
-        if (
-            cfg.rollout.environment is not None
-        ):  # a template that cannot do multi-turn fails before any model loads
-            ChatTemplate(self.tokenizer, stop_ids=self.rollout_spec.eos_token_ids).probe()
-        tb: Selection = cfg.trainer.backend
-        rb: Selection = cfg.rollout.backend
-        self.train_backend = self.placement.train_backend(
-            tb, train_spec(cfg, self.total_steps, self.tokenizer)
-        )
-        self.rollout = self.placement.rollout_backend(rb, self.rollout_spec)
-        if cfg.rollout.environment is not None:  # multi-turn: every batch source goes through it
-            self.rollout = multi_turn_rollout(cfg, self.rollout, self.tokenizer, self.rollout_spec)
-        self.trainer = PolicyTrainer.from_config(cfg, self.train_backend, offpolicy_metrics=offpolicy_metrics)
-        self.ckpt = CheckpointManager(
-            self.run_dir, cfg.trainer.max_checkpoints, keep_best=cfg.trainer.keep_best
-        )
-        self.start_step = 0
-        self.resume_payload: dict[str, Any] | None = None
+    def _build(self, inputs: RunInputs) -> None:
+        setup = inputs.backends
+        self.backends = self._build_backends(inputs)
+        train = self.backends.train
+        self.trainer: PolicyTrainer = setup.trainer.build(train, offpolicy_metrics=offpolicy_metrics)
+        self.ckpt = CheckpointManager(self.run_dir, inputs.max_checkpoints, keep_best=inputs.keep_best)
+        self.resumed: Resumed | None = None
         moved: Path | None = None
         gap_row: dict[str, Any] | None = None
-        if resume_at is not False:
-            step = None if resume_at is None else int(resume_at)
-            state = self.ckpt.load(self.train_backend, step)
+        if inputs.resume_at is not False:
+            step = None if inputs.resume_at is None else int(inputs.resume_at)
+            state = self.ckpt.load(train, step)
             if state is None:
                 raise ConfigError(
                     [
@@ -160,32 +139,32 @@ class Session:
                         "aside, or in another run.output_dir"
                     ]
                 )
-            self.resume_payload = state
-            self.start_step = int(state["step"])
+            self.resumed = Resumed(int(state["step"]), state)
+            start = self.resumed.step
             self.trainer.load_state_dict(state.get("trainer", {}))
             self.sync_weights()
             # a new branch from this checkpoint: the later checkpoints and metrics rows move aside
             failpoint("resume:loaded")
-            branch = self.ckpt.branch_from(self.start_step)
+            branch = self.ckpt.branch_from(start)
             failpoint("resume:branched")
-            moved = rewind_metrics(self.run_dir, self.start_step)
+            moved = rewind_metrics(self.run_dir, start)
             gap_row = missing_row(self.run_dir, state.get("metrics_row"))  # killed before its row
             failpoint("resume:rewound")
-            info = self.run.resume_info  # compose.Run: set by build_run on a resume
+            info = inputs.resume_info  # compose.Run: set by build_run on a resume
             if info is not None:  # recorded only now that the resume has happened
-                record_resume(info, from_step=self.start_step, moved=[p for p in (branch, moved) if p])
+                record_resume(info, from_step=start, moved=[p for p in (branch, moved) if p])
                 failpoint("resume:recorded")
-            print(f"rlzoo: resumed from {state['path']} (step {self.start_step})", flush=True)
+            print(f"rlzoo: resumed from {state['path']} (step {start})", flush=True)
             if branch is not None:
-                print(f"rlzoo: the checkpoints after step {self.start_step} moved to {branch}", flush=True)
+                print(f"rlzoo: the checkpoints after step {start} moved to {branch}", flush=True)
         self.metrics = MetricsLogger(
             self.run_dir,
-            cfg.run.loggers,
-            total_steps=self.total_steps,
-            progress=cfg.run.progress,
+            inputs.loggers,
+            total_steps=self.schedule.total_steps,
+            progress=inputs.progress,
             desc=self.runner_name,
             initial_step=self.start_step,
-            purge_step=None if self.resume_payload is None else self.start_step + (gap_row is None),
+            purge_step=None if self.resumed is None else self.start_step + (gap_row is None),
             redone_from=None if moved is None else self.start_step + 1,
         )
         if moved is not None:
@@ -197,33 +176,89 @@ class Session:
                 "written now from its checkpoint"
             )
 
+    def _build_backends(self, inputs: RunInputs) -> Backends:
+        """The placement's backends; what was built is shut down again when a later one fails."""
+        setup = inputs.backends
+        placement = make_placement(setup.placement)
+        built: list[Any] = []
+        try:
+            train = placement.train_backend(setup.train, setup.train_spec)
+            built.append(train)
+            engine = placement.rollout_backend(setup.rollout, setup.rollout_spec)
+            built.insert(0, engine)
+            rollout = engine
+            if setup.agent is not None:  # multi-turn: trajectories composed over the engine
+                rollout = self._multi_turn(engine, setup.agent, setup.rollout_spec.eos_token_ids)
+        except BaseException:
+            _shut_down(*built)
+            placement.shutdown()
+            raise
+        return Backends(placement, train, engine, rollout, setup.rollout_spec.model_path)
+
+    def _multi_turn(
+        self, engine: RolloutBackend, agent: AgentSetup, stop_ids: Sequence[int]
+    ) -> RolloutBackend:
+        """Every batch source generates through these trajectories; weights still go to ``engine``."""
+        from rlzoo.agents.rollout import MultiTurnRollout
+
+        return MultiTurnRollout(
+            engine,
+            agent.make_env,
+            self.data.tokenizer,
+            agent.settings,
+            max_response_length=self.data.max_response_length,
+            stop_ids=stop_ids,
+            tools=agent.tools,
+        )
+
+    # -- what the runner API reads ----------------------------------------------------------------
+    @property
+    def plan(self) -> StepPlan:
+        """How the run is cut into trainer steps (prompts per step, push cadence, step limit)."""
+        return self.schedule.plan
+
+    @property
+    def rollout(self) -> RolloutBackend:
+        """What batch sources generate with (submit / stream / generate / pause / resume / version)."""
+        return self.backends.rollout
+
+    @property
+    def pad_token_id(self) -> int:
+        return self.data.pad_token_id
+
+    @property
+    def start_step(self) -> int:
+        """The step this run starts after (the resumed checkpoint's, else 0)."""
+        return 0 if self.resumed is None else self.resumed.step
+
     # -- pieces the loop and the batch sources call ---------------------------------------------
     def make_loader(self, batch_size: int) -> Any:
         return PromptLoader(
-            self.train_data, batch_size=batch_size, shuffle=self.cfg.data.shuffle, seed=self.seed
+            self.data.train, batch_size=batch_size, shuffle=self.data.shuffle, seed=self.sampling.seed
         )
 
     def sync_weights(self) -> dict[str, float]:
         """Push the trainer's weights to the rollout backend; returns weight-sync metrics."""
         t0 = time.perf_counter()
-        pushed = self.send_weights(self.train_backend.version)
+        pushed = self.send_weights(self.backends.train.version)
         out = {"weight_sync/seconds": time.perf_counter() - t0}
         if pushed is not None:
             out["perf/weight_push_bytes"] = float(pushed)
         return out
 
     def send_weights(self, version: int) -> int | None:
-        """``rollout.update_weights(train_backend.export_weights(), version)``; the bytes pushed when
+        """``engine.update_weights(train_backend.export_weights(), version)``; the bytes pushed when
         the export is a local stream of tensors (a whole model, or only a LoRA adapter); for a Ray
         handle the rollout group moves itself, the bytes its sync reports
         (:class:`~rlzoo.kernel.protocols.ReportsWeightSync`), if any."""
-        exported = self.train_backend.export_weights()
+        engine = self.backends.engine
+        exported = self.backends.train.export_weights()
         if not isinstance(exported, WeightHandle):
             counter = _ByteCounter(exported)
-            self.rollout.update_weights(counter, version)
+            engine.update_weights(counter, version)
             return counter.bytes
-        self.rollout.update_weights(exported, version)
-        report = self.rollout.last_sync if isinstance(self.rollout, ReportsWeightSync) else {}
+        engine.update_weights(exported, version)
+        report = engine.last_sync if isinstance(engine, ReportsWeightSync) else {}
         return int(report["bytes"]) if "bytes" in report else None
 
     def train_requests(
@@ -231,81 +266,78 @@ class Session:
     ) -> list[GenerationRequest]:
         """Requests of a training batch: seeds depend on (seed, step, generation round) only, so every
         runner generates the same responses for the same prompts."""
+        processor = self.data.processor
         if greedy:
-            sampling = dataclasses.replace(
-                sampling_params(self.cfg, n=1, seed=0), greedy=True, temperature=1.0
-            )
-            return make_requests(items, sampling, prefix=f"s{step}r{attempt}g", processor=self.processor)
-        sampling = sampling_params(self.cfg, seed=self.seed * 100_003 + step * 101 + attempt)
-        return make_requests(items, sampling, prefix=f"s{step}r{attempt}", processor=self.processor)
+            sampling = dataclasses.replace(self.sampling.train, n=1, seed=0, greedy=True, temperature=1.0)
+            return make_requests(items, sampling, prefix=f"s{step}r{attempt}g", processor=processor)
+        seed = self.sampling.seed * 100_003 + step * 101 + attempt
+        sampling = dataclasses.replace(self.sampling.train, seed=seed)
+        return make_requests(items, sampling, prefix=f"s{step}r{attempt}", processor=processor)
 
     def score(self, samples: list[Sample]) -> list[RewardResult]:
-        """Score training samples (counted by ``reward_failures``)."""
-        results = score_samples(self.reward_manager, self.tokenizer, samples)
-        self.reward_failures.record(results)
+        """Score training samples (failures counted by ``reward.failures``)."""
+        results = score_samples(self.reward.manager, self.data.tokenizer, samples)
+        self.reward.failures.record(results)
         return results
 
     def keep(self, samples: Sequence[Sample], results: Sequence[RewardResult]) -> list[bool]:
         """The sample filter's keep mask, judged on ``sample_filter.metric`` (all kept without a filter)."""
-        if self.filter is None:
+        flt = self.reward.sample_filter
+        if flt is None:
             return [True] * len(samples)
-        return keep_mask(self.filter, self.filter_metric, samples, results)
+        return keep_mask(flt, self.reward.filter_metric, samples, results)
 
     def validate(self) -> dict[str, float]:
-        if self.val_data is None:
+        data = self.data
+        if data.val is None:
             return {}
-        cfg = self.cfg
-        items = [self.val_data[i] for i in range(len(self.val_data))]
-        sampling = sampling_params(cfg, val=True, seed=cfg.run.seed + 17)
-        size = cfg.data.val_batch_size or len(items)
+        items = [data.val[i] for i in range(len(data.val))]
+        sampling = dataclasses.replace(self.sampling.val, seed=self.sampling.seed + 17)
+        size = data.val_batch_size or len(items)
         samples: list[Sample] = []
         for start in range(0, len(items), size):
             chunk = items[start : start + size]
             samples += self.rollout.generate(
-                make_requests(chunk, sampling, prefix=f"val{start}", processor=self.processor)
+                make_requests(chunk, sampling, prefix=f"val{start}", processor=data.processor)
             )
-        results = score_samples(self.reward_manager, self.tokenizer, samples)
+        results = score_samples(self.reward.manager, data.tokenizer, samples)
         return validation_metrics(samples, results, sampling.n)
 
     def save(self, step: int, payload: dict[str, Any]) -> Path:
-        return self.ckpt.save(step, self.train_backend, payload)
+        return self.ckpt.save(step, self.backends.train, payload)
 
     # -- HF model folders (rlzoo.train.export; helper H3). Runners call this after each step's checkpoint.
     def export(self, step: int, total_steps: int) -> dict[str, float]:
         """Write the HF model folders due at ``step``: ``export/step_K/`` every ``run.export_every``
         steps, ``final/`` at ``total_steps``. Returns ``timing_s/export`` when something was written."""
-        every = self.cfg.run.export_every
+        every = self.schedule.export_every
         targets = [step_dir(self.run_dir, step)] if every > 0 and step % every == 0 else []
         if step == total_steps:
             targets.append(final_dir(self.run_dir))
         if not targets:
             return {}
-        if not isinstance(self.train_backend, HFExportable):
+        train = self.backends.train
+        if not isinstance(train, HFExportable):
             logger.warning("the train backend has no export_hf(): no HF folder written at step %d", step)
             return {}
         t0 = time.perf_counter()
-        src = self.rollout_spec.model_path
         first = export_model(
-            self.train_backend,
-            src,
+            train,
+            self.backends.model_path,
             targets[0],
-            tokenizer=self.tokenizer,
-            processor=self.processor,
+            tokenizer=self.data.tokenizer,
+            processor=self.data.processor,
             step=step,
         )
         for out in targets[1:]:  # the same weights: copy rather than gather again
             copy_export(first, out, step=step)
         return {"timing_s/export": time.perf_counter() - t0}
 
-    def resume_command(self) -> str:
-        recipe = self.cfg.recipe or "RECIPE"
-        return f"rlzoo train {recipe} resume=latest run.output_dir={self.run_dir}"
-
     def resume_hint(self) -> str:
         latest = self.ckpt.latest()
         if latest is None:
             return "rlzoo: interrupted before the first checkpoint; nothing to resume"
-        return f"rlzoo: interrupted; the last checkpoint is {latest}. Resume with:\n  {self.resume_command()}"
+        return f"rlzoo: interrupted; the last checkpoint is {latest}. Resume with:\n  {self.resume_command}"
 
     def finish(
         self, rows: list[dict[str, Any]], *, wall_s: float, ended: str, extra: dict[str, Any]
@@ -317,7 +349,7 @@ class Session:
         summary: dict[str, Any] = {
             "run_dir": str(self.run_dir),
             "runner": self.runner_name,
-            "steps": self.total_steps,
+            "steps": self.schedule.total_steps,
             "start_step": self.start_step,
             "last_step": steps[-1]["step"] if steps else self.start_step,
             "first_reward": rewards[0] if rewards else None,
@@ -326,7 +358,7 @@ class Session:
             "wall_s": wall_s,
             "ended": ended,
             "last_checkpoint": str(self.ckpt.latest()) if self.ckpt.latest() else None,
-            "resume_command": self.resume_command(),
+            "resume_command": self.resume_command,
             "final": rows[-1] if rows else {},
             **extra,
         }
@@ -340,19 +372,22 @@ class Session:
         metrics = getattr(self, "metrics", None)
         if metrics is not None:
             metrics.close()
-        for obj in (getattr(self, "rollout", None), getattr(self, "train_backend", None)):
-            shut = getattr(obj, "shutdown", None)
-            if callable(shut):
-                try:
-                    shut()
-                except Exception as exc:  # best effort on the way out
-                    logger.warning("shutdown failed: %s", exc)
-        placement = getattr(self, "placement", None)
-        if placement is not None:
-            placement.shutdown()
+        backends: Backends | None = getattr(self, "backends", None)
+        if backends is not None:  # the multi-turn rollout shuts its engine down with it
+            _shut_down(backends.rollout, backends.train)
+            backends.placement.shutdown()
         self.lock.release()
-        if getattr(self.run, "lock", None) is self.lock:
-            self.run.lock = None
+
+
+def _shut_down(*backends: Any) -> None:
+    """Shut backends down, best effort: on the way out, a failure is logged."""
+    for backend in backends:
+        shut = getattr(backend, "shutdown", None)
+        if callable(shut):
+            try:
+                shut()
+            except Exception as exc:
+                logger.warning("shutdown failed: %s", exc)
 
 
 class _ByteCounter:

@@ -1,8 +1,9 @@
 """The policy update shared by every runner: samples -> old / ref log-probs, values, rewards,
 advantages -> PPO epochs over mini-batches.
 
-:class:`PolicyTrainer` takes flat arguments (parts and numbers); :meth:`PolicyTrainer.from_config`
-is the one place that reads a recipe for it (the session calls it at the edge).
+:class:`PolicyTrainer` takes flat arguments (parts and numbers); :func:`trainer_setup` is the one place
+that reads a recipe for it, at the edge (:func:`rlzoo.train.inputs.run_inputs`), into a frozen
+:class:`TrainerSetup` from which the session builds the trainer over its train backend.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from rlzoo.kernel.protocols import (
     RewardComponentKeys,
     SumPiSquaredSource,
 )
-from rlzoo.recipe.types import RecipeConfig, Selection
+from rlzoo.recipe.types import KLControlSection, RecipeConfig, Selection
 from rlzoo.report.metrics import mean_metrics
 from rlzoo.train.objective import PolicyObjective, ValueObjective, agg_context
 from rlzoo.train.rewards import reward_components
@@ -44,6 +45,100 @@ class UpdateSettings:
     value_clip: float = 0.5
     # skip the old-log-prob forward when the update is exactly on-policy (see PolicyTrainer.reuses_log_probs)
     reuse_on_policy_log_probs: bool = True
+
+
+@dataclass(frozen=True)
+class TrainerSetup:
+    """What :class:`PolicyTrainer` takes besides its backend, read from the recipe once (:func:`trainer_setup`)."""
+
+    settings: UpdateSettings
+    advantage: Selection
+    policy_loss: Selection
+    loss_agg: Selection
+    kl_loss: Selection | None  # None: no KL loss
+    kl_penalty: Selection | None  # None: no KL in the reward
+    kl_ctrl: KLControlSection | None  # the in-reward KL coefficient's controller (with kl_penalty)
+    correction: Selection | None
+    correction_bypass: bool
+    needs_reference: bool
+    needs_critic: bool
+    advantage_reads_old_log_probs: bool
+    needs_sum_pi_squared: bool
+    reward_keys: tuple[str, ...]
+
+    def build(self, backend: Any, **parts: Any) -> PolicyTrainer:
+        """The trainer over ``backend`` (``parts``: e.g. ``offpolicy_metrics``)."""
+        kc = self.kl_ctrl
+        kl_ctrl: FixedKLController | AdaptiveKLController | None = None
+        if kc is not None:
+            kl_ctrl = (
+                AdaptiveKLController(kc.kl_coef, kc.target_kl, kc.horizon)
+                if kc.type == "adaptive"
+                else FixedKLController(kc.kl_coef)
+            )
+        return PolicyTrainer(
+            backend,
+            self.settings,
+            advantage=self.advantage,
+            policy_loss=self.policy_loss,
+            loss_agg=self.loss_agg,
+            kl_loss=self.kl_loss,
+            kl_penalty=self.kl_penalty,
+            kl_ctrl=kl_ctrl,
+            correction=self.correction,
+            correction_bypass=self.correction_bypass,
+            needs_reference=self.needs_reference,
+            needs_critic=self.needs_critic,
+            advantage_reads_old_log_probs=self.advantage_reads_old_log_probs,
+            needs_sum_pi_squared=self.needs_sum_pi_squared,
+            reward_keys=self.reward_keys,
+            **parts,
+        )
+
+
+def trainer_setup(cfg: RecipeConfig) -> TrainerSetup:
+    """Read the recipe once: the edge between the config and the trainer."""
+    alg, tr = cfg.algorithm, cfg.trainer
+    corr: Selection | None = alg.rollout_correction
+    settings = UpdateSettings(
+        rollout_n=cfg.rollout.n,
+        mini_batch_prompts=tr.ppo_mini_batch_size,
+        ppo_epochs=tr.ppo_epochs,
+        shuffle_mini_batches=tr.shuffle_mini_batches,
+        seed=cfg.run.seed,
+        critic_warmup=tr.critic_warmup,
+        max_response_length=cfg.data.max_response_length,
+        entropy_coeff=alg.entropy_coeff,
+        kl_loss_coef=alg.kl_loss_coef if alg.use_kl_loss else 0.0,
+        value_clip=alg.value_clip,
+    )
+    adv_caps = alg.advantage.caps
+    reward_keys: tuple[str, ...] = ()
+    if adv_caps.needs_reward_components:
+        if not isinstance(alg.advantage.params, RewardComponentKeys):
+            raise TypeError(
+                f"advantage {alg.advantage.name!r} declares needs_reward_components, but its params "
+                f"{type(alg.advantage.params).__name__} have no reward_keys (rlzoo.kernel.protocols.RewardComponentKeys)"
+            )
+        reward_keys = tuple(str(k) for k in alg.advantage.params.reward_keys)
+    return TrainerSetup(
+        settings,
+        advantage=alg.advantage,
+        policy_loss=alg.policy_loss,
+        loss_agg=alg.loss_agg,
+        kl_loss=alg.kl_loss if alg.use_kl_loss else None,
+        kl_penalty=alg.kl_penalty if alg.use_kl_in_reward else None,
+        kl_ctrl=alg.kl_ctrl if alg.use_kl_in_reward else None,
+        correction=corr,
+        correction_bypass=corr is not None
+        and isinstance(corr.params, CorrectionMode)
+        and corr.params.mode == "bypass",
+        needs_reference=alg.use_kl_loss or alg.use_kl_in_reward,
+        needs_critic=bool(alg.advantage.capability("needs_critic")),
+        advantage_reads_old_log_probs=adv_caps.needs_old_log_probs,
+        needs_sum_pi_squared=adv_caps.needs_sum_pi_squared,
+        reward_keys=reward_keys,
+    )
 
 
 class PolicyTrainer:
@@ -110,61 +205,6 @@ class PolicyTrainer:
                 "(capability supplies_sum_pi_squared); use trainer.backend=native or fsdp2"
             )
         self.step_count = 0
-
-    @classmethod
-    def from_config(cls, cfg: RecipeConfig, backend: Any, **parts: Any) -> PolicyTrainer:
-        """Read the recipe once: the edge between the config and the trainer."""
-        alg, tr = cfg.algorithm, cfg.trainer
-        corr: Selection | None = alg.rollout_correction
-        settings = UpdateSettings(
-            rollout_n=cfg.rollout.n,
-            mini_batch_prompts=tr.ppo_mini_batch_size,
-            ppo_epochs=tr.ppo_epochs,
-            shuffle_mini_batches=tr.shuffle_mini_batches,
-            seed=cfg.run.seed,
-            critic_warmup=tr.critic_warmup,
-            max_response_length=cfg.data.max_response_length,
-            entropy_coeff=alg.entropy_coeff,
-            kl_loss_coef=alg.kl_loss_coef if alg.use_kl_loss else 0.0,
-            value_clip=alg.value_clip,
-        )
-        adv_caps = alg.advantage.caps
-        reward_keys: tuple[str, ...] = ()
-        if adv_caps.needs_reward_components:
-            if not isinstance(alg.advantage.params, RewardComponentKeys):
-                raise TypeError(
-                    f"advantage {alg.advantage.name!r} declares needs_reward_components, but its params "
-                    f"{type(alg.advantage.params).__name__} have no reward_keys (rlzoo.kernel.protocols.RewardComponentKeys)"
-                )
-            reward_keys = tuple(str(k) for k in alg.advantage.params.reward_keys)
-        kl_ctrl: FixedKLController | AdaptiveKLController | None = None
-        if alg.use_kl_in_reward:
-            kc = alg.kl_ctrl
-            kl_ctrl = (
-                AdaptiveKLController(kc.kl_coef, kc.target_kl, kc.horizon)
-                if kc.type == "adaptive"
-                else FixedKLController(kc.kl_coef)
-            )
-        return cls(
-            backend,
-            settings,
-            advantage=alg.advantage,
-            policy_loss=alg.policy_loss,
-            loss_agg=alg.loss_agg,
-            kl_loss=alg.kl_loss if alg.use_kl_loss else None,
-            kl_penalty=alg.kl_penalty if alg.use_kl_in_reward else None,
-            kl_ctrl=kl_ctrl,
-            correction=corr,
-            correction_bypass=corr is not None
-            and isinstance(corr.params, CorrectionMode)
-            and corr.params.mode == "bypass",
-            needs_reference=alg.use_kl_loss or alg.use_kl_in_reward,
-            needs_critic=bool(alg.advantage.capability("needs_critic")),
-            advantage_reads_old_log_probs=adv_caps.needs_old_log_probs,
-            needs_sum_pi_squared=adv_caps.needs_sum_pi_squared,
-            reward_keys=reward_keys,
-            **parts,
-        )
 
     # -- phases ---------------------------------------------------------------------------------
     def prepare(self, batch: Batch, timer: Callable[[str], Any]) -> dict[str, float]:
