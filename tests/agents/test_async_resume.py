@@ -19,7 +19,6 @@ import pytest
 
 import rlzoo
 from rlzoo.report.metrics import read_metrics
-from rlzoo.train.loop import build_loop
 
 BATCH = 8
 RUNNER = (
@@ -82,7 +81,7 @@ def test_kill_9_mid_trajectories_then_resume_loses_and_repeats_nothing(tmp_path:
     run = rlzoo.build_run(
         "quickstart_tools", ["resume=latest", f"run.output_dir={out}", f"trainer.total_steps={step + 3}"]
     )
-    runner = build_loop(run)
+    runner = run.loop()
     runner.run()
     order = runner.source.prompts.loader.order(0)
     assert data["loader"]["epoch"] == 0

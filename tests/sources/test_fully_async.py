@@ -23,7 +23,6 @@ from rlzoo.report.metrics import read_metrics
 from rlzoo.sources.params import FullyAsyncParams
 from rlzoo.sources.queue import RolloutFailed
 from rlzoo.testing.runs import SIMULATED_BACKENDS
-from rlzoo.train.loop import build_loop
 
 ON_POLICY = [
     "runner.staleness_threshold=0",
@@ -87,12 +86,12 @@ def test_no_prompt_lost_or_trained_twice_across_syncs_and_resume(
     ]
     out = tmp_path / "run"
     run1 = _sim_run(pm, quickstart_dir, out, *knobs, "trainer.total_steps=4")
-    r1 = build_loop(run1)
+    r1 = run1.loop()
     r1.run()
     trained1 = list(r1.source.prompts.trained_keys)
     assert len(trained1) == 4 * 16
     run2 = _sim_run(pm, quickstart_dir, out, *knobs, "trainer.total_steps=8", "resume=true")
-    r2 = build_loop(run2)
+    r2 = run2.loop()
     r2.run()
     trained = trained1 + list(r2.source.prompts.trained_keys)
     assert len(trained) == 8 * 16 and len(set(trained)) == len(trained)  # nothing trained twice
@@ -125,7 +124,7 @@ def test_partial_rollout_spans_versions_and_bound_holds(
         "trainer.ppo_mini_batch_size=4",
         "trainer.total_steps=10",
     )
-    runner = build_loop(run)
+    runner = run.loop()
     summary = runner.run()
     recs = read_metrics(Path(summary["run_dir"]))
     assert max(r["staleness/max"] for r in recs) <= 1
@@ -175,7 +174,7 @@ def test_rollouter_crash_stops_the_trainer(pm: PluginManager, quickstart_dir: Pa
 def test_trainer_crash_stops_the_rollouter(pm: PluginManager, quickstart_dir: Path, tmp_path: Path) -> None:
     part = rlzoo.part(_CrashingTrainer, params=SimulatedTrainParams(update_s_per_token=1e-6), capabilities={})
     run = _sim_run(pm, quickstart_dir, tmp_path / "run", "trainer.total_steps=50", train_backend=part)
-    runner = build_loop(run)
+    runner = run.loop()
     with pytest.raises(FloatingPointError):
         runner.run()
     runner.source.rollouter.join(timeout=10)

@@ -7,13 +7,11 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from run_fixtures import build
 
 from rlzoo.kernel.plugins import PluginManager
 from rlzoo.recipe.types import RecipeConfig
 from rlzoo.train.inputs import RunInputs, run_inputs
-from rlzoo.train.loop import build_loop
-
-from run_fixtures import build
 
 #: at most this many attributes on a built session (issue 32: it had 33, the recipe among them)
 MAX_ATTRIBUTES = 15
@@ -22,7 +20,7 @@ MAX_ATTRIBUTES = 15
 def test_a_built_session_is_small_and_holds_no_recipe(
     pm: PluginManager, quickstart_dir: Path, tmp_path: Path
 ) -> None:
-    loop = build_loop(build(pm, "quickstart", quickstart_dir, tmp_path / "run", "trainer.total_steps=1"))
+    loop = build(pm, "quickstart", quickstart_dir, tmp_path / "run", "trainer.total_steps=1").loop()
     s = loop.s
     try:
         attrs = vars(s)

@@ -208,7 +208,7 @@ def rlzoo_register_runners(registry: Registrar) -> None:
     """Register runners (kind ``runner``).
 
     A runner is a batch source: the part registers a factory ``factory(params, session) ->
-    BatchSource`` (a class will do) and the core's one loop (:func:`rlzoo.train.loop.train`) owns
+    BatchSource`` (a class will do) and the core's one loop (:class:`rlzoo.train.loop.TrainLoop`) owns
     everything else: validation, checkpoints (one payload), the weight-push cadence, metrics,
     export and resume. A source (:class:`rlzoo.train.loop.BatchSource`) has five methods:
     ``resume(state)``, ``next_batch(step, timer) -> Batch | None``, ``push_weights(timer)``,

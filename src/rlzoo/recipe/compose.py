@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlzoo.kernel.errors import ConfigError
 from rlzoo.kernel.plugins import PluginManager, get_plugin_manager
@@ -36,6 +36,9 @@ from rlzoo.recipe.checks import every_own_rule
 from rlzoo.recipe.config import load_config
 from rlzoo.recipe.types import RecipeConfig, Selection
 from rlzoo.system.threads import choose_wait_policy
+
+if TYPE_CHECKING:
+    from rlzoo.train.loop import TrainLoop
 
 #: keyword of build_run -> (kind, config attribute path)
 OBJECT_SLOTS: dict[str, tuple[str, str]] = {
@@ -174,18 +177,20 @@ class Run:
             )
 
     # -- running ----------------------------------------------------------------------------------
-    def train(self) -> dict[str, Any]:
-        """Train to the end with the selected runner's batch source (:func:`rlzoo.train.loop.train`);
-        returns the run's summary."""
-        from rlzoo.train.loop import train
+    def loop(self) -> TrainLoop:
+        """The run's loop, ready to :meth:`~rlzoo.train.loop.TrainLoop.run`: the run directory claimed,
+        its lock handed to the session, the session built, the runner's batch source made."""
+        from rlzoo.train.checkpoint import RunLock
+        from rlzoo.train.loop import build_loop
 
-        self.make_run_dir()
-        try:
-            return train(self)
-        finally:
-            if self.lock is not None:
-                self.lock.release()
-                self.lock = None
+        run_dir = self.make_run_dir()
+        lock, self.lock = self.lock or RunLock(run_dir).acquire(), None
+        return build_loop(self.config, run_dir, lock, self.resume_info)
+
+    def train(self) -> dict[str, Any]:
+        """Train to the end with the selected runner's batch source (the core's one loop,
+        :class:`rlzoo.train.loop.TrainLoop`); returns the run's summary."""
+        return self.loop().run()
 
 
 def _library_versions() -> dict[str, str]:

@@ -1,8 +1,8 @@
 """The one training loop. Runners differ only in the batch source that feeds it.
 
-    train(run): the step plan (rlzoo.recipe.types.step_plan), the session (rlzoo.train.session), the
-                runner's batch source = its registered factory(params, session); on a resume
-                source.resume(the checkpoint's data)
+    build_loop(config, run_dir, lock): the session (rlzoo.train.session: the recipe read once into
+                RunInputs), the runner's batch source = its registered factory(params, session); on a
+                resume source.resume(the checkpoint's data); Run.train() (rlzoo.recipe.compose) runs it
     for step in start+1 .. total:
         batch  <- source.next_batch(step, timer)   sync: generate now; one_step_off: the batch
                                                    generated beside the last step; fully_async:
@@ -38,7 +38,10 @@ from rlzoo.system.failpoints import failpoint
 from rlzoo.train.session import Session, open_session
 
 if TYPE_CHECKING:
-    from rlzoo.recipe.compose import Run
+    from pathlib import Path
+
+    from rlzoo.recipe.types import RecipeConfig
+    from rlzoo.train.checkpoint import RunLock
 
 logger = logging.getLogger("rlzoo")
 
@@ -108,16 +111,13 @@ class Background(Protocol):
         """Stop the background work, once, on every exit (``exc``: the loop is failing with it)."""
 
 
-def train(run: Run) -> dict[str, Any]:
-    """Train a composed run to its end with its runner's batch source; returns the run's summary."""
-    return build_loop(run).run()
-
-
-def build_loop(run: Run) -> TrainLoop:
-    """The session (models loaded, resume applied) and the runner's batch source, ready to :meth:`~TrainLoop.run`."""
-    runner = run.config.runner
+def build_loop(config: RecipeConfig, run_dir: Path, lock: RunLock, resume_info: Any = None) -> TrainLoop:
+    """The session (models loaded, resume applied) and the runner's batch source, ready to
+    :meth:`~TrainLoop.run`. ``run_dir`` is claimed and ``lock`` held by the caller, which hands the
+    lock to the session (:meth:`rlzoo.recipe.compose.Run.loop` does both)."""
+    runner = config.runner
     assert isinstance(runner, Selection)
-    session = open_session(run)
+    session = open_session(config, run_dir, lock, resume_info)
     try:
         source: BatchSource = runner.fn(runner.params, session)
     except BaseException:

@@ -45,24 +45,20 @@ from rlzoo.train.update import PolicyTrainer
 from rlzoo.train_kit.formulas import offpolicy_metrics
 
 if TYPE_CHECKING:
-    from rlzoo.recipe.compose import Run
+    from rlzoo.recipe.types import RecipeConfig
 
 logger = logging.getLogger("rlzoo")
 
 
-def open_session(run: Run) -> Session:
-    """The edge: the run directory locked, the recipe read once, the session built from what was read."""
-    run_dir = run.make_run_dir()
-    # make_run_dir took the one-writer lock; a run object without one gets it here. The session owns
-    # it from now on and releases it when it closes.
-    lock = run.lock or RunLock(run_dir).acquire()
-    run.lock = None
+def open_session(config: RecipeConfig, run_dir: Path, lock: RunLock, resume_info: Any = None) -> Session:
+    """The edge: the recipe read once, the session built from what was read. ``run_dir`` is claimed
+    and ``lock`` (its one-writer lock) is held by the caller (:meth:`rlzoo.recipe.compose.Run.loop`);
+    the session owns the lock from now on and releases it when it closes (here too, on a failure)."""
     try:
         print(f"rlzoo: run directory {run_dir}", flush=True)
-        cfg = run.config
-        torch.manual_seed(cfg.run.seed)
+        torch.manual_seed(config.run.seed)
         writable_export_dir(final_dir(run_dir))  # a user's file in final/: say so now, not at the end
-        inputs = run_inputs(cfg, run.resume_info)
+        inputs = run_inputs(config, resume_info)
     except BaseException:
         lock.release()
         raise
