@@ -84,7 +84,7 @@ def test_a_push_to_the_backend_writes_the_adapter_and_loads_no_weights(tmp_path)
 
     base = tiny_model()
     trainer = backend(copy.deepcopy(base), spec=TrainSpec(model_path="", lora=LORA))
-    b = _backend(1)
+    b = _backend()
     b._adapters = AdapterPushes(LORA, "/base", root=tmp_path / "pushes")
     try:
         b.update_weights(trainer.export_weights(), 5)
