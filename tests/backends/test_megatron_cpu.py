@@ -11,7 +11,6 @@ import importlib.util
 import re
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,6 +19,7 @@ from rlzoo.backends.megatron.convert import ModelDims, transformer_config_kwargs
 from rlzoo.testing.backends import TrainBackendContract, save_tiny_qwen2
 
 from .conftest import torchrun
+from .megatron_contract_dist import critic_checkpoint_round_trip
 
 HAVE_MCORE = (
     importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
@@ -51,7 +51,8 @@ DIST_MODULE = Path(__file__).with_name("megatron_contract_dist.py")
 @pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core not installed")
 @pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2"])
 def test_contract_in_two_processes(layout: str, tmp_path: Path) -> None:
-    pytest_args = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore", str(DIST_MODULE))
+    node = f"{DIST_MODULE}::TestMegatronTrainDist"  # the contract, not the critic's test beside it
+    pytest_args = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore", node)
     out = torchrun(
         *pytest_args,
         timeout=600,
@@ -245,65 +246,31 @@ def test_shutdown_tears_down_the_group_it_started(tmp_path: Path) -> None:
     b.shutdown()  # idempotent
 
 
-class _ValueMSE:
-    """Critic objective: ``0.5 * sum((v - returns)^2 * mask) / global_tokens``."""
-
-    needs_entropy = False
-
-    def __init__(self, mini_batch: Any) -> None:
-        self.total = float(mini_batch["response_mask"].sum())
-
-    def __call__(self, mb: Any, values: Any, entropy: Any) -> tuple[Any, dict[str, Any]]:
-        mask = mb["response_mask"]  # [b, T]
-        return 0.5 * (((values - mb["returns"]) ** 2) * mask).sum() / self.total, {}
-
-
 @pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core not installed")
 @pytest.mark.parametrize("distributed_optimizer", [False, True], ids=["adam", "distopt"])
 def test_checkpoint_with_critic_round_trip(tmp_path: Path, distributed_optimizer: bool) -> None:
-    """PPO's critic (the value head in place of ``output_layer``) is saved and loaded with the actor:
-    a fresh backend loaded from the checkpoint returns the saved log-probs, values and step counters,
-    and its next actor / critic updates (Adam's moments restored) match the saved backend's (before:
-    ``KeyError: 'output_layer.weight'`` in megatron-core's ``sharded_state_dict`` of the critic)."""
-    import torch
-
-    from rlzoo.backends.megatron.cpu import cpu_device
+    """PPO's critic (the value head in place of ``output_layer``) is saved and loaded with the actor
+    (before: ``KeyError: 'output_layer.weight'`` in megatron-core's ``sharded_state_dict`` of the
+    critic); see :func:`.megatron_contract_dist.critic_checkpoint_round_trip`."""
     from rlzoo.kernel.settings import OptimSettings
-    from rlzoo.testing.backends import TokenMeanObjective, _random_batch
 
     optim = OptimSettings(lr=1e-2, critic_lr=1e-2, grad_clip=0.0)
     kw = {"critic": True, "optim": optim, "use_distributed_optimizer": distributed_optimizer}
-    b1, b2 = _random_batch(2), _random_batch(3)
-    path = tmp_path / "ck"
-    a = _backend(tmp_path, **kw)
-    try:
-        with cpu_device():  # the critic's sharded state dict: the actor's, its output layer a value head
-            actor_keys = set(a.actor.sharded_state_dict()) - {"output_layer.weight"}
-            critic_keys = set(a.critic.sharded_state_dict())
-        assert critic_keys == actor_keys | {"output_layer.linear.weight", "output_layer.linear.bias"}
-        for _ in range(2):  # the second step moves the body too (the head starts at zero)
-            a.update_critic(b1, _ValueMSE(b1))
-        a.update_policy(b1, TokenMeanObjective(b1))
-        a.save_checkpoint(path, {"step": 1})
-        saved_steps = (a.version, a.critic_steps)
-        saved_lp, saved_v = a.compute_log_probs(b2)[0], a.compute_values(b2)
-        a.update_policy(b2, TokenMeanObjective(b2))
-        a.update_critic(b2, _ValueMSE(b2))
-        next_lp, next_v = a.compute_log_probs(b2)[0], a.compute_values(b2)
-    finally:
-        a.shutdown()
-    assert saved_steps == (1, 2)
-    assert saved_v.abs().sum() > 0  # a fresh value head gives zeros: the load must restore it
+    critic_checkpoint_round_trip(lambda: _backend(tmp_path, **kw), tmp_path / "ck")
 
-    c = _backend(tmp_path, **kw)
-    try:
-        assert c.load_checkpoint(path) == {"step": 1}
-        assert (c.version, c.critic_steps) == saved_steps
-        torch.testing.assert_close(c.compute_log_probs(b2)[0], saved_lp, atol=1e-6, rtol=0)
-        torch.testing.assert_close(c.compute_values(b2), saved_v, atol=1e-6, rtol=0)
-        c.update_policy(b2, TokenMeanObjective(b2))
-        c.update_critic(b2, _ValueMSE(b2))
-        torch.testing.assert_close(c.compute_log_probs(b2)[0], next_lp, atol=1e-5, rtol=0)
-        torch.testing.assert_close(c.compute_values(b2), next_v, atol=1e-5, rtol=0)
-    finally:
-        c.shutdown()
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core not installed")
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2"])
+def test_checkpoint_with_critic_in_two_processes(layout: str, tmp_path: Path) -> None:
+    """The critic's checkpoint round trip with the value head replicated over TP (tp2), on the last
+    PP stage only (pp2), and in the distributed optimizer's DP-sharded state (dp2)."""
+    node = f"{DIST_MODULE}::test_critic_checkpoint_round_trip"
+    out = torchrun(
+        *("-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore", node),
+        timeout=600,
+        what=f"{layout}: torchrun",
+        RLZOO_MEGATRON_LAYOUT=layout,
+        RLZOO_CONTRACT_DIR=str(tmp_path),
+    )
+    assert re.findall(r"(\d+) passed", out) == ["1", "1"], out[-3000:]
