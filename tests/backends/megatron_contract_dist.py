@@ -6,17 +6,20 @@
 Not collected on its own (no ``test_`` prefix): ``tests/backends/test_megatron_cpu.py`` launches
 it for ``tp2`` (tensor parallel 2) and ``pp2`` (pipeline parallel 2). Every rank runs the same
 tests in the same order (SPMD: the backend's calls are collectives); the tiny model is saved per
-rank, the checkpoint goes to the directory both ranks share.
+rank, the checkpoint goes to the directory both ranks share. Beside the contract: the critic's
+checkpoint round trip (:func:`critic_checkpoint_round_trip`, which the one-process test runs too).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from rlzoo.testing.backends import TrainBackendContract, save_tiny_qwen2
+from rlzoo.testing.backends import TokenMeanObjective, TrainBackendContract, _random_batch, save_tiny_qwen2
 
 LAYOUTS = {
     "tp2": {"tensor_model_parallel_size": 2},
@@ -28,15 +31,18 @@ LAYOUTS = {
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+PARAMS = {
+    "device": "cpu",
+    "dtype": "float32",
+    "use_distributed_optimizer": False,
+    **LAYOUTS[os.environ.get("RLZOO_MEGATRON_LAYOUT", "tp2")],
+}
+
+
 class TestMegatronTrainDist(TrainBackendContract):
     name = "megatron"
     requires = ("megatron.core", "psutil")
-    params_overrides = {
-        "device": "cpu",
-        "dtype": "float32",
-        "use_distributed_optimizer": False,
-        **LAYOUTS[os.environ.get("RLZOO_MEGATRON_LAYOUT", "tp2")],
-    }
+    params_overrides = PARAMS
     lp_atol = 1e-4
     update_atol = 1e-5
 
@@ -49,3 +55,83 @@ class TestMegatronTrainDist(TrainBackendContract):
         if not path.exists():
             save_tiny_qwen2(path, seed=seed, tie=self.tie_word_embeddings)
         return path
+
+
+# -- the critic's checkpoint --------------------------------------------------------------------
+class ValueMSE:
+    """Critic objective: ``0.5 * sum((v - returns)^2 * mask) / global_tokens``."""
+
+    needs_entropy = False
+
+    def __init__(self, mini_batch: Any) -> None:
+        self.total = float(mini_batch["response_mask"].sum())
+
+    def __call__(self, mb: Any, values: Any, entropy: Any) -> tuple[Any, dict[str, Any]]:
+        mask = mb["response_mask"]  # [b, T]
+        return 0.5 * (((values - mb["returns"]) ** 2) * mask).sum() / self.total, {}
+
+
+def critic_checkpoint_round_trip(make: Callable[[], Any], path: Path) -> None:
+    """PPO's critic (the value head in place of ``output_layer``) is saved and loaded with the
+    actor: a fresh backend from ``make()`` loaded from the checkpoint at ``path`` returns the saved
+    log-probs, values and step counters, and its next actor / critic updates (Adam's moments
+    restored) match the saved backend's. Also: the critic's sharded state dict is the actor's with
+    the value head for the output layer (on the last PP stage)."""
+    import torch
+
+    from rlzoo.backends.megatron.cpu import cpu_device
+
+    b1, b2 = _random_batch(2), _random_batch(3)
+    a = make()
+    try:
+        with cpu_device():
+            actor_keys = set(a.actor.sharded_state_dict()) - {"output_layer.weight"}
+            critic_keys = set(a.critic.sharded_state_dict())
+        head = {"output_layer.linear.weight", "output_layer.linear.bias"}
+        assert critic_keys == actor_keys | (head if a.mpu.is_pipeline_last_stage() else set())
+        for _ in range(2):  # the second step moves the body too (the head starts at zero)
+            a.update_critic(b1, ValueMSE(b1))
+        a.update_policy(b1, TokenMeanObjective(b1))
+        a.save_checkpoint(path, {"step": 1})
+        saved_steps = (a.version, a.critic_steps)
+        saved_lp, saved_v = a.compute_log_probs(b2)[0], a.compute_values(b2)
+        a.update_policy(b2, TokenMeanObjective(b2))
+        a.update_critic(b2, ValueMSE(b2))
+        next_lp, next_v = a.compute_log_probs(b2)[0], a.compute_values(b2)
+    finally:
+        a.shutdown()
+    assert saved_steps == (1, 2)
+    assert saved_v.abs().sum() > 0  # a fresh value head gives zeros: the load must restore it
+
+    c = make()
+    try:
+        assert c.load_checkpoint(path) == {"step": 1}
+        assert (c.version, c.critic_steps) == saved_steps
+        torch.testing.assert_close(c.compute_log_probs(b2)[0], saved_lp, atol=1e-6, rtol=0)
+        torch.testing.assert_close(c.compute_values(b2), saved_v, atol=1e-6, rtol=0)
+        c.update_policy(b2, TokenMeanObjective(b2))
+        c.update_critic(b2, ValueMSE(b2))
+        torch.testing.assert_close(c.compute_log_probs(b2)[0], next_lp, atol=1e-5, rtol=0)
+        torch.testing.assert_close(c.compute_values(b2), next_v, atol=1e-5, rtol=0)
+    finally:
+        c.shutdown()
+
+
+def test_critic_checkpoint_round_trip() -> None:
+    from rlzoo.backends.megatron import MegatronParams
+    from rlzoo.backends.megatron.train import MegatronTrainBackend
+    from rlzoo.kernel.settings import OptimSettings, TrainSpec
+
+    pytest.importorskip("megatron.core")
+    root = Path(os.environ["RLZOO_CONTRACT_DIR"])  # shared by the ranks (the checkpoint)
+    model = root / f"rank{os.environ.get('RANK', '0')}" / "qwen2-critic"
+    if not model.exists():
+        save_tiny_qwen2(model)
+    spec = TrainSpec(
+        model_path=str(model),
+        total_steps=10,
+        temperature=0.9,
+        need_critic=True,
+        optim=OptimSettings(lr=1e-2, critic_lr=1e-2, grad_clip=0.0),
+    )
+    critic_checkpoint_round_trip(lambda: MegatronTrainBackend(MegatronParams(**PARAMS), spec), root / "ck")

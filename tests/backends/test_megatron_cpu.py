@@ -19,6 +19,7 @@ from rlzoo.backends.megatron.convert import ModelDims, transformer_config_kwargs
 from rlzoo.testing.backends import TrainBackendContract, save_tiny_qwen2
 
 from .conftest import torchrun
+from .megatron_contract_dist import critic_checkpoint_round_trip
 
 HAVE_MCORE = (
     importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
@@ -50,7 +51,8 @@ DIST_MODULE = Path(__file__).with_name("megatron_contract_dist.py")
 @pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core not installed")
 @pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2"])
 def test_contract_in_two_processes(layout: str, tmp_path: Path) -> None:
-    pytest_args = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore", str(DIST_MODULE))
+    node = f"{DIST_MODULE}::TestMegatronTrainDist"  # the contract, not the critic's test beside it
+    pytest_args = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore", node)
     out = torchrun(
         *pytest_args,
         timeout=600,
@@ -242,3 +244,33 @@ def test_shutdown_tears_down_the_group_it_started(tmp_path: Path) -> None:
     assert not dist.is_initialized()
     assert not mpu.model_parallel_is_initialized()
     b.shutdown()  # idempotent
+
+
+@pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core not installed")
+@pytest.mark.parametrize("distributed_optimizer", [False, True], ids=["adam", "distopt"])
+def test_checkpoint_with_critic_round_trip(tmp_path: Path, distributed_optimizer: bool) -> None:
+    """PPO's critic (the value head in place of ``output_layer``) is saved and loaded with the actor
+    (before: ``KeyError: 'output_layer.weight'`` in megatron-core's ``sharded_state_dict`` of the
+    critic); see :func:`.megatron_contract_dist.critic_checkpoint_round_trip`."""
+    from rlzoo.kernel.settings import OptimSettings
+
+    optim = OptimSettings(lr=1e-2, critic_lr=1e-2, grad_clip=0.0)
+    kw = {"critic": True, "optim": optim, "use_distributed_optimizer": distributed_optimizer}
+    critic_checkpoint_round_trip(lambda: _backend(tmp_path, **kw), tmp_path / "ck")
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core not installed")
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2"])
+def test_checkpoint_with_critic_in_two_processes(layout: str, tmp_path: Path) -> None:
+    """The critic's checkpoint round trip with the value head replicated over TP (tp2), on the last
+    PP stage only (pp2), and in the distributed optimizer's DP-sharded state (dp2)."""
+    node = f"{DIST_MODULE}::test_critic_checkpoint_round_trip"
+    out = torchrun(
+        *("-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore", node),
+        timeout=600,
+        what=f"{layout}: torchrun",
+        RLZOO_MEGATRON_LAYOUT=layout,
+        RLZOO_CONTRACT_DIR=str(tmp_path),
+    )
+    assert re.findall(r"(\d+) passed", out) == ["1", "1"], out[-3000:]

@@ -102,6 +102,38 @@ class _ValueHead(nn.Module):
         return self.linear(hidden.float()), None
 
 
+@functools.cache
+def _critic_model_class() -> Any:
+    """``GPTModel`` for the critic, whose last PP stage has a :class:`_ValueHead` as ``output_layer``.
+
+    Its sharded state dict (what megatron's ``dist_checkpointing`` saves and loads) describes that
+    head: ``output_layer.linear.weight`` / ``.bias``, replicated over TP and DP like any plain module
+    under a megatron module. ``GPTModel.sharded_state_dict`` and ``LanguageModule``'s under it only
+    add the language-model output layer's handling (its vocab padding, its tie to the embeddings, its
+    extra state, MTP's embedding copy), which looks up ``output_layer.weight`` (the KeyError a critic
+    checkpoint failed with before) and none of which the value head has (``_build`` unties it); so
+    on the last stage the sharded state dict is megatron's generic one, collected from the
+    submodules. Other stages are the actor's. The actor keeps ``GPTModel`` (its checkpoint format
+    is unchanged)."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.module import MegatronModule
+
+    class CriticGPTModel(GPTModel):  # type: ignore[misc]
+        def sharded_state_dict(
+            self,
+            prefix: str = "",
+            sharded_offsets: tuple[Any, ...] = (),
+            metadata: dict[str, Any] | None = None,
+        ) -> Any:
+            if not isinstance(getattr(self, "output_layer", None), _ValueHead):
+                return super().sharded_state_dict(prefix, sharded_offsets, metadata)
+            if self.share_embeddings_and_output_weights or getattr(self, "mtp_process", False):
+                raise RuntimeError("critic checkpoint: the value head must not be tied, nor MTP used")
+            return MegatronModule.sharded_state_dict(self, prefix, sharded_offsets, metadata)
+
+    return CriticGPTModel
+
+
 def _on_device(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Run a method in the backend's device context (:func:`.cpu.cpu_device` for ``device: cpu``)."""
 
@@ -266,7 +298,7 @@ class MegatronTrainBackend:
         from megatron.core.models.gpt import GPTModel
 
         kw = gpt_model_kwargs(self.dims, self.layout.tp, self.params.make_vocab_size_divisible_by)
-        model = GPTModel(
+        model = (_critic_model_class() if value_head else GPTModel)(
             # a copy per model: _wrap sets this model's own no_sync / finalize hooks on its config
             config=copy.copy(self.config),
             transformer_layer_spec=self._layer_spec(),
