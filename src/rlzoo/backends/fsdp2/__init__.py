@@ -74,17 +74,16 @@ class FSDP2Params(HFTrainParams):
             )
 
 
+_TRAIN = "rlzoo.backends.fsdp2.train:FSDP2TrainBackend"
+_CAPABILITIES = {
+    "distributed": True,
+    "devices": ["cpu", "cuda"],
+    "supports_critic": True,
+    "supplies_sum_pi_squared": True,
+    "supports_lora": True,
+}
+
+
 @hookimpl
 def rlzoo_register_train_backends(registry: Registrar[PartFactory]) -> None:
-    registry.register(
-        "fsdp2",
-        "rlzoo.backends.fsdp2.train:FSDP2TrainBackend",
-        params=FSDP2Params,
-        capabilities={
-            "distributed": True,
-            "devices": ["cpu", "cuda"],
-            "supports_critic": True,
-            "supplies_sum_pi_squared": True,
-            "supports_lora": True,
-        },
-    )
+    registry.register("fsdp2", _TRAIN, params=FSDP2Params, capabilities=_CAPABILITIES)

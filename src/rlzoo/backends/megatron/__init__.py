@@ -20,6 +20,16 @@ if TYPE_CHECKING:
 
 __all__ = ["MegatronParams"]
 
+# the registration (at the end): the implementation, imported on first use, and the capabilities
+_TRAIN = "rlzoo.backends.megatron.train:MegatronTrainBackend"
+_CAPABILITIES = {
+    "distributed": True,
+    "devices": ["cuda", "cpu"],  # cpu: device 'cpu', fp32 on a gloo group (tests, debugging)
+    "supports_critic": True,
+    "requires": "megatron-core",
+    "extra": "megatron",
+}
+
 
 def _have_transformer_engine() -> bool:
     """Whether NVIDIA Transformer Engine is importable (without importing it)."""
@@ -135,15 +145,4 @@ class MegatronParams:
 
 @hookimpl
 def rlzoo_register_train_backends(registry: Registrar[PartFactory]) -> None:
-    registry.register(
-        "megatron",
-        "rlzoo.backends.megatron.train:MegatronTrainBackend",
-        params=MegatronParams,
-        capabilities={
-            "distributed": True,
-            "devices": ["cuda", "cpu"],  # cpu: device 'cpu', fp32 on a gloo group (tests, debugging)
-            "supports_critic": True,
-            "requires": "megatron-core",
-            "extra": "megatron",
-        },
-    )
+    registry.register("megatron", _TRAIN, params=MegatronParams, capabilities=_CAPABILITIES)

@@ -18,6 +18,17 @@ if TYPE_CHECKING:
 
 __all__ = ["LOGPROBS_MODES", "VLLMRolloutParams"]
 
+# the registration (at the end): the implementation, imported on first use, and the capabilities
+_ROLLOUT = "rlzoo.backends.vllm.rollout:VLLMRolloutBackend"
+_CAPABILITIES = {
+    "supports_partial_rollout": True,
+    "supports_streaming": True,
+    "supports_lora": True,  # adapters through vLLM's LoRARequest (src/rlzoo/backends/vllm/lora.py)
+    "devices": ["cuda", "cpu"],
+    "requires": "vllm",
+    "extra": "vllm",
+}
+
 #: vLLM ``logprobs_mode`` values (``vllm.config.model.LogprobsMode``)
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
 
@@ -107,16 +118,4 @@ class VLLMRolloutParams:
 
 @hookimpl
 def rlzoo_register_rollout_backends(registry: Registrar[PartFactory]) -> None:
-    registry.register(
-        "vllm",
-        "rlzoo.backends.vllm.rollout:VLLMRolloutBackend",
-        params=VLLMRolloutParams,
-        capabilities={
-            "supports_partial_rollout": True,
-            "supports_streaming": True,
-            "supports_lora": True,  # adapters through vLLM's LoRARequest (src/rlzoo/backends/vllm/lora.py)
-            "devices": ["cuda", "cpu"],
-            "requires": "vllm",
-            "extra": "vllm",
-        },
-    )
+    registry.register("vllm", _ROLLOUT, params=VLLMRolloutParams, capabilities=_CAPABILITIES)
