@@ -24,7 +24,7 @@ import os
 import types
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pluggy
@@ -92,17 +92,7 @@ class PluginInfo:
         return self.source.startswith("entry point")
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "version": self.version,
-            "source": self.source,
-            "status": self.status,
-            "builtin": self.builtin,
-            "distribution": self.distribution,
-            "hooks": self.hooks,
-            "parts": self.parts,
-            "error": self.error,
-        }
+        return asdict(self)
 
 
 def _rlzoo_version() -> str:
