@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlzoo.kernel.binding import coerce, field_types
-from rlzoo.kernel.errors import closest
+from rlzoo.kernel.errors import closest, raise_problems
 from rlzoo.kernel.params import param
 
 __all__ = [
@@ -253,6 +253,5 @@ def capability_record(
             problems.append(f"unknown capability {key!r}{hint} Known capabilities of a {kind}: {known}")
             continue
         values[key] = coerce(value, hints[key], f"capability {key!r}", problems)
-    if problems:
-        raise ValueError(f"{where}: " + "; ".join(problems))
+    raise_problems(where, problems)
     return cls(**values)

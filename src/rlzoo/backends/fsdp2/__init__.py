@@ -17,6 +17,16 @@ if TYPE_CHECKING:
 
 __all__ = ["FSDP2Params"]
 
+# what the hook at the end registers: the implementation (imported on first use), its capabilities
+_TRAIN = "rlzoo.backends.fsdp2.train:FSDP2TrainBackend"
+_CAPABILITIES = {
+    "distributed": True,
+    "devices": ["cpu", "cuda"],
+    "supports_critic": True,
+    "supplies_sum_pi_squared": True,
+    "supports_lora": True,
+}
+
 
 @dataclass(frozen=True)
 class FSDP2Params(HFTrainParams):
@@ -72,16 +82,6 @@ class FSDP2Params(HFTrainParams):
             raise ValueError(
                 f"invalid fsdp2 train params: fsdp_size must be -1 or >= 1, got {self.fsdp_size}"
             )
-
-
-_TRAIN = "rlzoo.backends.fsdp2.train:FSDP2TrainBackend"
-_CAPABILITIES = {
-    "distributed": True,
-    "devices": ["cpu", "cuda"],
-    "supports_critic": True,
-    "supplies_sum_pi_squared": True,
-    "supports_lora": True,
-}
 
 
 @hookimpl

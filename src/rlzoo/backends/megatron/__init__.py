@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl
+from rlzoo.kernel.errors import raise_problems
 from rlzoo.kernel.params import param
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MegatronParams"]
 
-# the registration (at the end): the implementation, imported on first use, and the capabilities
+# what the hook at the end registers: the implementation (imported on first use), its capabilities
 _TRAIN = "rlzoo.backends.megatron.train:MegatronTrainBackend"
 _CAPABILITIES = {
     "distributed": True,
@@ -139,8 +140,7 @@ class MegatronParams:
             problems.append(f"temperature must be > 0, got {self.temperature}")
         if self.make_vocab_size_divisible_by < 1:
             problems.append("make_vocab_size_divisible_by must be >= 1")
-        if problems:
-            raise ValueError("invalid megatron train params: " + "; ".join(problems))
+        raise_problems("invalid megatron train params", problems)
 
 
 @hookimpl

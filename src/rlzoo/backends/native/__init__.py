@@ -24,6 +24,13 @@ _TRAIN_CAPS = {
     "supplies_sum_pi_squared": True,
     "supports_lora": True,
 }
+
+
+@hookimpl
+def rlzoo_register_train_backends(registry: Registrar[PartFactory]) -> None:
+    registry.register("native", _TRAIN, params=NativeTrainParams, capabilities=_TRAIN_CAPS)
+
+
 _ROLLOUT = "rlzoo.backends.native.rollout:NativeRolloutBackend"
 _ROLLOUT_CAPS = {
     "supports_partial_rollout": True,
@@ -31,11 +38,6 @@ _ROLLOUT_CAPS = {
     "supports_lora": True,
     "devices": ["cpu", "cuda"],
 }
-
-
-@hookimpl
-def rlzoo_register_train_backends(registry: Registrar[PartFactory]) -> None:
-    registry.register("native", _TRAIN, params=NativeTrainParams, capabilities=_TRAIN_CAPS)
 
 
 @hookimpl

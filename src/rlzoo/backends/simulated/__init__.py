@@ -61,13 +61,15 @@ class SimulatedTrainParams:
 
 _ROLLOUT = "rlzoo.backends.simulated.backend:SimulatedRolloutBackend"
 _ROLLOUT_CAPS = {"supports_partial_rollout": True, "supports_streaming": True, "devices": ["cpu"]}
-_TRAIN = "rlzoo.backends.simulated.backend:SimulatedTrainBackend"
-_TRAIN_CAPS = {"devices": ["cpu"], "supports_critic": True, "distributed": False}
 
 
 @hookimpl
 def rlzoo_register_rollout_backends(registry: Registrar[PartFactory]) -> None:
     registry.register("simulated", _ROLLOUT, params=SimulatedRolloutParams, capabilities=_ROLLOUT_CAPS)
+
+
+_TRAIN = "rlzoo.backends.simulated.backend:SimulatedTrainBackend"
+_TRAIN_CAPS = {"devices": ["cpu"], "supports_critic": True, "distributed": False}
 
 
 @hookimpl

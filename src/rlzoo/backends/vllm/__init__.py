@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl
+from rlzoo.kernel.errors import raise_problems
 from rlzoo.kernel.params import param
 
 if TYPE_CHECKING:
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LOGPROBS_MODES", "VLLMRolloutParams"]
 
-# the registration (at the end): the implementation, imported on first use, and the capabilities
+# what the hook at the end registers: the implementation (imported on first use), its capabilities
 _ROLLOUT = "rlzoo.backends.vllm.rollout:VLLMRolloutBackend"
 _CAPABILITIES = {
     "supports_partial_rollout": True,
@@ -112,8 +113,7 @@ class VLLMRolloutParams:
             problems.append(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
         if self.weight_bucket_mb < 1 or self.max_num_seqs < 1:
             problems.append("weight_bucket_mb and max_num_seqs must be >= 1")
-        if problems:
-            raise ValueError("invalid vllm rollout params: " + "; ".join(problems))
+        raise_problems("invalid vllm rollout params", problems)
 
 
 @hookimpl
