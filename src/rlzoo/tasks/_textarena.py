@@ -19,14 +19,6 @@ class TextArenaError(RlzooError, ValueError):
     """A TextArena game cannot be played as asked; the message says why."""
 
 
-def _ta() -> Any:
-    return import_optional(
-        "textarena",
-        "the textarena dataset and environment need the textarena package: pip install rlzoo[textarena]",
-        TextArenaError,
-    )
-
-
 def env_ids() -> list[str]:
     """Every env id TextArena registers (single- and multi-player)."""
     from textarena.envs.registration import ENV_REGISTRY
@@ -36,7 +28,11 @@ def env_ids() -> list[str]:
 
 def start(env_id: str, seed: int) -> tuple[Any, int, list[Any]]:
     """The unwrapped game of ``env_id`` reset at ``seed`` for one player: (env, player id, observation)."""
-    ta = _ta()
+    ta = import_optional(
+        "textarena",
+        "the textarena dataset and environment need the textarena package: pip install rlzoo[textarena]",
+        TextArenaError,
+    )
     if env_id not in env_ids():
         near = difflib.get_close_matches(env_id, env_ids(), n=6)
         raise TextArenaError(
