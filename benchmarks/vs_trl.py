@@ -82,27 +82,17 @@ NO_EOS_TOKEN = "<empty_output>"  # SmolLM2's id 16: the stand-in EOS of --ignore
 
 def settings(model: str, max_new: int | None = None) -> dict[str, Any]:
     cache = Path(os.environ.get("RLZOO_CACHE", "~/.cache/rlzoo")).expanduser()
-    if model == "tiny":
-        d = cache / "quickstart"
-        s = {
-            "recipe": "quickstart",
-            "dir": d,
-            "max_new": 2,
-            "max_prompt": 16,
-            "lr": 3e-3,
-            "scorer": "quickstart",
-        }
-    else:
-        d = cache / "smollm2_arith"
-        s = {
-            "recipe": "grpo_smollm2_arith",
-            "dir": d,
-            "max_new": 16,
-            "max_prompt": 64,
-            "lr": LR,
-            "scorer": "math",
-        }
-    s["model"] = d / "model"
+    tiny = model == "tiny"  # else SmolLM2-135M-Instruct
+    d = cache / ("quickstart" if tiny else "smollm2_arith")
+    s = {
+        "recipe": "quickstart" if tiny else "grpo_smollm2_arith",
+        "dir": d,
+        "max_new": 2 if tiny else 16,
+        "max_prompt": 16 if tiny else 64,
+        "lr": 3e-3 if tiny else LR,
+        "scorer": "quickstart" if tiny else "math",
+        "model": d / "model",
+    }
     if max_new is not None:
         s["max_new"] = max_new
     return s

@@ -283,7 +283,7 @@ def test_unknown_param_is_a_config_error(tmp_path: Path) -> None:
     from rlzoo.kernel.errors import ConfigError
     from rlzoo.tasks.prepare import gsm8k
 
-    with pytest.raises(ConfigError, match=r"splts: unknown key.*did you mean splits"):
+    with pytest.raises(ConfigError, match=r"splts: unknown key.*did you mean 'splits'"):
         gsm8k.prepare(tmp_path / "out", {"splts": ["train"]})
 
 

@@ -43,11 +43,11 @@ def test_one_error_lists_every_problem_with_its_key(pm: PluginManager) -> None:
     }, problems
     assert "unknown advantage 'gpro'" in by_key["algorithm.advantage.name"]
     assert "Did you mean: grpo" in by_key["algorithm.advantage.name"]
-    assert "did you mean clip_ratio_high" in by_key["algorithm.policy_loss.clip_ratio_hgh"]
+    assert "did you mean 'clip_ratio_high'" in by_key["algorithm.policy_loss.clip_ratio_hgh"]
     assert "unknown kl 'k4'" in by_key["algorithm.kl_loss.name"]
     assert "expected a number" in by_key["algorithm.entropy_coeff"]
     assert "expected an integer" in by_key["rollout.n"]
-    assert "did you mean total_steps" in by_key["trainer.total_stepz"]
+    assert "did you mean 'total_steps'" in by_key["trainer.total_stepz"]
     assert f"{len(problems)} problem(s)" in str(e.value)
 
 

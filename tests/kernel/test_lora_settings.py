@@ -32,7 +32,7 @@ def test_absent_means_full_fine_tuning_and_a_mapping_binds() -> None:
         ("trainer.lora.dropout=1.5", "trainer.lora: dropout must be < 1, got 1.5"),
         ("trainer.lora.target_modules=[]", "trainer.lora: target_modules must be a non-empty list"),
         ("trainer.lora.target_modules=[all-linear,q_proj]", "'all-linear' selects every linear layer"),
-        ("trainer.lora.rnk=8", "trainer.lora.rnk: unknown key for LoraSettings; did you mean rank?"),
+        ("trainer.lora.rnk=8", "trainer.lora.rnk: unknown key for LoraSettings; did you mean 'rank'?"),
     ],
 )
 def test_bad_settings_are_refused(override: str, message: str) -> None:

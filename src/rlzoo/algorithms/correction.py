@@ -109,13 +109,8 @@ class NoCorrectionParams:
 
 
 @dataclass(frozen=True)
-class TokenISParams:
-    """Token-level truncated importance sampling (TIS): w_t = min(pi_old / pi_rollout, threshold).
-
-    Corrects the mismatch between the rollout engine and the trainer token by token (biased, low
-    variance). Yao et al., Your efficient RL framework secretly brings you off-policy RL training,
-    https://fengyao.notion.site/off-policy-rl.
-    """
+class TruncatedISParams:
+    """The fields of both truncated importance samplings (``token_is``, ``seq_is``)."""
 
     threshold: float | None = param(2.0, help="upper truncation of the weights (None: no truncation)")
     batch_normalize: bool = param(False, help="rescale the weights to mean 1 over the batch's tokens")
@@ -124,17 +119,25 @@ class TokenISParams:
 
 
 @dataclass(frozen=True)
-class SeqISParams:
+class TokenISParams(TruncatedISParams):
+    """Token-level truncated importance sampling (TIS): w_t = min(pi_old / pi_rollout, threshold).
+
+    Corrects the mismatch between the rollout engine and the trainer token by token (biased, low
+    variance). Yao et al., Your efficient RL framework secretly brings you off-policy RL training,
+    https://fengyao.notion.site/off-policy-rl.
+    """
+
+
+@dataclass(frozen=True)
+class SeqISParams(TruncatedISParams):
     """Sequence-level truncated importance sampling: w = min(prod_t pi_old / pi_rollout, threshold).
 
     One weight per response, exp(sum of token log-ratios), broadcast over its tokens (unbiased
     before truncation, high variance). https://fengyao.notion.site/off-policy-rl.
     """
 
-    threshold: float | None = param(2.0, help="upper truncation of the weights (None: no truncation)")
+    # redeclared for its help only (a field keeps its place in the order)
     batch_normalize: bool = param(False, help="rescale the weights to mean 1 over the batch's sequences")
-    mode: str = param("decoupled", help=_MODE_HELP)
-    token_veto_threshold: float | None = param(None, help=_VETO_HELP)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl, param
+from rlzoo.kernel.errors import raise_problems
+from rlzoo.kernel.params import check_ranges
 
 if TYPE_CHECKING:
     from rlzoo.kernel.protocols import PolicyLossFn
@@ -24,7 +26,8 @@ _CLIP_HIGH = "ratio upper clip: r is clipped at 1 + clip_ratio_high (clip-higher
 
 
 class ClipBounds:
-    """Base of the params with clip bounds: ``clip_ratio_low`` and ``clip_ratio_high`` must be >= 0."""
+    """Base of the params with clip bounds: ``clip_ratio_low`` and ``clip_ratio_high`` must be >= 0,
+    and every field in the range its ``param`` declares."""
 
     clip_ratio_low: float
     clip_ratio_high: float
@@ -33,6 +36,7 @@ class ClipBounds:
         low, high = self.clip_ratio_low, self.clip_ratio_high
         if low < 0 or high < 0:
             raise ValueError(f"clip_ratio_low / clip_ratio_high must be >= 0, got {low} / {high}")
+        raise_problems(type(self).__name__, check_ranges(self))
 
 
 @dataclass(frozen=True)
@@ -46,12 +50,9 @@ class PPOClipParams(ClipBounds):
 
     clip_ratio_low: float = param(0.2, help=_CLIP_LOW)
     clip_ratio_high: float = param(0.2, help=_CLIP_HIGH + "; DAPO uses 0.28")
-    clip_ratio_c: float = param(3.0, help="dual-clip bound for A < 0: the loss is at most -A * c (c > 1)")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not self.clip_ratio_c > 1.0:
-            raise ValueError(f"clip_ratio_c must be > 1 for dual-clip PPO, got {self.clip_ratio_c}")
+    clip_ratio_c: float = param(
+        3.0, gt=1.0, help="dual-clip bound for A < 0: the loss is at most -A * c (c > 1)"
+    )
 
 
 @dataclass(frozen=True)
@@ -151,14 +152,9 @@ class ClipCovParams(ClipBounds):
 
     clip_ratio_low: float = param(0.2, help=_CLIP_LOW)
     clip_ratio_high: float = param(0.2, help=_CLIP_HIGH)
-    clip_cov_ratio: float = param(2e-4, help="fraction of valid tokens whose gradient is removed")
+    clip_cov_ratio: float = param(2e-4, gt=0, help="fraction of valid tokens whose gradient is removed")
     clip_cov_lb: float = param(1.0, help="only tokens with covariance above this are candidates")
     clip_cov_ub: float = param(5.0, help="only tokens with covariance below this are candidates")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not self.clip_cov_ratio > 0:
-            raise ValueError(f"clip_cov_ratio must be > 0, got {self.clip_cov_ratio}")
 
 
 @dataclass(frozen=True)

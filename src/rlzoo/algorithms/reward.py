@@ -90,7 +90,7 @@ class DAPOParams:
 
 
 @dataclass(frozen=True)
-class BatchParams:
+class BatchParams(NaiveParams):
     """Call a batched scorer once on the whole batch's lists.
 
     A scorer with the ``batched`` capability is called as ``scorer(responses, ground_truths,
@@ -99,7 +99,7 @@ class BatchParams:
     the capability is called per sample, exactly like ``naive``.
     """
 
-    failure_reward: float = param(0.0, help="reward of a sample whose scorer failed")
+    # naive's fields (its manager is naive's, batched); these two say what they mean here
     timeout: float | None = param(
         60.0,
         gt=0,

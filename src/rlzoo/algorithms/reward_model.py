@@ -14,6 +14,8 @@ from rlzoo import hookimpl, param
 if TYPE_CHECKING:
     from rlzoo.kernel.registry import PartFactory, Registrar
 
+_MANAGER = "rlzoo.algorithms.functional.reward_model:RewardModelManager"
+
 
 @dataclass(frozen=True)
 class RewardModelParams:
@@ -56,8 +58,4 @@ class RewardModelParams:
 
 @hookimpl
 def rlzoo_register_reward_managers(registry: Registrar[PartFactory]) -> None:
-    registry.register(
-        "reward_model",
-        "rlzoo.algorithms.functional.reward_model:RewardModelManager",
-        params=RewardModelParams,
-    )
+    registry.register("reward_model", _MANAGER, params=RewardModelParams)

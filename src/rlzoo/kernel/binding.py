@@ -13,7 +13,7 @@ import typing
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal, Union, get_args, get_origin
 
-from rlzoo.kernel.errors import closest
+from rlzoo.kernel.errors import did_you_mean
 
 _NONE = type(None)
 
@@ -152,9 +152,8 @@ def bind_dataclass(
     for key, value in values.items():
         sub = f"{path}.{key}" if path else str(key)
         if key not in fields:
-            near = closest(str(key), fields)
-            hint = f"; did you mean {', '.join(near)}?" if near else ""
             known = ", ".join(sorted(fields)) or "(none)"
+            hint = did_you_mean(str(key), fields)
             problems.append(f"{sub}: unknown key for {what}{hint} Known keys: {known}")
             continue
         f = fields[key]

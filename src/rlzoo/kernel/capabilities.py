@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlzoo.kernel.binding import coerce, field_types
-from rlzoo.kernel.errors import closest
+from rlzoo.kernel.errors import did_you_mean, raise_problems
 from rlzoo.kernel.params import param
 
 __all__ = [
@@ -247,12 +247,10 @@ def capability_record(
     values: dict[str, Any] = {}
     for key, value in (declared or {}).items():
         if key not in fields:
-            near = closest(str(key), fields)
-            hint = f"; did you mean {near[0]!r}?" if near else ""
+            hint = did_you_mean(str(key), fields)
             known = ", ".join(sorted(fields)) or "(none: this kind declares no capabilities)"
             problems.append(f"unknown capability {key!r}{hint} Known capabilities of a {kind}: {known}")
             continue
         values[key] = coerce(value, hints[key], f"capability {key!r}", problems)
-    if problems:
-        raise ValueError(f"{where}: " + "; ".join(problems))
+    raise_problems(where, problems)
     return cls(**values)

@@ -49,6 +49,19 @@ def closest(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
     return difflib.get_close_matches(name, list(choices), n=n, cutoff=0.5)
 
 
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` with the choice closest to ``name``; "" when none is close."""
+    near = closest(name, choices)
+    return f"; did you mean {near[0]!r}?" if near else ""
+
+
+def raise_problems(what: str, problems: Sequence[str], error: type[Exception] = ValueError) -> None:
+    """Every problem found, reported at once: ``error("<what>: <first>; <second>; ...")``; nothing
+    when there are none."""
+    if problems:
+        raise error(f"{what}: " + "; ".join(problems))
+
+
 def import_optional(module: str, missing: str, error: type[Exception] = RlzooError) -> Any:
     """``module``, imported; when it (or one of its own imports) is missing, ``error(missing)``: the
     message says which part needs it and the ``pip install`` that brings it."""

@@ -24,7 +24,7 @@ import os
 import types
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pluggy
@@ -92,17 +92,7 @@ class PluginInfo:
         return self.source.startswith("entry point")
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "version": self.version,
-            "source": self.source,
-            "status": self.status,
-            "builtin": self.builtin,
-            "distribution": self.distribution,
-            "hooks": self.hooks,
-            "parts": self.parts,
-            "error": self.error,
-        }
+        return asdict(self)
 
 
 def _rlzoo_version() -> str:
@@ -248,12 +238,11 @@ class PluginManager:
         try:
             self._pm.check_pending()
         except pluggy.PluginValidationError as exc:
-            from rlzoo.kernel.errors import closest
+            from rlzoo.kernel.errors import did_you_mean
 
             known = sorted(k for k in dir(hookspecs) if k.startswith("rlzoo_"))
             hook = _unknown_hook(self._pm, known)
-            near = closest(hook, known) if hook else []
-            hint = f"; did you mean {near[0]!r}?" if near else ""
+            hint = did_you_mean(hook, known) if hook else ""
             plugin = exc.plugin if isinstance(exc.plugin, str) else self._pm.get_name(exc.plugin)
             raise PluginError(
                 f"plugin {plugin!r} implements unknown hook {hook!r}{hint} Known hooks: {', '.join(known)}"

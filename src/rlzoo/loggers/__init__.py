@@ -99,15 +99,10 @@ def rlzoo_register_loggers(registry: Registrar[PartFactory]) -> None:
     registry.register("console", "rlzoo.loggers.builtin:ConsoleLogger", params=ConsoleParams)
     registry.register("jsonl", "rlzoo.loggers.builtin:JsonlLogger", params=JsonlParams)
     registry.register("tensorboard", "rlzoo.loggers.builtin:TensorBoardLogger", params=TensorBoardParams)
-    registry.register(
-        "wandb",
-        "rlzoo.loggers.trackers:WandbLogger",
-        params=WandbParams,
-        capabilities={"requires": "wandb", "extra": "wandb"},
-    )
-    registry.register(
-        "mlflow",
-        "rlzoo.loggers.trackers:MLflowLogger",
-        params=MLflowParams,
-        capabilities={"requires": "mlflow", "extra": "mlflow"},
-    )
+    # each tracker needs the distribution of its name, which the extra of that name installs
+    for name, cls, params in (
+        ("wandb", "WandbLogger", WandbParams),
+        ("mlflow", "MLflowLogger", MLflowParams),
+    ):
+        needs = {"requires": name, "extra": name}
+        registry.register(name, f"rlzoo.loggers.trackers:{cls}", params=params, capabilities=needs)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlzoo.kernel.errors import ConfigError
+from rlzoo.kernel.kinds import KINDS
 from rlzoo.kernel.plugins import PluginManager, get_plugin_manager
 from rlzoo.kernel.registry import Component
 from rlzoo.recipe.checks import every_own_rule
@@ -40,20 +41,14 @@ from rlzoo.system.threads import choose_wait_policy
 if TYPE_CHECKING:
     from rlzoo.train.loop import TrainLoop
 
-#: keyword of build_run -> (kind, config attribute path)
+#: keyword of build_run -> (kind, config attribute path): a kind's keyword is its name, its path
+#: where a recipe selects it (``Kind.config_key``); KL has two slots of its own; environments,
+#: tools, datasets and loggers are not build_run slots
+_NO_OBJECT_SLOT = ("kl", "environment", "tool", "dataset", "logger")
 OBJECT_SLOTS: dict[str, tuple[str, str]] = {
-    "advantage": ("advantage", "algorithm.advantage"),
-    "policy_loss": ("policy_loss", "algorithm.policy_loss"),
-    "loss_agg": ("loss_agg", "algorithm.loss_agg"),
+    **{k.name: (k.name, k.config_key) for k in KINDS if k.name not in _NO_OBJECT_SLOT},
     "kl_loss": ("kl", "algorithm.kl_loss"),
     "kl_penalty": ("kl", "algorithm.kl_penalty"),
-    "rollout_correction": ("rollout_correction", "algorithm.rollout_correction"),
-    "sample_filter": ("sample_filter", "algorithm.sample_filter"),
-    "reward_manager": ("reward_manager", "reward.manager"),
-    "scorer": ("scorer", "reward.scorer"),
-    "train_backend": ("train_backend", "trainer.backend"),
-    "rollout_backend": ("rollout_backend", "rollout.backend"),
-    "runner": ("runner", "runner"),
 }
 
 

@@ -170,17 +170,9 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _run_context(
-    run_dir: Path | None,
-    *,
-    total_steps: int | None,
-    progress: bool,
-    desc: str,
-    initial_step: int,
-    purge_step: int | None,
-    redone_from: int | None = None,
-) -> LoggerContext:
-    """The context of the run in ``run_dir``, read from what the run recorded there."""
+def _run_record(run_dir: Path | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """The resolved config and the plugin / library versions the run in ``run_dir`` recorded there
+    (``config.yaml``, ``plugins.json``; empty where it recorded none)."""
     config: dict[str, Any] = {}
     versions: dict[str, str] = {}
     if run_dir is not None:
@@ -197,21 +189,7 @@ def _run_context(
             for p in meta.get("plugins") or []:
                 if isinstance(p, Mapping) and p.get("status") == "loaded":
                     versions[str(p.get("name"))] = str(p.get("version") or "-")
-    run_name = str((config.get("run") or {}).get("name") or "rlzoo")
-    return LoggerContext(
-        run_dir=run_dir,
-        run_name=run_name,
-        run_id=run_dir.name if run_dir is not None else run_name,
-        config=config,
-        versions=versions,
-        resumed=purge_step is not None,
-        initial_step=initial_step,
-        total_steps=total_steps,
-        progress=progress,
-        desc=desc,
-        purge_step=purge_step,
-        redone_from=redone_from,
-    )
+    return config, versions
 
 
 class MetricsLogger:
@@ -237,12 +215,19 @@ class MetricsLogger:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.context = _run_context(
-            self.run_dir,
+        config, versions = _run_record(self.run_dir)
+        run_name = str((config.get("run") or {}).get("name") or "rlzoo")
+        self.context = LoggerContext(
+            run_dir=self.run_dir,
+            run_name=run_name,
+            run_id=self.run_dir.name if self.run_dir is not None else run_name,
+            config=config,
+            versions=versions,
+            resumed=purge_step is not None,
+            initial_step=initial_step,
             total_steps=total_steps,
             progress=progress,
             desc=desc,
-            initial_step=initial_step,
             purge_step=purge_step,
             redone_from=redone_from,
         )

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rlzoo.kernel.errors import RlzooError, import_optional
-from rlzoo.tasks._stamp import BuildStamp
+from rlzoo.tasks._stamp import build_splits
 
 logger = logging.getLogger("rlzoo")
 
@@ -155,46 +155,40 @@ def rows(
 
 
 def prepare(out_dir: Path, params: Any) -> dict[str, Path]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     rg = _rg()
-    out = Path(out_dir)
-    files = {"train": out / "train.parquet", "val": out / "val.parquet"}
-    stamp = BuildStamp(out, "reasoning_gym", params)  # files built by other params are rebuilt
-    if stamp.current(files.values()):
-        return files
-    system = ""
-    if params.system_prompt:
-        prompts = rg.utils.SYSTEM_PROMPTS
-        if params.system_prompt not in prompts:
-            raise ReasoningGymError(
-                f"system_prompt {params.system_prompt!r} is not one of reasoning-gym's SYSTEM_PROMPTS "
-                f"({', '.join(prompts)}); '' for none"
+
+    def build() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        system = ""
+        if params.system_prompt:
+            prompts = rg.utils.SYSTEM_PROMPTS
+            if params.system_prompt not in prompts:
+                raise ReasoningGymError(
+                    f"system_prompt {params.system_prompt!r} is not one of reasoning-gym's SYSTEM_PROMPTS "
+                    f"({', '.join(prompts)}); '' for none"
+                )
+            system = prompts[params.system_prompt]
+        config = dict(params.config)
+        val = list(make_task(params.task, config, params.val_size, params.seed + 1))
+        train_all = list(make_task(params.task, config, params.train_size, params.seed))
+        held_out = {e["question"] for e in val}
+        train = [e for e in train_all if e["question"] not in held_out]
+        if len(train) < len(train_all):
+            logger.info(
+                "reasoning_gym %s: dropped %d of %d training problems that are also validation problems",
+                params.task,
+                len(train_all) - len(train),
+                len(train_all),
             )
-        system = prompts[params.system_prompt]
-    config = dict(params.config)
-    val = list(make_task(params.task, config, params.val_size, params.seed + 1))
-    train_all = list(make_task(params.task, config, params.train_size, params.seed))
-    held_out = {e["question"] for e in val}
-    train = [e for e in train_all if e["question"] not in held_out]
-    if len(train) < len(train_all):
-        logger.info(
-            "reasoning_gym %s: dropped %d of %d training problems that are also validation problems",
-            params.task,
-            len(train_all) - len(train),
-            len(train_all),
+        if not train:
+            raise ReasoningGymError(
+                f"reasoning_gym {params.task}: every training problem is also a validation problem (the task "
+                "has few distinct problems under this config); lower val_size or widen the config"
+            )
+        return rows(params.task, config, train, "train", system), rows(
+            params.task, config, val, "val", system
         )
-    if not train:
-        raise ReasoningGymError(
-            f"reasoning_gym {params.task}: every training problem is also a validation problem (the task "
-            "has few distinct problems under this config); lower val_size or widen the config"
-        )
-    out.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows(params.task, config, train, "train", system)), files["train"])
-    pq.write_table(pa.Table.from_pylist(rows(params.task, config, val, "val", system)), files["val"])
-    stamp.write()
-    return files
+
+    return build_splits(out_dir, "reasoning_gym", params, build)
 
 
 # ---------------------------------------------------------------------------------------------

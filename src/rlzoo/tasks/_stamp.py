@@ -1,13 +1,14 @@
 """What the task modules share: the build stamp of a task's prepared files (``NAME_params.json``:
 the params the files were built with, so a cache written by other params, or an older task, is
-rebuilt rather than reused); and :func:`build_task_folder`, the folder a synthetic task writes."""
+rebuilt rather than reused); :func:`build_splits`, a task's stamped train / val files; and
+:func:`build_task_folder`, the folder a synthetic task writes (its splits and its model)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -37,6 +38,35 @@ class BuildStamp:
         self.path.write_text(self.key)
 
 
+def build_splits(
+    out_dir: Path,
+    name: str,
+    params: Any,
+    build: Callable[[], tuple[list[dict], list[dict]]],
+    *,
+    more: Sequence[str] = (),
+    **built: Any,
+) -> dict[str, Path]:
+    """``train.parquet`` and ``val.parquet`` in ``out_dir``: ``build()`` returns ``(train rows, val
+    rows)`` and runs only when the folder was not built with these params already (``built``: see
+    :class:`BuildStamp`). ``more``: entries of the folder that ``build`` writes itself (returned
+    with the splits, and a missing one means a rebuild)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir)
+    files = {"train": out / "train.parquet", "val": out / "val.parquet", **{m: out / m for m in more}}
+    stamp = BuildStamp(out, name, params, **built)  # files built by other params are rebuilt
+    if stamp.current(files.values()):
+        return files
+    out.mkdir(parents=True, exist_ok=True)
+    train, val = build()
+    pq.write_table(pa.Table.from_pylist(train), files["train"])
+    pq.write_table(pa.Table.from_pylist(val), files["val"])
+    stamp.write()
+    return files
+
+
 def build_task_folder(
     out_dir: Path,
     name: str,
@@ -44,26 +74,18 @@ def build_task_folder(
     build: Callable[[], tuple[list[dict], list[dict], Any, Any]],
     **built: Any,
 ) -> dict[str, Path]:
-    """``train.parquet``, ``val.parquet`` and ``model/`` (weights, tokenizer, generation config) in
-    ``out_dir``: ``build()`` returns ``(train rows, val rows, tokenizer, model)`` and runs only when
-    the folder was not built with these params already (``built``: see :class:`BuildStamp`)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    """:func:`build_splits` and ``model/`` (weights, tokenizer, generation config) in ``out_dir``:
+    ``build()`` returns ``(train rows, val rows, tokenizer, model)``."""
+    model_dir = Path(out_dir) / "model"
 
-    out = Path(out_dir)
-    files = {"train": out / "train.parquet", "val": out / "val.parquet", "model": out / "model"}
-    stamp = BuildStamp(out, name, params, **built)  # files built by other params are rebuilt
-    if stamp.current(files.values()):
-        return files
-    out.mkdir(parents=True, exist_ok=True)
-    train, val, tok, model = build()
-    pq.write_table(pa.Table.from_pylist(train), files["train"])
-    pq.write_table(pa.Table.from_pylist(val), files["val"])
-    model.save_pretrained(files["model"], safe_serialization=True)
-    tok.save_pretrained(files["model"])
-    model.generation_config.save_pretrained(files["model"])
-    stamp.write()
-    return files
+    def splits_and_model() -> tuple[list[dict], list[dict]]:
+        train, val, tok, model = build()
+        model.save_pretrained(model_dir, safe_serialization=True)
+        tok.save_pretrained(model_dir)
+        model.generation_config.save_pretrained(model_dir)
+        return train, val
+
+    return build_splits(out_dir, name, params, splits_and_model, more=("model",), **built)
 
 
 class SplitSizes(Protocol):

@@ -9,7 +9,7 @@ from typing import Any
 
 from rlzoo.kernel.errors import RlzooError, import_optional
 from rlzoo.kernel.protocols import AgentTurn, EnvStep, Message, Tool
-from rlzoo.tasks._stamp import BuildStamp
+from rlzoo.tasks._stamp import build_splits
 
 DATA_SOURCE_PREFIX = "textarena/"
 VAL_SEED_OFFSET = 1_000_000
@@ -17,14 +17,6 @@ VAL_SEED_OFFSET = 1_000_000
 
 class TextArenaError(RlzooError, ValueError):
     """A TextArena game cannot be played as asked; the message says why."""
-
-
-def _ta() -> Any:
-    return import_optional(
-        "textarena",
-        "the textarena dataset and environment need the textarena package: pip install rlzoo[textarena]",
-        TextArenaError,
-    )
 
 
 def env_ids() -> list[str]:
@@ -36,7 +28,11 @@ def env_ids() -> list[str]:
 
 def start(env_id: str, seed: int) -> tuple[Any, int, list[Any]]:
     """The unwrapped game of ``env_id`` reset at ``seed`` for one player: (env, player id, observation)."""
-    ta = _ta()
+    ta = import_optional(
+        "textarena",
+        "the textarena dataset and environment need the textarena package: pip install rlzoo[textarena]",
+        TextArenaError,
+    )
     if env_id not in env_ids():
         near = difflib.get_close_matches(env_id, env_ids(), n=6)
         raise TextArenaError(
@@ -125,22 +121,12 @@ def rows(env_id: str, seeds: Sequence[int], split: str) -> list[dict[str, Any]]:
 
 
 def prepare(out_dir: Path, params: Any) -> dict[str, Path]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    def build() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        train = rows(params.env_id, range(params.seed, params.seed + params.train_size), "train")
+        first_val = params.seed + VAL_SEED_OFFSET
+        return train, rows(params.env_id, range(first_val, first_val + params.val_size), "val")
 
-    out = Path(out_dir)
-    files = {"train": out / "train.parquet", "val": out / "val.parquet"}
-    stamp = BuildStamp(out, "textarena", params)
-    if stamp.current(files.values()):
-        return files
-    train = rows(params.env_id, range(params.seed, params.seed + params.train_size), "train")
-    first_val = params.seed + VAL_SEED_OFFSET
-    val = rows(params.env_id, range(first_val, first_val + params.val_size), "val")
-    out.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(train), files["train"])
-    pq.write_table(pa.Table.from_pylist(val), files["val"])
-    stamp.write()
-    return files
+    return build_splits(out_dir, "textarena", params, build)
 
 
 if __name__ == "__main__":  # the env ids

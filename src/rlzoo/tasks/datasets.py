@@ -9,7 +9,7 @@ schema of :mod:`rlzoo.data.schema`); ``rlzoo prepare NAME [key=value ...]`` runs
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlzoo import hookimpl, param
 
@@ -99,27 +99,14 @@ class Aime2024Params:
 
 @hookimpl
 def rlzoo_register_datasets(registry: Registrar[PartFactory]) -> None:
-    # each preparer is ``prepare`` in rlzoo.tasks.prepare.<name>
-    text = {"modalities": ("text",)}
-    registry.register(
-        "geometry3k",
-        "rlzoo.tasks.prepare.geometry3k:prepare",
-        params=Geometry3kParams,
-        capabilities={"modalities": ("text", "image")},
-        aliases=("geo3k",),
-    )
-    registry.register("gsm8k", "rlzoo.tasks.prepare.gsm8k:prepare", params=GSM8KParams, capabilities=text)
-    registry.register(
-        "dapo_math",
-        "rlzoo.tasks.prepare.dapo_math:prepare",
-        params=DapoMathParams,
-        capabilities=text,
-        aliases=("dapo-math-17k",),
-    )
-    registry.register(
-        "aime2024",
-        "rlzoo.tasks.prepare.aime2024:prepare",
-        params=Aime2024Params,
-        capabilities=text,
-        aliases=("aime-2024",),
-    )
+    text: dict[str, Any] = {"modalities": ("text",)}
+    table: list[tuple[str, type, dict[str, Any], tuple[str, ...]]] = [
+        ("geometry3k", Geometry3kParams, {"modalities": ("text", "image")}, ("geo3k",)),
+        ("gsm8k", GSM8KParams, text, ()),
+        ("dapo_math", DapoMathParams, text, ("dapo-math-17k",)),
+        ("aime2024", Aime2024Params, text, ("aime-2024",)),
+    ]
+    for name, params, capabilities, aliases in table:
+        # each preparer is ``prepare`` in rlzoo.tasks.prepare.<name>
+        prepare = f"rlzoo.tasks.prepare.{name}:prepare"
+        registry.register(name, prepare, params=params, capabilities=capabilities, aliases=aliases)

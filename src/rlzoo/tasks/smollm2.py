@@ -74,12 +74,6 @@ class SmolLM2ArithParams:
 
 @hookimpl
 def rlzoo_register_datasets(registry: Registrar[PartFactory]) -> None:
-    registry.register(
-        "smollm2", f"{_IMPL}:prepare_model", params=SmolLM2Params, capabilities={"modalities": ("text",)}
-    )
-    registry.register(
-        "smollm2_arith",
-        f"{_IMPL}:prepare_arith",
-        params=SmolLM2ArithParams,
-        capabilities={"modalities": ("text",)},
-    )
+    text = {"modalities": ("text",)}
+    registry.register("smollm2", f"{_IMPL}:prepare_model", params=SmolLM2Params, capabilities=text)
+    registry.register("smollm2_arith", f"{_IMPL}:prepare_arith", params=SmolLM2ArithParams, capabilities=text)

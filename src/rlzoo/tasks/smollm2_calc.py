@@ -89,12 +89,8 @@ class SmolLM2CalcEnvParams:
 
 @hookimpl
 def rlzoo_register_datasets(registry: Registrar[PartFactory]) -> None:
-    registry.register(
-        "smollm2_calc",
-        f"{_IMPL}:prepare",
-        params=SmolLM2CalcDataParams,
-        capabilities={"modalities": ("text",)},
-    )
+    text = {"modalities": ("text",)}
+    registry.register("smollm2_calc", f"{_IMPL}:prepare", params=SmolLM2CalcDataParams, capabilities=text)
 
 
 @hookimpl

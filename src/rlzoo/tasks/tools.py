@@ -146,12 +146,9 @@ def rlzoo_register_scorers(registry: Registrar[ScorerFn]) -> None:
 
 @hookimpl
 def rlzoo_register_environments(registry: Registrar[EnvironmentFactory]) -> None:
-    registry.register(
-        "tool_arithmetic",
-        f"{_IMPL}:make_tool_arithmetic",
-        params=ToolArithmeticParams,
-        capabilities={"offers_tools": True},
-    )
+    tools = {"offers_tools": True}
+    make = f"{_IMPL}:make_tool_arithmetic"
+    registry.register("tool_arithmetic", make, params=ToolArithmeticParams, capabilities=tools)
 
 
 @hookimpl

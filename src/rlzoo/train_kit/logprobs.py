@@ -110,6 +110,33 @@ def _chunk_stats(
         ent[r, c] = s - torch.softmax(z, dim=-1).mul_(z).sum(-1)
 
 
+def _chunked_forward(
+    ctx: torch.autograd.function.FunctionCtx,
+    chunk_logits: Callable[[slice, slice], Tensor],
+    targets: Tensor,
+    temperature: float,
+    with_entropy: bool,
+    chunk_tokens: int,
+    device: torch.device,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The forward of the analytic Functions: ``lp``, ``lse`` and ``ent`` ``[B, T]`` fp32 (``ent``
+    empty without ``with_entropy``) from ``chunk_logits(r, c)`` ``[rr, cc, V]``, one chunk at a time;
+    records on ``ctx`` what the backward reads (the caller saves the tensors)."""
+    B, T = targets.shape
+    lp = torch.empty((B, T), dtype=torch.float32, device=device)
+    lse = torch.empty((B, T), dtype=torch.float32, device=device)
+    ent = torch.empty((B, T) if with_entropy else (0,), dtype=torch.float32, device=device)
+    with torch.autocast(device.type, enabled=False):
+        for r, c in chunks(B, T, chunk_tokens):
+            z, _ = _fp32_scaled(chunk_logits(r, c), temperature)  # [rr, cc, V]
+            _chunk_stats(z, targets, lp, lse, ent if with_entropy else None, r, c)
+    ctx.temperature = temperature  # type: ignore[attr-defined]
+    ctx.with_entropy = with_entropy  # type: ignore[attr-defined]
+    ctx.chunk_tokens = chunk_tokens  # type: ignore[attr-defined]
+    ctx.mark_non_differentiable(lse)
+    return lp, lse, ent
+
+
 class _ChunkedLogProbs(torch.autograd.Function):
     """Log-probs + entropy of ``softmax(x / tau)``, chunk by chunk; analytic backward per chunk:
 
@@ -128,19 +155,10 @@ class _ChunkedLogProbs(torch.autograd.Function):
         with_entropy: bool,
         chunk_tokens: int,
     ) -> tuple[Tensor, Tensor]:
-        B, T = targets.shape
-        lp = torch.empty((B, T), dtype=torch.float32, device=logits.device)
-        lse = torch.empty((B, T), dtype=torch.float32, device=logits.device)
-        ent = torch.empty((B, T) if with_entropy else (0,), dtype=torch.float32, device=logits.device)
-        with torch.autocast(logits.device.type, enabled=False):
-            for r, c in chunks(B, T, chunk_tokens):
-                z, _ = _fp32_scaled(logits[r, c], temperature)  # [rr, cc, V]
-                _chunk_stats(z, targets, lp, lse, ent if with_entropy else None, r, c)
+        lp, lse, ent = _chunked_forward(
+            ctx, lambda r, c: logits[r, c], targets, temperature, with_entropy, chunk_tokens, logits.device
+        )
         ctx.save_for_backward(logits, targets, lse, ent)
-        ctx.temperature = temperature  # type: ignore[attr-defined]
-        ctx.with_entropy = with_entropy  # type: ignore[attr-defined]
-        ctx.chunk_tokens = chunk_tokens  # type: ignore[attr-defined]
-        ctx.mark_non_differentiable(lse)
         return lp, ent
 
     @staticmethod
@@ -151,23 +169,13 @@ class _ChunkedLogProbs(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:  # type: ignore[attr-defined]
             return None, None, None, None, None
         tau: float = ctx.temperature  # type: ignore[attr-defined]
-        use_ent = bool(ctx.with_entropy) and g_ent is not None  # type: ignore[attr-defined]
+        ent_grad = _entropy_grad(ctx, ent, g_ent)
         B, T = targets.shape
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)  # [B, T, V]
         with torch.autocast(logits.device.type, enabled=False):
             for r, c in chunks(B, T, ctx.chunk_tokens):  # type: ignore[attr-defined]
                 z, fresh = _fp32_scaled(logits[r, c], tau)  # [rr, cc, V]
-                dz = _softmax_backward(
-                    z,
-                    fresh,
-                    lse[r, c],
-                    ent[r, c] if use_ent else None,
-                    targets[r, c],
-                    None if g_lp is None else g_lp[r, c],
-                    g_ent[r, c] if use_ent and g_ent is not None else None,
-                    tau,
-                )
-                grad[r, c] = dz
+                grad[r, c] = _softmax_backward(z, fresh, r, c, lse, targets, g_lp, ent_grad, tau)
         return grad, None, None, None, None
 
 
@@ -216,20 +224,17 @@ class _ChunkedLinearLogProbs(torch.autograd.Function):
         with_entropy: bool,
         chunk_tokens: int,
     ) -> tuple[Tensor, Tensor]:
-        B, T = targets.shape
-        lp = torch.empty((B, T), dtype=torch.float32, device=hidden.device)
-        lse = torch.empty((B, T), dtype=torch.float32, device=hidden.device)
-        ent = torch.empty((B, T) if with_entropy else (0,), dtype=torch.float32, device=hidden.device)
         w = weight.to(hidden.dtype)
-        with torch.autocast(hidden.device.type, enabled=False):
-            for r, c in chunks(B, T, chunk_tokens):
-                z, _ = _fp32_scaled(hidden[r, c] @ w.T, temperature)  # [rr, cc, V]
-                _chunk_stats(z, targets, lp, lse, ent if with_entropy else None, r, c)
+        lp, lse, ent = _chunked_forward(
+            ctx,
+            lambda r, c: hidden[r, c] @ w.T,
+            targets,
+            temperature,
+            with_entropy,
+            chunk_tokens,
+            hidden.device,
+        )
         ctx.save_for_backward(hidden, weight, targets, lse, ent)
-        ctx.temperature = temperature  # type: ignore[attr-defined]
-        ctx.with_entropy = with_entropy  # type: ignore[attr-defined]
-        ctx.chunk_tokens = chunk_tokens  # type: ignore[attr-defined]
-        ctx.mark_non_differentiable(lse)
         return lp, ent
 
     @staticmethod
@@ -241,7 +246,7 @@ class _ChunkedLinearLogProbs(torch.autograd.Function):
         if not (need_h or need_w):
             return None, None, None, None, None, None
         tau: float = ctx.temperature  # type: ignore[attr-defined]
-        use_ent = bool(ctx.with_entropy) and g_ent is not None  # type: ignore[attr-defined]
+        ent_grad = _entropy_grad(ctx, ent, g_ent)
         B, T = targets.shape
         w = weight.to(hidden.dtype)
         d_hidden = torch.zeros_like(hidden) if need_h else None  # [B, T, H]
@@ -250,16 +255,8 @@ class _ChunkedLinearLogProbs(torch.autograd.Function):
             for r, c in chunks(B, T, ctx.chunk_tokens):  # type: ignore[attr-defined]
                 h = hidden[r, c]  # [rr, cc, H]
                 z, _ = _fp32_scaled(h @ w.T, tau)  # [rr, cc, V]
-                dz = _softmax_backward(
-                    z,
-                    True,  # the matmul's output: a temporary
-                    lse[r, c],
-                    ent[r, c] if use_ent else None,
-                    targets[r, c],
-                    None if g_lp is None else g_lp[r, c],
-                    g_ent[r, c] if use_ent and g_ent is not None else None,
-                    tau,
-                )
+                # z is the matmul's output: a temporary (fresh)
+                dz = _softmax_backward(z, True, r, c, lse, targets, g_lp, ent_grad, tau)
                 dx = dz.to(h.dtype)  # [rr, cc, V]
                 if d_hidden is not None:
                     d_hidden[r, c] = dx @ w
@@ -275,25 +272,38 @@ class _ChunkedLinearLogProbs(torch.autograd.Function):
         )
 
 
+def _entropy_grad(
+    ctx: torch.autograd.function.FunctionCtx, ent: Tensor, g_ent: Tensor | None
+) -> tuple[Tensor, Tensor] | None:
+    """``(entropy, its gradient)`` ``[B, T]`` when the forward computed the entropy and the loss
+    reads it, else None (the backward then leaves the entropy term out)."""
+    if not ctx.with_entropy or g_ent is None:  # type: ignore[attr-defined]
+        return None
+    return ent, g_ent
+
+
 def _softmax_backward(
     z: Tensor,
     fresh: bool,
+    r: slice,
+    c: slice,
     lse: Tensor,
-    ent: Tensor | None,
     targets: Tensor,
     g_lp: Tensor | None,
-    g_ent: Tensor | None,
+    ent_grad: tuple[Tensor, Tensor] | None,
     tau: float,
 ) -> Tensor:
-    """``d loss / d x`` ``[rr, cc, V]`` fp32 of one chunk (``z = x / tau`` in fp32, ``fresh``: a
-    temporary that may be overwritten): ``g_lp (onehot - p) - g_ent p (z - lse + H)``, over ``tau``."""
-    s = lse.unsqueeze(-1)  # [rr, cc, 1]
+    """``d loss / d x`` ``[rr, cc, V]`` fp32 of the chunk ``[r, c]`` (``z = x / tau`` in fp32,
+    ``fresh``: a temporary that may be overwritten; ``lse``, ``targets``, ``g_lp`` and
+    ``ent_grad`` are whole ``[B, T]``): ``g_lp (onehot - p) - g_ent p (z - lse + H)``, over ``tau``."""
+    s = lse[r, c].unsqueeze(-1)  # [rr, cc, 1]
     p = (z - s).exp_()  # [rr, cc, V]: softmax
-    gl = None if g_lp is None else g_lp.float().unsqueeze(-1)  # [rr, cc, 1]
-    if g_ent is not None and ent is not None:
-        ge = g_ent.float().unsqueeze(-1)  # [rr, cc, 1]
+    gl = None if g_lp is None else g_lp[r, c].float().unsqueeze(-1)  # [rr, cc, 1]
+    if ent_grad is not None:
+        ent, g_ent = ent_grad
+        ge = g_ent[r, c].float().unsqueeze(-1)  # [rr, cc, 1]
         dz = z.sub_(s) if fresh else z - s  # in z's buffer when z is a temporary
-        dz.add_(ent.unsqueeze(-1)).mul_(p).mul_(-ge)
+        dz.add_(ent[r, c].unsqueeze(-1)).mul_(p).mul_(-ge)
         if gl is not None:
             dz.addcmul_(p, gl, value=-1.0)
     elif gl is not None:
@@ -301,7 +311,7 @@ def _softmax_backward(
     else:
         dz = p.zero_()
     if gl is not None:
-        dz.scatter_add_(-1, targets.long().unsqueeze(-1), gl)
+        dz.scatter_add_(-1, targets[r, c].long().unsqueeze(-1), gl)
     if tau != 1.0:
         dz.div_(tau)
     return dz

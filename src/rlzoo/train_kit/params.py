@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from rlzoo.kernel.errors import raise_problems
 from rlzoo.kernel.params import param
 
 __all__ = ["HFTrainParams"]
@@ -64,5 +65,4 @@ class HFTrainParams:
             )
         if self.temperature is not None and self.temperature <= 0:
             problems.append(f"temperature must be > 0, got {self.temperature}")
-        if problems:
-            raise ValueError(f"invalid {self.kind} train params: " + "; ".join(problems))
+        raise_problems(f"invalid {self.kind} train params", problems)

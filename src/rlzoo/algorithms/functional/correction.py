@@ -39,6 +39,7 @@ from ..correction import (
     RejectionParams,
     SeqISParams,
     TokenISParams,
+    TruncatedISParams,
     parse_criteria,
 )
 
@@ -69,15 +70,6 @@ class _Vetoed(_Mode, Protocol):
 
     @property
     def token_veto_threshold(self) -> float | None: ...
-
-
-class _TruncatedIS(_Vetoed, Protocol):
-    """What :func:`_truncated_is` reads (token_is, seq_is)."""
-
-    @property
-    def threshold(self) -> float | None: ...
-    @property
-    def batch_normalize(self) -> bool: ...
 
 
 def _check_mode(params: _Mode) -> str:
@@ -355,7 +347,7 @@ def _prepare(inputs: CorrectionInputs) -> tuple[Tensor, Tensor]:
     return inputs.old_log_probs - inputs.rollout_log_probs, mask  # [B, T] log(pi_old / pi_rollout)
 
 
-def _truncated_is(inputs: CorrectionInputs, params: _TruncatedIS, level: str) -> CorrectionOutput:
+def _truncated_is(inputs: CorrectionInputs, params: TruncatedISParams, level: str) -> CorrectionOutput:
     log_ratio, mask = _prepare(inputs)
     weights, metrics = importance_weights(log_ratio, mask, level, params.threshold, params.batch_normalize)
     return _finish(inputs, params, weights, None, metrics)

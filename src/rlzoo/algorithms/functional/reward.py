@@ -27,6 +27,7 @@ from multiprocessing import connection as mp_connection
 from numbers import Real
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from rlzoo.kernel.errors import raise_problems
 from rlzoo.kernel.protocols import RewardItem, RewardResult
 
 from ..reward import DAPOParams, ProcessPoolParams
@@ -351,8 +352,7 @@ class DAPORewardManager(NaiveRewardManager):
         self.penalty_factor = float(params.penalty_factor)
         self.max_response_length = int(params.max_response_length)
         problems = params.run_problems()  # also reported by rlzoo validate
-        if problems:
-            raise ValueError("dapo reward manager: " + "; ".join(problems))
+        raise_problems("dapo reward manager", problems)
 
     def __call__(self, items: Sequence[RewardItem]) -> list[RewardResult]:
         results = super().__call__(items)

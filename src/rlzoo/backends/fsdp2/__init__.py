@@ -17,6 +17,16 @@ if TYPE_CHECKING:
 
 __all__ = ["FSDP2Params"]
 
+# what the hook at the end registers: the implementation (imported on first use), its capabilities
+_TRAIN = "rlzoo.backends.fsdp2.train:FSDP2TrainBackend"
+_CAPABILITIES = {
+    "distributed": True,
+    "devices": ["cpu", "cuda"],
+    "supports_critic": True,
+    "supplies_sum_pi_squared": True,
+    "supports_lora": True,
+}
+
 
 @dataclass(frozen=True)
 class FSDP2Params(HFTrainParams):
@@ -76,15 +86,4 @@ class FSDP2Params(HFTrainParams):
 
 @hookimpl
 def rlzoo_register_train_backends(registry: Registrar[PartFactory]) -> None:
-    registry.register(
-        "fsdp2",
-        "rlzoo.backends.fsdp2.train:FSDP2TrainBackend",
-        params=FSDP2Params,
-        capabilities={
-            "distributed": True,
-            "devices": ["cpu", "cuda"],
-            "supports_critic": True,
-            "supplies_sum_pi_squared": True,
-            "supports_lora": True,
-        },
-    )
+    registry.register("fsdp2", _TRAIN, params=FSDP2Params, capabilities=_CAPABILITIES)

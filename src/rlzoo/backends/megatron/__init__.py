@@ -13,12 +13,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl
+from rlzoo.kernel.errors import raise_problems
 from rlzoo.kernel.params import param
 
 if TYPE_CHECKING:
     from rlzoo.kernel.registry import PartFactory, Registrar
 
 __all__ = ["MegatronParams"]
+
+# what the hook at the end registers: the implementation (imported on first use), its capabilities
+_TRAIN = "rlzoo.backends.megatron.train:MegatronTrainBackend"
+_CAPABILITIES = {
+    "distributed": True,
+    "devices": ["cuda", "cpu"],  # cpu: device 'cpu', fp32 on a gloo group (tests, debugging)
+    "supports_critic": True,
+    "requires": "megatron-core",
+    "extra": "megatron",
+}
 
 
 def _have_transformer_engine() -> bool:
@@ -129,21 +140,9 @@ class MegatronParams:
             problems.append(f"temperature must be > 0, got {self.temperature}")
         if self.make_vocab_size_divisible_by < 1:
             problems.append("make_vocab_size_divisible_by must be >= 1")
-        if problems:
-            raise ValueError("invalid megatron train params: " + "; ".join(problems))
+        raise_problems("invalid megatron train params", problems)
 
 
 @hookimpl
 def rlzoo_register_train_backends(registry: Registrar[PartFactory]) -> None:
-    registry.register(
-        "megatron",
-        "rlzoo.backends.megatron.train:MegatronTrainBackend",
-        params=MegatronParams,
-        capabilities={
-            "distributed": True,
-            "devices": ["cuda", "cpu"],  # cpu: device 'cpu', fp32 on a gloo group (tests, debugging)
-            "supports_critic": True,
-            "requires": "megatron-core",
-            "extra": "megatron",
-        },
-    )
+    registry.register("megatron", _TRAIN, params=MegatronParams, capabilities=_CAPABILITIES)

@@ -16,32 +16,30 @@ if TYPE_CHECKING:
     from rlzoo.kernel.registry import PartFactory, Registrar
 
 
+_TRAIN = "rlzoo.backends.native.train:NativeTrainBackend"
+_TRAIN_CAPS = {
+    "devices": ["cpu", "cuda"],
+    "supports_critic": True,
+    "distributed": False,
+    "supplies_sum_pi_squared": True,
+    "supports_lora": True,
+}
+
+
 @hookimpl
 def rlzoo_register_train_backends(registry: Registrar[PartFactory]) -> None:
-    registry.register(
-        "native",
-        "rlzoo.backends.native.train:NativeTrainBackend",
-        params=NativeTrainParams,
-        capabilities={
-            "devices": ["cpu", "cuda"],
-            "supports_critic": True,
-            "distributed": False,
-            "supplies_sum_pi_squared": True,
-            "supports_lora": True,
-        },
-    )
+    registry.register("native", _TRAIN, params=NativeTrainParams, capabilities=_TRAIN_CAPS)
+
+
+_ROLLOUT = "rlzoo.backends.native.rollout:NativeRolloutBackend"
+_ROLLOUT_CAPS = {
+    "supports_partial_rollout": True,
+    "supports_streaming": True,
+    "supports_lora": True,
+    "devices": ["cpu", "cuda"],
+}
 
 
 @hookimpl
 def rlzoo_register_rollout_backends(registry: Registrar[PartFactory]) -> None:
-    registry.register(
-        "native",
-        "rlzoo.backends.native.rollout:NativeRolloutBackend",
-        params=NativeRolloutParams,
-        capabilities={
-            "supports_partial_rollout": True,
-            "supports_streaming": True,
-            "supports_lora": True,
-            "devices": ["cpu", "cuda"],
-        },
-    )
+    registry.register("native", _ROLLOUT, params=NativeRolloutParams, capabilities=_ROLLOUT_CAPS)

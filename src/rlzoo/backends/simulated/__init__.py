@@ -59,21 +59,19 @@ class SimulatedTrainParams:
     )
 
 
+_ROLLOUT = "rlzoo.backends.simulated.backend:SimulatedRolloutBackend"
+_ROLLOUT_CAPS = {"supports_partial_rollout": True, "supports_streaming": True, "devices": ["cpu"]}
+
+
 @hookimpl
 def rlzoo_register_rollout_backends(registry: Registrar[PartFactory]) -> None:
-    registry.register(
-        "simulated",
-        "rlzoo.backends.simulated.backend:SimulatedRolloutBackend",
-        params=SimulatedRolloutParams,
-        capabilities={"supports_partial_rollout": True, "supports_streaming": True, "devices": ["cpu"]},
-    )
+    registry.register("simulated", _ROLLOUT, params=SimulatedRolloutParams, capabilities=_ROLLOUT_CAPS)
+
+
+_TRAIN = "rlzoo.backends.simulated.backend:SimulatedTrainBackend"
+_TRAIN_CAPS = {"devices": ["cpu"], "supports_critic": True, "distributed": False}
 
 
 @hookimpl
 def rlzoo_register_train_backends(registry: Registrar[PartFactory]) -> None:
-    registry.register(
-        "simulated",
-        "rlzoo.backends.simulated.backend:SimulatedTrainBackend",
-        params=SimulatedTrainParams,
-        capabilities={"devices": ["cpu"], "supports_critic": True, "distributed": False},
-    )
+    registry.register("simulated", _TRAIN, params=SimulatedTrainParams, capabilities=_TRAIN_CAPS)

@@ -11,12 +11,24 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl
+from rlzoo.kernel.errors import raise_problems
 from rlzoo.kernel.params import param
 
 if TYPE_CHECKING:
     from rlzoo.kernel.registry import PartFactory, Registrar
 
 __all__ = ["LOGPROBS_MODES", "VLLMRolloutParams"]
+
+# what the hook at the end registers: the implementation (imported on first use), its capabilities
+_ROLLOUT = "rlzoo.backends.vllm.rollout:VLLMRolloutBackend"
+_CAPABILITIES = {
+    "supports_partial_rollout": True,
+    "supports_streaming": True,
+    "supports_lora": True,  # adapters through vLLM's LoRARequest (src/rlzoo/backends/vllm/lora.py)
+    "devices": ["cuda", "cpu"],
+    "requires": "vllm",
+    "extra": "vllm",
+}
 
 #: vLLM ``logprobs_mode`` values (``vllm.config.model.LogprobsMode``)
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
@@ -101,22 +113,9 @@ class VLLMRolloutParams:
             problems.append(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
         if self.weight_bucket_mb < 1 or self.max_num_seqs < 1:
             problems.append("weight_bucket_mb and max_num_seqs must be >= 1")
-        if problems:
-            raise ValueError("invalid vllm rollout params: " + "; ".join(problems))
+        raise_problems("invalid vllm rollout params", problems)
 
 
 @hookimpl
 def rlzoo_register_rollout_backends(registry: Registrar[PartFactory]) -> None:
-    registry.register(
-        "vllm",
-        "rlzoo.backends.vllm.rollout:VLLMRolloutBackend",
-        params=VLLMRolloutParams,
-        capabilities={
-            "supports_partial_rollout": True,
-            "supports_streaming": True,
-            "supports_lora": True,  # adapters through vLLM's LoRARequest (src/rlzoo/backends/vllm/lora.py)
-            "devices": ["cuda", "cpu"],
-            "requires": "vllm",
-            "extra": "vllm",
-        },
-    )
+    registry.register("vllm", _ROLLOUT, params=VLLMRolloutParams, capabilities=_CAPABILITIES)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlzoo.data.schema import schema_problems
+from rlzoo.kernel.errors import raise_problems
 from rlzoo.tasks.datasets import DapoMathParams
 from rlzoo.tasks.prepare._common import (
     PrepareError,
@@ -41,8 +42,7 @@ def prepare_verl_layout(out_dir: Path, p: Any, name: str) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for written, ds in upstream_splits(dd, p, name, UPSTREAM_COLUMNS):
         problems = schema_problems(p.source, ds.features.arrow_schema)
-        if problems:
-            raise PrepareError(f"dataset {name!r}: " + "; ".join(problems))
+        raise_problems(f"dataset {name!r}", problems, PrepareError)
         if p.dedup:
             ds = first_of_each_prompt(ds)
         ds = head(ds, p.limit)

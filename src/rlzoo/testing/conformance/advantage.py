@@ -10,14 +10,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pytest
 
 from rlzoo.kernel.protocols import AdvantageInputs
-from rlzoo.testing.conformance.base import (
-    ComponentConformance,
-    _assert_finite,
-    _close,
-    _garbage_like,
-    _lengths_mask,
-    _torch,
-)
+from rlzoo.testing.conformance.base import ComponentConformance
+from rlzoo.testing.conformance.checks import assert_close, assert_finite, garbage, lazy_torch, length_mask
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -48,11 +42,11 @@ class AdvantageConformance(ComponentConformance):
         seed: int = 0,
     ) -> AdvantageInputs:
         """Outcome rewards on the last response token; optional fields as capabilities ask."""
-        torch = _torch()
+        torch = lazy_torch()
         g = torch.Generator().manual_seed(seed)
         B = len(lengths)
         T = T or max(max(lengths), 1)
-        mask = _lengths_mask(lengths, T)  # [B, T]
+        mask = length_mask(lengths, T)  # [B, T]
         r = torch.tensor(list(rewards)) if rewards is not None else torch.randn(B, generator=g)  # [B]
         last = (torch.tensor(list(lengths)) - 1).clamp(min=0)  # [B]
         tlr = torch.zeros(B, T)  # [B, T]
@@ -91,7 +85,7 @@ class AdvantageConformance(ComponentConformance):
             t = getattr(out, field)
             assert tuple(t.shape) == shape, f"{field}: shape {tuple(t.shape)}, expected {shape} [B, T]"
             assert t.is_floating_point(), f"{field}: dtype {t.dtype} is not floating point"
-            _assert_finite(t, field)
+            assert_finite(t, field)
         masked = ~inputs.response_mask.bool()
         assert (out.advantages[masked] == 0).all(), (
             f"advantages must be zero where response_mask is 0: {out.advantages[masked]}"
@@ -102,24 +96,24 @@ class AdvantageConformance(ComponentConformance):
         self._check_valid(inputs, self.run(inputs))
 
     def test_masked_inputs_do_not_leak(self) -> None:
-        torch = _torch()
+        torch = lazy_torch()
         inputs = self.make_inputs()
         base = self.run(inputs)
         masked = ~inputs.response_mask.bool()  # [B, T]
         dirty = copy.copy(inputs)
         if self.masked_rewards_ignored:
             dirty.token_level_rewards = torch.where(
-                masked, _garbage_like(inputs.token_level_rewards, 1), inputs.token_level_rewards
+                masked, garbage(inputs.token_level_rewards, 1), inputs.token_level_rewards
             )
         elif inputs.values is None:
             pytest.skip("no critic values, and masked_rewards_ignored is off: nothing masked to vary")
         if inputs.values is not None:
-            dirty.values = torch.where(masked, _garbage_like(inputs.values, 2), inputs.values)
+            dirty.values = torch.where(masked, garbage(inputs.values, 2), inputs.values)
         out = self.run(dirty)
         self._check_valid(dirty, out)
         valid = inputs.response_mask.bool()
-        _close(out.advantages[valid], base.advantages[valid], "advantages after changing masked inputs")
-        _close(out.returns[valid], base.returns[valid], "returns after changing masked inputs")
+        assert_close(out.advantages[valid], base.advantages[valid], "advantages after changing masked inputs")
+        assert_close(out.returns[valid], base.returns[valid], "returns after changing masked inputs")
 
     def test_right_padding_does_not_change_outputs(self) -> None:
         import torch.nn.functional as F
@@ -139,10 +133,10 @@ class AdvantageConformance(ComponentConformance):
         out = self.run(padded)
         self._check_valid(padded, out)
         T = inputs.response_mask.shape[1]
-        _close(out.advantages[:, :T], base.advantages, "advantages with extra right padding")
+        assert_close(out.advantages[:, :T], base.advantages, "advantages with extra right padding")
 
     def test_batch_permutation(self) -> None:
-        torch = _torch()
+        torch = lazy_torch()
         inputs = self.make_inputs()
         base = self.run(inputs)
         perm = torch.tensor([4, 0, 5, 2, 1, 3])
@@ -153,7 +147,7 @@ class AdvantageConformance(ComponentConformance):
             }
         )
         out = self.run(permuted)
-        _close(out.advantages, base.advantages[perm], "advantages of a permuted batch", atol=self.atol)
+        assert_close(out.advantages, base.advantages[perm], "advantages of a permuted batch", atol=self.atol)
 
     def test_group_of_one(self) -> None:
         for inputs in (self.make_inputs(lengths=(4,), group_size=1), self.make_inputs(group_size=1)):
@@ -176,7 +170,7 @@ class AdvantageConformance(ComponentConformance):
         self._check_valid(inputs, self.run(inputs))
 
     def test_deterministic(self) -> None:
-        torch = _torch()
+        torch = lazy_torch()
         a, b = self.run(self.make_inputs()), self.run(self.make_inputs())
         assert torch.equal(a.advantages, b.advantages) and torch.equal(a.returns, b.returns)
 
@@ -187,7 +181,7 @@ class AdvantageConformance(ComponentConformance):
         self.run(inputs)
         for k, v in before.items():
             if v is not None:
-                _close(getattr(inputs, k), v, f"inputs.{k} was modified in place", atol=0, rtol=0)
+                assert_close(getattr(inputs, k), v, f"inputs.{k} was modified in place", atol=0, rtol=0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,7 +193,7 @@ class SampleFilterConformance(ComponentConformance):
     kind = "sample_filter"
 
     def make_inputs(self, group_sizes: Sequence[int] = (4, 4, 4, 4), seed: int = 0) -> tuple[Tensor, Tensor]:
-        torch = _torch()
+        torch = lazy_torch()
         g = torch.Generator().manual_seed(seed)
         ids = torch.cat([torch.full((n,), i) for i, n in enumerate(group_sizes)])  # [N]
         rewards = (torch.rand(len(ids), generator=g) > 0.5).float()  # [N]
@@ -209,7 +203,7 @@ class SampleFilterConformance(ComponentConformance):
         return rewards, ids
 
     def run(self, rewards: Tensor, group_ids: Tensor) -> Tensor:
-        torch = _torch()
+        torch = lazy_torch()
         keep = self.make_part()(rewards, group_ids, self.params)
         assert tuple(keep.shape) == tuple(rewards.shape), f"keep shape {tuple(keep.shape)}, expected [N]"
         assert keep.dtype == torch.bool, f"keep must be a bool tensor, got {keep.dtype}"
@@ -225,18 +219,18 @@ class SampleFilterConformance(ComponentConformance):
         self.run(*self.make_inputs(group_sizes=(1, 1, 1)))
 
     def test_all_equal_rewards(self) -> None:
-        torch = _torch()
+        torch = lazy_torch()
         _, ids = self.make_inputs()
         self.run(torch.ones(len(ids)), ids)
         self.run(torch.zeros(len(ids)), ids)
 
     def test_permutation(self) -> None:
-        torch = _torch()
+        torch = lazy_torch()
         rewards, ids = self.make_inputs()
         base = self.run(rewards, ids)
         perm = torch.randperm(len(ids), generator=torch.Generator().manual_seed(1))
         assert torch.equal(self.run(rewards[perm], ids[perm]), base[perm])
 
     def test_deterministic(self) -> None:
-        torch = _torch()
+        torch = lazy_torch()
         assert torch.equal(self.run(*self.make_inputs()), self.run(*self.make_inputs()))

@@ -5,8 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -17,8 +16,6 @@ from rlzoo.kernel.kinds import KIND_BY_NAME
 from rlzoo.kernel.registry import Component
 
 if TYPE_CHECKING:
-    from torch import Tensor
-
     from rlzoo.kernel.plugins import PluginManager
 
 
@@ -94,41 +91,6 @@ def check_component(component: Component[Any], *, load: bool = True) -> None:
     problems = component_problems(component, load=load)
     if problems:
         raise AssertionError("\n".join(["part does not conform:", *(f"  - {p}" for p in problems)]))
-
-
-# ---------------------------------------------------------------------------------------------
-# helpers (torch imported lazily)
-# ---------------------------------------------------------------------------------------------
-def _torch() -> Any:
-    import torch
-
-    return torch
-
-
-def _lengths_mask(lengths: Sequence[int], T: int) -> Tensor:
-    torch = _torch()
-    return (torch.arange(T)[None, :] < torch.tensor(list(lengths))[:, None]).float()  # [B, T]
-
-
-def _assert_finite(x: Any, what: str) -> None:
-    torch = _torch()
-    if isinstance(x, torch.Tensor):
-        assert torch.isfinite(x).all(), f"{what} has NaN or inf: {x}"
-    elif isinstance(x, (int, float)):
-        assert math.isfinite(float(x)), f"{what} is not finite: {x}"
-
-
-def _close(a: Tensor, b: Tensor, what: str, *, atol: float = 1e-5, rtol: float = 1e-5) -> None:
-    torch = _torch()
-    assert a.shape == b.shape, f"{what}: shapes differ, {tuple(a.shape)} vs {tuple(b.shape)}"
-    assert torch.allclose(a, b, atol=atol, rtol=rtol, equal_nan=False), f"{what}:\n{a}\nvs\n{b}"
-
-
-def _garbage_like(x: Tensor, seed: int, scale: float = 50.0) -> Tensor:
-    """Large finite values, to be put where the mask is 0."""
-    torch = _torch()
-    g = torch.Generator().manual_seed(seed)
-    return (torch.rand(x.shape, generator=g, dtype=x.dtype) * 2 - 1) * scale
 
 
 # ---------------------------------------------------------------------------------------------

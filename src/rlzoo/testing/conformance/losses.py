@@ -10,14 +10,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from rlzoo.kernel.protocols import AggContext, CorrectionInputs, PolicyLossInputs
-from rlzoo.testing.conformance.base import (
-    ComponentConformance,
-    _assert_finite,
-    _close,
-    _garbage_like,
-    _lengths_mask,
-    _torch,
-)
+from rlzoo.testing.conformance.base import ComponentConformance
+from rlzoo.testing.conformance.checks import assert_close, assert_finite, garbage, lazy_torch, length_mask
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -28,7 +22,7 @@ if TYPE_CHECKING:
 # ---------------------------------------------------------------------------------------------
 def token_mean_agg(mask: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
     """A reference ``agg(per_token_loss, mask)`` bound to the token count of ``mask`` [B, T]."""
-    torch = _torch()
+    torch = lazy_torch()
     n = max(float(mask.bool().sum().item()), 1.0)
 
     def agg(per_token_loss: Tensor, m: Tensor) -> Tensor:
@@ -45,10 +39,10 @@ class PolicyLossConformance(ComponentConformance):
     def make_inputs(
         self, lengths: Sequence[int] = (5, 3, 1, 4), T: int | None = None, seed: int = 0
     ) -> PolicyLossInputs:
-        torch = _torch()
+        torch = lazy_torch()
         g = torch.Generator().manual_seed(seed)
         B, T = len(lengths), T or max(max(lengths), 1)
-        mask = _lengths_mask(lengths, T)  # [B, T]
+        mask = length_mask(lengths, T)  # [B, T]
         old = -torch.rand(B, T, generator=g) * 2 - 0.05  # [B, T] log-probs < 0
         new = (old + torch.randn(B, T, generator=g) * 0.2).clamp(max=-1e-3)  # [B, T]
         return PolicyLossInputs(
@@ -69,10 +63,10 @@ class PolicyLossConformance(ComponentConformance):
 
     def _check_valid(self, out: Any) -> None:
         assert out.loss.ndim == 0, f"loss must be a scalar, got shape {tuple(out.loss.shape)}"
-        _assert_finite(out.loss, "loss")
+        assert_finite(out.loss, "loss")
         assert isinstance(out.metrics, dict), f"metrics must be a dict, got {type(out.metrics).__name__}"
         for k, v in out.metrics.items():
-            _assert_finite(v, f"metric {k!r}")
+            assert_finite(v, f"metric {k!r}")
 
     def test_scalar_loss_and_metrics(self) -> None:
         self._check_valid(self.run(self.make_inputs()))
@@ -99,34 +93,34 @@ class PolicyLossConformance(ComponentConformance):
         out.loss.backward()
         grad = inputs.log_probs.grad
         assert grad is not None, "loss does not depend on log_probs"
-        _assert_finite(grad, "d loss / d log_probs")
+        assert_finite(grad, "d loss / d log_probs")
         masked = ~inputs.response_mask.bool()
         assert (grad[masked] == 0).all(), f"gradient reaches masked positions: {grad[masked]}"
 
     def test_masked_inputs_do_not_leak(self) -> None:
-        torch = _torch()
+        torch = lazy_torch()
         inputs = self.make_inputs()
         base = self.run(inputs)
         masked = ~inputs.response_mask.bool()
         dirty = copy.copy(inputs)
-        garbage_lp = -_garbage_like(inputs.log_probs, 3, scale=20.0).abs()  # [B, T] in [-20, 0]
+        garbage_lp = -garbage(inputs.log_probs, 3, scale=20.0).abs()  # [B, T] in [-20, 0]
         dirty.log_probs = torch.where(masked, garbage_lp, inputs.log_probs.detach()).requires_grad_(True)
         dirty.old_log_probs = torch.where(
-            masked, -_garbage_like(inputs.old_log_probs, 4, scale=20.0).abs(), inputs.old_log_probs
+            masked, -garbage(inputs.old_log_probs, 4, scale=20.0).abs(), inputs.old_log_probs
         )
-        dirty.advantages = torch.where(masked, _garbage_like(inputs.advantages, 5, 100.0), inputs.advantages)
+        dirty.advantages = torch.where(masked, garbage(inputs.advantages, 5, 100.0), inputs.advantages)
         if inputs.entropy is not None:
-            dirty.entropy = torch.where(masked, _garbage_like(inputs.entropy, 6).abs(), inputs.entropy)
+            dirty.entropy = torch.where(masked, garbage(inputs.entropy, 6).abs(), inputs.entropy)
         out = self.run(dirty)
         self._check_valid(out)
-        _close(out.loss.detach(), base.loss.detach(), "loss after changing masked inputs")
+        assert_close(out.loss.detach(), base.loss.detach(), "loss after changing masked inputs")
 
     def test_unit_rollout_weights_change_nothing(self) -> None:
-        torch = _torch()
+        torch = lazy_torch()
         base = self.run(self.make_inputs())
         inputs = self.make_inputs()
         inputs.rollout_is_weights = torch.ones_like(inputs.old_log_probs)
-        _close(self.run(inputs).loss.detach(), base.loss.detach(), "loss with rollout_is_weights = 1")
+        assert_close(self.run(inputs).loss.detach(), base.loss.detach(), "loss with rollout_is_weights = 1")
 
     def test_fully_masked_row(self) -> None:
         self._check_valid(self.run(self.make_inputs(lengths=(4, 0, 2, 0))))
@@ -137,13 +131,13 @@ class PolicyLossConformance(ComponentConformance):
         self._check_valid(out)
         out.loss.backward()
         if inputs.log_probs.grad is not None:
-            _assert_finite(inputs.log_probs.grad, "d loss / d log_probs (all masked)")
+            assert_finite(inputs.log_probs.grad, "d loss / d log_probs (all masked)")
 
     def test_length_one_responses(self) -> None:
         self._check_valid(self.run(self.make_inputs(lengths=(1, 1, 1))))
 
     def test_deterministic(self) -> None:
-        torch = _torch()
+        torch = lazy_torch()
         a, b = self.run(self.make_inputs()), self.run(self.make_inputs())
         assert torch.equal(a.loss.detach(), b.loss.detach())
 
@@ -159,10 +153,10 @@ class LossAggConformance(ComponentConformance):
     def make_inputs(
         self, lengths: Sequence[int] = (5, 3, 1, 4, 0, 2), T: int | None = None, seed: int = 0
     ) -> tuple[Tensor, Tensor, AggContext]:
-        torch = _torch()
+        torch = lazy_torch()
         g = torch.Generator().manual_seed(seed)
         T = T or max(max(lengths), 1)
-        mask = _lengths_mask(lengths, T)  # [B, T]
+        mask = length_mask(lengths, T)  # [B, T]
         loss = torch.randn(len(lengths), T, generator=g).requires_grad_(True)  # [B, T]
         return loss, mask, self.context(mask)
 
@@ -177,24 +171,26 @@ class LossAggConformance(ComponentConformance):
     def run(self, loss: Tensor, mask: Tensor, ctx: AggContext) -> Tensor:
         out = self.make_part()(loss, mask, ctx, self.params)
         assert out.ndim == 0, f"an aggregation returns a scalar, got shape {tuple(out.shape)}"
-        _assert_finite(out, "aggregated loss")
+        assert_finite(out, "aggregated loss")
         return out  # type: ignore[no-any-return]
 
     def test_scalar_and_finite(self) -> None:
         self.run(*self.make_inputs())
 
     def test_masked_values_do_not_leak(self) -> None:
-        torch = _torch()
+        torch = lazy_torch()
         loss, mask, ctx = self.make_inputs()
         base = self.run(loss, mask, ctx)
-        dirty = torch.where(mask.bool(), loss, _garbage_like(loss, 7, 1e4))
-        _close(self.run(dirty, mask, ctx).detach(), base.detach(), "aggregate after changing masked losses")
+        dirty = torch.where(mask.bool(), loss, garbage(loss, 7, 1e4))
+        assert_close(
+            self.run(dirty, mask, ctx).detach(), base.detach(), "aggregate after changing masked losses"
+        )
 
     def test_gradient_zero_where_masked(self) -> None:
         loss, mask, ctx = self.make_inputs()
         self.run(loss, mask, ctx).backward()
         assert loss.grad is not None
-        _assert_finite(loss.grad, "gradient")
+        assert_finite(loss.grad, "gradient")
         assert (loss.grad[~mask.bool()] == 0).all(), "gradient reaches masked positions"
 
     def test_micro_batch_splits_sum_to_the_whole(self) -> None:
@@ -205,7 +201,9 @@ class LossAggConformance(ComponentConformance):
             for s in sizes:
                 parts.append(self.run(loss[start : start + s], mask[start : start + s], ctx).detach())
                 start += s
-            _close(_torch().stack(parts).sum(), whole, f"sum over micro-batches {sizes} vs the whole batch")
+            assert_close(
+                lazy_torch().stack(parts).sum(), whole, f"sum over micro-batches {sizes} vs the whole batch"
+            )
 
     def test_fully_masked_batch_is_zero(self) -> None:
         loss, mask, ctx = self.make_inputs(lengths=(0, 0, 0), T=3)
@@ -216,7 +214,7 @@ class LossAggConformance(ComponentConformance):
         self.run(*self.make_inputs(lengths=(1, 1, 1)))
 
     def test_deterministic(self) -> None:
-        torch = _torch()
+        torch = lazy_torch()
         assert torch.equal(self.run(*self.make_inputs()), self.run(*self.make_inputs()))
 
 
@@ -231,7 +229,7 @@ class KLConformance(ComponentConformance):
     def make_inputs(
         self, B: int = 4, T: int = 5, seed: int = 0, spread: float = 0.5
     ) -> tuple[Tensor, Tensor]:
-        torch = _torch()
+        torch = lazy_torch()
         g = torch.Generator().manual_seed(seed)
         ref = -torch.rand(B, T, generator=g) * 3 - 0.01  # [B, T]
         lp = (ref + torch.randn(B, T, generator=g) * spread).clamp(max=-1e-4)  # [B, T]
@@ -242,7 +240,7 @@ class KLConformance(ComponentConformance):
         assert tuple(out.shape) == tuple(log_probs.shape), (
             f"kl shape {tuple(out.shape)}, expected {tuple(log_probs.shape)} [B, T]"
         )
-        _assert_finite(out, "kl")
+        assert_finite(out, "kl")
         return out  # type: ignore[no-any-return]
 
     def test_shape_and_finite(self) -> None:
@@ -254,7 +252,7 @@ class KLConformance(ComponentConformance):
         assert out.detach().abs().max() <= 1e-6, f"KL of a policy with itself must be 0: {out}"
 
     def test_per_token(self) -> None:
-        torch = _torch()
+        torch = lazy_torch()
         lp, ref = self.make_inputs()
         base = self.run(lp, ref).detach()
         lp2 = lp.detach().clone()
@@ -262,20 +260,20 @@ class KLConformance(ComponentConformance):
         out = self.run(lp2.requires_grad_(True), ref).detach()
         other = torch.ones_like(base, dtype=torch.bool)
         other[1, 2] = False
-        _close(out[other], base[other], "kl at positions whose log-probs did not change")
+        assert_close(out[other], base[other], "kl at positions whose log-probs did not change")
 
     def test_extreme_differences_finite(self) -> None:
         lp, ref = self.make_inputs(spread=15.0)
         out = self.run(lp, ref)
         out.sum().backward()
         assert lp.grad is not None
-        _assert_finite(lp.grad, "d kl / d log_probs")
+        assert_finite(lp.grad, "d kl / d log_probs")
 
     def test_length_one_responses(self) -> None:
         self.run(*self.make_inputs(T=1))
 
     def test_deterministic(self) -> None:
-        torch = _torch()
+        torch = lazy_torch()
         assert torch.equal(self.run(*self.make_inputs()), self.run(*self.make_inputs()))
 
 
@@ -290,16 +288,16 @@ class RolloutCorrectionConformance(ComponentConformance):
     def make_inputs(
         self, lengths: Sequence[int] = (5, 3, 1, 4), T: int | None = None, seed: int = 0, noise: float = 0.05
     ) -> CorrectionInputs:
-        torch = _torch()
+        torch = lazy_torch()
         g = torch.Generator().manual_seed(seed)
         B, T = len(lengths), T or max(max(lengths), 1)
-        mask = _lengths_mask(lengths, T)  # [B, T]
+        mask = length_mask(lengths, T)  # [B, T]
         old = -torch.rand(B, T, generator=g) * 2 - 0.05  # [B, T]
         rollout = (old + torch.randn(B, T, generator=g) * noise).clamp(max=-1e-4)  # [B, T]
         return CorrectionInputs(old_log_probs=old, rollout_log_probs=rollout, response_mask=mask)
 
     def run(self, inputs: CorrectionInputs) -> Any:
-        torch = _torch()
+        torch = lazy_torch()
         out = self.make_part()(inputs, self.params)
         shape = tuple(inputs.response_mask.shape)
         assert tuple(out.mask.shape) == shape, f"mask shape {tuple(out.mask.shape)}, expected {shape}"
@@ -308,11 +306,11 @@ class RolloutCorrectionConformance(ComponentConformance):
         if out.weights is not None:
             assert tuple(out.weights.shape) == shape, f"weights shape {tuple(out.weights.shape)}"
             assert not out.weights.requires_grad, "weights must be detached"
-            _assert_finite(out.weights, "weights")
+            assert_finite(out.weights, "weights")
             assert (out.weights[inputs.response_mask.bool()] >= 0).all(), "weights must be >= 0"
         assert out.mode in {"decoupled", "bypass"}, f"mode must be 'decoupled' or 'bypass', got {out.mode!r}"
         for k, v in (out.metrics or {}).items():
-            _assert_finite(v, f"metric {k!r}")
+            assert_finite(v, f"metric {k!r}")
         del torch
         return out
 
@@ -320,26 +318,28 @@ class RolloutCorrectionConformance(ComponentConformance):
         self.run(self.make_inputs())
 
     def test_on_policy_keeps_everything(self) -> None:
-        torch = _torch()
+        torch = lazy_torch()
         inputs = self.make_inputs(noise=0.0)
         inputs.rollout_log_probs = inputs.old_log_probs.clone()
         out = self.run(inputs)
         valid = inputs.response_mask.bool()
         assert torch.equal(out.mask.bool(), valid), "identical log-probs must reject nothing"
         if out.weights is not None:
-            _close(out.weights[valid], torch.ones_like(out.weights[valid]), "weights of identical log-probs")
+            assert_close(
+                out.weights[valid], torch.ones_like(out.weights[valid]), "weights of identical log-probs"
+            )
 
     def test_masked_inputs_do_not_leak(self) -> None:
-        torch = _torch()
+        torch = lazy_torch()
         inputs = self.make_inputs()
         base = self.run(inputs)
         masked = ~inputs.response_mask.bool()
         dirty = CorrectionInputs(
             old_log_probs=torch.where(
-                masked, -_garbage_like(inputs.old_log_probs, 8, 20.0).abs(), inputs.old_log_probs
+                masked, -garbage(inputs.old_log_probs, 8, 20.0).abs(), inputs.old_log_probs
             ),
             rollout_log_probs=torch.where(
-                masked, -_garbage_like(inputs.rollout_log_probs, 9, 20.0).abs(), inputs.rollout_log_probs
+                masked, -garbage(inputs.rollout_log_probs, 9, 20.0).abs(), inputs.rollout_log_probs
             ),
             response_mask=inputs.response_mask,
         )
@@ -347,7 +347,7 @@ class RolloutCorrectionConformance(ComponentConformance):
         valid = inputs.response_mask.bool()
         assert torch.equal(out.mask.bool(), base.mask.bool()), "rejection changed with masked inputs"
         if base.weights is not None:
-            _close(out.weights[valid], base.weights[valid], "weights after changing masked inputs")
+            assert_close(out.weights[valid], base.weights[valid], "weights after changing masked inputs")
 
     def test_fully_masked_row(self) -> None:
         self.run(self.make_inputs(lengths=(4, 0, 2, 0)))
@@ -356,7 +356,7 @@ class RolloutCorrectionConformance(ComponentConformance):
         self.run(self.make_inputs(lengths=(1, 1, 1)))
 
     def test_deterministic(self) -> None:
-        torch = _torch()
+        torch = lazy_torch()
         a, b = self.run(self.make_inputs()), self.run(self.make_inputs())
         assert torch.equal(a.mask, b.mask)
         if a.weights is not None:

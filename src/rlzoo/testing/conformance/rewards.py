@@ -10,7 +10,8 @@ from typing import Any, ClassVar
 import pytest
 
 from rlzoo.kernel.protocols import RewardItem, RewardResult
-from rlzoo.testing.conformance.base import ComponentConformance, _assert_finite
+from rlzoo.testing.conformance.base import ComponentConformance
+from rlzoo.testing.conformance.checks import assert_finite
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,8 +139,8 @@ class RewardManagerConformance(ComponentConformance):
         assert len(results) == len(items), f"{len(results)} results for {len(items)} items"
         for r in results:
             assert isinstance(r, RewardResult), f"expected RewardResult, got {type(r).__name__}"
-            _assert_finite(r.reward, "reward")
-            _assert_finite(r.score, "score")
+            assert_finite(r.reward, "reward")
+            assert_finite(r.score, "score")
         return results
 
     def test_one_result_per_item_in_order(self) -> None:

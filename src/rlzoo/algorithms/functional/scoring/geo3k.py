@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ...scorers import Geo3KParams
+from ...scorers import Geo3KParams, MathParams
 from .math_answer import math_equal
 
 FORMAT = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
@@ -23,15 +23,14 @@ def compute_score(
     """``(1 - format_weight) * acc + format_weight * format``; returns score, acc, format, pred."""
     w = float(params.format_weight)
     # the boxed answer only (or, use_boxed=False, the whole response), floats to 6 places, strict
-    correct, _, pred = math_equal(
-        ground_truth,
-        response,
+    grading = MathParams(
         timeout=params.timeout,
         require_boxed=params.use_boxed,
         fallback_chars=0,
         float_rounding=6,
         strict=True,
     )
+    correct, _, pred = math_equal(ground_truth, response, grading)
     fmt = format_reward(response)
     acc = 1.0 if correct else 0.0
     return {"score": (1.0 - w) * acc + w * fmt, "acc": correct, "format": fmt, "pred": pred}

@@ -57,29 +57,21 @@ def parse_prediction(
     return parsed, (str(parsed[-1]) if parsed else "")
 
 
-def math_equal(
-    ground_truth: Any,
-    response: str,
-    *,
-    timeout: int,
-    require_boxed: bool,
-    fallback_chars: int,
-    float_rounding: int,
-    strict: bool,
-) -> tuple[bool, bool, str]:
-    """``(correct, found, pred)`` for one response: found is whether any answer was extracted."""
-    timeout_s = effective_timeout(timeout)
+def math_equal(ground_truth: Any, response: str, params: MathParams) -> tuple[bool, bool, str]:
+    """``(correct, found, pred)`` for one response, graded as ``params`` say (``format_score``
+    aside): found is whether any answer was extracted."""
+    timeout_s = effective_timeout(params.timeout)
     gold = _parse_gold(gold_latex(ground_truth), timeout_s)
     pred, pred_text = parse_prediction(
-        response, require_boxed=require_boxed, fallback_chars=fallback_chars, timeout=timeout_s
+        response, require_boxed=params.require_boxed, fallback_chars=params.fallback_chars, timeout=timeout_s
     )
     if not pred or not gold:
         return False, bool(pred), pred_text
     ok = verify(
         gold,
         pred,
-        float_rounding=float_rounding,
-        strict=strict,
+        float_rounding=params.float_rounding,
+        strict=params.strict,
         timeout_seconds=timeout_s,
     )
     return bool(ok), True, pred_text
@@ -93,15 +85,7 @@ def compute_score(
     A wrong extracted answer gets ``params.format_score``, no extractable answer gets 0.0.
     Returns ``{"score", "acc", "pred"}``.
     """
-    correct, found, pred = math_equal(
-        ground_truth,
-        response,
-        timeout=params.timeout,
-        require_boxed=params.require_boxed,
-        fallback_chars=params.fallback_chars,
-        float_rounding=params.float_rounding,
-        strict=params.strict,
-    )
+    correct, found, pred = math_equal(ground_truth, response, params)
     if correct:
         score = 1.0
     elif found:
