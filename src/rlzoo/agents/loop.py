@@ -105,6 +105,7 @@ class SideLoop(Generic[T]):
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+@dataclass
 class Pump(Generic[T]):
     """One step of moving work along (call it); on the caller's thread.
 
@@ -115,22 +116,12 @@ class Pump(Generic[T]):
         poll: seconds one step waits at most.
     """
 
-    def __init__(
-        self,
-        side: SideLoop[T],
-        engine: RolloutBackend,
-        *,
-        engine_busy: Callable[[], bool],
-        on_event: Callable[[Event[T]], None],
-        on_sample: Callable[[Sample], None],
-        poll: float = POLL_S,
-    ) -> None:
-        self.side = side
-        self.engine = engine
-        self.engine_busy = engine_busy
-        self.on_event = on_event
-        self.on_sample = on_sample
-        self.poll = poll
+    side: SideLoop[T]
+    engine: RolloutBackend
+    engine_busy: Callable[[], bool]
+    on_event: Callable[[Event[T]], None]
+    on_sample: Callable[[Sample], None]
+    poll: float = POLL_S
 
     def __call__(self) -> None:
         self.drain()

@@ -162,6 +162,7 @@ class _Open:
     results: list[RewardResult] = field(default_factory=list)
 
 
+@dataclass(eq=False)
 class Rollouter:
     """Feeds the rollout backend, consumes its stream, scores, groups, and fills the queue.
 
@@ -173,23 +174,14 @@ class Rollouter:
         sample_filter: optional ``filter(samples, rewards) -> keep mask`` (one group at a time).
     """
 
-    def __init__(
-        self,
-        rollout: Any,
-        queue: StalenessQueue,
-        prompts: PromptSource,
-        score: Callable[[list[Sample]], list[RewardResult]],
-        sample_filter: Callable[[list[Sample], list[RewardResult]], list[bool]] | None = None,
-        poll: float = POLL_S,
-    ) -> None:
-        self.rollout = rollout
-        self.queue = queue
-        self.prompts = prompts
-        self.score = score
-        self.sample_filter = sample_filter
-        self.poll = poll
-        self.open: dict[str, _Open] = {}
-        self.thread: threading.Thread | None = None
+    rollout: Any
+    queue: StalenessQueue
+    prompts: PromptSource
+    score: Callable[[list[Sample]], list[RewardResult]]
+    sample_filter: Callable[[list[Sample], list[RewardResult]], list[bool]] | None = None
+    poll: float = POLL_S
+    open: dict[str, _Open] = field(default_factory=dict, init=False)
+    thread: threading.Thread | None = field(default=None, init=False)
 
     def start(self) -> None:
         self.thread = threading.Thread(target=self.run, name="rlzoo-rollouter", daemon=True)

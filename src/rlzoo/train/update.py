@@ -68,32 +68,7 @@ class TrainerSetup:
 
     def build(self, backend: Any, **parts: Any) -> PolicyTrainer:
         """The trainer over ``backend`` (``parts``: e.g. ``offpolicy_metrics``)."""
-        kc = self.kl_ctrl
-        kl_ctrl: FixedKLController | AdaptiveKLController | None = None
-        if kc is not None:
-            kl_ctrl = (
-                AdaptiveKLController(kc.kl_coef, kc.target_kl, kc.horizon)
-                if kc.type == "adaptive"
-                else FixedKLController(kc.kl_coef)
-            )
-        return PolicyTrainer(
-            backend,
-            self.settings,
-            advantage=self.advantage,
-            policy_loss=self.policy_loss,
-            loss_agg=self.loss_agg,
-            kl_loss=self.kl_loss,
-            kl_penalty=self.kl_penalty,
-            kl_ctrl=kl_ctrl,
-            correction=self.correction,
-            correction_bypass=self.correction_bypass,
-            needs_reference=self.needs_reference,
-            needs_critic=self.needs_critic,
-            advantage_reads_old_log_probs=self.advantage_reads_old_log_probs,
-            needs_sum_pi_squared=self.needs_sum_pi_squared,
-            reward_keys=self.reward_keys,
-            **parts,
-        )
+        return PolicyTrainer(backend, self, **parts)
 
 
 def trainer_setup(cfg: RecipeConfig) -> TrainerSetup:
@@ -146,58 +121,35 @@ class PolicyTrainer:
 
     Args:
         backend: the train backend (log-probs, values, updates).
-        settings: the update's numbers.
-        advantage / policy_loss / loss_agg: the selected parts.
-        kl_loss: the KL estimator of the KL loss (None: no KL loss).
-        kl_penalty: the KL estimator of the in-reward penalty (None: no KL in the reward);
-            ``kl_ctrl`` holds its coefficient.
-        correction: the rollout correction part (None: diagnostics only).
-        correction_bypass: use the rollout log-probs as old log-probs (the correction's mode).
+        setup: what the recipe selected (:class:`TrainerSetup`): the update's numbers, the parts
+            (``kl_loss`` / ``kl_penalty`` None when off; the in-reward KL's controller is built
+            here from ``kl_ctrl``), the correction and its bypass mode, what the parts need
+            computed, and the reward components the advantage reads.
         offpolicy_metrics: ``fn(old, rollout, mask) -> metrics`` logged when no correction is selected.
-        needs_reference / needs_critic: what the parts need computed.
-        advantage_reads_old_log_probs: the advantage reads old log-probs (or sum_pi_squared), so
-            they are computed before it even when the update is exactly on-policy.
-        needs_sum_pi_squared: the old-log-prob forward also gives ``sum_pi_squared`` (the backend
-            implements :class:`~rlzoo.kernel.protocols.SumPiSquaredSource`).
-        reward_keys: the reward components the advantage reads (``reward_components [B, K]``).
     """
 
     def __init__(
         self,
         backend: Any,
-        settings: UpdateSettings,
+        setup: TrainerSetup,
         *,
-        advantage: Selection,
-        policy_loss: Selection,
-        loss_agg: Selection,
-        kl_loss: Selection | None = None,
-        kl_penalty: Selection | None = None,
-        kl_ctrl: FixedKLController | AdaptiveKLController | None = None,
-        correction: Selection | None = None,
-        correction_bypass: bool = False,
         offpolicy_metrics: Callable[..., Mapping[str, Any]] | None = None,
-        needs_reference: bool = False,
-        needs_critic: bool = False,
-        advantage_reads_old_log_probs: bool = False,
-        needs_sum_pi_squared: bool = False,
-        reward_keys: tuple[str, ...] = (),
     ) -> None:
         self.backend = backend
-        self.settings = settings
-        self.adv = advantage
-        self.policy_loss = policy_loss
-        self.loss_agg = loss_agg
-        self.kl_loss = kl_loss
-        self.kl_penalty = kl_penalty
-        self.kl_ctrl = kl_ctrl
-        self.correction = correction
-        self.bypass = correction_bypass
+        self.setup = setup
+        self.settings = setup.settings
         self.offpolicy_metrics = offpolicy_metrics
-        self.needs_ref = needs_reference
-        self.needs_critic = needs_critic
-        self.needs_sum_pi_squared = needs_sum_pi_squared
-        self.adv_reads_old = advantage_reads_old_log_probs or needs_sum_pi_squared
-        self.reward_keys = tuple(reward_keys)
+        kc = setup.kl_ctrl
+        self.kl_ctrl: FixedKLController | AdaptiveKLController | None = None
+        if kc is not None:
+            self.kl_ctrl = (
+                AdaptiveKLController(kc.kl_coef, kc.target_kl, kc.horizon)
+                if kc.type == "adaptive"
+                else FixedKLController(kc.kl_coef)
+            )
+        # the advantage reads old log-probs (or sum_pi_squared): computed before it even on-policy
+        self.adv_reads_old = setup.advantage_reads_old_log_probs or setup.needs_sum_pi_squared
+        needs_sum_pi_squared, advantage = setup.needs_sum_pi_squared, setup.advantage
         if needs_sum_pi_squared and not isinstance(backend, SumPiSquaredSource):
             raise TypeError(
                 f"advantage {advantage.name!r} needs sum_pi_squared (needs_sum_pi_squared), but the train "
@@ -213,32 +165,36 @@ class PolicyTrainer:
         reuse = self.reuses_log_probs(batch)
         m["actor/old_log_prob_skipped"] = float(reuse)
         with timer("old_log_prob"):
-            if self.needs_sum_pi_squared:  # one forward gives both (a SumPiSquaredSource, checked at init)
+            if (
+                self.setup.needs_sum_pi_squared
+            ):  # one forward gives both (a SumPiSquaredSource, checked at init)
                 old, batch["sum_pi_squared"] = self.backend.compute_log_probs_and_sum_pi_squared(batch)
-                batch["old_log_probs"] = batch["rollout_log_probs"].clone() if self.bypass else old
-            elif self.bypass:
+                batch["old_log_probs"] = (
+                    batch["rollout_log_probs"].clone() if self.setup.correction_bypass else old
+                )
+            elif self.setup.correction_bypass:
                 batch["old_log_probs"] = batch["rollout_log_probs"].clone()
             elif not reuse:  # reuse: the update's own forward gives them (PolicyObjective)
                 batch["old_log_probs"], _ = self.backend.compute_log_probs(batch)
-        if self.needs_ref:
+        if self.setup.needs_reference:
             with timer("ref"):
                 batch["ref_log_probs"], _ = self.backend.compute_log_probs(batch, model="ref")
-        if self.needs_critic:
+        if self.setup.needs_critic:
             with timer("values"):
                 batch["values"] = self.backend.compute_values(batch)
         with timer("adv"):
-            if self.kl_penalty is not None:
+            if self.setup.kl_penalty is not None:
                 assert self.kl_ctrl is not None
                 mask = batch["response_mask"].float()  # [B, T]
-                kl = self.kl_penalty(batch["old_log_probs"], batch["ref_log_probs"])  # [B, T]
+                kl = self.setup.kl_penalty(batch["old_log_probs"], batch["ref_log_probs"])  # [B, T]
                 rewards, km = apply_kl_penalty(batch["token_level_scores"], kl, mask, self.kl_ctrl.value)
                 self.kl_ctrl.update(km["reward_kl_penalty"], n_steps=len(batch))
                 batch["token_level_rewards"] = rewards
                 m.update({f"actor/{k}": v for k, v in km.items()})
             else:
                 batch["token_level_rewards"] = batch["token_level_scores"]
-            if self.correction is not None:
-                out = self.correction(
+            if self.setup.correction is not None:
+                out = self.setup.correction(
                     CorrectionInputs(
                         batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"]
                     )
@@ -263,12 +219,14 @@ class PolicyTrainer:
                 rollout_is_weights=batch.get("rollout_is_weights"),
                 turn_ids=batch.get("turn_ids"),
                 reward_components=(
-                    reward_components(batch, self.reward_keys, f"advantage {self.adv.name!r}")
-                    if self.reward_keys
+                    reward_components(
+                        batch, self.setup.reward_keys, f"advantage {self.setup.advantage.name!r}"
+                    )
+                    if self.setup.reward_keys
                     else None
                 ),
             )
-            out_adv = self.adv(inputs)
+            out_adv = self.setup.advantage(inputs)
             batch["advantages"], batch["returns"] = out_adv.advantages, out_adv.returns
         valid = batch["response_mask"].bool()  # [B, T]
         if valid.any():
@@ -295,9 +253,9 @@ class PolicyTrainer:
             st.reuse_on_policy_log_probs
             and st.ppo_epochs == 1
             and one_mini_batch
-            and not self.bypass
-            and self.correction is None
-            and self.kl_penalty is None
+            and not self.setup.correction_bypass
+            and self.setup.correction is None
+            and self.setup.kl_penalty is None
             and not self.adv_reads_old
         )
 
@@ -315,19 +273,19 @@ class PolicyTrainer:
         for epoch in range(st.ppo_epochs):
             for mb in self.mini_batches(batch, epoch):
                 ctx = agg_context(mb, st.max_response_length)
-                if self.needs_critic:
+                if self.setup.needs_critic:
                     with timer("update_critic"):
-                        vobj = ValueObjective(self.loss_agg, ctx, st.value_clip)
+                        vobj = ValueObjective(self.setup.loss_agg, ctx, st.value_clip)
                         cm = self.backend.update_critic(mb, vobj)
                         metrics.append({**cm, **vobj.summary()})
                 if self.step_count >= st.critic_warmup:
                     with timer("update_actor"):
                         obj = PolicyObjective(
-                            self.policy_loss,
-                            self.loss_agg,
+                            self.setup.policy_loss,
+                            self.setup.loss_agg,
                             ctx,
-                            kl_loss=self.kl_loss,
-                            kl_coef=st.kl_loss_coef if self.kl_loss is not None else 0.0,
+                            kl_loss=self.setup.kl_loss,
+                            kl_coef=st.kl_loss_coef if self.setup.kl_loss is not None else 0.0,
                             entropy_coeff=st.entropy_coeff,
                             offpolicy_metrics=self.offpolicy_metrics,
                         )
