@@ -102,7 +102,7 @@ def test_token_baselines_get_sum_pi_squared_from_the_old_log_prob_forward(tmp_pa
             old_log_probs=old,
             sum_pi_squared=sps,
         ),
-        tr.adv.params,
+        tr.setup.advantage.params,
     )
     torch.testing.assert_close(batch["advantages"], want.advantages)
     assert batch["advantages"].abs().sum() > 0
@@ -121,9 +121,9 @@ def test_token_baseline_gets_the_corrections_is_weights(tmp_path: Path) -> None:
     }
     args = (batch["token_level_rewards"], batch["response_mask"])
     with_w = F.optimal_token_baseline(
-        AdvantageInputs(*args, **base, rollout_is_weights=weights), tr.adv.params
+        AdvantageInputs(*args, **base, rollout_is_weights=weights), tr.setup.advantage.params
     )
-    without = F.optimal_token_baseline(AdvantageInputs(*args, **base), tr.adv.params)
+    without = F.optimal_token_baseline(AdvantageInputs(*args, **base), tr.setup.advantage.params)
     torch.testing.assert_close(batch["advantages"], with_w.advantages)
     assert not torch.allclose(with_w.advantages, without.advantages)
 
@@ -164,7 +164,7 @@ def test_gdpo_reads_reward_components_by_key(tmp_path: Path) -> None:
         "algorithm.advantage.reward_weights=[0.5,1.0]",
         infos=INFOS,
     )
-    assert tr.reward_keys == ("fmt", "acc")
+    assert tr.setup.reward_keys == ("fmt", "acc")
     comps = torch.tensor([[i["fmt"], i["acc"]] for i in INFOS])  # [B, 2]
     want = F.gdpo(
         AdvantageInputs(
@@ -173,7 +173,7 @@ def test_gdpo_reads_reward_components_by_key(tmp_path: Path) -> None:
             group_ids=batch["group_ids"],
             reward_components=comps,
         ),
-        tr.adv.params,
+        tr.setup.advantage.params,
     )
     torch.testing.assert_close(batch["advantages"], want.advantages)
 
@@ -211,8 +211,8 @@ def test_turn_grpo_gets_the_batchs_turn_ids(tmp_path: Path) -> None:
     tr.prepare(batch, _null_timer)
     args = (batch["token_level_rewards"], mask)
     want = F.turn_grpo(
-        AdvantageInputs(*args, group_ids=batch["group_ids"], turn_ids=batch["turn_ids"]), tr.adv.params
+        AdvantageInputs(*args, group_ids=batch["group_ids"], turn_ids=batch["turn_ids"]), tr.setup.advantage.params
     )
-    runs = F.turn_grpo(AdvantageInputs(*args, group_ids=batch["group_ids"]), tr.adv.params)
+    runs = F.turn_grpo(AdvantageInputs(*args, group_ids=batch["group_ids"]), tr.setup.advantage.params)
     torch.testing.assert_close(batch["advantages"], want.advantages)
     assert not torch.allclose(want.advantages, runs.advantages)
