@@ -139,6 +139,26 @@ class Target:
     prefix: str
     """The metrics' prefix: "actor" or "critic"."""
 
+    @classmethod
+    def at_step(
+        cls,
+        prefix: str,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        schedule: LRSchedule,
+        steps: int,
+        optim: OptimSettings,
+    ) -> Target:
+        """The ``prefix`` model's ("actor" or "critic") step number ``steps`` (0-based): its LR from
+        the schedule, its clip from ``optim``."""
+        critic = prefix == "critic"
+        clip = optim.critic_grad_clip if critic else optim.grad_clip
+        return cls(module, optimizer, schedule.lr(steps, critic=critic), clip, prefix)
+
+    def taken(self, metrics: Mapping[str, float]) -> int:
+        """1 when the step this target ran was taken (a backend's step counter advances), 0 when skipped."""
+        return 0 if metrics[f"{self.prefix}/skipped_steps"] else 1
+
 
 class Ranks(Protocol):
     """The data-parallel ranks of one update, as :func:`run_update` joins them."""

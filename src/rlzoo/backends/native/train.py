@@ -312,11 +312,9 @@ class NativeTrainBackend:
         def forward(mb: Batch) -> tuple[Tensor, Tensor | None]:
             return self._actor_forward(actor, mb, with_entropy=with_entropy, temperature=temperature)
 
-        lr = self.schedule.lr(self.version)
-        target = Target(actor, self.optimizer, lr, self.spec.optim.grad_clip, "actor")
+        target = Target.at_step("actor", actor, self.optimizer, self.schedule, self.version, self.spec.optim)
         metrics = self._step(target, mini_batch, objective, forward)
-        if not metrics["actor/skipped_steps"]:
-            self.version += 1
+        self.version += target.taken(metrics)
         return metrics
 
     def update_critic(self, mini_batch: Batch, objective: Objective) -> dict[str, float]:
@@ -325,15 +323,10 @@ class NativeTrainBackend:
         not skipped."""
         if self.critic is None or self.critic_optimizer is None:
             raise ValueError("update_critic: no critic (spec.need_critic=False)")
-
-        def forward(mb: Batch) -> tuple[Tensor, Tensor | None]:
-            return self._critic_forward(mb), None
-
-        lr = self.schedule.lr(self.critic_steps, critic=True)
-        target = Target(self.critic, self.critic_optimizer, lr, self.spec.optim.critic_grad_clip, "critic")
-        metrics = self._step(target, mini_batch, objective, forward)
-        if not metrics["critic/skipped_steps"]:
-            self.critic_steps += 1
+        critic, optimizer, steps = self.critic, self.critic_optimizer, self.critic_steps
+        target = Target.at_step("critic", critic, optimizer, self.schedule, steps, self.spec.optim)
+        metrics = self._step(target, mini_batch, objective, lambda mb: (self._critic_forward(mb), None))
+        self.critic_steps += target.taken(metrics)
         return metrics
 
     def _step(
