@@ -211,7 +211,8 @@ def test_turn_grpo_gets_the_batchs_turn_ids(tmp_path: Path) -> None:
     tr.prepare(batch, _null_timer)
     args = (batch["token_level_rewards"], mask)
     want = F.turn_grpo(
-        AdvantageInputs(*args, group_ids=batch["group_ids"], turn_ids=batch["turn_ids"]), tr.setup.advantage.params
+        AdvantageInputs(*args, group_ids=batch["group_ids"], turn_ids=batch["turn_ids"]),
+        tr.setup.advantage.params,
     )
     runs = F.turn_grpo(AdvantageInputs(*args, group_ids=batch["group_ids"]), tr.setup.advantage.params)
     torch.testing.assert_close(batch["advantages"], want.advantages)
