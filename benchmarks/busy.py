@@ -7,7 +7,7 @@ one of 2 cores lost), for each thread setting:
 - ``before``: libgomp's own waiting (``RLZOO_OMP_WAIT_POLICY=keep``: a thread spins 300,000 times
   in a barrier before it sleeps; rlzoo's default until issue 25);
 - ``after``: rlzoo's default (:data:`rlzoo.system.threads.DEFAULT_WAIT_POLICY`, ``short``:
-  ``GOMP_SPINCOUNT=1000``, set when rlzoo is imported before torch); default threads;
+  ``GOMP_SPINCOUNT=1000``, set when a run is built, before torch loads); default threads;
 - ``passive``: ``RLZOO_OMP_WAIT_POLICY=passive`` (``OMP_WAIT_POLICY=PASSIVE``: sleep at once);
 - ``spin 10k``: ``GOMP_SPINCOUNT=10000``, a longer spin;
 - ``1 thread``: ``OMP_NUM_THREADS=1`` (the reference point: no barrier to wait at).
@@ -44,10 +44,10 @@ SETTINGS = {
 _CHILD = """
 import json, sys
 import rlzoo
-from rlzoo.report.metrics import read_metrics
-import torch
-run = rlzoo.build_run("quickstart", sys.argv[2:])
+run = rlzoo.build_run("quickstart", sys.argv[2:])  # sets the OpenMP waiting; torch is not loaded yet
 run.train()
+import torch
+from rlzoo.report.metrics import read_metrics
 recs = [r for r in read_metrics(run.run_dir) if r["step"] > 0]
 print(json.dumps({"train_s": sum(r["timing_s/step"] for r in recs), "threads": torch.get_num_threads()}))
 """

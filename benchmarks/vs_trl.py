@@ -17,7 +17,7 @@ What each side may choose (a *configuration*, ``side:precision:micro[:packed][:o
 - ``packed`` (rlzoo): ``trainer.backend.use_remove_padding=true`` (padding-free micro-batches).
 - ``omp=<policy>``: how the child's OpenMP threads wait (:data:`rlzoo.system.threads.WAIT_POLICIES`:
   ``keep`` = libgomp's own 300,000-spin waiting, ``short``, ``passive``). Default: each side's own
-  -- rlzoo's :data:`~rlzoo.system.threads.DEFAULT_WAIT_POLICY` (set when ``rlzoo`` is imported), TRL's
+  -- rlzoo's :data:`~rlzoo.system.threads.DEFAULT_WAIT_POLICY` (set in the child's environment before it imports torch), TRL's
   ``keep`` (what a TRL program gets); ``trl:bf16:64:omp=short`` gives TRL rlzoo's setting.
 
 Every configuration runs in a fresh subprocess, so each one's peak RSS (``wait4``'s ``ru_maxrss``,

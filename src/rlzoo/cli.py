@@ -310,9 +310,6 @@ def _plugin_commands(sub: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from rlzoo.system.threads import choose_wait_policy
-
-    choose_wait_policy()  # OpenMP waiting: before any command imports torch
     try:
         parser = build_parser()
     except RlzooError as exc:  # a plugin's command clashes with another

@@ -62,26 +62,22 @@ def _out_of_range(f: dataclasses.Field[Any], value: Any) -> str | None:
     return None
 
 
+def _faults(obj: Any) -> list[tuple[str, str]]:
+    """``(field, "must be ...")`` for every field of dataclass ``obj`` outside its declared range."""
+    if not (dataclasses.is_dataclass(obj) and not isinstance(obj, type)):
+        return []
+    faults = ((f.name, _out_of_range(f, getattr(obj, f.name, None))) for f in dataclasses.fields(obj))
+    return [(name, problem) for name, problem in faults if problem is not None]
+
+
 def range_problems(obj: Any, path: str) -> list[str]:
     """Every number field of dataclass ``obj`` outside the range its field declares
     (``param(..., ge=, gt=, le=, lt=)``), one ``"path.field: must be ..."`` message each; nested
     dataclasses are the caller's to walk."""
-    if not (dataclasses.is_dataclass(obj) and not isinstance(obj, type)):
-        return []
-    out = []
-    for f in dataclasses.fields(obj):
-        problem = _out_of_range(f, getattr(obj, f.name, None))
-        if problem is not None:
-            out.append(f"{path}.{f.name}: {problem}" if path else f"{f.name}: {problem}")
-    return out
+    return [f"{path}.{name}: {problem}" if path else f"{name}: {problem}" for name, problem in _faults(obj)]
 
 
 def check_ranges(obj: Any) -> list[str]:
     """``"field must be ..."`` for every field of ``obj`` outside its declared range: what a
     ``__post_init__`` raises (with its own cross-field rules), so a range is declared once."""
-    out = []
-    for f in dataclasses.fields(obj):
-        problem = _out_of_range(f, getattr(obj, f.name, None))
-        if problem is not None:
-            out.append(f"{f.name} {problem}")
-    return out
+    return [f"{name} {problem}" for name, problem in _faults(obj)]

@@ -9,7 +9,8 @@ On the shared 2-core machine (load average 5-6 from other work) the sync quickst
 docs/performance.md); with one more core taken by a busy loop, 67.1 s against 5.5 s.
 
 libgomp reads its environment once, when torch is imported, so :func:`choose_wait_policy` runs when
-a run starts (``rlzoo.build_run`` and the command line, before torch is imported; importing ``rlzoo`` sets nothing). ``RLZOO_OMP_WAIT_POLICY``:
+a run starts (``rlzoo.build_run``, which ``rlzoo train`` calls, before torch is imported; importing
+``rlzoo`` sets nothing). ``RLZOO_OMP_WAIT_POLICY``:
 
 - ``short`` (the default): ``GOMP_SPINCOUNT=1000`` -- spin about as long as the gap between two
   kernels (tens of microseconds), then sleep, so a quiet machine keeps most of the spin's benefit
