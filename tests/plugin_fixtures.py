@@ -1,4 +1,5 @@
-"""Fixtures of the core tests: fresh plugin managers, fake plugins registered and unregistered."""
+"""Plugin-manager fixtures shared by tests/kernel, recipe, report, loggers, system, testing, cli and meta
+(each folder's conftest.py imports them): fresh plugin managers, fake plugins registered and unregistered."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fixtures of the runner tests (the quickstart data: tests/conftest.py): a plugin manager
+"""Fixtures shared by tests/train and tests/sources (the quickstart data: tests/conftest.py): a plugin manager
 with the built-in plugins (the simulated backends among them)."""
 
 from __future__ import annotations
