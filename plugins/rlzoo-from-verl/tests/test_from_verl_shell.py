@@ -298,14 +298,14 @@ python3 -m verl.trainer.main_ppo trainer.nnodes=$NNODES trainer.n_gpus_per_node=
 
 def test_command_substitution_is_never_run_and_is_reported():
     script = """
-NOW=$(date +%Y%m%d)
+NOW=$(git rev-parse --short HEAD)
 UNUSED=`hostname`
 python3 -m verl.trainer.main_ppo trainer.experiment_name=grpo_${NOW}
 """
     with pytest.raises(RlzooError) as e:
         parse_command(script, ENV)
     msg = str(e.value)
-    assert "$NOW, set from the command substitution `$(date +%Y%m%d)`" in msg
+    assert "$NOW, set from the command substitution `$(git rev-parse --short HEAD)`" in msg
     assert "--env NOW=VALUE" in msg and "line 2" in msg
     cmd = parse_command(script, ENV, fixed={"NOW": "20250101"})
     assert cmd.overrides == [("trainer.experiment_name", "grpo_20250101")]
@@ -447,10 +447,8 @@ def test_refusals_say_what_to_do():
         ShellError, match=r"line 1: \$\(\(`8 / sp`\)\): division by zero \(sp: empty or unset"
     ):
         parse_command("N=$((8 / sp))\nsp=4\n", ENV)
-    with pytest.raises(
-        ShellError, match=r"`eval \"\$\(conda shell.bash hook\)\"` runs text rlzoo cannot see"
-    ):
-        parse_command('eval "$(conda shell.bash hook)"\nconda activate verl\n', ENV)
+    with pytest.raises(ShellError, match=r"`eval \"\$X\"` runs text rlzoo cannot see"):
+        parse_command('eval "$X"\n', ENV)
     script = "python3 -m verl.trainer.main_ppo \\\n    a=1 \\  # a comment\n    b=2\n"
     with pytest.raises(RlzooError, match=r"argument ' ': a backslash before a space.*launch at line 1"):
         parse_command(script, ENV)
@@ -482,7 +480,8 @@ python3 -m verl.trainer.main_ppo trainer.resume_mode=$RESUME
         ("cat > f <<EOF\n${X:=1}\nEOF\n", 1, "a here-document whose body holds '${X:='"),
         ("source ./env.sh\n", 1, "`source`: `source ./env.sh` reads another file"),
         (". ./env.sh\n", 1, "`.`: `. ./env.sh` reads another file"),
-        ('eval "$(conda shell.bash hook)"\n', 1, "`eval`"),
+        ('eval "$(ls)"\n', 1, "`eval`"),
+        ("source ./venv/bin/activate-extra\n", 1, "`source`"),
         ("(cd x && ls)\n", 1, "a subshell"),
         ("diff <(ls a) <(ls b)\n", 1, "process substitution"),
         ('X="never closed\n', 1, "never closed"),
@@ -611,3 +610,67 @@ def test_reader_raises_only_its_own_error_on_any_text(text):
 def test_reader_raises_only_its_own_error_on_any_bytes(data):
     with contextlib.suppress(RlzooError):  # anything else fails the test
         parse_command(read_script(data, "x.sh"), ENV)
+
+
+LAUNCH = "python3 -m verl.trainer.main_ppo trainer.default_local_dir=$CKPT trainer.experiment_name=$EXP\n"
+
+
+@pytest.mark.parametrize(
+    "setup",
+    [
+        'eval "$(conda shell.bash hook)"\nconda activate verl\n',
+        "eval \"$(/opt/miniconda3/bin/conda shell.bash hook 2> /dev/null)\"\nconda activate /envs/v\n",
+        'eval "$(micromamba shell hook -s bash)"\nmicromamba activate rl\n',
+        "source activate verl\nconda deactivate\n",
+        "source /work/.venv/bin/activate\n. ~/envs/rl/bin/activate\n",
+    ],
+)
+def test_environment_activation_is_skipped_and_said(setup):
+    cmd = parse_command(setup + "CKPT=/c\nEXP=e\n" + LAUNCH, ENV)
+    assert dict(cmd.overrides)["trainer.default_local_dir"] == "/c"
+    activated = [n for n in cmd.notes if "activates a Python environment: skipped" in n]
+    assert len(activated) == setup.count("\n"), cmd.notes
+
+
+def test_an_eval_that_is_not_an_activation_is_still_refused():
+    with pytest.raises(ShellError, match=r"line 1: `eval`: `eval \"\$\(conda shell.bash hook\)\" x`"):
+        parse_command('eval "$(conda shell.bash hook)" x\n' + LAUNCH, ENV)
+    with pytest.raises(ShellError, match=r"`source`: `source ./activate.sh` reads another file"):
+        parse_command("source ./activate.sh\n" + LAUNCH, ENV)
+
+
+def test_pwd_is_the_directory_from_verl_runs_in(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cmd = parse_command('PROJECT_DIR="$(pwd)"\nCKPT=$PROJECT_DIR/ckpt\nEXP=`pwd -P`\n' + LAUNCH, ENV)
+    got = dict(cmd.overrides)
+    assert got["trainer.default_local_dir"] == f"{tmp_path}/ckpt"
+    assert got["trainer.experiment_name"] == str(tmp_path)
+    assert any(f"$(pwd) read as {tmp_path} (the directory from-verl runs in)" in n for n in cmd.notes)
+
+
+def test_date_is_the_time_of_the_conversion(monkeypatch):
+    import time
+
+    fixed = 1_700_000_000.25  # 2023-11-14 22:13:20.25 UTC
+    monkeypatch.setattr(time, "time", lambda: fixed)
+    script = 'CKPT=/c\nEXP=run_$(date -u +%Y%m%d_%H%M%S)_$(date -u "+%s.%N")\n' + LAUNCH
+    cmd = parse_command(script, ENV)
+    assert dict(cmd.overrides)["trainer.experiment_name"] == "run_20231114_221320_1700000000.250000000"
+    assert any("the time of this conversion, not of the run" in n for n in cmd.notes)
+    # an option the reader does not know, a nested expansion: unknown as before, named
+    for sub in ("$(date -d yesterday +%F)", "$(date +$FMT)", "$(hostname)"):
+        with pytest.raises(RlzooError, match=r"command substitution"):
+            parse_command(f"CKPT=/c\nEXP={sub}\n" + LAUNCH, ENV)
+
+
+def test_date_matches_gnu_date_where_installed():
+    date = shutil.which("date")
+    if date is None:
+        pytest.skip("no date command on this machine")
+    fmt = "+%Y-%m-%d %H:%M:%S %a %b %j"
+    launch = 'python3 -m verl.trainer.main_ppo trainer.experiment_name="$EXP"\n'
+    cmd = parse_command(f'EXP="$(date -u "{fmt}")"\n' + launch, ENV)
+    ours = dict(cmd.overrides)["trainer.experiment_name"]
+    theirs = subprocess.run([date, "-u", fmt], capture_output=True, text=True, check=True).stdout.strip()
+    assert ours[:16] == theirs[:16]  # same minute (the two clocks are read a moment apart)
+    assert ours[20:] == theirs[20:]

@@ -11,13 +11,17 @@ words (``${X:-d}`` and friends, ``${X:off:len}``, ``$((...))``, arrays, field sp
 the first verl launch:
 ``python3 -m MOD``, ``torchrun ... -m MOD``, ``ray job submit ... -- python3 -m MOD``.
 
-Nothing is executed. A command substitution (``$(...)`` or backquotes) is never run: the variable it
+Nothing is executed. A command substitution (``$(...)`` or backquotes) is never run. Two are read
+without running them, each said in the notes: ``$(pwd)`` is the directory from-verl runs in, and
+``$(date [-u] [+FORMAT])`` the time of the conversion. Any other one: the variable it
 feeds is marked unknown, reported, and an error names it if the launch uses it (pass the value with
 ``--env NAME=VALUE``, which fixes ``NAME`` and skips the script's own assignments to it). A launch
 argument that reads an unset variable is refused the same way. A test of the file system (``-d``,
 ``-f``) or of a command's exit status, whose answer depends on the machine the script runs on, is
 refused when its answer matters. A ``for`` loop over a command substitution is followed only when
-its body only unsets variables: every variable set before it is then unknown after it. ``source``,
+its body only unsets variables: every variable set before it is then unknown after it. Setting up a
+Python environment (``eval "$(conda shell.bash hook)"``, ``conda activate X``, ``source X/bin/activate``)
+is skipped and said; any other ``source``,
 ``eval``, ``read`` and ``exit`` before the launch are refused. Every error is a :class:`~rlzoo.kernel.errors.RlzooError` (:class:`ShellError` for a construct).
 """
 
@@ -28,6 +32,8 @@ import fnmatch
 import operator
 import os
 import re
+import shlex
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,6 +142,7 @@ class _Interp:
         self.positional: list[list[str]] = []  # the arguments of each function call in progress
         self.saved_locals: list[dict[str, Value | None]] = []  # outer values of each call's `local`s
         self.loops = 0  # for loops in progress (break / continue)
+        self.now = time.time()  # one clock for every $(date ...) of a script, as its lines run in a second
 
     # -- statements ---------------------------------------------------------------------------
     def run(self, body: Iterable[AndOr]) -> None:
@@ -358,6 +365,10 @@ class _Interp:
                     continue
                 self.vars.pop(target, None)
                 self.taint.pop(target, None)
+            return True
+        activation = _activation(name, cmd.words)
+        if activation is not None:
+            self.note_once(f"line {cmd.line}: {activation} activates a Python environment: skipped")
             return True
         if name in (
             "source",
@@ -636,6 +647,10 @@ class _Interp:
         """Expand the ``$...`` (or backquote) at ``s[i]``: (end index, value or array fields)."""
         if s[i] == "`" or (s.startswith("$(", i) and not s.startswith("$((", i)):
             j = skip_quoted(s, i, line)
+            inner = s[i + 1 : j - 1] if s[i] == "`" else s[i + 2 : j - 1]
+            known = self.known_substitution(inner, line)
+            if known is not None:
+                return j, known
             why = f"the command substitution {_short(s[i:j])} (rlzoo runs no commands)"
             raise _Unresolved(Unknown("", line, why))
         if s.startswith("$((", i):
@@ -666,6 +681,38 @@ class _Interp:
         if name == "0" and "0" not in self.vars:
             raise _Unresolved(Unknown("0", line, "$0 (the script's own path)"))
         return j, self.get_scalar(name, line)
+
+    def known_substitution(self, inner: str, line: int) -> str | None:
+        """The value of ``$(pwd)`` (the directory from-verl runs in) and ``$(date [-u] [+FORMAT])`` (this
+        conversion's time), each said in the notes; None for any other command (never run)."""
+        try:
+            argv = shlex.split(inner.strip())
+        except ValueError:
+            return None
+        if any("$" in a or "`" in a for a in argv):  # a nested expansion: not read here
+            return None
+        if argv in (["pwd"], ["pwd", "-L"], ["pwd", "-P"]):
+            value = os.getcwd()
+            self.note_once(f"line {line}: $({inner.strip()}) read as {value} (the directory from-verl runs in)")
+            return value
+        if argv[:1] == ["date"] and len(argv) <= 3:
+            rest = argv[1:]
+            utc = "-u" in rest or "--utc" in rest
+            formats = [a for a in rest if a.startswith("+")]
+            if len(formats) + sum(a in ("-u", "--utc") for a in rest) != len(rest) or len(formats) > 1:
+                return None  # -d, -r, --iso-8601 ...: options rlzoo does not read
+            value = _date(self.now, formats[0][1:] if formats else "%a %b %e %H:%M:%S %Z %Y", utc)
+            if value is None:
+                return None
+            self.note_once(
+                f"line {line}: $({inner.strip()}) read as {value!r} (the time of this conversion, not of the run)"
+            )
+            return value
+        return None
+
+    def note_once(self, note: str) -> None:
+        if note not in self.notes:
+            self.notes.append(note)
 
     def note_args(self, line: int) -> None:
         note = (
@@ -933,6 +980,41 @@ class _Interp:
             raise ShellError(line, f"$(({_short(expr)})): not integer arithmetic rlzoo reads") from None
         except RecursionError:
             raise ShellError(line, "an arithmetic expression nested too deeply") from None
+
+
+#: conda and its kin: ``eval "$(conda shell.bash hook)"`` sets the shell up, ``conda activate X`` picks one
+_CONDAS = ("conda", "mamba", "micromamba")
+_HOOK = re.compile(
+    r"""["']?\$\(\s*(?:[\w./~-]*/)?(?:conda|mamba|micromamba)(?:\s+shell(?:\.(?:bash|zsh|posix))?)?"""
+    r"""\s+(?:shell\s+)?hook\b[^()`$]*\)["']?"""
+)
+
+
+def _activation(name: str, words: Sequence[Tok]) -> str | None:
+    """The command as written when it only sets up or activates a Python environment, else None:
+    ``eval "$(conda shell.bash hook)"``, ``conda activate X`` / ``deactivate`` (and mamba, micromamba),
+    ``source activate X``, ``source X/bin/activate`` (a venv or conda's old script)."""
+    text = " ".join(t.text for t in words)
+    args = [t.text for t in words[1:]]
+    base = name.rsplit("/", 1)[-1]
+    if name == "eval" and len(args) == 1 and _HOOK.fullmatch(args[0]):
+        return f"`{_short(text)}`"
+    if base in _CONDAS and args[:1] in (["activate"], ["deactivate"]):
+        return f"`{_short(text)}`"
+    if name in ("source", ".") and args:
+        target = args[0].strip("'\"")
+        if target in ("activate", "deactivate") or target.endswith(("/bin/activate", "/bin/deactivate")):
+            return f"`{_short(text)}`"
+    return None
+
+
+def _date(now: float, fmt: str, utc: bool) -> str | None:
+    """GNU ``date +FORMAT`` for the conversions Python's strftime shares with it, plus %N and %s."""
+    if re.search(r"%[-_0^#]|%[0-9]|%:", fmt):  # GNU's padding flags and widths: not read
+        return None
+    stamp = time.gmtime(now) if utc else time.localtime(now)
+    fmt = fmt.replace("%N", f"{int((now % 1) * 1e9):09d}").replace("%s", str(int(now)))
+    return time.strftime(fmt, stamp)
 
 
 def _short(text: str) -> str:
