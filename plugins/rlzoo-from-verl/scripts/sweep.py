@@ -19,9 +19,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from rlzoo_from_verl.convert import from_verl
+
 from rlzoo import RlzooError
 from rlzoo.recipe.config import load_config
-from rlzoo_from_verl.convert import from_verl
 
 NOT_RL = re.compile(r"sft_trainer|main_generation|main_eval|fsdp_sft|sft\.|trainer\.sft|main_sft")
 ASKS = re.compile(r"--env ([A-Za-z_][A-Za-z0-9_]*)=")

@@ -619,7 +619,7 @@ LAUNCH = "python3 -m verl.trainer.main_ppo trainer.default_local_dir=$CKPT train
     "setup",
     [
         'eval "$(conda shell.bash hook)"\nconda activate verl\n',
-        "eval \"$(/opt/miniconda3/bin/conda shell.bash hook 2> /dev/null)\"\nconda activate /envs/v\n",
+        'eval "$(/opt/miniconda3/bin/conda shell.bash hook 2> /dev/null)"\nconda activate /envs/v\n',
         'eval "$(micromamba shell hook -s bash)"\nmicromamba activate rl\n',
         "source activate verl\nconda deactivate\n",
         "source /work/.venv/bin/activate\n. ~/envs/rl/bin/activate\n",

@@ -693,7 +693,9 @@ class _Interp:
             return None
         if argv in (["pwd"], ["pwd", "-L"], ["pwd", "-P"]):
             value = os.getcwd()
-            self.note_once(f"line {line}: $({inner.strip()}) read as {value} (the directory from-verl runs in)")
+            self.note_once(
+                f"line {line}: $({inner.strip()}) read as {value} (the directory from-verl runs in)"
+            )
             return value
         if argv[:1] == ["date"] and len(argv) <= 3:
             rest = argv[1:]
