@@ -330,6 +330,18 @@ def test_critic_values_and_update_lowers_mse(tmp_path):
     assert be.critic_steps == 5 and be.version == 0
 
 
+def test_the_critic_steps_on_its_own_schedule():
+    spec = TrainSpec(model_path="", need_critic=True, total_steps=4)
+    kw = {"lr": 1e-3, "critic_lr": 1e-2, "critic_lr_scheduler": "linear", "critic_warmup_steps": 2}
+    be = backend(tiny_model(tie=False), spec=spec, **kw, micro_batch_size=2)
+    batch = sample_batch(seed=4)
+    obj = ValueMSE(float(batch["response_mask"].sum()))
+    lrs = [be.update_critic(batch, obj)["critic/lr"] for _ in range(4)]
+    # linear warmup over 2 steps from 0, then linear decay to 0 at step N=4: (N - s) / (N - W)
+    assert lrs == pytest.approx([0.0, 0.5e-2, 1e-2, 0.5e-2])
+    assert be.update_policy(batch, TokenMeanPG(float(batch["response_mask"].sum())))["actor/lr"] == 1e-3
+
+
 # ---------------------------------------------------------------------------------------------
 # checkpoints and weights
 # ---------------------------------------------------------------------------------------------

@@ -330,8 +330,52 @@ def test_lr_schedule_record_is_what_a_checkpoint_keeps() -> None:
     assert sched.warmup_steps == 2  # warmup_ratio 0.2 of 10 steps
     rec = sched.record(1, 3)
     assert rec["actor"] == {"steps": 1, "next_lr": pytest.approx(0.5e-3)}  # constant: s / W during warmup
-    assert rec["critic"] == {"steps": 3, "next_lr": pytest.approx(2e-3)}
+    assert rec["critic"] == {  # no schedule of its own: the actor's, warmup included
+        "steps": 3,
+        "next_lr": pytest.approx(2e-3),
+        "schedule": "constant",
+        "warmup_steps": 2,
+    }
     assert (rec["schedule"], rec["warmup_steps"], rec["total_steps"]) == ("constant", 2, 10)
+
+
+def test_the_critic_has_its_own_schedule_when_set() -> None:
+    import math
+
+    from rlzoo.kernel.settings import OptimSettings, TrainSpec
+    from rlzoo.train_kit.update import LRSchedule
+
+    optim = OptimSettings(
+        lr=1e-3,
+        lr_scheduler="constant",
+        warmup_steps=4,
+        critic_lr=2e-3,
+        critic_lr_scheduler="cosine",
+        critic_warmup_ratio=0.1,
+        critic_min_lr_ratio=0.5,
+    )
+    sched = LRSchedule.from_spec(TrainSpec(model_path="", total_steps=20, optim=optim))
+    assert (sched.warmup_steps, sched.critic_warmup_steps) == (4, 2)  # 0.1 of 20 optimizer steps
+    # the actor: constant after a 4-step linear warmup, untouched by the critic's settings
+    assert [sched.lr(s) for s in (0, 2, 4, 19)] == pytest.approx([0.0, 0.5e-3, 1e-3, 1e-3])
+    # the critic: 2-step warmup (from its floor, as HF), then cosine from 2e-3 to 0.5 * 2e-3 over the remaining 18 steps
+    assert sched.lr(1, critic=True) == pytest.approx(2e-3 * (0.5 + 0.5 * 1 / 2))  # warmup from m = 0.5
+    for s in (2, 11, 20):
+        p = (s - 2) / 18
+        expected = 2e-3 * (0.5 + 0.5 * 0.5 * (1 + math.cos(math.pi * p)))
+        assert sched.lr(s, critic=True) == pytest.approx(expected)
+    assert sched.record(0, 11)["critic"]["schedule"] == "cosine"
+
+
+def test_the_critic_schedule_settings_are_checked() -> None:
+    from rlzoo.kernel.settings import OptimSettings
+
+    with pytest.raises(ValueError, match="critic_lr_scheduler must be one of constant, linear, cosine"):
+        OptimSettings(critic_lr_scheduler="step")
+    with pytest.raises(ValueError, match="set critic_warmup_steps or critic_warmup_ratio, not both"):
+        OptimSettings(critic_warmup_steps=3, critic_warmup_ratio=0.1)
+    with pytest.raises(ValueError, match="critic_warmup_ratio"):
+        OptimSettings(critic_warmup_ratio=1.5)
 
 
 def test_an_objective_without_needs_entropy_is_refused_with_the_contract() -> None:

@@ -189,9 +189,9 @@ def test_overrides_alone_and_verl_defaults():
 
 def test_unmappable_keys_fail_with_the_full_list():
     with pytest.raises(RlzooError) as e:
-        from_verl(["algorithm.adv_estimator=grpo", "foo.bar=1", "actor_rollout_ref.rollout.name=sglang"])
+        from_verl(["algorithm.adv_estimator=grpo", "foo.bar=1", "actor_rollout_ref.rollout.name=trtllm"])
     msg = str(e.value)
-    assert "2 verl key(s) cannot be mapped" in msg and "foo.bar" in msg and "sglang" in msg
+    assert "2 verl key(s) cannot be mapped" in msg and "foo.bar" in msg and "trtllm" in msg
     with pytest.raises(RlzooError, match="Ulysses"):
         from_verl(["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"])
     with pytest.raises(RlzooError, match="found no verl launch"):
@@ -429,7 +429,6 @@ def test_dapo_recipe_through_ray_job_submit(tmp_path, monkeypatch):
             {"PROJECT_DIR": "/w"},
             r"multi_turn.enable = True: rlzoo cannot read verl's multi-turn tool configs",
         ),
-        ("multiturn_tools", {"PROJECT_DIR": "/w"}, r"rollout engine 'sglang' has no rlzoo rollout backend"),
     ],
 )
 def test_refusals_name_the_missing_feature(name, fixed, refusal):
@@ -616,3 +615,55 @@ def test_cli_env_fixes_a_variable_and_prints_what_was_not_run(tmp_path, capsys):
     assert "read from the script without running it:" in printed and "HOST not known" in printed
     assert main(["from-verl", str(script), "--env", "NOW"]) != 0
     assert "--env 'NOW': expected NAME=VALUE" in capsys.readouterr().err
+
+
+def test_sglang_scripts_run_on_the_vllm_backend_and_say_so():
+    base = "algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=4 data.train_batch_size=8 "
+    base += "actor_rollout_ref.actor.ppo_mini_batch_size=8 actor_rollout_ref.rollout.tensor_model_parallel_size=2 "
+    conv = convert(ov(base + "actor_rollout_ref.rollout.name=sglang"))
+    assert conv.get("rollout.backend.name") == "vllm"
+    assert conv.get("rollout.backend.tensor_parallel_size") == 2
+    assert any(n.startswith("SGLang -> vLLM: rlzoo has no SGLang backend") for n in conv.notes)
+    assert "SGLang -> vLLM" in conv.report()
+    plain = convert(ov(base + "actor_rollout_ref.rollout.name=vllm"))
+    assert plain.recipe == conv.recipe and not any("SGLang" in n for n in plain.notes)
+
+
+PPO = (
+    "algorithm.adv_estimator=gae actor_rollout_ref.rollout.n=1 data.train_batch_size=8 "
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8 critic.optim.lr=1e-5 "
+)
+
+
+def test_the_critic_keeps_its_own_schedule():
+    # verl: the actor warms up over 10% of the steps, the critic (its own defaults) not at all
+    conv = convert(ov(PPO + "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1"))
+    assert conv.get("trainer.optim.warmup_ratio") == 0.1
+    assert conv.get("trainer.optim.critic_warmup_ratio") == 0.0
+    conv = convert(
+        ov(
+            PPO
+            + "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1 critic.optim.lr_warmup_steps_ratio=0.05 "
+            "critic.optim.warmup_style=cosine critic.optim.min_lr_ratio=0.1"
+        )
+    )
+    assert conv.get("trainer.optim.critic_warmup_ratio") == 0.05
+    assert conv.get("trainer.optim.critic_lr_scheduler") == "cosine"
+    assert conv.get("trainer.optim.critic_min_lr_ratio") == 0.1
+    conv = convert(ov(PPO + "critic.optim.lr_warmup_steps=5 critic.optim.lr_warmup_steps_ratio=0.3"))
+    assert conv.get("trainer.optim.critic_warmup_steps") == 5  # steps win over the ratio, as in verl
+    assert conv.get("trainer.optim.critic_warmup_ratio") is None
+    # equal to what the critic would take from the actor: nothing to set
+    conv = convert(ov(PPO + "critic.optim.warmup_style=constant critic.optim.lr_warmup_steps_ratio=0.0"))
+    assert conv.get("trainer.optim") == {"critic_lr": 1e-5}
+    with pytest.raises(RlzooError, match=r"critic.optim.betas = \[0.9, 0.95\]: rlzoo's AdamW betas are one"):
+        convert(ov(PPO + "critic.optim.betas=[0.9,0.95]"))
+    # the recipe validates: the critic's settings exist in trainer.optim
+    from rlzoo.kernel.settings import OptimSettings
+
+    OptimSettings(
+        **{
+            k: v
+            for k, v in convert(ov(PPO + "critic.optim.warmup_style=linear")).get("trainer.optim").items()
+        }
+    )

@@ -17,7 +17,8 @@ LR_SCHEDULES = ("constant", "linear", "cosine")
 @dataclass(frozen=True)
 class OptimSettings:
     """Optimizer and LR schedule of the actor and the critic (``trainer.optim``), shared by every
-    train backend: switching ``trainer.backend`` keeps them.
+    train backend: switching ``trainer.backend`` keeps them. The critic has its own LR, weight decay and
+    clip; its schedule, warmup and final LR ratio are the actor's unless its ``critic_*`` ones are set.
 
     AdamW with decoupled weight decay; the schedule counts **optimizer steps** (``TrainSpec.total_steps``
     = trainer steps x mini-batches per step x PPO epochs), as HF's / verl's schedulers do.
@@ -46,6 +47,21 @@ class OptimSettings:
     critic_lr: float = param(1e-5, gt=0, help="AdamW peak learning rate of the critic (> 0)")
     critic_weight_decay: float = param(0.01, ge=0, help="AdamW weight decay of the critic (>= 0)")
     critic_grad_clip: float = param(1.0, help="max grad norm of the critic; <= 0 disables clipping")
+    critic_lr_scheduler: str | None = param(
+        None, help="the critic's own schedule ('constant', 'linear', 'cosine'); null: lr_scheduler's"
+    )
+    critic_warmup_steps: int | None = param(
+        None, ge=0, help="the critic's own linear warmup, in its optimizer steps; null: the actor's warmup"
+    )
+    critic_warmup_ratio: float | None = param(
+        None,
+        ge=0,
+        lt=1,
+        help="the critic's warmup as a fraction of the run's optimizer steps, in [0, 1); null: the actor's",
+    )
+    critic_min_lr_ratio: float | None = param(
+        None, ge=0, le=1, help="final LR of the critic's linear / cosine decay, of critic_lr; null: min_lr_ratio's"
+    )
 
     def __post_init__(self) -> None:
         problems = check_ranges(self)
@@ -55,8 +71,15 @@ class OptimSettings:
             problems.append(
                 f"lr_scheduler must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_scheduler!r}"
             )
+        if self.critic_lr_scheduler is not None and self.critic_lr_scheduler not in LR_SCHEDULES:
+            problems.append(
+                f"critic_lr_scheduler must be one of {', '.join(LR_SCHEDULES)} (or null: the actor's), "
+                f"got {self.critic_lr_scheduler!r}"
+            )
         if self.warmup_steps and self.warmup_ratio:  # both in range, so both positive
             problems.append("set warmup_steps or warmup_ratio, not both")
+        if self.critic_warmup_steps and self.critic_warmup_ratio:
+            problems.append("set critic_warmup_steps or critic_warmup_ratio, not both")
         if problems:
             raise ValueError("; ".join(problems))
 

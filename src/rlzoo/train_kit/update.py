@@ -90,39 +90,58 @@ def lr_multiplier(
 class LRSchedule:
     """The actor's and the critic's LR per optimizer step (``trainer.optim``, ``spec.total_steps``).
 
-    ``warmup_steps``: ``optim.warmup_steps``, else ``warmup_ratio`` of ``total_steps``.
+    ``warmup_steps``: ``optim.warmup_steps``, else ``warmup_ratio`` of ``total_steps``; the critic's:
+    its own ``critic_warmup_steps`` / ``critic_warmup_ratio`` where either is set, else the actor's.
     """
 
     optim: OptimSettings
     total_steps: int
     warmup_steps: int
+    critic_warmup_steps: int
 
     @classmethod
     def from_spec(cls, spec: TrainSpec) -> LRSchedule:
         optim = spec.optim
-        warmup = int(optim.warmup_steps or int(optim.warmup_ratio * max(1, spec.total_steps)))
-        return cls(optim, spec.total_steps, warmup)
+        total = max(1, spec.total_steps)
+        warmup = int(optim.warmup_steps or int(optim.warmup_ratio * total))
+        if optim.critic_warmup_steps is None and optim.critic_warmup_ratio is None:
+            critic_warmup = warmup
+        else:
+            critic_warmup = int(optim.critic_warmup_steps or int((optim.critic_warmup_ratio or 0.0) * total))
+        return cls(optim, spec.total_steps, warmup, critic_warmup)
 
     def lr(self, step: int, *, critic: bool = False) -> float:
         """The LR of optimizer step ``step`` (0-based) of the actor or the critic."""
-        peak = self.optim.critic_lr if critic else self.optim.lr
+        o = self.optim
+        if critic:
+            peak, warmup = o.critic_lr, self.critic_warmup_steps
+            schedule = o.critic_lr_scheduler or o.lr_scheduler
+            floor = o.min_lr_ratio if o.critic_min_lr_ratio is None else o.critic_min_lr_ratio
+        else:
+            peak, warmup, schedule, floor = o.lr, self.warmup_steps, o.lr_scheduler, o.min_lr_ratio
         return float(
             peak
             * lr_multiplier(
                 step,
-                schedule=self.optim.lr_scheduler,
-                warmup_steps=self.warmup_steps,
+                schedule=schedule,
+                warmup_steps=warmup,
                 total_steps=max(1, self.total_steps),
-                min_lr_ratio=self.optim.min_lr_ratio,
+                min_lr_ratio=floor,
             )
         )
 
     def record(self, actor_steps: int, critic_steps: int) -> dict[str, Any]:
         """The schedule's position, as a checkpoint's ``meta.json`` keeps it."""
+        o = self.optim
         return {
             "actor": {"steps": actor_steps, "next_lr": self.lr(actor_steps)},
-            "critic": {"steps": critic_steps, "next_lr": self.lr(critic_steps, critic=True)},
-            "schedule": self.optim.lr_scheduler,
+            "critic": {
+                "steps": critic_steps,
+                "next_lr": self.lr(critic_steps, critic=True),
+                "schedule": o.critic_lr_scheduler or o.lr_scheduler,
+                "warmup_steps": self.critic_warmup_steps,
+            },
+            "schedule": o.lr_scheduler,
             "warmup_steps": self.warmup_steps,
             "total_steps": self.total_steps,
         }

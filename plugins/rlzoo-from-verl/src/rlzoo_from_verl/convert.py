@@ -164,7 +164,10 @@ def convert(command: Command) -> Conversion:
             except (ValueError, TypeError) as e:
                 conv.unmappable.append((k, v, str(e)))
                 continue
-            conv.set(rule.key, out, k, v, ", ".join(x for x in (tag, rule.note) if x))
+            noted = rule.note_for(v) if rule.note_for else ""
+            conv.set(rule.key, out, k, v, ", ".join(x for x in (tag, rule.note, noted) if x))
+            if noted:
+                conv.notes.append(noted)
         elif isinstance(rule, Skip):
             if rule.when is None or rule.when(v):
                 conv.skipped.append((k, v, rule.why))
@@ -583,9 +586,11 @@ _PERF_RM = "performance only: sizes / places verl's reward-model worker; rlzoo's
 def _critic_schedule(
     conv: Conversion, v: dict[str, Any], keys: Mapping[str, Any], bad: Callable[[str, Any, str], None]
 ) -> None:
-    """verl gives the critic its own LR schedule; rlzoo's critic shares trainer.optim's (its lr, weight
-    decay and clip are its own). Equal values are not needed; different ones are refused."""
-    verl_optim_defaults = {
+    """verl gives the critic its own LR schedule (its ``critic.optim.*``, verl's defaults where unset); rlzoo's
+    critic follows ``trainer.optim``'s schedule unless its ``critic_*`` settings are given. Each part of the
+    critic's schedule that differs from what rlzoo would take from the actor is set on the critic; equal
+    ones are not needed. AdamW's betas are one setting in rlzoo: different ones are refused."""
+    verl_defaults: dict[str, Any] = {  # verl's critic optim defaults (verl/trainer/config/critic)
         "lr_warmup_steps_ratio": 0.0,
         "lr_warmup_steps": -1,
         "warmup_style": "constant",
@@ -593,29 +598,79 @@ def _critic_schedule(
         "min_lr_ratio": 0.0,
         "betas": [0.9, 0.999],
     }
-    for name, default in verl_optim_defaults.items():
-        key = CRIT + "optim." + name
-        if key not in v:
-            continue
-        val = v.pop(key)
-        actor = keys.get(ACT + "optim." + name, default)
-        same = val == actor or (isinstance(val, (list, tuple)) and list(val) == list(actor))
-        if (
-            name == "lr_warmup_steps"
-            and (int(val) if val is not None else -1) <= 0
-            and (int(actor) if actor is not None else -1) <= 0
-        ):
-            same = True
-        if same:
+    given = {name: v.pop(CRIT + "optim." + name) for name in verl_defaults if CRIT + "optim." + name in v}
+    has_critic = bool(given) or conv.get("algorithm.advantage.name") == "gae"
+    if not has_critic:
+        return
+
+    def actor(name: str) -> Any:
+        return keys.get(ACT + "optim." + name, verl_defaults[name])
+
+    def critic(name: str) -> Any:
+        return given.get(name, verl_defaults[name])
+
+    def steps(x: Any) -> int:
+        return max(int(x), 0) if x is not None else 0
+
+    def same(key: str, val: Any, rlzoo_value: Any) -> None:
+        if key in given:
             conv.skipped.append(
-                (key, val, f"same as the actor's ({actor!r}); rlzoo's critic shares trainer.optim's schedule")
+                (CRIT + "optim." + key, val, f"the critic follows trainer.optim here ({rlzoo_value!r})")
+            )
+
+    # the schedule's name: verl reads lr_scheduler_type over the older warmup_style
+    def style(get: Callable[[str], Any], pick: Mapping[str, Any]) -> Any:
+        return get("lr_scheduler_type") if "lr_scheduler_type" in pick else get("warmup_style")
+
+    actor_given = {n: keys[ACT + "optim." + n] for n in verl_defaults if ACT + "optim." + n in keys}
+    mine, theirs = style(critic, given), style(actor, actor_given)
+    for key in ("lr_scheduler_type", "warmup_style"):
+        if key in given:
+            if mine != theirs:
+                conv.set("trainer.optim.critic_lr_scheduler", mine, CRIT + "optim." + key, given[key])
+            else:
+                same(key, given[key], theirs)
+    if mine != theirs and not any(k in given for k in ("lr_scheduler_type", "warmup_style")):
+        conv.set("trainer.optim.critic_lr_scheduler", mine, CRIT + "optim.warmup_style", "(verl's default)")
+    # warmup: steps win over the ratio, in verl as in rlzoo
+    mine_w = (steps(critic("lr_warmup_steps")), float(critic("lr_warmup_steps_ratio") or 0.0))
+    theirs_w = (steps(actor("lr_warmup_steps")), float(actor("lr_warmup_steps_ratio") or 0.0))
+    mine_w = (mine_w[0], 0.0) if mine_w[0] else mine_w
+    theirs_w = (theirs_w[0], 0.0) if theirs_w[0] else theirs_w
+    if mine_w != theirs_w:
+        w_key = "lr_warmup_steps" if mine_w[0] else "lr_warmup_steps_ratio"
+        shown = given.get(w_key, "(verl's default)")
+        if mine_w[0]:
+            conv.set("trainer.optim.critic_warmup_steps", mine_w[0], CRIT + "optim." + w_key, shown)
+        else:
+            conv.set("trainer.optim.critic_warmup_ratio", mine_w[1], CRIT + "optim." + w_key, shown)
+        for other in ("lr_warmup_steps", "lr_warmup_steps_ratio"):
+            if other != w_key and other in given:
+                conv.skipped.append((CRIT + "optim." + other, given[other], f"{w_key} decides the warmup"))
+    else:
+        for key in ("lr_warmup_steps", "lr_warmup_steps_ratio"):
+            same(key, given.get(key), "the actor's warmup")
+    floor_mine = float(critic("min_lr_ratio") or 0.0)
+    floor_theirs = float(actor("min_lr_ratio") or 0.0)
+    if floor_mine != floor_theirs:
+        conv.set(
+            "trainer.optim.critic_min_lr_ratio",
+            floor_mine,
+            CRIT + "optim.min_lr_ratio",
+            critic("min_lr_ratio"),
+        )
+    else:
+        same("min_lr_ratio", given.get("min_lr_ratio"), floor_theirs)
+    if "betas" in given:
+        val = given["betas"]
+        if list(val) != list(actor("betas")):
+            bad(
+                CRIT + "optim.betas",
+                val,
+                f"rlzoo's AdamW betas are one setting (the actor's: {actor('betas')!r})",
             )
         else:
-            bad(
-                key,
-                val,
-                f"rlzoo's critic shares the actor's LR schedule (actor: {actor!r}); set both to one value",
-            )
+            same("betas", val, list(actor("betas")))
 
 
 def _correction(

@@ -18,6 +18,7 @@ class To:
     key: str
     how: Callable[[Any], Any] | None = None
     note: str = ""
+    note_for: Callable[[Any], str] | None = None  # a note that depends on the value (printed with it)
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,15 @@ def _fsdp(v: Any) -> str:
     return name
 
 
+#: printed where a script asks for SGLang: what rlzoo runs instead, and why (docs/from-verl.md "SGLang")
+SGLANG_NOTE = (
+    "SGLang -> vLLM: rlzoo has no SGLang backend (sglang 0.5.23 on PyPI needs torch 2.14.1 and CUDA "
+    "kernels); the same settings (TP, memory fraction, lengths, sampling) drive rlzoo's vllm backend"
+)
+
+
 def _rollout_name(v: Any) -> str:
-    if str(v) != "vllm":
+    if str(v) not in ("vllm", "sglang"):
         raise ValueError(f"rollout engine {v!r} has no rlzoo rollout backend (vllm, native)")
     return "vllm"
 
@@ -342,7 +350,9 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     REF + "use_torch_compile": Skip(_PERF + "torch.compile of verl's log-prob kernels"),
     REF + "profiler.*": Skip(_LOG + "profiler settings"),
     # rollout
-    ROLL + "name": To("rollout.backend.name", _rollout_name),
+    ROLL + "name": To(
+        "rollout.backend.name", _rollout_name, note_for=lambda v: SGLANG_NOTE if v == "sglang" else ""
+    ),
     ROLL + "mode": Skip("rlzoo's vLLM backend serves the loop asynchronously by itself"),
     ROLL + "n": To("rollout.n"),
     ROLL + "temperature": To("rollout.temperature"),
@@ -418,11 +428,11 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     CRIT + "model.trust_remote_code": Skip("the critic loads with model.trust_remote_code"),
     CRIT + "model.override_config.*": Skip(_PERF + "the critic follows the actor's model config"),
     CRIT + "megatron.*": Skip(_PERF + "the critic runs with the actor's megatron settings"),
-    CRIT + "optim.lr_warmup_steps_ratio": Rule("must equal the actor's warmup (one LR schedule)"),
-    CRIT + "optim.lr_warmup_steps": Rule("must equal the actor's warmup (one LR schedule)"),
-    CRIT + "optim.warmup_style": Rule("must equal the actor's schedule"),
-    CRIT + "optim.lr_scheduler_type": Rule("must equal the actor's schedule"),
-    CRIT + "optim.min_lr_ratio": Rule("must equal the actor's schedule"),
+    CRIT + "optim.lr_warmup_steps_ratio": Rule("trainer.optim.critic_warmup_ratio where it differs"),
+    CRIT + "optim.lr_warmup_steps": Rule("trainer.optim.critic_warmup_steps where it differs"),
+    CRIT + "optim.warmup_style": Rule("trainer.optim.critic_lr_scheduler where it differs"),
+    CRIT + "optim.lr_scheduler_type": Rule("trainer.optim.critic_lr_scheduler where it differs"),
+    CRIT + "optim.min_lr_ratio": Rule("trainer.optim.critic_min_lr_ratio where it differs"),
     CRIT + "optim.betas": Rule("must equal the actor's (one AdamW setting)"),
     CRIT + "ulysses_sequence_parallel_size": Rule("1 only"),
     CRIT + "profiler.*": Skip(_LOG + "profiler settings"),
