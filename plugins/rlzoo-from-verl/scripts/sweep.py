@@ -5,7 +5,7 @@
 Each ``.sh`` under ``examples/`` and ``verl/experimental/`` goes through ``from_verl`` and the recipe it
 writes through ``load_config`` (what ``rlzoo from-verl SCRIPT --out r.yaml`` and ``rlzoo validate r.yaml``
 do), in this process, with the environment ``HOME``, ``PWD``, ``PATH`` and ``WANDB_MODE=offline`` (the scripts log to W&B). Where the reader asks for a
-variable with ``--env NAME=VALUE``, the sweep gives it a placeholder and reads the script again (counted).
+variable with ``--env NAME=VALUE``, the sweep gives it a placeholder (1 for a node / GPU count, else a path) and reads the script again (counted).
 Scripts whose launch is verl's SFT trainer or its generation/eval entry points are not RL scripts: left out.
 """
 
@@ -28,6 +28,13 @@ NOT_RL = re.compile(r"sft_trainer|main_generation|main_eval|fsdp_sft|sft\.|train
 ASKS = re.compile(r"--env ([A-Za-z_][A-Za-z0-9_]*)=")
 
 
+def placeholder(name: str) -> str:
+    """A value of the kind the variable holds: a count for node / GPU counts, else a path."""
+    if re.search(r"NODES|GPUS|NPROC|_NUM|NUM_|WORLD|SIZE", name):
+        return "1"
+    return f"/placeholder/{name.lower()}"
+
+
 def one(path: Path, out: Path) -> tuple[str, str, int]:
     """(outcome, detail, variables given as placeholders)."""
     fixed: dict[str, str] = {}
@@ -38,7 +45,7 @@ def one(path: Path, out: Path) -> tuple[str, str, int]:
             msg = str(e)
             new = [n for n in ASKS.findall(msg) if n not in fixed]
             if new:
-                fixed.update({n: f"/placeholder/{n.lower()}" for n in new})
+                fixed.update({n: placeholder(n) for n in new})
                 continue
             if "found no verl launch" in msg or "entry point" in msg:
                 return "stopped", msg, len(fixed)

@@ -189,9 +189,9 @@ def test_overrides_alone_and_verl_defaults():
 
 def test_unmappable_keys_fail_with_the_full_list():
     with pytest.raises(RlzooError) as e:
-        from_verl(["algorithm.adv_estimator=grpo", "foo.bar=1", "actor_rollout_ref.rollout.name=trtllm"])
+        from_verl(["algorithm.adv_estimator=grpo", "foo.bar=1", "actor_rollout_ref.rollout.name=lmdeploy"])
     msg = str(e.value)
-    assert "2 verl key(s) cannot be mapped" in msg and "foo.bar" in msg and "trtllm" in msg
+    assert "2 verl key(s) cannot be mapped" in msg and "foo.bar" in msg and "lmdeploy" in msg
     with pytest.raises(RlzooError, match="Ulysses"):
         from_verl(["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"])
     with pytest.raises(RlzooError, match="found no verl launch"):
@@ -617,7 +617,7 @@ def test_cli_env_fixes_a_variable_and_prints_what_was_not_run(tmp_path, capsys):
     assert "--env 'NOW': expected NAME=VALUE" in capsys.readouterr().err
 
 
-def test_sglang_scripts_run_on_the_vllm_backend_and_say_so():
+def test_sglang_and_trtllm_scripts_run_on_the_vllm_backend_and_say_so():
     base = "algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=4 data.train_batch_size=8 "
     base += "actor_rollout_ref.actor.ppo_mini_batch_size=8 actor_rollout_ref.rollout.tensor_model_parallel_size=2 "
     conv = convert(ov(base + "actor_rollout_ref.rollout.name=sglang"))
@@ -625,6 +625,9 @@ def test_sglang_scripts_run_on_the_vllm_backend_and_say_so():
     assert conv.get("rollout.backend.tensor_parallel_size") == 2
     assert any(n.startswith("SGLang -> vLLM: rlzoo has no SGLang backend") for n in conv.notes)
     assert "SGLang -> vLLM" in conv.report()
+    trt = convert(ov(base + "actor_rollout_ref.rollout.name=trtllm"))
+    assert trt.get("rollout.backend.name") == "vllm"
+    assert any(n.startswith("TensorRT-LLM -> vLLM") for n in trt.notes)
     plain = convert(ov(base + "actor_rollout_ref.rollout.name=vllm"))
     assert plain.recipe == conv.recipe and not any("SGLang" in n for n in plain.notes)
 
@@ -661,9 +664,5 @@ def test_the_critic_keeps_its_own_schedule():
     # the recipe validates: the critic's settings exist in trainer.optim
     from rlzoo.kernel.settings import OptimSettings
 
-    OptimSettings(
-        **{
-            k: v
-            for k, v in convert(ov(PPO + "critic.optim.warmup_style=linear")).get("trainer.optim").items()
-        }
-    )
+    optim = convert(ov(PPO + "critic.optim.warmup_style=linear")).get("trainer.optim")
+    assert OptimSettings(**optim).critic_lr_scheduler == "linear"

@@ -52,15 +52,21 @@ def _fsdp(v: Any) -> str:
     return name
 
 
-#: printed where a script asks for SGLang: what rlzoo runs instead, and why (docs/from-verl.md "SGLang")
-SGLANG_NOTE = (
-    "SGLang -> vLLM: rlzoo has no SGLang backend (sglang 0.5.23 on PyPI needs torch 2.14.1 and CUDA "
-    "kernels); the same settings (TP, memory fraction, lengths, sampling) drive rlzoo's vllm backend"
-)
+#: printed where a script asks for another engine: what rlzoo runs instead, and why (docs/from-verl.md)
+ENGINE_NOTES = {
+    "sglang": (
+        "SGLang -> vLLM: rlzoo has no SGLang backend (sglang 0.5.23 on PyPI needs torch 2.14.1 and CUDA "
+        "kernels); the same settings (TP, memory fraction, lengths, sampling) drive rlzoo's vllm backend"
+    ),
+    "trtllm": (
+        "TensorRT-LLM -> vLLM: rlzoo has no TensorRT-LLM backend (NVIDIA GPUs only); the same settings "
+        "(TP, memory fraction, lengths, sampling) drive rlzoo's vllm backend"
+    ),
+}
 
 
 def _rollout_name(v: Any) -> str:
-    if str(v) not in ("vllm", "sglang"):
+    if str(v) != "vllm" and str(v) not in ENGINE_NOTES:
         raise ValueError(f"rollout engine {v!r} has no rlzoo rollout backend (vllm, native)")
     return "vllm"
 
@@ -350,9 +356,7 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     REF + "use_torch_compile": Skip(_PERF + "torch.compile of verl's log-prob kernels"),
     REF + "profiler.*": Skip(_LOG + "profiler settings"),
     # rollout
-    ROLL + "name": To(
-        "rollout.backend.name", _rollout_name, note_for=lambda v: SGLANG_NOTE if v == "sglang" else ""
-    ),
+    ROLL + "name": To("rollout.backend.name", _rollout_name, note_for=lambda v: ENGINE_NOTES.get(str(v), "")),
     ROLL + "mode": Skip("rlzoo's vLLM backend serves the loop asynchronously by itself"),
     ROLL + "n": To("rollout.n"),
     ROLL + "temperature": To("rollout.temperature"),
