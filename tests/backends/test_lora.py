@@ -187,3 +187,17 @@ def test_unknown_target_modules_are_refused_with_the_models_module_names():
         lora_backend(lora_settings=LoraSettings(target_modules=("qproj", "v_proj")))
     with pytest.raises(ValueError, match="rank must be >= 1"):
         LoraSettings(rank=0)
+
+
+def test_exclude_modules_keeps_matching_layers_without_adapters():
+    # everything linear but the layer-0 attention's projections (a full-name regular expression, as peft)
+    be = lora_backend(
+        lora_settings=LoraSettings(rank=4, alpha=8.0, exclude_modules=r".*layers\.0\.self_attn\..*")
+    )
+    adapted = {n.split(".lora_")[0] for n, p in be.actor.named_parameters() if p.requires_grad}
+    assert adapted and not any(".layers.0.self_attn." in n for n in adapted)
+    assert any(".layers.0.mlp." in n for n in adapted)
+    full = {n.split(".lora_")[0] for n, p in lora_backend().actor.named_parameters() if p.requires_grad}
+    assert {n for n in full if ".layers.0.self_attn." in n} == full - adapted
+    with pytest.raises(ValueError, match=r"exclude_modules '\(' is not a regular expression"):
+        LoraSettings(exclude_modules="(")

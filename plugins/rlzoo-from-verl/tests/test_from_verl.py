@@ -563,8 +563,18 @@ def test_lora_keys_verl_defaults_lists_and_refusals():
     conv = convert(ov(f"{m}lora_rank=0 {m}lora_alpha=32"))  # off: full fine-tuning, alpha not needed
     assert conv.get("trainer.lora") is None
     assert (f"{m}lora_alpha", 32, "LoRA is off (lora_rank=0)") in conv.skipped
-    with pytest.raises(RlzooError, match="no exclude list"):
-        convert(ov(f"{m}lora_rank=8 {m}exclude_modules=[lm_head]"))
+    # exclude_modules: a regular expression as given (peft matches it whole), or names as peft matches a list
+    conv = convert(ov(f"{m}lora_rank=8 {m}exclude_modules=.*visual.*"))
+    assert conv.get("trainer.lora.exclude_modules") == ".*visual.*"
+    conv = convert(ov(f"{m}lora_rank=8 {m}exclude_modules=[o_proj,mlp.down_proj]"))
+    pattern = conv.get("trainer.lora.exclude_modules")
+    import re
+
+    hits = ["model.layers.0.self_attn.o_proj", "o_proj", "model.layers.3.mlp.down_proj"]
+    misses = ["model.layers.0.self_attn.xo_proj", "model.layers.0.mlp.up_proj", "o_proj.x"]
+    assert all(re.fullmatch(pattern, n) for n in hits) and not any(re.fullmatch(pattern, n) for n in misses)
+    with pytest.raises(RlzooError, match="expected a regular expression or a list of module names"):
+        convert(ov(f"{m}lora_rank=8 {m}exclude_modules=(unclosed"))
     with pytest.raises(RlzooError, match="cannot load an existing adapter"):
         convert(ov(f"{m}lora_rank=8 {m}lora_adapter_path=/ckpt/adapter"))
     with pytest.raises(RlzooError, match="megatron LoRA settings"):

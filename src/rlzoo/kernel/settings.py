@@ -132,9 +132,21 @@ class LoraSettings:
         "is, or ends with '.' + , an entry, e.g. q_proj); 'all-linear': every linear layer but the LM head. "
         "Names the model lacks are refused when the model is built, listing the ones it has",
     )
+    exclude_modules: str | None = param(
+        None,
+        help="a regular expression: linear modules whose full name matches it whole get no adapter, "
+        "even when target_modules selects them (peft's exclude_modules), e.g. '.*visual.*'",
+    )
 
     def __post_init__(self) -> None:
         problems = check_ranges(self)
+        if self.exclude_modules is not None:
+            import re
+
+            try:
+                re.compile(self.exclude_modules)
+            except re.error as e:
+                problems.append(f"exclude_modules {self.exclude_modules!r} is not a regular expression ({e})")
         if not self.target_modules or not all(isinstance(t, str) and t for t in self.target_modules):
             problems.append(
                 f"target_modules must be a non-empty list of module names, got {list(self.target_modules)}"

@@ -73,6 +73,7 @@ def peft_config(settings: LoraSettings) -> Any:
         lora_alpha=float(settings.alpha),
         lora_dropout=float(settings.dropout),
         target_modules=targets,
+        exclude_modules=settings.exclude_modules,
         bias="none",
         task_type="CAUSAL_LM",
     )

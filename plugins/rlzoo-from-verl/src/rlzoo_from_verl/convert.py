@@ -420,10 +420,29 @@ def _assemble(
         bad(k, take(k), "no combined rule read this key (a converter bug: please report it)")
 
 
+def _exclude_pattern(val: Any) -> str | None:
+    """peft's ``exclude_modules`` as rlzoo's one regular expression: a string is one already (matched
+    whole against a module's full name); a list of names matches a name or a ``.name`` suffix, as peft
+    matches list entries."""
+    import re
+
+    if isinstance(val, str) and not val.startswith("["):
+        try:
+            re.compile(val)
+        except re.error:
+            return None
+        return val
+    names = [t.strip() for t in val.strip("[]").split(",")] if isinstance(val, str) else val
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) and n for n in names):
+        return None
+    return r"(.*\.)?(" + "|".join(re.escape(n) for n in names) + ")"
+
+
 def _lora(conv: Conversion, v: dict[str, Any], bad: Callable[[str, Any, str], None]) -> None:
     """``lora_rank > 0`` -> ``trainer.lora: {rank, alpha, target_modules}`` (verl's defaults: alpha 16,
-    all-linear); 0 or absent (verl's default) is full fine-tuning. verl's megatron LoRA block
-    (``model.lora.*``) and ``exclude_modules`` have no rlzoo counterpart: refused when LoRA is on."""
+    all-linear); 0 or absent (verl's default) is full fine-tuning. ``exclude_modules`` (peft's: a regular
+    expression, or names matched as target_modules are) -> ``trainer.lora.exclude_modules``. verl's megatron
+    LoRA block (``model.lora.*``) has no rlzoo counterpart: refused when LoRA is on."""
     given = {
         k: v.pop(k)
         for k in [
@@ -448,7 +467,11 @@ def _lora(conv: Conversion, v: dict[str, Any], bad: Callable[[str, Any, str], No
         if val in (None, "", "null", []):
             conv.skipped.append((k, val, "not set"))
         elif k == R + "model.exclude_modules":
-            bad(k, val, "rlzoo's LoRA has no exclude list: name the modules to adapt in target_modules")
+            pattern = _exclude_pattern(val)
+            if pattern is None:
+                bad(k, val, "expected a regular expression or a list of module names")
+            else:
+                conv.set("trainer.lora.exclude_modules", pattern, k, val)
         else:
             bad(
                 k,

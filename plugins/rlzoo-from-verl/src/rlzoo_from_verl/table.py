@@ -188,7 +188,7 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     R + "model.lora_rank": Rule("LoRA: trainer.lora (rank, alpha, target_modules); 0 = full fine-tuning"),
     R + "model.lora_alpha": Rule("read with lora_rank"),
     R + "model.target_modules": Rule("read with lora_rank"),
-    R + "model.exclude_modules": Rule("read with lora_rank"),
+    R + "model.exclude_modules": Rule("trainer.lora.exclude_modules (read with lora_rank)"),
     R + "model.lora_adapter_path": Skip("no adapter to load", _off, _NO_LORA_ADAPTER),
     R + "model.lora.*": Rule("read with lora_rank"),
     R + "model.mtp.*": Rule("multi-token prediction: off only (rlzoo has no MTP heads)"),
