@@ -4,7 +4,7 @@
 
 Each ``.sh`` under ``examples/`` and ``verl/experimental/`` goes through ``from_verl`` and the recipe it
 writes through ``load_config`` (what ``rlzoo from-verl SCRIPT --out r.yaml`` and ``rlzoo validate r.yaml``
-do), in this process, with the environment ``HOME``, ``PWD``, ``PATH`` and ``WANDB_MODE=offline`` (the scripts log to W&B). Where the reader asks for a
+do), in this process, from the checkout's root (where verl's scripts run), with the environment ``HOME``, ``PWD``, ``PATH`` and ``WANDB_MODE=offline`` (the scripts log to W&B). Where the reader asks for a
 variable with ``--env NAME=VALUE``, the sweep gives it a placeholder (1 for a node / GPU count, else a path) and reads the script again (counted).
 Scripts whose launch is verl's SFT trainer or its generation/eval entry points are not RL scripts: left out.
 """
@@ -80,6 +80,8 @@ def main() -> int:
     os.environ.clear()
     os.environ.update(env)
     os.environ["WANDB_MODE"] = "offline"  # the W&B check would ask for an API key this machine lacks
+    os.chdir(root)  # verl's scripts run from the checkout's root: $(pwd) and relative paths mean it
+    os.environ["PWD"] = str(root.resolve())
     with tempfile.TemporaryDirectory() as tmp:
         for p in scripts:
             text = p.read_text(errors="replace")

@@ -676,3 +676,39 @@ def test_the_critic_keeps_its_own_schedule():
 
     optim = convert(ov(PPO + "critic.optim.warmup_style=linear")).get("trainer.optim")
     assert OptimSettings(**optim).critic_lr_scheduler == "linear"
+
+
+def test_a_custom_reward_function_file_becomes_the_python_file_scorer(tmp_path, monkeypatch):
+    (tmp_path / "rewards").mkdir()
+    (tmp_path / "rewards" / "mine.py").write_text(
+        "def my_score(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):\n"
+        "    return scale * float(solution_str.strip() == str(ground_truth))\n"
+    )
+    monkeypatch.chdir(tmp_path)  # verl runs from the checkout's root; relative paths are resolved there
+    conv = convert(
+        ov(
+            "algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=4 data.train_batch_size=8 "
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8 custom_reward_function.path=rewards/mine.py "
+            "custom_reward_function.name=my_score +custom_reward_function.reward_kwargs.scale=2.0"
+        )
+    )
+    assert conv.get("reward.scorer") == {
+        "name": "python_file",
+        "path": str(tmp_path / "rewards" / "mine.py"),
+        "function": "my_score",
+        "kwargs": {"scale": 2.0},
+    }
+    from rlzoo.algorithms.functional.scoring.user_file import compute_score
+    from rlzoo.algorithms.scorers import PythonFileParams
+
+    params = PythonFileParams(**{k: v for k, v in conv.get("reward.scorer").items() if k != "name"})
+    assert compute_score(" 42 ", 42, "x", {}, params) == 2.0
+    off = convert(
+        ov("algorithm.adv_estimator=grpo custom_reward_function.path=null custom_reward_function.name=f")
+    )
+    assert off.get("reward.scorer") is None
+    assert (
+        "custom_reward_function.name",
+        "f",
+        "no custom reward function (custom_reward_function.path unset)",
+    ) in off.skipped

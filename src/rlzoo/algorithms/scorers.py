@@ -118,6 +118,29 @@ class AutoParams:
     fallback: str = param("math", help="scorer for unknown data sources; '' raises instead")
 
 
+@dataclass(frozen=True)
+class PythonFileParams:
+    """Your own scoring function, in a Python file you name (verl's ``custom_reward_function``).
+
+    The function is called as verl calls it, with keywords:
+    ``function(data_source=..., solution_str=response, ground_truth=..., extra_info=..., **kwargs)``, and
+    returns a number or a dict with at least ``score``. Checked when the recipe is validated, without
+    running the file: it exists, it is a Python file that parses, it defines ``function`` at its top level
+    and that function accepts those keywords (or ``**kwargs``). At scoring time the file is imported
+    once per process, from that path only (never through ``sys.path``); what it raises or returns
+    wrong is a scorer failure, counted like every scorer's.
+    """
+
+    path: str = param("", help="the Python file that defines the function (required)")
+    function: str = param("compute_score", help="the function's name in that file (verl's .name)")
+    kwargs: dict[str, object] = param({}, help="extra keyword arguments of every call (verl's reward_kwargs)")
+
+    def __post_init__(self) -> None:
+        from rlzoo.algorithms.functional.scoring.user_file import check_function
+
+        check_function(self.path, self.function, self.kwargs)
+
+
 #: the rule-based scorers, name -> (``"module:function"`` under :mod:`rlzoo.algorithms.functional.scoring`,
 #: params class): registered below, and what the ``auto`` scorer routes to.
 RULE_SCORERS: Mapping[str, tuple[str, type]] = {
@@ -134,3 +157,4 @@ def rlzoo_register_scorers(registry: Registrar[ScorerFn]) -> None:
     for name, (target, params) in RULE_SCORERS.items():
         registry.register(name, f"{_IMPL}.{target}", params=params)
     registry.register("auto", f"{_IMPL}.dispatch:compute_score", params=AutoParams)
+    registry.register("python_file", f"{_IMPL}.user_file:compute_score", params=PythonFileParams)

@@ -25,6 +25,7 @@ from rlzoo_from_verl.table import (
     To,
     _fsdp,
     _off,
+    _path,
     _rule,
 )
 
@@ -386,6 +387,7 @@ def _assemble(
     if eng:
         conv.set("rollout.backend.engine_kwargs", eng, " + ".join(eng_keys), eng)
     _reward_model(conv, v, given, bad)
+    _custom_reward(conv, v)
     if (
         any(k.startswith("reward_model.overlong_buffer.") for k in given)
         and conv.get("reward.manager.max_response_length") is None
@@ -535,6 +537,39 @@ _RM_PERF = (
     "reward_model.ulysses_sequence_parallel_size",
     "reward_model.megatron.",
 )
+
+
+def _custom_reward(conv: Conversion, v: dict[str, Any]) -> None:
+    """verl's ``custom_reward_function.{path,name,reward_kwargs}`` -> the ``python_file`` scorer, which
+    calls the function as verl does. A relative path is resolved against the directory from-verl runs in
+    (where verl would have run), so the recipe works from anywhere."""
+    import os
+
+    prefix = "custom_reward_function."
+    keys = {k: v.pop(k) for k in [k for k in v if k.startswith(prefix)]}
+    path = keys.pop(prefix + "path", None)
+    if _off(path):
+        for k, val in keys.items():
+            conv.skipped.append((k, val, "no custom reward function (custom_reward_function.path unset)"))
+        if path is not None:
+            conv.skipped.append((prefix + "path", path, "unset: verl's built-in scoring, as rlzoo's"))
+        return
+    name = keys.pop(prefix + "name", "compute_score")
+    kwargs = {k.removeprefix(prefix + "reward_kwargs."): val for k, val in keys.items()}
+    full = os.path.abspath(_path(path))
+    conv.set(
+        "reward.scorer.name", "python_file", prefix + "path", path, "your function, called as verl calls it"
+    )
+    conv.set(
+        "reward.scorer.path",
+        full,
+        prefix + "path",
+        path,
+        "" if full == path else f"resolved from {os.getcwd()}",
+    )
+    conv.set("reward.scorer.function", str(name), prefix + "name", name)
+    if kwargs:
+        conv.set("reward.scorer.kwargs", kwargs, prefix + "reward_kwargs", kwargs)
 
 
 def _reward_model(

@@ -498,14 +498,11 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
         "no sandbox", _off, "rlzoo has no sandbox-fusion code-execution scorer (write a scorer plugin)"
     ),
     "reward_model.sandbox_fusion.*": Rule("read with sandbox_fusion.url"),
-    "custom_reward_function.path": Skip(
-        "verl's built-in scoring",
-        _off,
-        "a custom reward function file: rlzoo takes scorers as plugins "
-        "(register it with rlzoo_register_scorers and set reward.scorer)",
+    "custom_reward_function.path": Rule("reward.scorer: {name: python_file, path} (an absolute path)"),
+    "custom_reward_function.name": Rule("reward.scorer.function (read with custom_reward_function.path)"),
+    "custom_reward_function.reward_kwargs.*": Rule(
+        "reward.scorer.kwargs (read with custom_reward_function.path)"
     ),
-    "custom_reward_function.name": Skip("read with custom_reward_function.path"),
-    "custom_reward_function.reward_kwargs.*": Skip("read with custom_reward_function.path"),
     # trainer and placement
     "trainer.project_name": Skip(_LOG + "experiment tracker project"),
     "trainer.experiment_name": To("run.name"),
