@@ -60,7 +60,10 @@ class OptimSettings:
         help="the critic's warmup as a fraction of the run's optimizer steps, in [0, 1); null: the actor's",
     )
     critic_min_lr_ratio: float | None = param(
-        None, ge=0, le=1, help="final LR of the critic's linear / cosine decay, of critic_lr; null: min_lr_ratio's"
+        None,
+        ge=0,
+        le=1,
+        help="final LR of the critic's linear / cosine decay, of critic_lr; null: min_lr_ratio's",
     )
 
     def __post_init__(self) -> None:

@@ -38,7 +38,9 @@ def check_function(path: str, name: str, kwargs: Mapping[str, object]) -> None:
         )
     file = Path(path).expanduser()
     if not file.is_file():
-        what = "is a directory" if file.is_dir() else "does not exist" if not file.exists() else "is not a file"
+        what = (
+            "is a directory" if file.is_dir() else "does not exist" if not file.exists() else "is not a file"
+        )
         raise ValueError(f"path {path!r} {what}; give the Python file that defines {name!r}")
     try:
         tree = ast.parse(file.read_bytes(), filename=str(file))
@@ -46,9 +48,7 @@ def check_function(path: str, name: str, kwargs: Mapping[str, object]) -> None:
         raise ValueError(f"path {path!r} is not Python that parses: {e.msg} (line {e.lineno})") from None
     except ValueError as e:  # NUL bytes
         raise ValueError(f"path {path!r} is not a Python source file ({e})") from None
-    defs = [
-        n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
-    ]
+    defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name]
     if not defs:
         found = sorted(n.name for n in tree.body if isinstance(n, ast.FunctionDef))
         raise ValueError(
@@ -68,7 +68,9 @@ def check_function(path: str, name: str, kwargs: Mapping[str, object]) -> None:
             f"{name}() in {path!r} does not accept the keyword(s) {missing}; verl's call passes "
             f"{', '.join(VERL_ARGS)} (and the kwargs setting): add them to its parameters, or **kwargs"
         )
-    required = [x.arg for x in (*a.posonlyargs, *a.args)][: len(a.posonlyargs) + len(a.args) - len(a.defaults)]
+    required = [x.arg for x in (*a.posonlyargs, *a.args)][
+        : len(a.posonlyargs) + len(a.args) - len(a.defaults)
+    ]
     required += [x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is None]
     unmet = [k for k in required if k not in wanted]
     if unmet:
@@ -103,7 +105,11 @@ def load_function(path: str, name: str) -> Callable[..., Any]:
 
 
 def compute_score(
-    response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any], params: PythonFileParams
+    response: str,
+    ground_truth: Any,
+    data_source: str,
+    extra_info: Mapping[str, Any],
+    params: PythonFileParams,
 ) -> float | dict[str, Any]:
     fn = load_function(params.path, params.function)
     out = fn(
