@@ -703,13 +703,13 @@ class _Interp:
             formats = [a for a in rest if a.startswith("+")]
             if len(formats) + sum(a in ("-u", "--utc") for a in rest) != len(rest) or len(formats) > 1:
                 return None  # -d, -r, --iso-8601 ...: options rlzoo does not read
-            value = _date(self.now, formats[0][1:] if formats else "%a %b %e %H:%M:%S %Z %Y", utc)
-            if value is None:
+            stamp = _date(self.now, formats[0][1:] if formats else "%a %b %e %H:%M:%S %Z %Y", utc)
+            if stamp is None:
                 return None
             self.note_once(
-                f"line {line}: $({inner.strip()}) read as {value!r} (the time of this conversion, not of the run)"
+                f"line {line}: $({inner.strip()}) read as {stamp!r} (the time of this conversion, not of the run)"
             )
-            return value
+            return stamp
         return None
 
     def note_once(self, note: str) -> None:
