@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rlzoo import hookimpl
-from rlzoo.kernel.params import param
+from rlzoo.kernel.params import check_ranges, param
 from rlzoo.train_kit.params import HFTrainParams
 
 if TYPE_CHECKING:
@@ -90,6 +90,9 @@ class FSDP2Params(HFTrainParams):
             raise ValueError(
                 f"invalid fsdp2 train params: fsdp_size must be -1 or >= 1, got {self.fsdp_size}"
             )
+        ranges = check_ranges(self)
+        if ranges:
+            raise ValueError(f"invalid fsdp2 train params: {'; '.join(ranges)}")
         if self.ulysses_size > 1 and not self.use_remove_padding:
             raise ValueError(
                 f"invalid fsdp2 train params: ulysses_size={self.ulysses_size} splits the packed row of a "
