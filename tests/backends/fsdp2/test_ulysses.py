@@ -1,8 +1,8 @@
 """Ulysses sequence parallelism in the fsdp2 backend (CPU, gloo).
 
 The distributed runs are ``tests/backends/fsdp2/ulysses_worker.py`` under torchrun (2 ranks: a GQA
-Qwen2, ulysses_size 1 and 2, the latter also with activation checkpointing; 4 ranks: an MHA Llama,
-ulysses_size 1, 2 and 4). ``ulysses_size: 1`` is the reference: log-probs, entropies, reference
+Qwen2, ulysses_size 1 and 2; 4 ranks: an MHA Llama, ulysses_size 1, 2 and 4; each size above 1 also
+with activation checkpointing and with eager attention). ``ulysses_size: 1`` (sdpa) is the reference: log-probs, entropies, reference
 log-probs, ``sum_pi_squared``, critic values, losses, gradient norms, the gradients handed to the
 optimizer and the weights after the step must equal it in fp32.
 """
@@ -115,14 +115,14 @@ def _assert_equal_runs(out: Path, tag: str) -> None:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("tag", ["u2", "u2_ckpt"])
+@pytest.mark.parametrize("tag", ["u2", "u2_ckpt", "u2_eager"])
 def test_two_ranks_equal_ulysses_1(two_ranks: Path, tag: str) -> None:
     _assert_equal_runs(two_ranks, tag)
 
 
 @pytest.mark.distributed
 @pytest.mark.slow
-@pytest.mark.parametrize("tag", ["u2", "u2_ckpt", "u4", "u4_ckpt"])
+@pytest.mark.parametrize("tag", ["u2", "u2_ckpt", "u2_eager", "u4", "u4_ckpt", "u4_eager"])
 def test_four_ranks_equal_ulysses_1(four_ranks: Path, tag: str) -> None:
     _assert_equal_runs(four_ranks, tag)
 

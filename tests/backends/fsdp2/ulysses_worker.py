@@ -3,7 +3,8 @@
     torchrun --nproc_per_node=W tests/backends/fsdp2/ulysses_worker.py equality OUT_DIR SIZES...
     torchrun --nproc_per_node=2 tests/backends/fsdp2/ulysses_worker.py memory OUT_DIR
 
-``equality``: for each Ulysses size in SIZES (1 first), the same scenario on the same tiny model
+``equality``: for each Ulysses size in SIZES (1 first; the others also with activation
+checkpointing and with eager attention), the same scenario on the same tiny model
 and batches: actor log-probs + entropies, reference log-probs, ``sum_pi_squared``, critic values,
 one actor update (an objective with an entropy term) and two critic updates; the clipped gradients
 handed to the optimizer and the weights after the step are all-gathered. Rank 0 writes
@@ -36,13 +37,13 @@ from rlzoo.models.tiny import tiny_llama_config, tiny_qwen2_config  # noqa: E402
 from rlzoo.testing.backends import make_train_batch  # noqa: E402
 
 
-def tiny(arch: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:
-    """``qwen2``: 4 heads, 2 KV heads (GQA); ``llama``: 4 heads, 4 KV heads; sdpa; fp32."""
+def tiny(arch: str, seed: int = 0, attn: str = "sdpa", **overrides: Any) -> torch.nn.Module:
+    """``qwen2``: 4 heads, 2 KV heads (GQA); ``llama``: 4 heads, 4 KV heads; fp32."""
     torch.manual_seed(seed)
     if arch == "llama":
-        cfg = tiny_llama_config(V, num_key_value_heads=4, attn_implementation="sdpa", **overrides)
+        cfg = tiny_llama_config(V, num_key_value_heads=4, attn_implementation=attn, **overrides)
     else:
-        cfg = tiny_qwen2_config(V, attn_implementation="sdpa", **overrides)
+        cfg = tiny_qwen2_config(V, attn_implementation=attn, **overrides)
     return AutoModelForCausalLM.from_config(cfg).float()
 
 
@@ -99,12 +100,14 @@ def equality(out: Path, sizes: list[int]) -> None:
     b1 = sample_batch(1)
     b_long = make_train_batch([[3] * 13, [5, 6]], [[7] * 17, [9, 10, 11]], seed=3)  # uneven pieces
     for size in sizes:
-        for ckpt in (False, True) if size > 1 else (False,):
-            tag = f"u{size}" + ("_ckpt" if ckpt else "")
+        # sdpa; activation checkpointing (the layers recomputed in the backward); eager attention
+        for variant in ("", "_ckpt", "_eager") if size > 1 else ("",):
+            tag = f"u{size}{variant}"
             tensors: dict[str, torch.Tensor] = {}
             numbers: dict[str, Any] = {}
-            params = FSDP2Params(device="cpu", ulysses_size=size, gradient_checkpointing=ckpt)
-            be = FSDP2TrainBackend(params, spec(), model=tiny(arch))
+            params = FSDP2Params(device="cpu", ulysses_size=size, gradient_checkpointing=variant == "_ckpt")
+            attn = "eager" if variant == "_eager" else "sdpa"
+            be = FSDP2TrainBackend(params, spec(), model=tiny(arch, attn=attn))
             tensors["lp"], tensors["ent"] = be.compute_log_probs(b1, with_entropy=True)  # type: ignore[assignment]
             tensors["lp_long"] = be.compute_log_probs(b_long)[0]
             tensors["sps_lp"], tensors["sps"] = be.compute_log_probs_and_sum_pi_squared(b1)

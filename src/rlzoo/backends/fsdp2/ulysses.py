@@ -7,8 +7,8 @@ norms and LM head see ``N / P`` tokens), with the *global* position ids of its t
 embeddings and sequence boundaries stay those of the whole row). Attention needs every position:
 the attention function registered here (:data:`ATTENTION`, through transformers'
 ``AttentionInterface``) all-to-alls ``q``, ``k``, ``v`` from ``[b, heads, N / P, d]`` to
-``[b, heads / P, N, d]``, runs the model's usual attention (sdpa, eager) over the whole row with the
-block-diagonal causal mask of the packed sequences, and all-to-alls the output back.
+``[b, heads / P, N, d]``, runs the model's usual attention (sdpa, eager) causally over each packed
+sequence of the whole row in turn (no ``N x N`` mask), and all-to-alls the output back.
 
 Each SP rank computes the log-probs / entropies / values of the response tokens predicted inside
 its piece; :class:`GatherPieces` joins them in order on every SP rank, and its backward hands each
@@ -19,6 +19,7 @@ over all ranks; the backend counts each SP group's loss once in its metrics).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,29 +57,15 @@ ATTENTION = "rlzoo_ulysses"
 class UlyssesGroup:
     """One SP group as its ranks see it: the process ``group``, its ``size`` and this rank's
     place ``rank`` in it; ``inner``: the model's own attention implementation (sdpa, eager);
-    ``positions``: the global position ids ``[1, N]`` of the current row (set by
+    ``segments``: the ``[start, end)`` spans of the packed sequences of the current row (set by
     :func:`split_packed` before each forward and kept until the next one, so an
-    activation-checkpointed layer recomputed in the backward sees the same row); ``mask``: its
-    attention mask, built by the first layer that needs it (:meth:`row_mask`)."""
+    activation-checkpointed layer recomputed in the backward sees the same row)."""
 
     group: Any
     size: int
     rank: int
     inner: str = "sdpa"
-    positions: Tensor | None = None
-    mask: Tensor | None = None
-
-    def row_mask(self, dtype: torch.dtype) -> Tensor:
-        """The current row's mask (:func:`row_mask`; boolean for sdpa, additive in ``dtype`` for
-        eager), built once per row."""
-        if self.positions is None:
-            raise RuntimeError(
-                f"{ATTENTION} attention called outside the fsdp2 backend's Ulysses forward (no row set)"
-            )
-        boolean = self.inner == "sdpa"
-        if self.mask is None or (not boolean and self.mask.dtype != dtype):
-            self.mask = row_mask(self.positions, dtype, boolean=boolean)
-        return self.mask
+    segments: list[tuple[int, int]] | None = None
 
 
 def _all_to_all(x: Tensor, group: Any) -> Tensor:
@@ -187,26 +174,53 @@ def ulysses_attention(
     """The ``AttentionInterface`` function: ``query`` ``[b, H, N / P, d]``, ``key`` / ``value``
     ``[b, H_kv, N / P, d]`` (rotary already applied at the global positions) -> ``[b, N / P, H, d]``.
 
+    Attention runs causally within each packed sequence (``sp.segments``), one sequence at a time:
+    no ``N x N`` mask is built, and sdpa takes its causal kernel (O(N) memory on CPU and GPU).
     ``attention_mask`` is ignored (transformers builds none for an implementation it does not
-    know); the mask of the whole row is ``sp.row_mask``. The group comes from the module
-    (:func:`install` sets ``module.rlzoo_ulysses``)."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
+    know). The group comes from the module (:func:`install` sets ``module.rlzoo_ulysses``)."""
     sp: UlyssesGroup | None = getattr(module, "rlzoo_ulysses", None)
-    if sp is None:
-        raise RuntimeError(f"{ATTENTION} attention on a module without an SP group (fsdp2 install())")
+    if sp is None or sp.segments is None:
+        raise RuntimeError(
+            f"{ATTENTION} attention called outside the fsdp2 backend's Ulysses forward (no SP group or row)"
+        )
     q, k, v = (seq_to_heads(t, sp) for t in (query, key, value))  # [b, H/P, N, d]
-    inner = ALL_ATTENTION_FUNCTIONS[sp.inner]
+    inner = _inner_attention(module, sp.inner)
     kwargs.pop("is_causal", None)
-    out, _ = inner(module, q, k, v, sp.row_mask(q.dtype), **kwargs)  # [b, N, H/P, d]
+    outs = []
+    for start, end in sp.segments:
+        qs, ks, vs = q[:, :, start:end], k[:, :, start:end], v[:, :, start:end]  # one sequence
+        mask = None if sp.inner == "sdpa" else _causal_mask(end - start, q)  # sdpa: is_causal
+        outs.append(inner(module, qs, ks, vs, mask, is_causal=True, **kwargs)[0])  # [b, n, H/P, d]
+    out = torch.cat(outs, dim=1)  # [b, N, H/P, d]
     out = heads_to_seq(rearrange(out, "b n h d -> b h n d"), sp)  # [b, H, N/P, d]
     return rearrange(out, "b h n d -> b n h d").contiguous(), None
 
 
+def _inner_attention(module: nn.Module, name: str) -> Any:
+    """The attention function ``name`` names for ``module``: transformers' registered one (sdpa), or
+    the model's own ``eager_attention_forward`` (each modeling file defines it; it is no registered
+    name)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if name in ALL_ATTENTION_FUNCTIONS:
+        return ALL_ATTENTION_FUNCTIONS[name]
+    fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if fn is None:
+        raise ValueError(f"fsdp2 Ulysses: {type(module).__name__} has no {name!r} attention function")
+    return fn
+
+
+def _causal_mask(n: int, like: Tensor) -> Tensor:
+    """The additive causal mask ``[1, 1, n, n]`` eager attention adds (0 / the dtype's minimum)."""
+    allowed = torch.ones((n, n), dtype=torch.bool, device=like.device).tril_()
+    zero = torch.zeros((), dtype=like.dtype, device=like.device)
+    return torch.where(allowed, zero, torch.finfo(like.dtype).min)[None, None]
+
+
 def install(model: nn.Module, sp: UlyssesGroup) -> None:
     """Route ``model``'s attention through :func:`ulysses_attention` (registered under
-    :data:`ATTENTION`); ``sp.inner`` becomes the model's own implementation (sdpa or eager, which
-    take an explicit mask; flash attention is refused: it takes no mask on this path)."""
+    :data:`ATTENTION`); ``sp.inner`` becomes the model's own implementation: sdpa or eager, the
+    ones checked here (others, e.g. flash attention, are refused until checked on a GPU)."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(ATTENTION, ulysses_attention)
@@ -216,8 +230,8 @@ def install(model: nn.Module, sp: UlyssesGroup) -> None:
         inner = sp.inner
     if inner not in ("sdpa", "eager"):
         raise ValueError(
-            f"fsdp2: ulysses_size > 1 runs the model's attention over the whole row with an explicit mask; "
-            f"attn_implementation {inner!r} is not supported here (use sdpa or eager)"
+            f"fsdp2: ulysses_size > 1 runs the model's own attention per packed sequence; attn_implementation "
+            f"{inner!r} is not supported with it yet (use sdpa or eager: trainer.backend.attn_implementation)"
         )
     sp.inner = inner
     for m in model.modules():
@@ -242,21 +256,6 @@ class SeqPiece:
     counts: list[int]
 
 
-def row_mask(position_ids: Tensor, dtype: torch.dtype, *, boolean: bool) -> Tensor:
-    """The block-diagonal causal mask ``[1, 1, N, N]`` of a packed row (positions restart at 0 at
-    each sequence): position ``i`` sees ``j <= i`` of its own sequence. ``boolean``: True where it
-    sees (sdpa); else additive, 0 / the dtype's minimum (eager)."""
-    pos = position_ids[0]  # [N]
-    seq = (pos == 0).long().cumsum(0)  # [N] which sequence each position belongs to
-    n = pos.shape[0]
-    causal = torch.ones((n, n), dtype=torch.bool, device=pos.device).tril_()
-    allowed = causal & (seq[:, None] == seq[None, :])  # [N, N]
-    if boolean:
-        return allowed[None, None]
-    zero = torch.zeros((), dtype=dtype, device=pos.device)
-    return torch.where(allowed, zero, torch.finfo(dtype).min)[None, None]
-
-
 def split_packed(pk: Packed, sp: UlyssesGroup) -> SeqPiece:
     """Pad the packed row to a multiple of the group size (the padding is one more sequence, of
     token 0 at positions 0, 1, ..., after every real one, so nothing real attends to it), set it
@@ -266,7 +265,8 @@ def split_packed(pk: Packed, sp: UlyssesGroup) -> SeqPiece:
     ids = F.pad(pk.input_ids, (0, pad), value=0)  # [1, N']
     pad_pos = torch.arange(pad, dtype=pk.position_ids.dtype, device=pk.position_ids.device)
     pos = torch.cat([pk.position_ids, pad_pos[None]], dim=1)  # [1, N']
-    sp.positions, sp.mask = pos, None
+    starts = (pos[0] == 0).nonzero().flatten().tolist()  # each packed sequence starts at position 0
+    sp.segments = list(zip(starts, [*starts[1:], n + pad], strict=True))
     width = (n + pad) // sp.size
     start = sp.rank * width
     owner = torch.div(pk.predict_at, width, rounding_mode="floor")  # [n] SP rank of each prediction
