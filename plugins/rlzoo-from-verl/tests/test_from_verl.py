@@ -193,7 +193,12 @@ def test_unmappable_keys_fail_with_the_full_list():
     msg = str(e.value)
     assert "2 verl key(s) cannot be mapped" in msg and "foo.bar" in msg and "sglang" in msg
     with pytest.raises(RlzooError, match="megatron backend has no Ulysses"):
-        from_verl(["actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"])
+        from_verl(
+            [
+                "actor_rollout_ref.actor.strategy=megatron",
+                "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+            ]
+        )
     with pytest.raises(RlzooError, match="found no verl launch"):
         parse_command("echo hello", ENV)
 
@@ -407,8 +412,11 @@ def test_ulysses_maps_to_the_fsdp2_backend(tmp_path):
 
 
 def test_ulysses_sizes_that_differ_are_refused():
-    act, crit = "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size"
-    with pytest.raises(RlzooError, match="one trainer.backend.ulysses_size; these differ"):
+    act, crit = (
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+        "critic.ulysses_sequence_parallel_size",
+    )
+    with pytest.raises(RlzooError, match=r"one trainer\.backend\.ulysses_size; these differ"):
         from_verl(["algorithm.adv_estimator=gae", f"{act}=2", f"{crit}=4"])
     conv = convert(ov(f"algorithm.adv_estimator=grpo {act}=2 {crit}=4"))  # no critic trains: the actor's size
     assert conv.get("trainer.backend.ulysses_size") == 2

@@ -1,7 +1,7 @@
 """torchrun worker for tests/backends/fsdp2/test_ulysses.py.
 
     torchrun --nproc_per_node=W tests/backends/fsdp2/ulysses_worker.py equality OUT_DIR SIZES...
-    torchrun --nproc_per_node=2 tests/backends/fsdp2/ulysses_worker.py memory OUT_DIR
+    torchrun --nproc_per_node=2 tests/backends/fsdp2/ulysses_worker.py memory OUT_DIR SIZE
 
 ``equality``: for each Ulysses size in SIZES (1 first; the others also with activation
 checkpointing and with eager attention), the same scenario on the same tiny model
@@ -12,7 +12,9 @@ handed to the optimizer and the weights after the step are all-gathered. Rank 0 
 
 ``memory``: the bytes each rank keeps for the backward (tensors saved by autograd, unique storages,
 counted by ``torch.autograd.graph.saved_tensors_hooks``) during the forward of one long sequence,
-for ulysses_size 1 and 2; rank 0 writes ``OUT_DIR/memory.json``.
+and the process's peak RSS (``ru_maxrss``) before and after its forward + backward, for one
+ulysses_size per launch (a fresh process: the peak is the process's own); rank 0 writes
+``OUT_DIR/memory_u{SIZE}.json``.
 """
 
 from __future__ import annotations
@@ -29,12 +31,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from fsdp2_worker import V, TokenMeanPG, TokenMeanValue, sample_batch  # noqa: E402
+from fsdp2_worker import TokenMeanPG, TokenMeanValue, V, sample_batch
 
-from rlzoo.kernel.batch import Batch  # noqa: E402
-from rlzoo.kernel.settings import MicroBatchSettings, OptimSettings, TrainSpec  # noqa: E402
-from rlzoo.models.tiny import tiny_llama_config, tiny_qwen2_config  # noqa: E402
-from rlzoo.testing.backends import make_train_batch  # noqa: E402
+from rlzoo.kernel.batch import Batch
+from rlzoo.kernel.settings import MicroBatchSettings, OptimSettings, TrainSpec
+from rlzoo.models.tiny import tiny_llama_config, tiny_qwen2_config
+from rlzoo.testing.backends import make_train_batch
 
 
 def tiny(arch: str, seed: int = 0, attn: str = "sdpa", **overrides: Any) -> torch.nn.Module:
@@ -155,7 +157,7 @@ def _saved_bytes(fn: Any) -> tuple[Any, int]:
     return out, sum(seen.values())
 
 
-def memory(out: Path, length: int = 4096) -> None:
+def memory(out: Path, size: int, length: int = 4096) -> None:
     """One sample of ``length`` tokens (half prompt), a wider Qwen2 (hidden 256, 8 heads, 4 KV
     heads, 2 layers): saved-activation bytes of the actor's forward and the ru_maxrss rise."""
     import torch.distributed as dist
@@ -168,26 +170,26 @@ def memory(out: Path, length: int = 4096) -> None:
     batch = make_train_batch(
         [[rng.randrange(1, V) for _ in range(half)]], [[rng.randrange(1, V) for _ in range(half)]], seed=0
     )
-    result: dict[str, Any] = {"length": length, "world": dist.get_world_size()}
-    for size in (1, 2):
-        model = tiny("qwen2", hidden_size=256, num_attention_heads=8, num_key_value_heads=4)
-        be = FSDP2TrainBackend(
-            FSDP2Params(device="cpu", ulysses_size=size), spec(log_prob_chunk=1024), model=model
-        )
-        objective = TokenMeanPG(batch)
-        rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        (lp, _), saved = _saved_bytes(
-            lambda be=be: be._actor_forward(be.actor, batch, with_entropy=False, temperature=1.0)
-        )
-        loss, _ = objective(batch, lp, None)
-        loss.backward()
-        rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, {"saved_bytes": saved, "maxrss_rise_kib": rss1 - rss0})
-        result[f"u{size}"] = gathered
-        be.shutdown()
+    model = tiny("qwen2", hidden_size=256, num_attention_heads=8, num_key_value_heads=4)
+    be = FSDP2TrainBackend(
+        FSDP2Params(device="cpu", ulysses_size=size), spec(log_prob_chunk=1024), model=model
+    )
+    objective = TokenMeanPG(batch)
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    (lp, _), saved = _saved_bytes(
+        lambda: be._actor_forward(be.actor, batch, with_entropy=False, temperature=1.0)
+    )
+    loss, _ = objective(batch, lp, None)
+    loss.backward()
+    rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(
+        gathered, {"saved_bytes": saved, "peak_rss_kib": rss1, "peak_rss_rise_kib": rss1 - rss0}
+    )
+    be.shutdown()
     if dist.get_rank() == 0:
-        (out / "memory.json").write_text(json.dumps(result, indent=1))
+        result = {"length": length, "world": dist.get_world_size(), "ulysses_size": size, "ranks": gathered}
+        (out / f"memory_u{size}.json").write_text(json.dumps(result, indent=1))
     dist.barrier()
 
 
@@ -202,7 +204,7 @@ def _main(mode: str, out: Path, sizes: list[int]) -> None:
     if mode == "equality":
         equality(out, sizes)
     else:
-        memory(out)
+        memory(out, sizes[0])
     dist.destroy_process_group()
 
 

@@ -504,7 +504,11 @@ _RM_PERF = (
 
 
 def _ulysses(
-    conv: Conversion, v: dict[str, Any], given: Mapping[str, Any], backend: str, bad: Callable[[str, Any, str], None]
+    conv: Conversion,
+    v: dict[str, Any],
+    given: Mapping[str, Any],
+    backend: str,
+    bad: Callable[[str, Any, str], None],
 ) -> None:
     """verl's three ``ulysses_sequence_parallel_size`` keys -> ``trainer.backend.ulysses_size``
     (fsdp2 runs actor, reference and critic with one size). The reference follows the actor unless
@@ -522,7 +526,9 @@ def _ulysses(
     if sizes == {1}:
         for k in used:
             if k in given:
-                conv.skipped.append((k, given[k], "1: no sequence parallelism (trainer.backend.ulysses_size 1)"))
+                conv.skipped.append(
+                    (k, given[k], "1: no sequence parallelism (trainer.backend.ulysses_size 1)")
+                )
         return
     if backend == "megatron":
         k = next(k for k, x in used.items() if int(x or 1) > 1)

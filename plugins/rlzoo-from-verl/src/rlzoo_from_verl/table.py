@@ -229,7 +229,9 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     ACT + "ppo_max_token_len_per_gpu": Rule("trainer.micro_batch.max_tokens (with use_dynamic_bsz)"),
     ACT + "ppo_micro_batch_size_per_gpu": Rule("trainer.micro_batch.size (without use_dynamic_bsz)"),
     ACT + "ppo_micro_batch_size": Rule("trainer.micro_batch.size = global / trainer GPUs"),
-    ACT + "ulysses_sequence_parallel_size": Rule("trainer.backend.ulysses_size (fsdp2; one size for all models)"),
+    ACT + "ulysses_sequence_parallel_size": Rule(
+        "trainer.backend.ulysses_size (fsdp2; one size for all models)"
+    ),
     ACT + "optim.clip_grad": To("trainer.optim.grad_clip", note="megatron's name for grad_clip"),
     ACT + "optim.lr_decay_style": To("trainer.optim.lr_scheduler", note="megatron's name for warmup_style"),
     ACT + "optim.lr_warmup_init": Skip(

@@ -93,17 +93,22 @@ class FSDP2Params(HFTrainParams):
         ranges = check_ranges(self)
         if ranges:
             raise ValueError(f"invalid fsdp2 train params: {'; '.join(ranges)}")
-        if self.ulysses_size > 1 and not self.use_remove_padding:
+        if self.sequence_parallel and not self.use_remove_padding:
             raise ValueError(
                 f"invalid fsdp2 train params: ulysses_size={self.ulysses_size} splits the packed row of a "
                 "padding-free forward; set use_remove_padding: true (or ulysses_size: 1)"
             )
 
+    @property
+    def sequence_parallel(self) -> bool:
+        """Whether sequences are split over ranks (``ulysses_size`` above 1)."""
+        return self.ulysses_size > 1
+
     def check(self, cfg: Any) -> list[str]:
         """Ulysses against the trainer's world size (the Ray trainer pool; one process with
         ``placement.name=local``) and the heads of the actor's / critic's ``config.json`` when the
         model is a local folder (otherwise the backend checks them when it loads the model)."""
-        if self.ulysses_size == 1:
+        if not self.sequence_parallel:
             return []
         placement = cfg.placement
         if placement.name == "ray":

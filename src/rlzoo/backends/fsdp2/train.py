@@ -148,10 +148,13 @@ class FSDP2TrainBackend:
             )
             critic = models.CriticModel(backbone.to(self.dtype), int(backbone.config.hidden_size))
         if self.sp is not None:  # attention all-to-alls the SP group's pieces (after the deepcopies)
-            for m in (model, ref, critic.backbone if critic is not None else None):
-                if m is not None:
-                    self._check_heads(m.config, "the critic" if critic is not None and m is critic.backbone else "the actor")
-                    ulysses.install(m, self.sp)
+            sp_models: list[tuple[str, Any]] = [("the actor", model), ("the reference", ref)]
+            if critic is not None:
+                sp_models.append(("the critic", critic.backbone))
+            for what, sp_model in sp_models:
+                if sp_model is not None:
+                    self._check_heads(sp_model.config, what)
+                    ulysses.install(sp_model, self.sp)
         # LoRA: adapters injected in place before sharding (FSDP2 shards frozen and trainable alike)
         self._lora: Any = None
         if spec.lora is not None:  # peft makes the adapters fp32 under a bf16 base: one dtype for FSDP2
@@ -335,7 +338,11 @@ class FSDP2TrainBackend:
         """Log-probs and ``sum_v pi_v^2`` ``[b, T]`` of one micro-batch from one forward; zero on padding."""
         if self.sp is not None:
             return ulysses.sp_log_probs_and_sum_pi_squared(
-                module, mb, self.sp, temperature=temperature, chunk_tokens=self.spec.micro_batch.log_prob_chunk
+                module,
+                mb,
+                self.sp,
+                temperature=temperature,
+                chunk_tokens=self.spec.micro_batch.log_prob_chunk,
             )
         return actor_log_probs_and_sum_pi_squared(
             module,

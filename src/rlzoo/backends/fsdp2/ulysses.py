@@ -236,7 +236,7 @@ def install(model: nn.Module, sp: UlyssesGroup) -> None:
     sp.inner = inner
     for m in model.modules():
         if hasattr(m, "num_key_value_groups"):  # HF attention layers
-            m.rlzoo_ulysses = sp
+            setattr(m, "rlzoo_ulysses", sp)  # noqa: B010 (a plain attribute, not a submodule)
     model.set_attn_implementation(ATTENTION)  # type: ignore[operator]
 
 
@@ -309,7 +309,11 @@ def sp_actor_log_probs(
     """Log-probs (+ entropy) ``[b, T]`` of one micro-batch, the same on every SP rank; zero on padding."""
     logits, piece, pk = _piece_logits(module, mb, sp)
     lp, ent = token_log_probs(
-        logits, piece.targets[None], temperature=temperature, with_entropy=with_entropy, chunk_tokens=chunk_tokens
+        logits,
+        piece.targets[None],
+        temperature=temperature,
+        with_entropy=with_entropy,
+        chunk_tokens=chunk_tokens,
     )  # [1, n_s]
     full_lp = unpack(gather_pieces(lp[0], piece.counts, sp), pk.response_valid)  # [b, T]
     if ent is None:
