@@ -117,6 +117,7 @@ def _assert_equal_runs(out: Path, tag: str) -> None:
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # one torchrun of ~40 s for the three
 @pytest.mark.parametrize("tag", ["u2", "u2_ckpt", "u2_eager"])
 def test_two_ranks_equal_ulysses_1(two_ranks: Path, tag: str) -> None:
     _assert_equal_runs(two_ranks, tag)
