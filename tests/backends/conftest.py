@@ -23,11 +23,11 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(n)
 
 
-def torchrun(*args: str, timeout: float, what: str = "torchrun worker", **env: str) -> str:
-    """``torchrun --standalone --nproc_per_node=2 *args`` (one OMP thread a rank, this process's
+def torchrun(*args: str, timeout: float, what: str = "torchrun worker", nproc: int = 2, **env: str) -> str:
+    """``torchrun --standalone --nproc_per_node=NPROC *args`` (one OMP thread a rank, this process's
     ``sys.path``, ``env`` added to the environment); fails the test with the tail of the output
     when it exits non-zero. Returns stdout + stderr."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path), **env}
     proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:

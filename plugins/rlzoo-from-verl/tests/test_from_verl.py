@@ -192,8 +192,13 @@ def test_unmappable_keys_fail_with_the_full_list():
         from_verl(["algorithm.adv_estimator=grpo", "foo.bar=1", "actor_rollout_ref.rollout.name=lmdeploy"])
     msg = str(e.value)
     assert "2 verl key(s) cannot be mapped" in msg and "foo.bar" in msg and "lmdeploy" in msg
-    with pytest.raises(RlzooError, match="Ulysses"):
-        from_verl(["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"])
+    with pytest.raises(RlzooError, match="megatron backend has no Ulysses"):
+        from_verl(
+            [
+                "actor_rollout_ref.actor.strategy=megatron",
+                "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+            ]
+        )
     with pytest.raises(RlzooError, match="found no verl launch"):
         parse_command("echo hello", ENV)
 
@@ -400,6 +405,24 @@ def test_reward_model_script(tmp_path):
     assert_every_key_accounted_for(conv, script)
 
 
+def test_ulysses_maps_to_the_fsdp2_backend(tmp_path):
+    conv, cfg, _raw, script = convert_script("fully_async_ulysses", tmp_path)
+    assert cfg.trainer.backend.name == "fsdp2" and cfg.trainer.backend.params.ulysses_size == 4
+    assert_every_key_accounted_for(conv, script)
+
+
+def test_ulysses_sizes_that_differ_are_refused():
+    act, crit = (
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+        "critic.ulysses_sequence_parallel_size",
+    )
+    with pytest.raises(RlzooError, match=r"one trainer\.backend\.ulysses_size; these differ"):
+        from_verl(["algorithm.adv_estimator=gae", f"{act}=2", f"{crit}=4"])
+    conv = convert(ov(f"algorithm.adv_estimator=grpo {act}=2 {crit}=4"))  # no critic trains: the actor's size
+    assert conv.get("trainer.backend.ulysses_size") == 2
+    assert crit in [k for k, _, _ in conv.skipped]
+
+
 def test_dapo_recipe_through_ray_job_submit(tmp_path, monkeypatch):
     monkeypatch.setenv("PWD", "/w")
     conv, cfg, _raw, script = convert_script("dapo_recipe_ray_submit", tmp_path)
@@ -418,7 +441,6 @@ def test_dapo_recipe_through_ray_job_submit(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("name", "fixed", "refusal"),
     [
-        ("fully_async_ulysses", {}, r"rlzoo has no Ulysses sequence parallelism: set it to 1"),
         (  # $(pwd) is read as the directory from-verl runs in: no --env needed
             "multiturn_tools",
             {},

@@ -258,15 +258,7 @@ def _assemble(
             offload,
             "fsdp2 offloads both together",
         )
-    for key in (
-        ACT + "ulysses_sequence_parallel_size",
-        REF + "ulysses_sequence_parallel_size",
-        CRIT + "ulysses_sequence_parallel_size",
-    ):
-        if key in v and take(key) not in (1, None):
-            bad(key, given.get(key), NO_ULYSSES)
-        elif key in given:
-            conv.skipped.append((key, given[key], "1: no sequence parallelism, as rlzoo"))
+    _ulysses(conv, v, given, backend, bad)
     _feature_groups(conv, v, given, bad)
     _critic_schedule(conv, v, keys_all, bad)
     crit = take(CRIT + "strategy", None)
@@ -570,6 +562,50 @@ def _custom_reward(conv: Conversion, v: dict[str, Any]) -> None:
     conv.set("reward.scorer.function", str(name), prefix + "name", name)
     if kwargs:
         conv.set("reward.scorer.kwargs", kwargs, prefix + "reward_kwargs", kwargs)
+
+
+def _ulysses(
+    conv: Conversion,
+    v: dict[str, Any],
+    given: Mapping[str, Any],
+    backend: str,
+    bad: Callable[[str, Any, str], None],
+) -> None:
+    """verl's three ``ulysses_sequence_parallel_size`` keys -> ``trainer.backend.ulysses_size``
+    (fsdp2 runs actor, reference and critic with one size). The reference follows the actor unless
+    set (verl's default); the critic's counts only when a critic trains (gae)."""
+    keys = [ACT + "ulysses_sequence_parallel_size", REF + "ulysses_sequence_parallel_size"]
+    critic_key = CRIT + "ulysses_sequence_parallel_size"
+    values = {k: v.pop(k) for k in (*keys, critic_key) if k in v}
+    actor = values.get(keys[0]) or 1
+    used = {keys[0]: actor, keys[1]: values.get(keys[1], actor) if keys[1] in given else actor}
+    if conv.get("algorithm.advantage.name") == "gae":
+        used[critic_key] = values.get(critic_key) or 1
+    elif critic_key in given:
+        conv.skipped.append((critic_key, given[critic_key], "no critic trains in this run (not gae)"))
+    sizes = {int(x or 1) for x in used.values()}
+    if sizes == {1}:
+        for k in used:
+            if k in given:
+                conv.skipped.append(
+                    (k, given[k], "1: no sequence parallelism (trainer.backend.ulysses_size 1)")
+                )
+        return
+    if backend == "megatron":
+        k = next(k for k, x in used.items() if int(x or 1) > 1)
+        bad(k, used[k], NO_ULYSSES)
+        return
+    if len(sizes) > 1:
+        for k, x in used.items():
+            bad(
+                k,
+                x,
+                "rlzoo's fsdp2 backend runs the actor, reference and critic with one "
+                f"trainer.backend.ulysses_size; these differ ({', '.join(f'{kk}={xx}' for kk, xx in used.items())})",
+            )
+        return
+    size = sizes.pop()
+    conv.set("trainer.backend.ulysses_size", size, " + ".join(used), list(used.values()))
 
 
 def _reward_model(

@@ -135,9 +135,9 @@ _NO_MULTI_TURN = (
     "docs/agents.md): write the tools as rlzoo parts and set those keys"
 )
 NO_ULYSSES = (
-    "rlzoo has no Ulysses sequence parallelism: set it to 1; for long sequences use dynamic micro-batches "
-    "(use_dynamic_bsz=True -> trainer.micro_batch.max_tokens), gradient checkpointing and offload, or "
-    "the megatron backend's tensor parallelism"
+    "rlzoo's megatron backend has no Ulysses sequence parallelism (the fsdp2 backend has: "
+    "strategy=fsdp2 -> trainer.backend.ulysses_size); with megatron set it to 1 and use tensor "
+    "parallelism, dynamic micro-batches or activation recompute for long sequences"
 )
 _LOG = "logging / bookkeeping only: "
 A, R, ACT, REF, ROLL, CRIT = (
@@ -243,7 +243,9 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     ACT + "ppo_max_token_len_per_gpu": Rule("trainer.micro_batch.max_tokens (with use_dynamic_bsz)"),
     ACT + "ppo_micro_batch_size_per_gpu": Rule("trainer.micro_batch.size (without use_dynamic_bsz)"),
     ACT + "ppo_micro_batch_size": Rule("trainer.micro_batch.size = global / trainer GPUs"),
-    ACT + "ulysses_sequence_parallel_size": Rule("1 only (rlzoo has no Ulysses sequence parallelism)"),
+    ACT + "ulysses_sequence_parallel_size": Rule(
+        "trainer.backend.ulysses_size (fsdp2; one size for all models)"
+    ),
     ACT + "optim.clip_grad": To("trainer.optim.grad_clip", note="megatron's name for grad_clip"),
     ACT + "optim.lr_decay_style": To("trainer.optim.lr_scheduler", note="megatron's name for warmup_style"),
     ACT + "optim.lr_warmup_init": Skip(
@@ -345,7 +347,7 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     REF + "log_prob_max_token_len_per_gpu": Skip(
         _PERF + "log-prob forwards use trainer.micro_batch.log_prob_size"
     ),
-    REF + "ulysses_sequence_parallel_size": Rule("1 only"),
+    REF + "ulysses_sequence_parallel_size": Rule("trainer.backend.ulysses_size (the actor's)"),
     REF + "strategy": Skip("the reference runs on the actor's train backend"),
     REF + "megatron.*": Skip(_PERF + "the reference runs with the actor's parallelism"),
     REF + "fsdp_config.*": Skip(
@@ -438,7 +440,7 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     CRIT + "optim.lr_scheduler_type": Rule("trainer.optim.critic_lr_scheduler where it differs"),
     CRIT + "optim.min_lr_ratio": Rule("trainer.optim.critic_min_lr_ratio where it differs"),
     CRIT + "optim.betas": Rule("must equal the actor's (one AdamW setting)"),
-    CRIT + "ulysses_sequence_parallel_size": Rule("1 only"),
+    CRIT + "ulysses_sequence_parallel_size": Rule("trainer.backend.ulysses_size (the actor's)"),
     CRIT + "profiler.*": Skip(_LOG + "profiler settings"),
     CRIT + "checkpoint.*": Skip(_LOG + "rlzoo checkpoints the whole training state"),
     CRIT + "use_torch_compile": Skip(_PERF + "torch.compile"),

@@ -1,5 +1,5 @@
 # Fixture in verl's syntax modelled on verl's experimental fully_async_policy dapo_7b_math_fsdp2_*
-# scripts, written for rlzoo's tests: Ulysses sequence parallelism (refused, with what to set).
+# scripts, written for rlzoo's tests: Ulysses sequence parallelism (-> trainer.backend.ulysses_size).
 set -xeuo pipefail
 sp_size=4
 python -m verl.experimental.fully_async_policy.fully_async_main \

@@ -46,19 +46,21 @@ def ensure_process_group(device_type: str) -> bool:
 
 
 def merge_across_ranks(
-    collected: dict[str, list[float]], objective: Objective, mark: Any | None
+    collected: dict[str, list[float]], objective: Objective, mark: Any | None, *, every: int = 1
 ) -> dict[str, float]:
     """Means of the per-micro-batch metrics over all ranks; merge the objective's accumulator.
 
     An :class:`~rlzoo.kernel.protocols.AccumulatingObjective` (``mark``: its ``acc.mark()`` from before
     the update) accumulates metrics in ``objective.acc``; each rank saw only its shard, so what
     this update added on every rank is merged into it (``acc.merge``), and ``objective.acc.summary()``
-    reads the same on every rank. One ``all_gather_object`` carries both.
+    reads the same on every rank. One ``all_gather_object`` carries both. ``every``: only ranks
+    ``0, every, 2 every, ...`` count (with Ulysses the ranks of an SP group saw the same samples).
     """
     acc = objective.acc if isinstance(objective, AccumulatingObjective) and mark is not None else None
     local: dict[str, Any] = {"collected": collected, "acc": None if acc is None else acc.since(mark)}
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, local)
+    gathered = gathered[::every]
     merged: dict[str, list[float]] = {}
     for g in gathered:
         for k, v in g["collected"].items():
@@ -71,12 +73,16 @@ def merge_across_ranks(
 class ProcessGroupRanks:
     """The default group's ranks in one update (:class:`rlzoo.train_kit.update.Ranks`): the loss
     summed over ranks, a step skipped on all ranks when any rank's is not finite, the metrics
-    and the objective's accumulator merged (:func:`merge_across_ranks`)."""
+    and the objective's accumulator merged (:func:`merge_across_ranks`). ``sp``: the Ulysses group
+    size; the ``sp`` ranks of a group compute the same loss and metrics, counted once (its first
+    rank's)."""
 
-    def __init__(self, rank: int, world: int, device: torch.device) -> None:
-        self.rank, self.world, self.device = rank, world, device
+    def __init__(self, rank: int, world: int, device: torch.device, *, sp: int = 1) -> None:
+        self.rank, self.world, self.device, self.sp = rank, world, device, sp
 
     def sum_loss(self, total: Tensor) -> Tensor:
+        if self.rank % self.sp:  # a copy of its SP group's loss
+            total = torch.zeros_like(total)
         dist.all_reduce(total)  # sum over ranks
         return total
 
@@ -90,4 +96,4 @@ class ProcessGroupRanks:
         return objective.acc.mark() if isinstance(objective, AccumulatingObjective) else None
 
     def metrics(self, collected: dict[str, list[Any]], objective: Objective, mark: Any) -> dict[str, float]:
-        return merge_across_ranks(floats(collected), objective, mark)
+        return merge_across_ranks(floats(collected), objective, mark, every=self.sp)

@@ -50,7 +50,7 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
-from rlzoo.backends.fsdp2 import FSDP2Params
+from rlzoo.backends.fsdp2 import FSDP2Params, ulysses, ulysses_problems
 from rlzoo.backends.fsdp2.collectives import ProcessGroupRanks, ensure_process_group
 from rlzoo.backends.fsdp2.sharding import ShardPlan, plan_shards
 from rlzoo.kernel.batch import Batch
@@ -119,6 +119,7 @@ class FSDP2TrainBackend:
             self.device = torch.device("cpu")
         self.dtype = models.DTYPES[params.dtype]
         self.mesh = self._make_mesh()
+        self.sp = self._make_sp_group()  # None: ulysses_size 1
         self.offload = params.offload
         if self.offload and self.device.type == "cpu":
             logger.info("fsdp2: offload=True has no effect on CPU (params already live there); ignored")
@@ -133,6 +134,7 @@ class FSDP2TrainBackend:
         self._keep_arg = models.takes_logits_to_keep(model)
         if params.use_remove_padding and not self._keep_arg:
             raise ValueError("fsdp2: use_remove_padding needs a model whose forward takes logits_to_keep")
+        self._check_heads(model.config, "the actor")
         # with LoRA the reference is the actor with its adapters off (below), not a copy
         ref = (
             copy.deepcopy(model).eval().requires_grad_(False)
@@ -145,6 +147,14 @@ class FSDP2TrainBackend:
                 spec, critic_backbone, model, given_model=given_model, kwargs=self._hf_kwargs()
             )
             critic = models.CriticModel(backbone.to(self.dtype), int(backbone.config.hidden_size))
+        if self.sp is not None:  # attention all-to-alls the SP group's pieces (after the deepcopies)
+            sp_models: list[tuple[str, Any]] = [("the actor", model), ("the reference", ref)]
+            if critic is not None:
+                sp_models.append(("the critic", critic.backbone))
+            for what, sp_model in sp_models:
+                if sp_model is not None:
+                    self._check_heads(sp_model.config, what)
+                    ulysses.install(sp_model, self.sp)
         # LoRA: adapters injected in place before sharding (FSDP2 shards frozen and trainable alike)
         self._lora: Any = None
         if spec.lora is not None:  # peft makes the adapters fp32 under a bf16 base: one dtype for FSDP2
@@ -171,9 +181,11 @@ class FSDP2TrainBackend:
         self.schedule = LRSchedule.from_spec(spec)
         if self.rank == 0:
             logger.info(
-                "fsdp2: world=%d mesh=%s device=%s dtype=%s mixed_precision=%s offload=%s remove_padding=%s",
+                "fsdp2: world=%d mesh=%s ulysses_size=%d device=%s dtype=%s mixed_precision=%s offload=%s "
+                "remove_padding=%s",
                 self.world,
                 tuple(self.mesh.mesh.shape),
+                params.ulysses_size,
                 self.device,
                 params.dtype,
                 self._mixed_precision(),
@@ -198,6 +210,38 @@ class FSDP2TrainBackend:
         return init_device_mesh(
             self.device.type, (self.world // size, size), mesh_dim_names=("replicate", "fsdp")
         )
+
+    def _make_sp_group(self) -> ulysses.UlyssesGroup | None:
+        """The Ulysses SP group of this rank: ``ulysses_size`` consecutive ranks (a ``(dp, sp)`` mesh,
+        as verl lays it out); None when ``ulysses_size`` is 1. FSDP2 still shards over ``self.mesh``."""
+        size = self.params.ulysses_size
+        if size == 1:
+            return None
+        problems = ulysses_problems(size, self.world)
+        if problems:
+            raise ValueError(f"fsdp2: ulysses_size: {problems[0]}")
+        mesh = init_device_mesh(self.device.type, (self.world // size, size), mesh_dim_names=("dp", "sp"))
+        return ulysses.UlyssesGroup(mesh["sp"].get_group(), size, self.rank % size)
+
+    def _check_heads(self, config: Any, what: str) -> None:
+        """Refuse a model whose attention / KV heads ``ulysses_size`` does not divide."""
+        if self.sp is None:
+            return
+        cfg = getattr(config, "text_config", None) or config
+        heads = int(cfg.num_attention_heads)
+        kv = int(getattr(cfg, "num_key_value_heads", None) or heads)
+        problems = ulysses_problems(self.sp.size, None, heads=(heads, kv), where=what)
+        if problems:
+            raise ValueError(f"fsdp2: ulysses_size: {'; '.join(problems)}")
+
+    @property
+    def dp_world(self) -> int:
+        """Data-parallel groups: every rank of an SP group takes the same samples."""
+        return self.world // (1 if self.sp is None else self.sp.size)
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // (1 if self.sp is None else self.sp.size)
 
     def _mixed_precision(self) -> bool:
         return self.params.mixed_precision and self.device.type == "cuda"
@@ -248,14 +292,15 @@ class FSDP2TrainBackend:
         """This batch's shards and micro-batches (identical on every rank)."""
         mb = self.spec.micro_batch
         if update:
-            return plan_shards(batch, self.world, rows=mb.size, max_tokens=mb.max_tokens)
-        return plan_shards(batch, self.world, rows=mb.log_prob_size, max_tokens=None)
+            return plan_shards(batch, self.dp_world, rows=mb.size, max_tokens=mb.max_tokens)
+        return plan_shards(batch, self.dp_world, rows=mb.log_prob_size, max_tokens=None)
 
     def _my_micro_batches(self, batch: Batch, plan: ShardPlan) -> list[Batch | None]:
-        """This rank's micro-batches on the device, ``None`` for the dummy passes that pad them."""
-        shard = plan.shards[self.rank]
+        """This rank's micro-batches on the device, ``None`` for the dummy passes that pad them
+        (with Ulysses: its SP group's, the same on every rank of the group)."""
+        shard = plan.shards[self.dp_rank]
         out: list[Batch | None] = [
-            batch.select(shard[s:e]).to(self.device) for s, e in plan.bounds[self.rank]
+            batch.select(shard[s:e]).to(self.device) for s, e in plan.bounds[self.dp_rank]
         ]
         return out + [None] * (plan.num_micro_batches - len(out))
 
@@ -268,6 +313,15 @@ class FSDP2TrainBackend:
         self, module: nn.Module, mb: Batch, *, with_entropy: bool, temperature: float
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (+ entropy) ``[b, T]`` of one micro-batch on the device; zero on padding."""
+        if self.sp is not None:
+            return ulysses.sp_actor_log_probs(
+                module,
+                mb,
+                self.sp,
+                temperature=temperature,
+                with_entropy=with_entropy,
+                chunk_tokens=self.spec.micro_batch.log_prob_chunk,
+            )
         return actor_log_probs(
             module,
             mb,
@@ -282,6 +336,14 @@ class FSDP2TrainBackend:
         self, module: nn.Module, mb: Batch, *, temperature: float
     ) -> tuple[Tensor, Tensor]:
         """Log-probs and ``sum_v pi_v^2`` ``[b, T]`` of one micro-batch from one forward; zero on padding."""
+        if self.sp is not None:
+            return ulysses.sp_log_probs_and_sum_pi_squared(
+                module,
+                mb,
+                self.sp,
+                temperature=temperature,
+                chunk_tokens=self.spec.micro_batch.log_prob_chunk,
+            )
         return actor_log_probs_and_sum_pi_squared(
             module,
             mb,
@@ -294,16 +356,20 @@ class FSDP2TrainBackend:
     def _critic_forward(self, mb: Batch) -> Tensor:
         """Values ``[b, T]`` of one micro-batch (value at ``P - 1 + t``); zero on padding."""
         assert self.critic is not None
+        if self.sp is not None:
+            return ulysses.sp_critic_values(self.critic, mb, self.sp)
         return critic_values(self.critic, mb, packed=self.params.use_remove_padding)
 
     def _gather_rows(self, local: Tensor, plan: ShardPlan, width: int) -> Tensor:
-        """All-gather every rank's ``[n_r, width]`` rows; return ``[B, width]`` in the original order."""
+        """All-gather every rank's ``[n_r, width]`` rows; return ``[B, width]`` in the original order
+        (with Ulysses the ranks of an SP group hold the same rows: the first rank's are taken)."""
         rows = plan.max_shard
         padded = torch.zeros((rows, width), dtype=local.dtype, device=self.device)  # [rows, T]
         padded[: local.shape[0]] = local
         parts = [torch.empty_like(padded) for _ in range(self.world)]
         dist.all_gather(parts, padded)
-        full = torch.cat([p[: len(s)] for p, s in zip(parts, plan.shards)])  # [B, T] in shard order
+        step = self.world // self.dp_world  # one rank per SP group
+        full = torch.cat([p[: len(s)] for p, s in zip(parts[::step], plan.shards, strict=True)])  # [B, T]
         out = torch.empty_like(full)
         out[plan.order().to(self.device)] = full
         return out
@@ -408,7 +474,7 @@ class FSDP2TrainBackend:
             forward,
             device=self.device,
             num_micro_batches=plan.num_micro_batches,
-            ranks=ProcessGroupRanks(self.rank, self.world, self.device),
+            ranks=ProcessGroupRanks(self.rank, self.world, self.device, sp=self.world // self.dp_world),
             dummy=lambda: self._dummy(mini_batch).to(self.device),  # pad this rank's passes
         )
 
