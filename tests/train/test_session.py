@@ -49,3 +49,24 @@ def test_run_inputs_are_frozen_and_read_once(pm: PluginManager, quickstart_dir: 
         inputs.schedule = inputs.schedule  # type: ignore[misc]
     assert inputs.schedule.total_steps == 3 and inputs.sampling.train.seed is None
     assert inputs.backends.agent is None  # quickstart is single-turn
+
+
+def test_chat_template_arguments_reach_the_prompts_and_the_turns(tmp_path: Path) -> None:
+    import rlzoo
+
+    run = rlzoo.build_run(
+        "quickstart_tools",
+        [
+            f"data.dir={tmp_path / 'data'}",
+            f"run.output_dir={tmp_path / 'run'}",
+            "trainer.total_steps=1",
+            "data.chat_template_kwargs={enable_thinking: false}",
+        ],
+    )
+    s = run.loop().s
+    try:
+        assert s.data.chat_template_kwargs == {"enable_thinking": False}
+        assert s.data.train.chat_template_kwargs == {"enable_thinking": False}  # the prompts
+        assert s.rollout.template_kwargs == {"enable_thinking": False}  # the multi-turn turns
+    finally:
+        s.close()

@@ -734,3 +734,14 @@ def test_a_custom_reward_function_file_becomes_the_python_file_scorer(tmp_path, 
         "f",
         "no custom reward function (custom_reward_function.path unset)",
     ) in off.skipped
+
+
+def test_chat_template_arguments_reach_the_recipe():
+    conv = convert(
+        ov(
+            "algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=4 data.train_batch_size=8 "
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8 +data.apply_chat_template_kwargs.reasoning_effort=medium "
+            "+data.apply_chat_template_kwargs.enable_thinking=False"
+        )
+    )
+    assert conv.get("data.chat_template_kwargs") == {"reasoning_effort": "medium", "enable_thinking": False}

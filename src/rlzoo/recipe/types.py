@@ -127,6 +127,11 @@ class DataSection:
     )
     strict: bool = param(False, help="raise on bad rows instead of filtering them")
     apply_chat_template: bool = param(True, help="render prompts with the tokenizer's chat template")
+    chat_template_kwargs: dict[str, Any] = param(
+        {},
+        help="extra arguments of the chat template, for prompts and multi-turn turns alike (e.g. "
+        "enable_thinking: false, reasoning_effort: medium); verl's data.apply_chat_template_kwargs",
+    )
 
 
 @dataclass

@@ -9,7 +9,7 @@ built; nothing after that reads the recipe.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -192,6 +192,7 @@ def build_datasets(cfg: RecipeConfig, tokenizer: Any, processor: Any = None) -> 
             truncation=cfg.data.truncation,
             strict=cfg.data.strict,
             apply_chat_template=cfg.data.apply_chat_template,
+            chat_template_kwargs=cfg.data.chat_template_kwargs,
             processor=processor,
         )
 
@@ -248,6 +249,7 @@ class Data:
     val_batch_size: int | None  # prompts per validation batch (None: all at once)
     max_response_length: int  # tokens after the prompt (a multi-turn trajectory's whole budget)
     pad_token_id: int
+    chat_template_kwargs: Mapping[str, Any]  # extra arguments of every apply_chat_template call
 
 
 @dataclass(frozen=True)
@@ -366,6 +368,7 @@ def run_inputs(cfg: RecipeConfig, resume_info: Any = None) -> RunInputs:
             val_batch_size=cfg.data.val_batch_size,
             max_response_length=cfg.data.max_response_length,
             pad_token_id=int(tokenizer.pad_token_id),
+            chat_template_kwargs=dict(cfg.data.chat_template_kwargs),
         ),
         sampling=Sampling(train=sampling_params(cfg), val=sampling_params(cfg, val=True), seed=cfg.run.seed),
         reward=reward,

@@ -205,6 +205,7 @@ class Session:
             max_response_length=self.data.max_response_length,
             stop_ids=stop_ids,
             tools=agent.tools,
+            template_kwargs=self.data.chat_template_kwargs,
         )
 
     # -- what the runner API reads ----------------------------------------------------------------

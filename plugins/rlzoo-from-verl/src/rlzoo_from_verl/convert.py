@@ -380,6 +380,10 @@ def _assemble(
         conv.set("rollout.backend.engine_kwargs", eng, " + ".join(eng_keys), eng)
     _reward_model(conv, v, given, bad)
     _custom_reward(conv, v)
+    template = "data.apply_chat_template_kwargs."
+    template_kwargs = {k.removeprefix(template): v.pop(k) for k in [k for k in v if k.startswith(template)]}
+    if template_kwargs:
+        conv.set("data.chat_template_kwargs", template_kwargs, template + "*", template_kwargs)
     if (
         any(k.startswith("reward_model.overlong_buffer.") for k in given)
         and conv.get("reward.manager.max_response_length") is None

@@ -548,12 +548,7 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
         "(write a dataset preparer plugin that writes that parquet)",
     ),
     "data.custom_cls.name": Skip("read with data.custom_cls.path"),
-    "data.apply_chat_template_kwargs.*": Skip(
-        "no chat-template arguments",
-        lambda v: v is None,
-        "rlzoo's recipes have no chat-template arguments (verl passes these to apply_chat_template, "
-        "e.g. reasoning_effort, enable_thinking)",
-    ),
+    "data.apply_chat_template_kwargs.*": Rule("data.chat_template_kwargs"),
     "data.video_key": Skip("rlzoo reads the images column of its parquet schema"),
     "data.sampler.class_path": Skip(
         "verl's default sampler",
