@@ -381,9 +381,9 @@ def _assemble(
     _reward_model(conv, v, given, bad)
     _custom_reward(conv, v)
     template = "data.apply_chat_template_kwargs."
-    template_kwargs = {k.removeprefix(template): v.pop(k) for k in [k for k in v if k.startswith(template)]}
-    if template_kwargs:
-        conv.set("data.chat_template_kwargs", template_kwargs, template + "*", template_kwargs)
+    for k in [k for k in v if k.startswith(template)]:
+        val = v.pop(k)
+        conv.set("data.chat_template_kwargs." + k.removeprefix(template), val, k, val)
     if (
         any(k.startswith("reward_model.overlong_buffer.") for k in given)
         and conv.get("reward.manager.max_response_length") is None
