@@ -205,6 +205,8 @@ class Session:
             max_response_length=self.data.max_response_length,
             stop_ids=stop_ids,
             tools=agent.tools,
+            max_prompt_length=agent.max_prompt_length,
+            env_name=agent.env_name,
         )
 
     # -- what the runner API reads ----------------------------------------------------------------
