@@ -9,9 +9,12 @@ import _thread
 import asyncio
 import json
 import math
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -364,3 +367,26 @@ def test_malformed_calls_are_in_the_turn_s_tool_calls() -> None:
     calls = parse_tool_calls(f"<tool_call>{{x</tool_call> <tool_call>{good}</tool_call> <tool_call>", "hermes", {})
     assert [c.malformed is not None for c in calls] == [True, False, True]
     assert calls[1].arguments == {"expression": "1+1"} and calls[0].raw == "<tool_call>{x</tool_call>"
+
+
+@pytest.mark.slow
+def test_a_run_whose_environment_hangs_for_ever_ends_on_its_own(tmp_path: Path) -> None:
+    """``rlzoo``'s Python API in a subprocess: ``quickstart_tools`` with an environment whose sync
+    ``step`` never returns, ``env_timeout_s=1``, 2 steps. The process ends by itself (before issue
+    39 the hung pool threads were joined at exit: it never did), with its summary, and the
+    abandoned calls are counted (~35 s on 2 busy cores, most of it start-up)."""
+    script = Path(__file__).with_name("_hang_forever_run.py")
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "data"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"RUN_DIR={out}" in proc.stdout
+    assert json.loads((out / "summary.json").read_text())["ended"] == "completed"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r.get("step", 0) > 0]
+    assert len(steps) == 2 and all(r["agent/abandoned_calls"] >= 1 for r in steps)
+    assert "environment hangs_for_ever step exceeded 1 s (rollout.multi_turn.env_timeout_s)" in proc.stderr
