@@ -51,7 +51,7 @@ def rollout(
 SCRIPT_WORD: dict[str, str] = {"word": "2"}
 
 
-def SCRIPT(turn: int, prompt: str) -> str:  # noqa: N802
+def SCRIPT(turn: int, prompt: str) -> str:
     return f"{SCRIPT_WORD['word']} 1" if turn == 0 else "Answer: 2"
 
 
@@ -221,7 +221,9 @@ def test_a_hanging_sync_tool_is_an_error_naming_its_limit_and_is_counted() -> No
         assert s.agent is not None and s.agent["error"] is None and s.agent["reward"] == 1.0
         assert s.agent["tool_errors"] == 1 and s.agent["abandoned_calls"] == 1
         (result,) = s.agent["tool_failures"]
-        assert result["kind"] == "timeout" and result["message"] == "tool sync exceeded its timeout_s of 0.2 s"
+        assert (
+            result["kind"] == "timeout" and result["message"] == "tool sync exceeded its timeout_s of 0.2 s"
+        )
         observation = TOK.decode([t for t, m in zip(s.response_ids, s.loss_mask or []) if not m])
         assert observation.startswith("<|tool|>")
     mt.shutdown()
@@ -364,7 +366,9 @@ def test_json_that_python_refuses_is_a_malformed_call(body: str) -> None:
 
 def test_malformed_calls_are_in_the_turn_s_tool_calls() -> None:
     good = json.dumps({"name": "calc", "arguments": {"expression": "1+1"}})
-    calls = parse_tool_calls(f"<tool_call>{{x</tool_call> <tool_call>{good}</tool_call> <tool_call>", "hermes", {})
+    calls = parse_tool_calls(
+        f"<tool_call>{{x</tool_call> <tool_call>{good}</tool_call> <tool_call>", "hermes", {}
+    )
     assert [c.malformed is not None for c in calls] == [True, False, True]
     assert calls[1].arguments == {"expression": "1+1"} and calls[0].raw == "<tool_call>{x</tool_call>"
 
@@ -390,3 +394,14 @@ def test_a_run_whose_environment_hangs_for_ever_ends_on_its_own(tmp_path: Path) 
     steps = [r for r in rows if r.get("step", 0) > 0]
     assert len(steps) == 2 and all(r["agent/abandoned_calls"] >= 1 for r in steps)
     assert "environment hangs_for_ever step exceeded 1 s (rollout.multi_turn.env_timeout_s)" in proc.stderr
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_a_timeout_error_a_tool_raises_itself_is_its_error_not_the_limit(is_async: bool) -> None:
+    SCRIPT_WORD["word"] = "boom"
+    mt = rollout(Env, tools=[Raiser("boom", TimeoutError("the database is slow"), is_async)])
+    (s,) = generate(mt)
+    assert s.agent is not None and s.agent["abandoned_calls"] == 0
+    (failure,) = s.agent["tool_failures"]
+    assert failure["kind"] == "exception" and "TimeoutError: the database is slow" in failure["message"]
+    mt.shutdown()

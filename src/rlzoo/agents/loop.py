@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
 import queue
 import threading
@@ -50,6 +51,14 @@ class UserCodeError(Exception):
     def __init__(self, exc: BaseException) -> None:
         super().__init__(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
         self.traceback = "".join(traceback.format_exception(exc))
+
+
+class _Raised(Exception):
+    """Carries a ``TimeoutError`` user code raised past ``wait_for``, which would take it for its own."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(str(exc))
+        self.exc = exc
 
 
 class CallTimeout(TimeoutError):
@@ -125,17 +134,21 @@ class SideLoop(Generic[T]):
                 return await work
             except (asyncio.CancelledError, GeneratorExit):  # the loop's own: cancelled, or closed
                 raise
-            except Exception:
-                raise
+            except TimeoutError as exc:  # the user's own, not the limit's
+                raise _Raised(exc) from exc
             except BaseException as exc:  # SystemExit & co. would end the loop's thread
                 raise UserCodeError(exc) from exc
 
         try:
             return await asyncio.wait_for(guarded(), timeout)
-        except asyncio.TimeoutError:
+        except _Raised as raised:
+            raise raised.exc from None
+        except TimeoutError:
             raise CallTimeout(limit.replace("{timeout}", f"{timeout:g} s"), abandoned=False) from None
 
-    async def _threaded(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float, limit: str) -> Any:
+    async def _threaded(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float, limit: str
+    ) -> Any:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
 
@@ -156,16 +169,16 @@ class SideLoop(Generic[T]):
             finally:
                 with self._stuck_lock:
                     self._stuck.discard(threading.current_thread())
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop closed while this call hung: nobody waits
                 loop.call_soon_threadsafe(settle, ok, out)
-            except RuntimeError:  # the loop closed while this call hung: nobody waits for it
-                pass
 
         thread = threading.Thread(target=run, name="rlzoo-env-call", daemon=True)
         thread.start()
         try:
             return await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
+            if not fut.cancelled():  # the call raised TimeoutError itself, in time
+                raise
             with self._stuck_lock:
                 if thread.is_alive():
                     self._stuck.add(thread)

@@ -295,9 +295,16 @@ class MultiTurnRollout:
         tools = [*own, *self.extra_tools]
         for t in tools:
             timeout = getattr(t, "timeout_s", None)
-            if isinstance(timeout, bool) or not isinstance(timeout, Real) or not 0 < float(timeout) < math.inf:
-                raise self._bad("tools", f"offers tool {getattr(t, 'name', t)!r} with timeout_s {timeout!r}: "
-                                "it must be a finite number of seconds > 0")
+            if (
+                isinstance(timeout, bool)
+                or not isinstance(timeout, Real)
+                or not 0 < float(timeout) < math.inf
+            ):
+                raise self._bad(
+                    "tools",
+                    f"offers tool {getattr(t, 'name', t)!r} with timeout_s {timeout!r}: "
+                    "it must be a finite number of seconds > 0",
+                )
         names = [t.name for t in tools]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
@@ -371,7 +378,9 @@ class MultiTurnRollout:
         part = f"tool {call.name}"
         limit = f"{part} exceeded its timeout_s of {{timeout}}"
         try:
-            out = await self._side.call(tool.call, dict(call.arguments), timeout=float(tool.timeout_s), limit=limit)
+            out = await self._side.call(
+                tool.call, dict(call.arguments), timeout=float(tool.timeout_s), limit=limit
+            )
         except CallTimeout as exc:
             traj.abandoned_calls += int(exc.abandoned)
             return self._tool_failure(traj, failure_of(exc, part, "call"))
@@ -389,7 +398,9 @@ class MultiTurnRollout:
         what, traj, value = event.what, event.subject, event.value
         with self._lock:
             if what == "error":
-                self._fail(traj, failure_of(value, "rollout", "") if not isinstance(value, Failure) else value)
+                self._fail(
+                    traj, failure_of(value, "rollout", "") if not isinstance(value, Failure) else value
+                )
             elif what == "reset":
                 assert traj.template is not None
                 traj.conversation = list(value.messages)

@@ -68,7 +68,8 @@ def example_arguments(schema: Mapping[str, Any]) -> dict[str, Any]:
         elif spec.get("enum"):
             out[key] = spec["enum"][0]
         else:
-            out[key] = made.get(spec.get("type"), "1") if isinstance(spec.get("type"), str) else "1"
+            kind = spec.get("type")
+            out[key] = made.get(kind, "1") if isinstance(kind, str) else "1"
     return out
 
 
@@ -84,7 +85,7 @@ def call_within(tool: Any, arguments: Mapping[str, Any]) -> tuple[bool, Any]:
             out.append((True, _resolve(tool.call(dict(arguments)))))
         except Exception as exc:
             out.append((False, exc))
-        except BaseException as exc:  # noqa: BLE001 -- reported below, not raised in this thread
+        except BaseException as exc:  # reported below, not raised in this thread
             out.append((None, exc))
 
     limit = float(tool.timeout_s)
