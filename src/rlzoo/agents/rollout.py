@@ -11,8 +11,10 @@ spans turns: a trajectory waiting on its tool or environment holds no slot, and 
 decoding.
 
 Environment and tool calls run on a :class:`~rlzoo.agents.loop.SideLoop` (an asyncio loop on its own
-thread, sync methods in its thread pool, ``async`` ones awaited there), each under its timeout, so
-a slow environment never blocks the engine or the caller; a :class:`~rlzoo.agents.loop.Pump` moves
+thread, each sync call on a daemon thread of its own, ``async`` ones awaited there), each under its
+timeout, so a slow environment never blocks the engine or the caller, and one that hangs for ever
+is abandoned at its timeout (its slot given back, the process free to exit). What user code
+returns is checked at the boundary (:mod:`rlzoo.agents.boundary`); a :class:`~rlzoo.agents.loop.Pump` moves
 trajectories along on the caller's thread. This module is only the trajectory logic.
 
 The trajectory (a :class:`~rlzoo.kernel.protocols.Sample`): ``prompt_ids`` = the first observation
@@ -26,8 +28,10 @@ environment time, token counts, a failure); :func:`agent_metrics` turns a batch 
 
 A trajectory ends when the environment says ``done``, after ``max_turns`` model turns, when a
 turn ends without its stop token (``finish_reason`` ``length``: the per-turn or the whole budget
-ran out), when the next observation does not fit the response budget (``length``), or when the
-environment fails (raises or times out: ``agent["error"]``; scoring counts it as a failed sample).
+ran out), when the next observation does not fit the response budget (``length``), or when user
+code fails (the environment raises -- a ``BaseException`` too --, times out or returns a bad value;
+or a tool raises ``SystemExit`` & co.: ``agent["error"]``, and ``agent["failure"]`` with its kind, part,
+message and traceback; scoring counts it as a failed sample).
 """
 
 from __future__ import annotations
