@@ -405,3 +405,39 @@ def test_a_timeout_error_a_tool_raises_itself_is_its_error_not_the_limit(is_asyn
     (failure,) = s.agent["tool_failures"]
     assert failure["kind"] == "exception" and "TimeoutError: the database is slow" in failure["message"]
     mt.shutdown()
+
+
+class Reads(Env):
+    """Records the turn it read."""
+
+    seen: list[AgentTurn] = []
+
+    def tools(self) -> Sequence[Tool]:
+        return [Returns("calc", "2")]
+
+    def step(self, turn: AgentTurn) -> EnvStep:
+        Reads.seen.append(turn)
+        return super().step(turn)
+
+
+def test_the_environment_reads_a_malformed_call_in_the_turn_s_tool_calls() -> None:
+    """Before issue 39 a malformed call was shown to the model but missing from AgentTurn.tool_calls."""
+    bad = "<tool_call>{x</tool_call>"
+    tok = build_tokenizer((*WORDS, bad), CHAT_TEMPLATE, extra_special=("<|tool|>",))
+    script = {0: bad, 1: "Answer: 2"}
+    mt = MultiTurnRollout(
+        ScriptedBackend(tok, lambda t, _: script[t], int(tok.eos_token_id)),  # type: ignore[arg-type]
+        Reads,
+        tok,
+        MultiTurnSettings(tool_call_format="hermes"),
+        max_response_length=40,
+        stop_ids=(int(tok.eos_token_id),),
+    )
+    Reads.seen = []
+    (s,) = generate(mt)
+    assert s.agent is not None and s.agent["malformed_calls"] == 1 and s.agent["tool_calls"] == 0
+    (turn,) = Reads.seen
+    (call,) = turn.tool_calls
+    assert call.raw == bad and call.malformed is not None and "not JSON" in call.malformed
+    assert turn.tool_results == (f"error: {call.malformed}",)
+    mt.shutdown()
