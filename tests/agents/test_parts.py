@@ -173,3 +173,62 @@ def test_validate_rules_of_agent_settings() -> None:
     with pytest.raises(ConfigError, match="tool_call_format must be one of hermes, plain"):
         load_config("quickstart_tools", ["rollout.multi_turn.tool_call_format=json"])
     load_config("quickstart_tools", [])
+
+
+def test_validate_refuses_a_tool_named_like_the_environment_s_own() -> None:
+    """``tool_arithmetic`` offers calc itself: ``rollout.tools=[calc]`` would replace it (before
+    issue 39 validate passed it); without the environment's own, calc from rollout.tools is fine."""
+    from rlzoo.kernel.errors import ConfigError
+    from rlzoo.recipe.config import load_config
+
+    with pytest.raises(ConfigError, match=r"rollout.tools\[0\]: tool 'calc' is named 'calc', like a tool"):
+        load_config("quickstart_tools", ["rollout.tools=[calc]"])
+    load_config("quickstart_tools", ["rollout.tools=[calc]", "rollout.environment.with_tool=false"])
+
+
+class _Quiet:
+    description = "A tool."
+    parameters = {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}
+    timeout_s = 0.1
+
+    def __init__(self, name: str, value: object, sleep: float = 0.0) -> None:
+        self.name, self.value, self.sleep = name, value, sleep
+
+    def call(self, arguments):  # type: ignore[no-untyped-def]
+        import time
+
+        if "x" not in arguments:
+            raise ValueError("x is required")  # bad arguments are refused: that part conforms
+        time.sleep(self.sleep)
+        return self.value
+
+
+@pytest.mark.parametrize(
+    ("tool", "said"),
+    [
+        (_Quiet("returns_int", 42), "returned int, not str"),
+        (_Quiet("too_slow", "ok", sleep=0.5), "past its timeout_s of 0.1 s"),  # 5x its timeout
+    ],
+    ids=["non-string", "overrun"],
+)
+def test_the_tool_suite_catches_a_non_string_and_an_overrun_without_cases(tool: object, said: str) -> None:
+    """Before issue 39 both passed the suite (no cases: nothing called them with valid arguments)."""
+    import rlzoo
+
+    class Plugin:
+        @rlzoo.hookimpl
+        def rlzoo_register_tools(self, registry):  # type: ignore[no-untyped-def]
+            registry.register(tool.name, lambda params: tool, doc="A tool under test.")  # type: ignore[attr-defined]
+
+    pm = PluginManager(load_entrypoints=False)
+    pm.register(Plugin(), name="quiet-tools")
+
+    class Suite(ToolConformance):
+        name = tool.name  # type: ignore[attr-defined]
+
+        def plugin_manager(self) -> PluginManager:
+            return pm
+
+    with pytest.raises(AssertionError, match=said):
+        Suite().test_a_call_returns_text_within_timeout_s()
+    Suite().test_bad_arguments_raise_an_exception_or_return_text()  # the rest of it conforms

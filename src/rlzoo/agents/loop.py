@@ -1,8 +1,9 @@
 """Where the agents' waiting happens: environment and tool calls on a side loop, and the pump.
 
-:class:`SideLoop` is one asyncio loop on a daemon thread with a bounded thread pool: a sync call
-runs in the pool, an ``async`` one is awaited on the loop, each under its timeout, so a slow
-environment never blocks the engine or the caller. Work is spawned with a tag and a subject; its
+:class:`SideLoop` is one asyncio loop on a daemon thread: a sync call runs on a daemon thread of
+its own, an ``async`` one is awaited on the loop, each under its timeout and at most
+``concurrency`` at once, so a slow environment never blocks the engine or the caller, and one that
+hangs for ever never holds a slot past its timeout nor the process at exit. Work is spawned with a tag and a subject; its
 result (or its error) comes back as an :class:`Event` on a queue that the owner reads on its own
 thread, where its state lives.
 
@@ -15,9 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
 import queue
 import threading
+import traceback
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -25,7 +28,7 @@ from typing import Any, Generic, TypeVar
 from rlzoo.kernel.protocols import RolloutBackend, Sample
 from rlzoo.rollout_kit.streams import POLL_S
 
-__all__ = ["Event", "Pump", "SideLoop"]
+__all__ = ["CallTimeout", "Event", "Pump", "SideLoop", "UserCodeError"]
 
 T = TypeVar("T")
 
@@ -33,56 +36,154 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class Event(Generic[T]):
     """Spawned work that finished: ``what`` is its tag (``"error"`` when it raised: ``value`` is then
-    the text ``"<tag>: <Type>: <message>"``), ``subject`` what it was spawned for."""
+    the exception), ``subject`` what it was spawned for."""
 
     what: str
     subject: T
     value: Any
 
 
+class UserCodeError(Exception):
+    """User code (an environment, a tool) raised a ``BaseException`` that is not an ``Exception``
+    (``SystemExit``, ``KeyboardInterrupt``, ...): turned into an ordinary error so that it fails its
+    call, never the side loop. The original is ``__cause__``; :attr:`traceback` its text."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        self.traceback = "".join(traceback.format_exception(exc))
+
+
+class _Raised(Exception):
+    """Carries a ``TimeoutError`` user code raised past ``wait_for``, which would take it for its own."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(str(exc))
+        self.exc = exc
+
+
+class CallTimeout(TimeoutError):
+    """A call ran past its limit; the message names the limit and the setting that sets it.
+
+    ``abandoned``: a synchronous call's thread was left running (Python cannot stop a thread).
+    """
+
+    def __init__(self, message: str, *, abandoned: bool) -> None:
+        super().__init__(message)
+        self.abandoned = abandoned
+
+
 class SideLoop(Generic[T]):
     """An asyncio loop on its own thread; at most ``concurrency`` calls run at once.
 
+    A synchronous call runs on a daemon thread of its own, so one that hangs past its timeout is
+    abandoned: its slot is given back at once (the next calls never wait for it), and it never
+    keeps the process from exiting. :attr:`abandoned` counts such calls, :attr:`stuck` those still
+    running. An ``async`` call is awaited on the loop and cancelled at its timeout. A
+    ``BaseException`` from user code fails its call as :class:`UserCodeError`.
+
     Args:
-        concurrency: the thread pool's size and the bound on calls in flight.
-        name: the loop thread's name (the pool's threads are ``rlzoo-env-*``).
+        concurrency: the bound on calls in flight.
+        name: the loop thread's name (call threads are ``rlzoo-env-call``).
     """
 
     def __init__(self, concurrency: int, name: str = "rlzoo-agents") -> None:
         self._events: queue.Queue[Event[T]] = queue.Queue()
         self._loop = asyncio.new_event_loop()
-        self._pool = concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="rlzoo-env")
-        self._loop.set_default_executor(self._pool)
         self._gate = asyncio.Semaphore(concurrency)
+        self._stuck: set[threading.Thread] = set()
+        self._stuck_lock = threading.Lock()
+        self.abandoned = 0
         self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
         self._thread.start()
 
+    @property
+    def stuck(self) -> int:
+        """Abandoned synchronous calls whose thread is still running."""
+        with self._stuck_lock:
+            return len(self._stuck)
+
     def spawn(self, what: str, subject: T, work: Coroutine[Any, Any, Any]) -> None:
-        """Run ``work`` on the loop; its result comes back as ``Event(what, subject, result)``."""
+        """Run ``work`` on the loop; its result comes back as ``Event(what, subject, result)``, an
+        error as ``Event("error", subject, exc)`` (the exception itself)."""
         fut = asyncio.run_coroutine_threadsafe(work, self._loop)
 
         def done(f: concurrent.futures.Future[Any]) -> None:
             try:
                 self._events.put(Event(what, subject, f.result()))
             except BaseException as exc:
-                self._events.put(Event("error", subject, f"{what}: {type(exc).__name__}: {exc}"))
+                self._events.put(Event("error", subject, exc))
 
         fut.add_done_callback(done)
 
-    async def call(self, fn: Callable[..., Any], *args: Any, timeout: float) -> Any:
-        """``fn(*args)`` (sync in the thread pool, or awaited) within ``timeout`` seconds; on the loop."""
+    async def call(self, fn: Callable[..., Any], *args: Any, timeout: float, limit: str) -> Any:
+        """``fn(*args)`` (sync on a thread of its own, or awaited) within ``timeout`` seconds; on the
+        loop. ``limit`` words the limit for the timeout's message (``"environment step exceeded
+        2 s (rollout.multi_turn.env_timeout_s)"``: ``limit`` is that text with ``{timeout}`` for
+        the seconds)."""
         async with self._gate:
             if inspect.iscoroutinefunction(fn):
-                return await asyncio.wait_for(fn(*args), timeout)
-            loop = asyncio.get_running_loop()
-
-            def run() -> Any:
-                return fn(*args)
-
-            out = await asyncio.wait_for(loop.run_in_executor(None, run), timeout)
+                return await self._await(fn(*args), timeout, limit)
+            out = await self._threaded(fn, args, timeout, limit)
             if inspect.isawaitable(out):
-                out = await asyncio.wait_for(out, timeout)
+                out = await self._await(out, timeout, limit)
             return out
+
+    async def _await(self, work: Any, timeout: float, limit: str) -> Any:
+        async def guarded() -> Any:
+            try:
+                return await work
+            except (asyncio.CancelledError, GeneratorExit):  # the loop's own: cancelled, or closed
+                raise
+            except TimeoutError as exc:  # the user's own, not the limit's
+                raise _Raised(exc) from exc
+            except BaseException as exc:  # SystemExit & co. would end the loop's thread
+                raise UserCodeError(exc) from exc
+
+        try:
+            return await asyncio.wait_for(guarded(), timeout)
+        except _Raised as raised:
+            raise raised.exc from None
+        except TimeoutError:
+            raise CallTimeout(limit.replace("{timeout}", f"{timeout:g} s"), abandoned=False) from None
+
+    async def _threaded(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float, limit: str
+    ) -> Any:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+
+        def settle(ok: bool, value: Any) -> None:
+            if not fut.done():
+                (fut.set_result if ok else fut.set_exception)(value)
+
+        def run() -> None:
+            try:
+                out: Any = fn(*args)
+                ok = True
+            except Exception as exc:
+                out, ok = exc, False
+            except BaseException as exc:  # not the caller's: this is not the main thread
+                err = UserCodeError(exc)
+                err.__cause__ = exc
+                out, ok = err, False
+            finally:
+                with self._stuck_lock:
+                    self._stuck.discard(threading.current_thread())
+            with contextlib.suppress(RuntimeError):  # the loop closed while this call hung: nobody waits
+                loop.call_soon_threadsafe(settle, ok, out)
+
+        thread = threading.Thread(target=run, name="rlzoo-env-call", daemon=True)
+        thread.start()
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            if not fut.cancelled():  # the call raised TimeoutError itself, in time
+                raise
+            with self._stuck_lock:
+                if thread.is_alive():
+                    self._stuck.add(thread)
+            self.abandoned += 1
+            raise CallTimeout(limit.replace("{timeout}", f"{timeout:g} s"), abandoned=True) from None
 
     def wait(self, timeout: float) -> Event[T] | None:
         """The next finished work, waiting up to ``timeout`` seconds for it."""
@@ -100,9 +201,9 @@ class SideLoop(Generic[T]):
                 return
 
     def close(self) -> None:
+        """Stop the loop; abandoned call threads are daemons and never hold the process."""
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 @dataclass

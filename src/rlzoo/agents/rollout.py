@@ -11,8 +11,10 @@ spans turns: a trajectory waiting on its tool or environment holds no slot, and 
 decoding.
 
 Environment and tool calls run on a :class:`~rlzoo.agents.loop.SideLoop` (an asyncio loop on its own
-thread, sync methods in its thread pool, ``async`` ones awaited there), each under its timeout, so
-a slow environment never blocks the engine or the caller; a :class:`~rlzoo.agents.loop.Pump` moves
+thread, each sync call on a daemon thread of its own, ``async`` ones awaited there), each under its
+timeout, so a slow environment never blocks the engine or the caller, and one that hangs for ever
+is abandoned at its timeout (its slot given back, the process free to exit). What user code
+returns is checked at the boundary (:mod:`rlzoo.agents.boundary`); a :class:`~rlzoo.agents.loop.Pump` moves
 trajectories along on the caller's thread. This module is only the trajectory logic.
 
 The trajectory (a :class:`~rlzoo.kernel.protocols.Sample`): ``prompt_ids`` = the first observation
@@ -26,21 +28,26 @@ environment time, token counts, a failure); :func:`agent_metrics` turns a batch 
 
 A trajectory ends when the environment says ``done``, after ``max_turns`` model turns, when a
 turn ends without its stop token (``finish_reason`` ``length``: the per-turn or the whole budget
-ran out), when the next observation does not fit the response budget (``length``), or when the
-environment fails (raises or times out: ``agent["error"]``; scoring counts it as a failed sample).
+ran out), when the next observation does not fit the response budget (``length``), or when user
+code fails (the environment raises -- a ``BaseException`` too --, times out or returns a bad value;
+or a tool raises ``SystemExit`` & co.: ``agent["error"]``, and ``agent["failure"]`` with its kind, part,
+message and traceback; scoring counts it as a failed sample).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from numbers import Real
 from typing import Any
 
+from rlzoo.agents.boundary import Failure, cut, failure_of, step_problem, text_problem
 from rlzoo.agents.chat import ChatTemplate
-from rlzoo.agents.loop import Event, Pump, SideLoop
+from rlzoo.agents.loop import CallTimeout, Event, Pump, SideLoop, UserCodeError
 from rlzoo.agents.parsing import parse_tool_calls, schema_problems
 from rlzoo.agents.settings import MultiTurnSettings
 from rlzoo.kernel.protocols import (
@@ -56,6 +63,10 @@ from rlzoo.kernel.protocols import (
 )
 
 __all__ = ["MultiTurnRollout", "agent_metrics"]
+
+#: tool failures kept per trajectory (all are counted in tool_errors)
+MAX_TOOL_FAILURES = 8
+_ENV_LIMIT = "rollout.multi_turn.env_timeout_s"
 
 
 @dataclass
@@ -84,7 +95,13 @@ class _Traj:
     env_time_s: float = 0.0
     final_text: str = ""
     truncated: bool = False
-    error: str | None = None
+    #: why the trajectory failed (user code timed out, raised or returned a bad value)
+    failure: Failure | None = None
+    #: tools' failures the model read as error observations (at most MAX_TOOL_FAILURES kept)
+    tool_failures: list[dict[str, str]] = field(default_factory=list)
+    abandoned_calls: int = 0  # sync calls left running past their timeout
+    observations_truncated: int = 0  # messages cut to max_observation_chars
+    final_messages: list[Message] = field(default_factory=list)  # given with done: read by no turn
     env_info: dict[str, float] = field(default_factory=dict)
     pending_calls: list[ToolCall] = field(default_factory=list)  # since the env's last step
     pending_results: list[str] = field(default_factory=list)
@@ -109,6 +126,9 @@ class MultiTurnRollout:
         tokenizer: the model's tokenizer (chat template; decoding turns for reading).
         settings: ``rollout.multi_turn``.
         max_response_length: the response budget of a trajectory (every token after the prompt).
+        max_prompt_length: the prompt budget: a longer first observation fails its trajectory
+            (None: unbounded).
+        env_name: the environment's part name, for failures (``"environment <name>"``).
         stop_ids: ids that end a model turn (EOS).
         template_kwargs: extra ``apply_chat_template`` arguments.
     """
@@ -124,12 +144,16 @@ class MultiTurnRollout:
         stop_ids: Sequence[int],
         tools: Sequence[Tool] = (),
         template_kwargs: Mapping[str, Any] | None = None,
+        max_prompt_length: int | None = None,
+        env_name: str | None = None,
     ) -> None:
         self.inner = inner
         self.make_env = make_env
         self.tokenizer = tokenizer
         self.settings = settings
         self.max_response_length = int(max_response_length)
+        self.max_prompt_length = None if max_prompt_length is None else int(max_prompt_length)
+        self.env_part = f"environment {env_name}" if env_name else "environment"
         self.stop_ids = tuple(int(t) for t in stop_ids)
         self.extra_tools = list(tools)
         self.template_kwargs = dict(template_kwargs or {})
@@ -228,62 +252,120 @@ class MultiTurnRollout:
             return bool(self._by_turn)
 
     # -- environment and tools (on the loop thread) ----------------------------------------------
-    async def _reset(self, traj: _Traj) -> EnvStep:
+    async def _env_call(self, traj: _Traj, call: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """The environment's ``call`` (``fn(*args)``) under ``env_timeout_s``; a failure raised as
+        :class:`Failure` (the trajectory fails)."""
+        limit = f"{self.env_part} {call} exceeded {{timeout}} ({_ENV_LIMIT})"
         t0 = time.perf_counter()
         try:
-            env = await self._side.call(self.make_env, timeout=self.settings.env_timeout_s)
-            traj.env = env
-            row = {**traj.request.data, "prompt_ids": list(traj.request.prompt_ids)}
-            out = await self._side.call(env.reset, row, timeout=self.settings.env_timeout_s)
-            tools = [*env.tools(), *self.extra_tools]
+            return await self._side.call(fn, *args, timeout=self.settings.env_timeout_s, limit=limit)
+        except Exception as exc:
+            if isinstance(exc, CallTimeout) and exc.abandoned:
+                traj.abandoned_calls += 1
+            raise failure_of(exc, self.env_part, call) from exc
         finally:
             traj.env_time_s += time.perf_counter() - t0
-        if not isinstance(out, EnvStep) or not out.messages:
-            raise TypeError(f"reset(row) must return an EnvStep with the first messages, got {out!r}")
+
+    def _bad(self, call: str, problem: str) -> Failure:
+        return Failure("bad_value", self.env_part, f"{self.env_part} {call} {problem}")
+
+    def _checked(self, traj: _Traj, call: str, out: Any) -> EnvStep:
+        """``out`` if it is a usable ``EnvStep`` (its messages cut to size), else a :class:`Failure`."""
+        problem = step_problem(out, first=call == "reset", max_abs_reward=self.settings.max_abs_reward)
+        if problem is not None:
+            raise self._bad(call, problem)
+        limit = self.settings.max_observation_chars
+        if call == "reset":
+            size = sum(len(m["content"]) for m in out.messages)
+            if size > limit:
+                raise self._bad(
+                    call,
+                    f"returned a first observation of {size} characters, more than "
+                    f"rollout.multi_turn.max_observation_chars={limit}",
+                )
+            return out
+        messages, n = cut(out.messages, limit)
+        traj.observations_truncated += n
+        return dataclasses.replace(out, messages=messages) if n else out
+
+    async def _reset(self, traj: _Traj) -> EnvStep:
+        env = await self._env_call(traj, "factory", self.make_env)
+        traj.env = env
+        row = {**traj.request.data, "prompt_ids": list(traj.request.prompt_ids)}
+        out = self._checked(traj, "reset", await self._env_call(traj, "reset", env.reset, row))
+        own = await self._env_call(traj, "tools", env.tools)
+        if not isinstance(own, Sequence) or isinstance(own, str):
+            raise self._bad("tools", f"must return a sequence of tools, got {type(own).__name__}")
+        tools = [*own, *self.extra_tools]
+        for t in tools:
+            timeout = getattr(t, "timeout_s", None)
+            if (
+                isinstance(timeout, bool)
+                or not isinstance(timeout, Real)
+                or not 0 < float(timeout) < math.inf
+            ):
+                raise self._bad(
+                    "tools",
+                    f"offers tool {getattr(t, 'name', t)!r} with timeout_s {timeout!r}: "
+                    "it must be a finite number of seconds > 0",
+                )
+        names = [t.name for t in tools]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise self._bad(
+                "tools",
+                f"offers tools named {twice} more than once (its own and rollout.tools): one would "
+                "hide the other; rename or drop one",
+            )
         traj.tools = {t.name: t for t in tools}
         traj.template = ChatTemplate(self.tokenizer, tools, self.stop_ids, self.template_kwargs)
         return out
 
     async def _step(self, traj: _Traj, turn: AgentTurn, spans: list[tuple[int, int]]) -> EnvStep:
         assert traj.env is not None
-        t0 = time.perf_counter()
-        try:
-            out = await self._side.call(traj.env.step, turn, timeout=self.settings.env_timeout_s)
-        finally:
-            traj.env_time_s += time.perf_counter() - t0
-        if not isinstance(out, EnvStep):
-            raise TypeError(f"step(turn) must return an EnvStep, got {out!r}")
+        out = self._checked(traj, "step", await self._env_call(traj, "step", traj.env.step, turn))
         if out.token_rewards is not None:
             want = [len(t) for t in turn.turn_tokens]
             got = [len(r) for r in out.token_rewards]
             if got != want:
-                raise ValueError(
-                    f"step(turn).token_rewards must hold one list per turn of turn.turn_tokens with one "
-                    f"reward per token: token counts {want}, got reward counts {got}"
+                raise self._bad(
+                    "step",
+                    f"returned token_rewards that must hold one list per turn of turn.turn_tokens with one "
+                    f"reward per token: token counts {want}, got reward counts {got}",
                 )
             traj.token_rewards += [
                 (a + j, float(r)) for (a, _), rs in zip(spans, out.token_rewards) for j, r in enumerate(rs)
             ]
         return out
 
-    async def _run_tools(self, traj: _Traj, calls: list[ToolCall], errors: list[str]) -> list[Message]:
-        """One tool message per call (its text, or the error the model reads), then one per
-        malformed call; counted on the trajectory."""
+    async def _run_tools(self, traj: _Traj, calls: list[ToolCall]) -> list[Message]:
+        """One tool message per call, in the turn's order (its text, or the error the model reads;
+        a malformed call is not made); counted on the trajectory."""
         messages: list[Message] = []
         t0 = time.perf_counter()
         for call in calls:
-            traj.tool_calls += 1
-            text, failed = await self._one_tool(traj, call)
-            traj.tool_errors += int(failed)
+            if call.malformed is not None:
+                traj.tool_errors += 1
+                traj.malformed_calls += 1
+                text = f"error: {call.malformed}"
+                message: Message = {"role": "tool", "content": text}
+            else:
+                traj.tool_calls += 1
+                text, failed = await self._one_tool(traj, call)
+                traj.tool_errors += int(failed)
+                message = {"role": "tool", "name": call.name, "content": text}
+            (message,), n = cut([message], self.settings.max_observation_chars)
+            traj.observations_truncated += n
             traj.pending_calls.append(call)
-            traj.pending_results.append(text)
-            messages.append({"role": "tool", "name": call.name, "content": text})
-        for err in errors:
-            traj.tool_errors += 1
-            traj.malformed_calls += 1
-            messages.append({"role": "tool", "content": f"error: {err}"})
+            traj.pending_results.append(message["content"])
+            messages.append(message)
         traj.env_time_s += time.perf_counter() - t0
         return messages
+
+    def _tool_failure(self, traj: _Traj, failure: Failure) -> tuple[str, bool]:
+        if len(traj.tool_failures) < MAX_TOOL_FAILURES:
+            traj.tool_failures.append(failure.record())
+        return f"error: {failure.message}", True
 
     async def _one_tool(self, traj: _Traj, call: ToolCall) -> tuple[str, bool]:
         tool = traj.tools.get(call.name)
@@ -297,14 +379,22 @@ class MultiTurnRollout:
         problems = schema_problems(call.arguments, tool.parameters)
         if problems:
             return f"error: {call.name}: " + "; ".join(problems), True
+        part = f"tool {call.name}"
+        limit = f"{part} exceeded its timeout_s of {{timeout}}"
         try:
-            out = await self._side.call(tool.call, dict(call.arguments), timeout=float(tool.timeout_s))
-        except TimeoutError:
-            return f"error: {call.name} timed out after {tool.timeout_s} s", True
+            out = await self._side.call(
+                tool.call, dict(call.arguments), timeout=float(tool.timeout_s), limit=limit
+            )
+        except CallTimeout as exc:
+            traj.abandoned_calls += int(exc.abandoned)
+            return self._tool_failure(traj, failure_of(exc, part, "call"))
+        except UserCodeError as exc:  # SystemExit & co.: a broken tool, not the model's mistake
+            raise failure_of(exc, part, "call") from exc
         except Exception as exc:
-            return f"error: {call.name}: {exc}", True
-        if not isinstance(out, str):
-            return f"error: {call.name} returned {type(out).__name__}, not text", True
+            return self._tool_failure(traj, failure_of(exc, part, "call"))
+        problem = text_problem(out)
+        if problem is not None:
+            return self._tool_failure(traj, Failure("bad_value", part, f"{part} {problem}"))
         return out, False
 
     # -- moving a trajectory along (on the caller's thread, under the lock) ----------------------
@@ -312,23 +402,52 @@ class MultiTurnRollout:
         what, traj, value = event.what, event.subject, event.value
         with self._lock:
             if what == "error":
-                traj.error = str(value)
-                self._finish(traj, "stop")
+                self._fail(
+                    traj, failure_of(value, "rollout", "") if not isinstance(value, Failure) else value
+                )
             elif what == "reset":
                 assert traj.template is not None
                 traj.conversation = list(value.messages)
-                traj.prompt_ids = traj.template.prompt_ids(traj.conversation)
+                try:
+                    prompt = traj.template.prompt_ids(traj.conversation)
+                except Exception as exc:
+                    self._fail(traj, self._template_failure(exc, "reset"))
+                    return
+                budget = self.max_prompt_length
+                if budget is not None and len(prompt) > budget:
+                    self._fail(
+                        traj,
+                        self._bad(
+                            "reset",
+                            f"returned a first observation of {len(prompt)} tokens, longer than the prompt "
+                            f"budget (data.max_prompt_length={budget})",
+                        ),
+                    )
+                    return
+                traj.prompt_ids = prompt
                 self._note_env(traj, value)
                 self._next_turn(traj)
             elif what in ("step", "tools"):
                 step: EnvStep = value
                 if what == "step":
                     self._note_env(traj, step)
+                if step.done and step.messages:  # no turn reads them: kept on the record
+                    traj.final_messages = list(step.messages)
                 if step.done or traj.turns >= self.settings.max_turns:
                     traj.truncated = not step.done
                     self._finish(traj, "stop" if step.done else "length")
                     return
                 self._observe(traj, list(step.messages))
+
+    def _fail(self, traj: _Traj, failure: Failure) -> None:
+        traj.failure = failure
+        self._finish(traj, "stop")
+
+    def _template_failure(self, exc: Exception, call: str) -> Failure:
+        """The chat template could not render what the environment or a tool gave."""
+        out = failure_of(exc, "chat template", f"rendering the {self.env_part}'s {call} messages")
+        out.kind = "bad_value"
+        return out
 
     def _note_env(self, traj: _Traj, step: EnvStep) -> None:
         if step.reward is not None:
@@ -344,8 +463,7 @@ class MultiTurnRollout:
         try:
             delta = traj.template.delta_ids(traj.conversation, messages)
         except Exception as exc:
-            traj.error = f"{type(exc).__name__}: {exc}"
-            self._finish(traj, "stop")
+            self._fail(traj, self._template_failure(exc, "observation"))
             return
         if len(traj.response_ids) + len(delta) >= self.max_response_length:
             traj.truncated = True
@@ -409,15 +527,13 @@ class MultiTurnRollout:
                 self._finish(traj, "length")
                 return
             traj.conversation.append({"role": "assistant", "content": text})
-            calls, errors = (
-                parse_tool_calls(text, self.settings.tool_call_format, traj.tools) if traj.tools else ([], [])
-            )
-            if calls or errors:
+            calls = parse_tool_calls(text, self.settings.tool_call_format, traj.tools) if traj.tools else []
+            if calls:
                 if traj.turns >= self.settings.max_turns:
                     traj.truncated = True
                     self._finish(traj, "length")
                     return
-                self._side.spawn("tools", traj, self._tools_step(traj, calls, errors))
+                self._side.spawn("tools", traj, self._tools_step(traj, calls))
                 return
             turn = AgentTurn(
                 text=text,
@@ -438,12 +554,13 @@ class MultiTurnRollout:
             traj.pending_calls, traj.pending_results, traj.pending_spans = [], [], []
             self._side.spawn("step", traj, self._step(traj, turn, spans))
 
-    async def _tools_step(self, traj: _Traj, calls: list[ToolCall], errors: list[str]) -> EnvStep:
-        return EnvStep(messages=await self._run_tools(traj, calls, errors))
+    async def _tools_step(self, traj: _Traj, calls: list[ToolCall]) -> EnvStep:
+        return EnvStep(messages=await self._run_tools(traj, calls))
 
     def _finish(self, traj: _Traj, finish_reason: str) -> None:
         req = traj.request
         prompt = traj.prompt_ids or list(req.prompt_ids)
+        failure = traj.failure
         model_tokens = sum(traj.loss_mask)
         dense = sum(r for _, r in traj.token_rewards)
         sample = Sample(
@@ -471,7 +588,12 @@ class MultiTurnRollout:
                 "model_tokens": model_tokens,
                 "env_tokens": len(traj.response_ids) - model_tokens,
                 "final_text": traj.final_text,
-                "error": traj.error,
+                "error": None if failure is None else failure.message,
+                "failure": None if failure is None else failure.record(),
+                "tool_failures": list(traj.tool_failures),
+                "abandoned_calls": traj.abandoned_calls,
+                "observations_truncated": traj.observations_truncated,
+                "final_messages": list(traj.final_messages),
                 "env_info": dict(traj.env_info),
             },
         )
@@ -498,6 +620,9 @@ def agent_metrics(records: Sequence[Mapping[str, Any] | None]) -> dict[str, floa
         "agent/env_time_s/mean": mean("env_time_s"),
         "agent/truncated_frac": sum(1.0 for r in recs if r["truncated"]) / n,
         "agent/env_failed": float(sum(1 for r in recs if r.get("error"))),
+        "agent/abandoned_calls": float(sum(r.get("abandoned_calls", 0) for r in recs)),
+        "agent/observations_truncated": float(sum(r.get("observations_truncated", 0) for r in recs)),
+        "agent/tool_failures": float(sum(len(r.get("tool_failures", ())) for r in recs)),
         "agent/model_tokens/mean": mean("model_tokens"),
         "agent/env_tokens/mean": mean("env_tokens"),
     }

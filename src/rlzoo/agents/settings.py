@@ -40,7 +40,23 @@ class MultiTurnSettings:
         "fails, scored as a failed sample: reward/failed, and reward.max_failed_steps aborts the run",
     )
     concurrency: int = param(
-        64, ge=1, help="environment / tool calls running at once (threads for sync ones)"
+        64,
+        ge=1,
+        help="environment / tool calls running at once (a sync call runs on a thread of its own; one that "
+        "hangs past its timeout is abandoned and gives its slot back: agent/abandoned_calls)",
+    )
+    max_observation_chars: int = param(
+        32_768,
+        ge=1,
+        help="characters of one message an environment or a tool may add; a longer one is cut before it "
+        "is tokenized (agent/observations_truncated); a first observation longer than this fails its "
+        "trajectory",
+    )
+    max_abs_reward: float = param(
+        1e6,
+        gt=0,
+        help="an environment's reward (and each token reward) beyond +-this, or not a finite number, "
+        "fails its trajectory",
     )
 
     def __post_init__(self) -> None:

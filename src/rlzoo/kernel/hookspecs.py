@@ -144,7 +144,9 @@ def rlzoo_register_environments(registry: Registrar) -> None:
     messages the prompt is rendered from); ``env.step(turn)`` receives the model's turn (an
     :class:`rlzoo.kernel.protocols.AgentTurn`: its text, read-only) and returns the next observation, an
     optional per-turn reward, ``done`` and info. Either method may be ``async``: the multi-turn
-    rollout awaits it off the engine, so a slow environment holds only its own trajectory.
+    rollout awaits it off the engine (a sync one on a thread of its own, abandoned past
+    ``env_timeout_s``), so a slow environment holds only its own trajectory; what it returns is
+    checked (text messages, a finite reward) and a bad value fails that trajectory only.
     ``env.tools()`` lists the :class:`rlzoo.kernel.protocols.Tool` objects it offers the model. Selected
     by ``rollout.environment``; its limits are ``rollout.multi_turn``.
     """
@@ -157,8 +159,10 @@ def rlzoo_register_tools(registry: Registrar) -> None:
     A tool is a factory ``factory(params) -> Tool`` (see :class:`rlzoo.kernel.protocols.Tool`): it has a
     ``name``, a ``description``, a JSON schema of its arguments (``parameters``), a per-call
     ``timeout_s`` and ``call(arguments) -> str`` (or an ``async`` one). A call that raises, times
-    out or gets arguments its schema refuses becomes an error observation the model reads, and is
-    counted (``agent/tool_errors``). Selected by ``rollout.tools`` (a list), on top of
+    out, returns no text or gets arguments its schema refuses becomes an error observation the
+    model reads, and is counted (``agent/tool_errors``); one that raises a ``BaseException``
+    (``SystemExit``) fails its trajectory. A sync call past ``timeout_s`` is abandoned, never waited
+    for. Selected by ``rollout.tools`` (a list), on top of
     the tools the environment offers.
     """
 

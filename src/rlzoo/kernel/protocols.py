@@ -221,6 +221,9 @@ class ToolCall:
     name: str
     arguments: dict[str, Any]
     raw: str = ""  # the text it was parsed from
+    #: why the call could not be read (bad JSON, no name, an unclosed tag); None: a well-formed call.
+    #: A malformed call is not made: the model reads this as an error observation
+    malformed: str | None = None
 
 
 @dataclass(frozen=True)

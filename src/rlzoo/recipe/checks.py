@@ -191,6 +191,9 @@ def _agent_rule(cfg: RecipeConfig) -> list[str]:
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         out.append(f"rollout.tools: {', '.join(repeated)} given more than once")
+    env = cfg.rollout.environment
+    if isinstance(env, Selection) and names:
+        out += _tool_name_clashes(env, [sel for sel in cfg.rollout.tools if isinstance(sel, Selection)])
     mt = cfg.rollout.multi_turn
     if mt is None:  # did not bind: reported already
         return out
@@ -205,6 +208,24 @@ def _agent_rule(cfg: RecipeConfig) -> list[str]:
             f"(data.max_response_length={cfg.data.max_response_length}), which counts every turn"
         )
     return out
+
+
+def _tool_name_clashes(env: Selection, tools: list[Selection]) -> list[str]:
+    """A tool of ``rollout.tools`` named like one the environment offers would hide it. The names
+    are the built objects' (an environment is built once per trajectory, so building one here is
+    cheap; one that cannot be built here is left to the run, which refuses the clash per trajectory)."""
+    try:
+        own = {str(t.name) for t in env.fn(env.params).tools()}
+        given = [(sel, str(sel.fn(sel.params).name)) for sel in tools]
+    except Exception:
+        return []
+    return [
+        f"{sel.key}: tool {sel.name!r} is named {name!r}, like a tool the environment {env.name!r} offers "
+        f"itself; two tools of one name cannot both be called (one would silently replace the other): "
+        f"drop it from rollout.tools, or turn the environment's own off if it can"
+        for sel, name in given
+        if name in own
+    ]
 
 
 def own_rules(sel: Any, cfg: RecipeConfig) -> list[str]:

@@ -115,7 +115,11 @@ class SmolLM2Calc:
     def step(self, turn: AgentTurn) -> EnvStep:
         said = last_integer(turn.text)
         ok = self.answer is not None and said is not None and int(said) == self.answer
-        calls = [r for c, r in zip(turn.tool_calls, turn.tool_results, strict=False) if c.name == "calc"]
+        calls = [
+            r
+            for c, r in zip(turn.tool_calls, turn.tool_results, strict=False)
+            if c.name == "calc" and c.malformed is None
+        ]
         info = {
             "acc": float(ok),
             "called": float(bool(calls)),

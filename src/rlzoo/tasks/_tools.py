@@ -170,7 +170,7 @@ class ToolArithmetic:
         ok = self.answer is not None and answered(turn.text) == str(self.answer)
         reward = 1.0 if ok else 0.0
         info = {"acc": float(ok)}
-        calls = [c for c in turn.tool_calls if c.name == "calc"]
+        calls = [c for c in turn.tool_calls if c.name == "calc" and c.malformed is None]
         call_share = 0.0
         if self.params.call_credit > 0 or self.params.answer_credit > 0:
             said = str(calls[0].arguments.get("expression", "")).split() if calls else []
@@ -181,7 +181,7 @@ class ToolArithmetic:
         results = [  # the calc results the model read (an error message is no result to repeat)
             r
             for c, r in zip(turn.tool_calls, turn.tool_results, strict=False)
-            if c.name == "calc" and _RESULT.fullmatch(r)
+            if c.name == "calc" and c.malformed is None and _RESULT.fullmatch(r)
         ]
         if self.params.answer_credit > 0:
             share = _matched(self._words(text), self._words(results[-1]) if results else [])

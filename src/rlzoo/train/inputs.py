@@ -279,6 +279,8 @@ class AgentSetup:
     make_env: Callable[[], Environment]  # one environment per trajectory
     tools: tuple[Tool, ...]  # rollout.tools, on top of each environment's own
     settings: MultiTurnSettings
+    env_name: str  # the environment's part name (failures name it)
+    max_prompt_length: int  # data.max_prompt_length: a longer first observation fails its trajectory
 
 
 @dataclass(frozen=True)
@@ -394,4 +396,6 @@ def agent_setup(cfg: RecipeConfig) -> AgentSetup | None:
         make_env=partial(env.fn, env.params),
         tools=tuple(sel.fn(sel.params) for sel in cfg.rollout.tools),
         settings=cfg.rollout.multi_turn,
+        env_name=env.name,
+        max_prompt_length=cfg.data.max_prompt_length,
     )

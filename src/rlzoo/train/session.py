@@ -206,6 +206,8 @@ class Session:
             stop_ids=stop_ids,
             tools=agent.tools,
             template_kwargs=self.data.chat_template_kwargs,
+            max_prompt_length=agent.max_prompt_length,
+            env_name=agent.env_name,
         )
 
     # -- what the runner API reads ----------------------------------------------------------------

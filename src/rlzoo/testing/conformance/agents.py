@@ -6,6 +6,8 @@ import asyncio
 import inspect
 import math
 import re
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -53,16 +55,72 @@ def tool_problems(tool: Any) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 # tool
 # ---------------------------------------------------------------------------------------------
-class ToolConformance(ComponentConformance):
-    """``factory(params) -> Tool``; ``tool.call(arguments) -> str`` (or a coroutine of one).
+def example_arguments(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """Arguments a schema accepts, made up: each required property's ``default``, first ``enum``
+    value, or a value of its JSON type (``"1"``, ``1``, ``True``, ``[]``, ``{}``)."""
+    props = schema.get("properties", {}) if isinstance(schema, Mapping) else {}
+    made = {"string": "1", "integer": 1, "number": 1, "boolean": True, "array": [], "object": {}}
+    out: dict[str, Any] = {}
+    for key in schema.get("required", []) if isinstance(schema, Mapping) else []:
+        spec = props.get(key, {}) if isinstance(props.get(key), Mapping) else {}
+        if "default" in spec:
+            out[key] = spec["default"]
+        elif spec.get("enum"):
+            out[key] = spec["enum"][0]
+        else:
+            kind = spec.get("type")
+            out[key] = made.get(kind, "1") if isinstance(kind, str) else "1"
+    return out
 
-    Set :attr:`cases` to ``(arguments, expected_text)`` pairs worked out by hand. A call on bad
-    arguments may raise an ``Exception`` (the rollout turns it into an error observation) or
-    return text; it must not hang or end the process.
+
+def call_within(tool: Any, arguments: Mapping[str, Any]) -> tuple[bool, Any]:
+    """``tool.call(arguments)`` (awaited if async) held to the tool's ``timeout_s``, on a daemon
+    thread so that a hang fails the test instead of hanging it: ``(True, result)`` or ``(False,
+    the Exception it raised)``. A call past ``timeout_s``, or one raising a ``BaseException``
+    (``SystemExit``), fails the assertion."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append((True, _resolve(tool.call(dict(arguments)))))
+        except Exception as exc:
+            out.append((False, exc))
+        except BaseException as exc:  # reported below, not raised in this thread
+            out.append((None, exc))
+
+    limit = float(tool.timeout_s)
+    t0 = time.monotonic()
+    thread = threading.Thread(target=run, name="rlzoo-conformance-call", daemon=True)
+    thread.start()
+    thread.join(limit + 1.0)
+    took = time.monotonic() - t0
+    assert out and took <= limit, (
+        f"tool {tool.name!r}: call({dict(arguments)!r}) took {took:.2f} s"
+        f"{'' if out else ' and did not return'}, past its timeout_s of {limit:g} s (the rollout gives up "
+        "on it there: make the call faster, or declare a longer timeout_s)"
+    )
+    ok, value = out[0]
+    assert ok is not None, (
+        f"tool {tool.name!r}: call({dict(arguments)!r}) raised {type(value).__name__} (a BaseException): a tool "
+        "must raise an Exception (an error the model reads), never end the process"
+    )
+    return ok, value
+
+
+class ToolConformance(ComponentConformance):
+    """``factory(params) -> Tool``; ``tool.call(arguments) -> str`` (or a coroutine of one), within
+    the tool's ``timeout_s``.
+
+    Set :attr:`cases` to ``(arguments, expected_text)`` pairs worked out by hand, and
+    :attr:`arguments` to one valid call's arguments (default: made up from the schema's required
+    properties, :func:`example_arguments`). A call on bad arguments may raise an ``Exception`` (the
+    rollout turns it into an error observation) or return text; it must not hang, run past
+    ``timeout_s``, return anything but text or end the process.
     """
 
     kind = "tool"
     cases: ClassVar[Sequence[tuple[Mapping[str, Any], str]]] = ()
+    arguments: ClassVar[Mapping[str, Any] | None] = None
     bad_arguments: ClassVar[Sequence[Mapping[str, Any]]] = ({}, {"unexpected": 1})
 
     def make_tool(self) -> Any:
@@ -72,23 +130,31 @@ class ToolConformance(ComponentConformance):
         problems = tool_problems(self.make_tool())
         assert not problems, "\n".join(problems)
 
+    def test_a_call_returns_text_within_timeout_s(self) -> None:
+        """Without cases too: a valid call returns ``str`` (or raises an Exception) in time."""
+        tool = self.make_tool()
+        arguments = dict(self.arguments) if self.arguments is not None else example_arguments(tool.parameters)
+        ok, got = call_within(tool, arguments)
+        assert not ok or isinstance(got, str), (
+            f"tool {tool.name!r}: call({arguments!r}) returned {type(got).__name__}, not str: {got!r:.80}"
+        )
+
     def test_cases(self) -> None:
         if not self.cases:
             pytest.skip("no cases given (set `cases` to (arguments, expected text) pairs)")
         tool = self.make_tool()
         for arguments, expected in self.cases:
-            got = _resolve(tool.call(dict(arguments)))
+            ok, got = call_within(tool, arguments)
+            assert ok, f"call({arguments!r}) raised {type(got).__name__}: {got}"
             assert isinstance(got, str), f"call({arguments!r}) returned {type(got).__name__}, not str"
             assert got == expected, f"call({arguments!r}) = {got!r}, expected {expected!r}"
 
     def test_bad_arguments_raise_an_exception_or_return_text(self) -> None:
         tool = self.make_tool()
         for arguments in self.bad_arguments:
-            try:
-                got = _resolve(tool.call(dict(arguments)))
-            except Exception:
-                continue
-            assert isinstance(got, str), f"call({arguments!r}) returned {type(got).__name__}, not str"
+            ok, got = call_within(tool, arguments)
+            if ok:
+                assert isinstance(got, str), f"call({arguments!r}) returned {type(got).__name__}, not str"
 
 
 # ---------------------------------------------------------------------------------------------
