@@ -386,11 +386,33 @@ def test_rollout_correction_bypass_and_loss_type(tmp_path, monkeypatch):
     assert rc.params.criteria == "token_k1,seq_max_k2"  # the escaped Hydra quotes are gone
     assert "algorithm.rollout_correction.loss_type" in {k for k, _, _ in conv.skipped}
     assert_every_key_accounted_for(conv, script)
-    monkeypatch.setenv("LOSS_TYPE", "reinforce")
-    with pytest.raises(
-        RlzooError, match=r"no REINFORCE loss with explicit pi/pi_rollout weights in bypass mode"
-    ):
+    monkeypatch.setenv("LOSS_TYPE", "reinforce")  # with rollout_rs: rlzoo's reinforce_is has no rejection
+    with pytest.raises(RlzooError, match=r"rollout_rs = .*reinforce_is loss has no rejection sampling"):
         from_verl(str(SCRIPTS / "rollout_correction_bypass.sh"))
+
+
+def test_bypass_reinforce_becomes_the_reinforce_is_loss():
+    base = (
+        "algorithm.adv_estimator=rloo actor_rollout_ref.rollout.n=4 data.train_batch_size=8 "
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8 algorithm.rollout_correction.bypass_mode=true "
+        "algorithm.rollout_correction.loss_type=reinforce "
+    )
+    conv = convert(
+        ov(
+            base + "algorithm.rollout_correction.rollout_is=sequence "
+            "algorithm.rollout_correction.rollout_is_threshold=2.0 "
+            "algorithm.rollout_correction.rollout_is_batch_normalize=true"
+        )
+    )
+    assert conv.get("algorithm.policy_loss") == {
+        "name": "reinforce_is",
+        "is_level": "sequence",
+        "threshold": 2.0,
+        "batch_normalize": True,
+    }
+    assert conv.get("algorithm.rollout_correction") == {"name": "none", "mode": "bypass"}
+    plain = convert(ov(base))  # no weights: plain REINFORCE against the rollout
+    assert plain.get("algorithm.policy_loss.is_level") == "none"
 
 
 def test_reward_model_script(tmp_path):

@@ -104,6 +104,31 @@ class GPGParams:
 
 
 @dataclass(frozen=True)
+class ReinforceISParams:
+    """REINFORCE with explicit, truncated importance weights, l = -A w log pi, w = stopgrad(min(pi / pi_old, c)).
+
+    verl's bypass-mode ``loss_type: reinforce`` (``compute_policy_loss_reinforce``): in bypass mode
+    (``rollout_correction.mode: bypass``) ``pi_old`` is the rollout policy, so ``w`` corrects the
+    rollout/trainer mismatch at every micro-batch with the current policy. ``is_level`` ``token``: one
+    weight per token; ``sequence``: the product of a response's ratios; ``none``: plain REINFORCE (GPG).
+    With ``batch_normalize`` the weights are divided by their mean over the micro-batch, as verl does.
+    No clipping. Reports ``ppo_kl`` and verl's ``rollout_is_*`` weight statistics.
+    """
+
+    is_level: str = param("token", help="'token', 'sequence' or 'none' (no weights)")
+    threshold: float = param(2.0, gt=0, help="upper truncation of the weights (verl's rollout_is_threshold)")
+    batch_normalize: bool = param(
+        False, help="divide the weights by their mean (verl's rollout_is_batch_normalize)"
+    )
+
+    def __post_init__(self) -> None:
+        problems = check_ranges(self)
+        if self.is_level not in ("token", "sequence", "none"):
+            problems.append(f"is_level must be 'token', 'sequence' or 'none', got {self.is_level!r}")
+        raise_problems(type(self).__name__, problems)
+
+
+@dataclass(frozen=True)
 class GeoMeanParams(ClipBounds):
     """GMPO: maximise the geometric mean of token-clipped ratios times the sequence advantage.
 
@@ -212,6 +237,7 @@ def rlzoo_register_policy_losses(registry: Registrar[PolicyLossFn]) -> None:
         capabilities={**_OLD, **_SEQ_MEAN, "sequence_level": True},
         aliases=("gmpo",),
     )
+    registry.register("reinforce_is", f"{_IMPL}:reinforce_is", params=ReinforceISParams, capabilities=_OLD)
     registry.register("dppo_tv", f"{_IMPL}:dppo_tv", params=DPPOTVParams, capabilities=_OLD)
     registry.register("dppo_kl", f"{_IMPL}:dppo_kl", params=DPPOKLParams, capabilities=_OLD)
     registry.register("dro", f"{_IMPL}:dro", params=DROParams, capabilities=_OLD)

@@ -131,12 +131,12 @@ class PythonFileParams:
     wrong is a scorer failure, counted like every scorer's.
     """
 
-    path: str = param("", help="the Python file that defines the function (required)")
+    path: str = param(help="the Python file that defines the function (required)")
     function: str = param("compute_score", help="the function's name in that file (verl's .name)")
     kwargs: dict[str, object] = param({}, help="extra keyword arguments of every call (verl's reward_kwargs)")
 
     def __post_init__(self) -> None:
-        from rlzoo.algorithms.functional.scoring.user_file import check_function
+        from rlzoo.algorithms.functional.scoring.file_check import check_function
 
         check_function(self.path, self.function, self.kwargs)
 

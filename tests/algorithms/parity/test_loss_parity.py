@@ -225,3 +225,47 @@ def test_kl_controllers():
     fixed.update(1.0, 64)
     vfixed.update(1.0, 64)
     RECORD.close("kl_ctrl fixed", "coefficient", fixed.value, vfixed.value)
+
+
+@pytest.mark.parametrize("seed", (0, 1))
+@pytest.mark.parametrize("agg", AGG_MODES)
+@pytest.mark.parametrize(
+    ("is_level", "normalize"),
+    [("token", False), ("sequence", False), ("sequence", True), ("token", True), (None, False)],
+)
+def test_reinforce_is_equals_verls_bypass_reinforce(is_level, normalize, agg, seed):
+    """``reinforce_is`` against verl's ``bypass_mode`` loss with ``loss_type: reinforce``: its old log-probs
+    are the rollout's (bypass), the weights are taken against the current policy in the loss."""
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+
+    b = make_batch(seed)
+    params = {"is_level": is_level or "none", "threshold": 2.0, "batch_normalize": normalize}
+    lp_ours = b.log_probs.clone().requires_grad_(True)
+    out = run_ours("reinforce_is", params, b, lp_ours, agg, None)
+    (g_ours,) = torch.autograd.grad(out.loss, lp_ours)
+
+    rc = RolloutCorrectionConfig(
+        rollout_is=is_level,
+        rollout_is_threshold=2.0,
+        rollout_is_batch_normalize=normalize,
+        loss_type="reinforce",
+    )
+    cfg = verl_config({}, {}, {"loss_mode": "bypass_mode", "rollout_correction": rc}, b.mask, agg)
+    lp_verl = b.log_probs.clone().requires_grad_(True)
+    loss, metrics = core_algos.get_policy_loss_fn("bypass_mode")(
+        old_log_prob=b.old_log_probs,  # bypass: the rollout's log-probs
+        log_prob=lp_verl,
+        advantages=b.advantages,
+        response_mask=b.mask,
+        loss_agg_mode=agg,
+        config=cfg,
+        rollout_is_weights=None,
+    )
+    (g_verl,) = torch.autograd.grad(loss, lp_verl)
+    name = f"reinforce_is[{is_level}{'+norm' if normalize else ''}]"
+    RECORD.close(name, "loss", out.loss.detach(), loss.detach())
+    RECORD.close(name, "d loss / d log_probs", g_ours, g_verl)
+    RECORD.close(name, "metric ppo_kl", out.metrics["ppo_kl"], metrics["actor/ppo_kl"])
+    for key in ("rollout_is_mean", "rollout_is_max", "rollout_is_eff_sample_size"):
+        if is_level is not None:
+            RECORD.close(name, f"metric {key}", out.metrics[key], metrics[f"rollout_corr/{key}"])

@@ -771,6 +771,42 @@ def _critic_schedule(
             same("betas", val, list(actor("betas")))
 
 
+def _reinforce_bypass(
+    conv: Conversion,
+    key: str,
+    label: str,
+    is_: Any,
+    is_thr: Any,
+    norm: bool,
+    rs: Any,
+    veto: Any,
+    bad: Callable[[str, Any, str], None],
+) -> None:
+    """verl's bypass mode with ``loss_type: reinforce``: its loss replaces the actor's policy loss (as in
+    verl) -> ``policy_loss: reinforce_is`` (the IS weights inside the loss, against the rollout's
+    log-probs) and ``rollout_correction: {name: none, mode: bypass}``."""
+    if rs:
+        bad(f"{key}.rollout_rs", rs, "rlzoo's reinforce_is loss has no rejection sampling (bypass REINFORCE)")
+        return
+    if veto is not None:
+        bad(f"{key}.rollout_token_veto_threshold", veto, "rlzoo's reinforce_is loss has no token veto")
+        return
+    if is_ and isinstance(is_thr, str) and "_" in is_thr:
+        bad(f"{key}.rollout_is_threshold", is_thr, "IcePop bounds with the bypass REINFORCE loss")
+        return
+    before = conv.get("algorithm.policy_loss.name", "ppo_clip")
+    loss = {
+        "name": "reinforce_is",
+        "is_level": str(is_) if is_ else "none",
+        "threshold": float(is_thr),
+        "batch_normalize": norm,
+    }
+    note = f"verl's bypass REINFORCE loss replaces the actor's {before!r} loss, as in verl"
+    conv.recipe.setdefault("algorithm", {})["policy_loss"] = {}
+    conv.set("algorithm.policy_loss", loss, label, (is_, is_thr, norm, "reinforce"), note)
+    conv.set(key, {"name": "none", "mode": "bypass"}, label, "bypass_mode")
+
+
 def _correction(
     conv: Conversion, rc: dict[str, Any], v: dict[str, Any], bad: Callable[[str, Any, str], None]
 ) -> None:
@@ -804,14 +840,11 @@ def _correction(
     loss_type = rc.pop("loss_type", "ppo_clip")
     for k, val in rc.items():
         bad(f"{key}.{k}", val, "not a verl 0.9.1 rollout_correction option rlzoo maps")
+    if loss_type == "reinforce" and bypass:
+        _reinforce_bypass(conv, key, label, is_, is_thr, norm, rs, veto, bad)
+        return
     if loss_type != "ppo_clip" and bypass:
-        bad(
-            f"{key}.loss_type",
-            loss_type,
-            "rlzoo has no REINFORCE loss with explicit pi/pi_rollout weights in bypass mode (its bypass "
-            "mode keeps the selected policy loss, whose ratio corrects); use loss_type=ppo_clip, or "
-            "bypass_mode=false (rollout_is weights multiply the loss)",
-        )
+        bad(f"{key}.loss_type", loss_type, "verl 0.9.1 knows ppo_clip and reinforce")
     elif f"{key}.loss_type" in label.split(" + "):
         why = (
             "ppo_clip: the selected policy loss, as rlzoo"

@@ -31,6 +31,7 @@ from ..policy_loss import (
     GSPOParams,
     KLCovParams,
     PPOClipParams,
+    ReinforceISParams,
     SAPOParams,
 )
 
@@ -207,6 +208,30 @@ def gpg(inputs: PolicyLossInputs, params: GPGParams) -> PolicyLossOutput:
     loss = _reduce(pg_losses, inputs)
     ppo_kl = _masked_mean(-(inputs.log_probs - inputs.old_log_probs), mask)
     return PolicyLossOutput(loss, _metrics(0.0, ppo_kl, 0.0))
+
+
+def reinforce_is(inputs: PolicyLossInputs, params: ReinforceISParams) -> PolicyLossOutput:
+    """REINFORCE with truncated IS weights (verl's bypass ``loss_type: reinforce``): l = -A w log pi,
+    ``w`` detached, taken against ``old_log_probs`` (the rollout's in bypass mode) at this forward."""
+    from .correction import importance_weights
+
+    mask = _float_mask(inputs)
+    extra: dict[str, Any] = {}
+    if params.is_level == "none":
+        pg_losses = -inputs.advantages * inputs.log_probs  # [B, T]
+    else:
+        w, is_metrics = importance_weights(
+            inputs.log_probs.detach() - inputs.old_log_probs,
+            mask,
+            params.is_level,
+            params.threshold,
+            params.batch_normalize,
+        )
+        pg_losses = -inputs.advantages * inputs.log_probs * w  # [B, T]
+        extra = dict(is_metrics)
+    loss = _reduce(pg_losses, inputs)
+    ppo_kl = _masked_mean(-(inputs.log_probs - inputs.old_log_probs), mask)
+    return PolicyLossOutput(loss, _metrics(0.0, ppo_kl, 0.0, **extra))
 
 
 def dro(inputs: PolicyLossInputs, params: DROParams) -> PolicyLossOutput:

@@ -1,0 +1,65 @@
+"""What the ``python_file`` scorer checks when a recipe is validated: the file and its function, read as
+text (``ast``), so validating runs none of it. Apart from :mod:`.user_file` (which imports the file)
+because the scorer's params class calls it and must not import the scoring code.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping
+from pathlib import Path
+
+#: the keywords verl passes a custom reward function (verl/trainer/ppo/reward.py), in order
+VERL_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+
+def check_function(path: str, name: str, kwargs: Mapping[str, object]) -> None:
+    """Refuse, with what is wrong and what would be right, a file or function verl's call cannot use.
+    Reads the file as text only."""
+    if not path:
+        raise ValueError(
+            "path is required: the Python file that defines your scoring function, e.g. "
+            "{name: python_file, path: my_reward.py, function: compute_score}"
+        )
+    file = Path(path).expanduser()
+    if not file.is_file():
+        what = (
+            "is a directory" if file.is_dir() else "does not exist" if not file.exists() else "is not a file"
+        )
+        raise ValueError(f"path {path!r} {what}; give the Python file that defines {name!r}")
+    try:
+        tree = ast.parse(file.read_bytes(), filename=str(file))
+    except SyntaxError as e:
+        raise ValueError(f"path {path!r} is not Python that parses: {e.msg} (line {e.lineno})") from None
+    except ValueError as e:  # NUL bytes
+        raise ValueError(f"path {path!r} is not a Python source file ({e})") from None
+    defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name]
+    if not defs:
+        found = sorted(n.name for n in tree.body if isinstance(n, ast.FunctionDef))
+        raise ValueError(
+            f"{path!r} defines no top-level function {name!r} (its functions: {found or 'none'}); set "
+            "function to the one that scores"
+        )
+    fn = defs[-1]  # the last definition wins, as when the module runs
+    if isinstance(fn, ast.AsyncFunctionDef):
+        raise ValueError(f"{name!r} in {path!r} is async; a scoring function is called synchronously")
+    a = fn.args
+    named = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+    posonly = {x.arg for x in a.posonlyargs}
+    wanted = [*VERL_ARGS, *kwargs]
+    missing = [k for k in wanted if (k not in named or k in posonly) and a.kwarg is None]
+    if missing:
+        raise ValueError(
+            f"{name}() in {path!r} does not accept the keyword(s) {missing}; verl's call passes "
+            f"{', '.join(VERL_ARGS)} (and the kwargs setting): add them to its parameters, or **kwargs"
+        )
+    required = [x.arg for x in (*a.posonlyargs, *a.args)][
+        : len(a.posonlyargs) + len(a.args) - len(a.defaults)
+    ]
+    required += [x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is None]
+    unmet = [k for k in required if k not in wanted]
+    if unmet:
+        raise ValueError(
+            f"{name}() in {path!r} requires {unmet}, which verl's call does not pass; give them defaults or "
+            "set them in kwargs"
+        )
