@@ -32,7 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Protocol
 
 from rlzoo.kernel.errors import RlzooError
 from rlzoo.sandbox.params import SandboxParams
@@ -79,6 +79,28 @@ class Execution:
         return self.outcome is Outcome.OK
 
 
+class CodeRunner(Protocol):
+    """What scorers, environments and tools run code through: the local :class:`Sandbox` and the
+    remote :class:`rlzoo.sandbox.remote.RemoteSandbox` both are one."""
+
+    params: SandboxParams
+
+    def run(
+        self,
+        code: str | None = None,
+        *,
+        argv: Sequence[str] | None = None,
+        stdin: str | bytes = b"",
+        files: Mapping[str, str | bytes] | None = None,
+        timeout_s: float | None = None,
+    ) -> Execution: ...
+
+    def submit(self, code: str | None = None, **kw: Any) -> Future[Execution]: ...
+    def map(self, requests: Sequence[Mapping[str, Any]]) -> list[Execution]: ...
+    async def arun(self, code: str | None = None, **kw: Any) -> Execution: ...
+    def close(self) -> None: ...
+
+
 def _check_name(name: str) -> str:
     path = PurePosixPath(name)
     if path.is_absolute() or ".." in path.parts or not path.parts or name != str(path):
@@ -92,7 +114,7 @@ class Sandbox:
     def __init__(self, params: SandboxParams | None = None) -> None:
         self.params = params or SandboxParams()
         if self.params.url:
-            raise ValueError("SandboxParams.url is set: use rlzoo.sandbox.remote.connect(params) for a remote one")
+            raise ValueError("SandboxParams.url is set: rlzoo.sandbox.sandbox_for(params) gives the remote one")
         self.protections: Protections = protections(self.params.isolation)
         missing = self.protections.missing(self.params.require)
         if self.params.isolation == "bwrap" and self.protections.mode != "bwrap":
