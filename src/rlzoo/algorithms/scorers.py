@@ -6,7 +6,8 @@ code lives in :mod:`rlzoo.algorithms.functional.scoring` and is imported on firs
 
 Every scorer is called as ``fn(response, ground_truth, data_source, extra_info, params)`` and
 returns a float or a dict with at least ``score`` (other keys such as ``acc`` and ``pred`` become
-metrics). No scorer ever ``eval``s model output.
+metrics). No scorer ever ``eval``s model output in the trainer's process: ``code_tests`` runs it in
+the sandbox (:mod:`rlzoo.sandbox`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl, param
+from rlzoo.sandbox.params import SandboxParams
 
 if TYPE_CHECKING:
     from rlzoo.kernel.protocols import ScorerFn
@@ -118,6 +120,26 @@ class AutoParams:
     fallback: str = param("math", help="scorer for unknown data sources; '' raises instead")
 
 
+@dataclass(frozen=True)
+class CodeTestsParams:
+    """Run the response's code against the row's tests in the sandbox; score = fraction passed.
+
+    The code is the response's last ```python block (bare code without fences). The row's
+    ``ground_truth`` holds the tests: verl's ``prime_code`` layout (``fn_name`` with ``inputs`` /
+    ``outputs``), stdin / stdout pairs, or assert statements (docs/code.md). Each test ends as one
+    of ``passed``, ``wrong_answer``, ``runtime_error``, ``timeout``, ``compile_error``: the counts
+    are returned (metrics) with ``score`` and ``acc`` (all passed). The code runs in the sandbox of
+    ``sandbox`` (local, or a SandboxFusion server with ``sandbox.url``), never in the trainer.
+    """
+
+    sandbox: SandboxParams = param(SandboxParams(), help="where and how the code runs (docs/code.md)")
+    test_timeout_s: float = param(
+        2.0, gt=0, help="seconds one test may take (stdin/stdout tests: one execution each)"
+    )
+    max_tests: int = param(0, ge=0, help="run only a row's first N tests (0: all)")
+    all_or_nothing: bool = param(False, help="score 1.0 only when every test passes (False: the fraction)")
+
+
 #: the rule-based scorers, name -> (``"module:function"`` under :mod:`rlzoo.algorithms.functional.scoring`,
 #: params class): registered below, and what the ``auto`` scorer routes to.
 RULE_SCORERS: Mapping[str, tuple[str, type]] = {
@@ -134,3 +156,4 @@ def rlzoo_register_scorers(registry: Registrar[ScorerFn]) -> None:
     for name, (target, params) in RULE_SCORERS.items():
         registry.register(name, f"{_IMPL}.{target}", params=params)
     registry.register("auto", f"{_IMPL}.dispatch:compute_score", params=AutoParams)
+    registry.register("code_tests", f"{_IMPL}.code_tests:compute_score", params=CodeTestsParams)
