@@ -138,6 +138,9 @@ class CodeTestsParams:
     )
     max_tests: int = param(0, ge=0, help="run only a row's first N tests (0: all)")
     all_or_nothing: bool = param(False, help="score 1.0 only when every test passes (False: the fraction)")
+    cache_size: int = param(
+        4096, ge=0, help="(code, tests) results remembered: a repeated response is run once (0: off)"
+    )
 
 
 #: the rule-based scorers, name -> (``"module:function"`` under :mod:`rlzoo.algorithms.functional.scoring`,

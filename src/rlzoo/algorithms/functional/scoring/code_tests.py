@@ -12,6 +12,9 @@ Tests (the row's ``reward_model.ground_truth``, a mapping or its JSON text):
 - ``{"asserts": ["assert f(1) == 2", ...], "setup": "..."}``, a list of such strings, or a text
   whose top-level ``assert`` lines are the tests (the other lines run first as setup).
 
+A mapping may add ``prefix``: source the response's code completes (HumanEval style, e.g.
+``def f(x):\n    return ``), put before it.
+
 Function and assert tests run in one execution: a harness compiles the code, runs it, then each
 test under its own alarm, and reports each verdict on a line tagged with a random nonce. The code
 runs in the harness's process: it cannot leave the sandbox, but code written to forge the verdict
@@ -23,11 +26,13 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
 from rlzoo.sandbox import sandbox_for
-from rlzoo.sandbox.run import Execution, Outcome
+from rlzoo.sandbox.run import CodeRunner, Execution, Outcome
 
 from ...scorers import CodeTestsParams
 
@@ -68,10 +73,11 @@ def parse_tests(ground_truth: Any) -> dict[str, Any]:
             inputs, outputs = list(truth["inputs"]), list(truth["outputs"])
             if len(inputs) != len(outputs):
                 raise ValueError(f"code tests: {len(inputs)} inputs but {len(outputs)} outputs")
+            prefix = {"prefix": str(truth["prefix"])} if truth.get("prefix") else {}
             if truth.get("fn_name"):
                 cases = [[i, o] for i, o in zip(inputs, outputs)]
-                return {"kind": "function", "fn_name": str(truth["fn_name"]), "cases": cases}
-            return {"kind": "stdio", "cases": [[_text(i), _text(o)] for i, o in zip(inputs, outputs)]}
+                return {"kind": "function", "fn_name": str(truth["fn_name"]), "cases": cases, **prefix}
+            return {"kind": "stdio", "cases": [[_text(i), _text(o)] for i, o in zip(inputs, outputs)], **prefix}
     raise ValueError(
         "code tests must be {'fn_name', 'inputs', 'outputs'} (prime_code), {'inputs', 'outputs'} (stdin/stdout), "
         f"{{'asserts': [...]}}, a list of assert strings or a text of assert lines; got {type(ground_truth).__name__}"
@@ -212,9 +218,12 @@ def _verdicts(ex: Execution, nonce: str, n: int) -> tuple[list[str], str]:
     return [found.get(i, fate) for i in range(n)], note
 
 
-def run_tests(code: str, tests: Mapping[str, Any], params: CodeTestsParams) -> tuple[list[str], str]:
-    """One verdict per test (``OUTCOMES``) and a note for the log."""
-    box = sandbox_for(params.sandbox)
+def run_tests(
+    code: str, tests: Mapping[str, Any], params: CodeTestsParams, box: CodeRunner | None = None
+) -> tuple[list[str], str]:
+    """One verdict per test (``OUTCOMES``) and a note for the log; ``code`` runs in ``box`` (default:
+    the shared sandbox of ``params.sandbox``)."""
+    box = box or sandbox_for(params.sandbox)
     cases = list(tests["cases"])
     if params.max_tests:
         cases = cases[: params.max_tests]
@@ -243,6 +252,28 @@ def run_tests(code: str, tests: Mapping[str, Any], params: CodeTestsParams) -> t
     return _verdicts(ex, nonce, len(cases))
 
 
+_cache: OrderedDict[str, list[str]] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def _cached_verdicts(code: str, tests: Mapping[str, Any], params: CodeTestsParams) -> list[str]:
+    """``run_tests``, remembered for the last ``params.cache_size`` (code, tests, params): a group of
+    samples often holds the same response several times, and each ran once is enough."""
+    if not params.cache_size:
+        return run_tests(code, tests, params)[0]
+    key = json.dumps([code, tests, repr(params)], sort_keys=True)
+    with _cache_lock:
+        if key in _cache:
+            _cache.move_to_end(key)
+            return list(_cache[key])
+    verdicts, _ = run_tests(code, tests, params)
+    with _cache_lock:
+        _cache[key] = list(verdicts)
+        while len(_cache) > params.cache_size:
+            _cache.popitem(last=False)
+    return verdicts
+
+
 def compute_score(
     response: str, ground_truth: Any, data_source: str, extra_info: Mapping[str, Any], params: CodeTestsParams
 ) -> dict[str, Any]:
@@ -250,7 +281,8 @@ def compute_score(
     1.0 when all pass; one count per outcome (``passed``, ``wrong_answer``, ``runtime_error``,
     ``timeout``, ``compile_error``) and ``tests``."""
     tests = parse_tests(ground_truth)
-    verdicts, _ = run_tests(extract_code(response), tests, params)
+    code = tests.get("prefix", "") + extract_code(response)
+    verdicts = _cached_verdicts(code, tests, params)
     counts = {o: float(verdicts.count(o)) for o in OUTCOMES}
     n = len(verdicts)
     passed = counts["passed"] / n
