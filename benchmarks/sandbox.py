@@ -69,7 +69,9 @@ def batch(parallel: int) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=20, help="executions per overhead measurement")
-    ap.add_argument("--parallel", type=int, default=os.cpu_count() or 1, help="sandbox slots and scorer threads")
+    ap.add_argument(
+        "--parallel", type=int, default=os.cpu_count() or 1, help="sandbox slots and scorer threads"
+    )
     args = ap.parse_args()
     floor = bare(args.repeat)
     rows = [("bare python -c (subprocess.run)", floor, "")]
@@ -81,8 +83,10 @@ def main() -> None:
     print(f"{'execution':40s} {'s each':>8s} {'overhead':>10s}")
     for name, sec, extra in rows:
         print(f"{name:40s} {sec:8.3f} {extra:>10s}")
-    print(f"{'64 responses x 10 tests (code_tests)':40s} {took:8.2f} s total, {took / 64 * 1000:.0f} ms per response, "
-          f"{args.parallel} slots, mean score {mean:.3f} (expected 22/64 = 0.344: rows 0, 3, .. answered right)")
+    print(
+        f"{'64 responses x 10 tests (code_tests)':40s} {took:8.2f} s total, {took / 64 * 1000:.0f} ms per response, "
+        f"{args.parallel} slots, mean score {mean:.3f} (expected 22/64 = 0.344: rows 0, 3, .. answered right)"
+    )
 
 
 if __name__ == "__main__":

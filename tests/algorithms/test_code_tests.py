@@ -7,15 +7,17 @@ import json
 from typing import Any
 
 import pytest
+from sandbox.fusion_standin import fusion_standin
 
 from rlzoo.algorithms.functional.scoring.code_tests import compute_score, extract_code, parse_tests
 from rlzoo.algorithms.scorers import CodeTestsParams
 from rlzoo.sandbox.params import SandboxParams
-from sandbox.fusion_standin import fusion_standin
 
 PARAMS = CodeTestsParams(sandbox=SandboxParams(require=(), timeout_s=5.0), test_timeout_s=0.5)
 # verl prime_code layout: fn_name, inputs as one JSON value per line, outputs as JSON text
-PRIME = json.dumps({"fn_name": "add", "inputs": ["1\n2", "[3]\n[4]", "5\n6"], "outputs": ["3", "[3, 4]", "11"]})
+PRIME = json.dumps(
+    {"fn_name": "add", "inputs": ["1\n2", "[3]\n[4]", "5\n6"], "outputs": ["3", "[3, 4]", "11"]}
+)
 STDIO = {"inputs": ["1 2\n", "3 4\n"], "outputs": ["3\n", "7"]}
 ASSERTS = "def helper(x):\n    return x\nassert sq(2) == 4\nassert sq(3) == 10\nassert sq(helper(-1)) == 1"
 

@@ -20,7 +20,12 @@ def _answer(box: Sandbox, request: dict[str, Any]) -> dict[str, Any]:
     if request.get("language") != "python":
         return {"status": "SandboxError", "message": f"language {request.get('language')!r} not served here"}
     files = {name: base64.b64decode(data) for name, data in (request.get("files") or {}).items()}
-    ex = box.run(request["code"], stdin=request.get("stdin") or "", files=files, timeout_s=float(request["run_timeout"]))
+    ex = box.run(
+        request["code"],
+        stdin=request.get("stdin") or "",
+        files=files,
+        timeout_s=float(request["run_timeout"]),
+    )
     status = {Outcome.OK: "Finished", Outcome.TIMEOUT: "TimeLimitExceeded"}.get(ex.outcome, "Error")
     run_result = {
         "status": "Finished" if status == "Error" and ex.returncode is not None else status,
@@ -29,7 +34,13 @@ def _answer(box: Sandbox, request: dict[str, Any]) -> dict[str, Any]:
         "stdout": ex.stdout,
         "stderr": ex.stderr,
     }
-    return {"status": "Success" if ex.ok else "Failed", "message": "", "compile_result": None, "run_result": run_result, "files": {}}
+    return {
+        "status": "Success" if ex.ok else "Failed",
+        "message": "",
+        "compile_result": None,
+        "run_result": run_result,
+        "files": {},
+    }
 
 
 @contextmanager
@@ -38,7 +49,7 @@ def fusion_standin(params: SandboxParams) -> Iterator[str]:
     box = Sandbox(params)
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's spelling)
+        def do_POST(self) -> None:
             if self.path != "/run_code":
                 self.send_error(404)
                 return

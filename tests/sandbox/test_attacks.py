@@ -102,7 +102,9 @@ def _left_running(box: Sandbox, marker: str) -> list[str]:
             found.append(f"{p.info['pid']}: {cmd[:80]}")
     for p in _uid_processes(box):
         try:
-            found.append(f"{p.pid} (sandbox uid, {p.status()}, ppid {p.ppid()}): {' '.join(p.cmdline())[:80]}")
+            found.append(
+                f"{p.pid} (sandbox uid, {p.status()}, ppid {p.ppid()}): {' '.join(p.cmdline())[:80]}"
+            )
         except psutil.NoSuchProcess:
             continue
     found += [f"{p.pid} (child of the test)" for p in psutil.Process().children(recursive=True)]
@@ -116,7 +118,9 @@ def _contain(box: Sandbox, name: str, run: Callable[[str], Execution]) -> Execut
     stoppers = [p for p in attack.stopped_by if box.protections.active[p]]
     if not stoppers:
         RESULTS[(mode, name)] = "NOT STOPPED: needs " + " or ".join(attack.stopped_by)
-        pytest.skip(f"{name!r} is stopped by {' or '.join(attack.stopped_by)}; this machine's {mode} sandbox has none")
+        pytest.skip(
+            f"{name!r} is stopped by {' or '.join(attack.stopped_by)}; this machine's {mode} sandbox has none"
+        )
     marker = f"rlzoo-attack-{uuid.uuid4().hex}"
     ex = run(marker)
     assert ex.outcome in attack.outcomes, (ex.outcome, ex.stdout[-500:], ex.stderr[-1000:])
@@ -186,7 +190,9 @@ def test_tcp_connect_to_a_loopback_port(sandbox: Sandbox) -> None:
 
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
-    code = f"import socket; s = socket.create_connection(('127.0.0.1', {port}), timeout=1); s.sendall(b'hello')"
+    code = (
+        f"import socket; s = socket.create_connection(('127.0.0.1', {port}), timeout=1); s.sendall(b'hello')"
+    )
     try:
         ex = _contain(sandbox, "TCP connect to a loopback port", lambda m: sandbox.run(code))
     finally:

@@ -31,7 +31,11 @@ def test_protections_name_every_protection_and_say_why() -> None:
 
 
 def test_stdin_files_and_argv(box: Sandbox) -> None:
-    ex = box.run("import sys; print(sys.stdin.read().upper(), open('data/in.txt').read())", stdin="abc", files={"data/in.txt": "xyz"})
+    ex = box.run(
+        "import sys; print(sys.stdin.read().upper(), open('data/in.txt').read())",
+        stdin="abc",
+        files={"data/in.txt": "xyz"},
+    )
     assert ex.outcome is Outcome.OK and ex.stdout == "ABC xyz\n" and ex.returncode == 0
     ex = box.run(argv=["/bin/cat", "a.txt"], files={"a.txt": b"raw bytes"})
     assert ex.ok and ex.stdout == "raw bytes"
@@ -96,7 +100,7 @@ def test_arun_never_blocks_the_event_loop(box: Sandbox) -> None:
                 await asyncio.sleep(0.01)
                 ticks += 1
 
-        ticker = asyncio. create_task(tick())
+        ticker = asyncio.create_task(tick())
         ex = await box.arun("import time; time.sleep(0.5); print('done')")
         ticker.cancel()
         return ticks, ex.stdout

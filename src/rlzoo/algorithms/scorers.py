@@ -111,7 +111,8 @@ class AutoParams:
 
     ``openai/gsm8k`` -> ``gsm8k``; ``hiyouga/geometry3k`` -> ``geo3k``; ``math_dapo``,
     ``BytedTsinghua-SIA/DAPO-Math-17k``, ``BytedTsinghua-SIA/AIME-2024`` and ``aime*`` ->
-    ``dapo_math``; ``lighteval/MATH`` and friends -> ``math``. ``routes`` adds or overrides
+    ``dapo_math``; ``lighteval/MATH`` and friends -> ``math``; verl's code sources (``codecontests``,
+    ``apps``, ``codeforces``, ``taco``) and ``rlzoo/python_functions`` -> ``code_tests``. ``routes`` adds or overrides
     entries; unknown sources go to ``fallback`` (an empty fallback makes them an error). Each
     routed scorer runs with its default params.
     """
@@ -151,6 +152,7 @@ RULE_SCORERS: Mapping[str, tuple[str, type]] = {
     "geo3k": ("geo3k:compute_score", Geo3KParams),
     "dapo_math": ("dapo_math:compute_score", DAPOMathParams),
     "aime": ("dapo_math:compute_score_aime", AIMEParams),
+    "code_tests": ("code_tests:compute_score", CodeTestsParams),
 }
 
 
@@ -159,4 +161,3 @@ def rlzoo_register_scorers(registry: Registrar[ScorerFn]) -> None:
     for name, (target, params) in RULE_SCORERS.items():
         registry.register(name, f"{_IMPL}.{target}", params=params)
     registry.register("auto", f"{_IMPL}.dispatch:compute_score", params=AutoParams)
-    registry.register("code_tests", f"{_IMPL}.code_tests:compute_score", params=CodeTestsParams)

@@ -109,12 +109,29 @@ def _bwrap_probe(tools: Tools, root: bool, as_user: int | None) -> tuple[bool, s
         return False, "bubblewrap (bwrap) is not installed"
     inner = ["/usr/bin/true"] if Path("/usr/bin/true").exists() else ["/bin/true"]
     argv = [tools.bwrap, *namespace_args(root), "--die-with-parent", "--new-session"]
-    argv += [*system_binds(), "--proc", "/proc", "--dev", "/dev", "--size", str(1 << 20), "--tmpfs", "/sandbox"]
+    argv += [
+        *system_binds(),
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        str(1 << 20),
+        "--tmpfs",
+        "/sandbox",
+    ]
     if root:
         if not tools.setpriv:
             return False, "running as root needs setpriv (util-linux) to drop to an unprivileged uid"
         argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", tools.setpriv, "--reuid=65534"]
-        argv += ["--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+        argv += [
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            "--",
+        ]
     ok, err = _try([*argv, *inner], user=as_user)
     return ok, err
 
@@ -134,7 +151,9 @@ def protections(isolation: str = "auto") -> Protections:
     tools = find_tools()
     root = os.geteuid() == 0
     why: dict[str, str] = {}
-    bwrap_ok, bwrap_err = (False, "isolation: rlimits") if isolation == "rlimits" else _bwrap_probe(tools, root, None)
+    bwrap_ok, bwrap_err = (
+        (False, "isolation: rlimits") if isolation == "rlimits" else _bwrap_probe(tools, root, None)
+    )
     unpriv_ok, unpriv_err = _bwrap_probe(tools, False, 65534 if root else None)
     notes = [] if unpriv_ok else [f"an unprivileged user gets no bwrap sandbox here: {unpriv_err}"]
     mode = "bwrap" if bwrap_ok else "rlimits"
@@ -168,7 +187,7 @@ def protections(isolation: str = "auto") -> Protections:
         "process_limit": root,
         "seccomp": False,
         "landlock": False,
-        **{name: bwrap_ok for name in spaces},
+        **dict.fromkeys(spaces, bwrap_ok),
     }
     return Protections(
         mode=mode,

@@ -79,7 +79,9 @@ class RemoteSandbox:
 
     def _execution(self, answer: Mapping[str, Any]) -> Execution:
         if answer.get("status") == "SandboxError":
-            raise RemoteSandboxError(f"SandboxFusion server {self.url}: {answer.get('message', 'SandboxError')}")
+            raise RemoteSandboxError(
+                f"SandboxFusion server {self.url}: {answer.get('message', 'SandboxError')}"
+            )
         result = answer.get("run_result") or answer.get("compile_result") or {}
         limit = self.params.max_output_bytes
         stdout, stderr = str(result.get("stdout") or ""), str(result.get("stderr") or "")

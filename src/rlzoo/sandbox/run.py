@@ -18,6 +18,7 @@ caller holds a thread, never the event loop). Every execution:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import queue
@@ -30,7 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
@@ -51,7 +52,7 @@ class SandboxUnavailable(RlzooError):
     """The params require a protection this machine does not give: nothing was run."""
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     """How an execution ended."""
 
     OK = "ok"  # exit status 0
@@ -114,7 +115,9 @@ class Sandbox:
     def __init__(self, params: SandboxParams | None = None) -> None:
         self.params = params or SandboxParams()
         if self.params.url:
-            raise ValueError("SandboxParams.url is set: rlzoo.sandbox.sandbox_for(params) gives the remote one")
+            raise ValueError(
+                "SandboxParams.url is set: rlzoo.sandbox.sandbox_for(params) gives the remote one"
+            )
         self.protections: Protections = protections(self.params.isolation)
         missing = self.protections.missing(self.params.require)
         if self.params.isolation == "bwrap" and self.protections.mode != "bwrap":
@@ -150,7 +153,9 @@ class Sandbox:
     ) -> Execution:
         """Run Python ``code`` (or the program ``argv``) with ``stdin`` and ``files`` in its work dir."""
         if (code is None) == (argv is None):
-            raise ValueError("Sandbox.run takes Python source (code=...) or a command (argv=[...]), one of them")
+            raise ValueError(
+                "Sandbox.run takes Python source (code=...) or a command (argv=[...]), one of them"
+            )
         files = {_check_name(k): v for k, v in (files or {}).items()}
         if code is not None:
             if MAIN in files:
@@ -224,7 +229,16 @@ class Sandbox:
         for prefix in prefixes:
             if not (prefix == "/usr" or prefix.startswith("/usr/")):
                 cmd += ["--ro-bind", prefix, prefix]
-        cmd += ["--proc", "/proc", "--dev", "/dev", "--size", str(self.params.disk_mb << 20), "--tmpfs", WORKDIR]
+        cmd += [
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--size",
+            str(self.params.disk_mb << 20),
+            "--tmpfs",
+            WORKDIR,
+        ]
         fds: list[int] = []
         for name in names:
             parent = str(PurePosixPath(WORKDIR, name).parent)
@@ -237,7 +251,15 @@ class Sandbox:
         for key, value in self._env(WORKDIR).items():
             cmd += ["--setenv", key, value]
         if uid is not None:
-            cmd += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", prot.tools.setpriv, *_drop(uid), "--"]
+            cmd += [
+                "--cap-add",
+                "CAP_SETUID",
+                "--cap-add",
+                "CAP_SETGID",
+                prot.tools.setpriv,
+                *_drop(uid),
+                "--",
+            ]
         return [*limits, *cmd, *program], {"PATH": "/usr/bin:/bin"}, fds
 
     def _run(
@@ -312,10 +334,8 @@ class Sandbox:
                     timed_out = True
                     break
                 if not open_streams:  # it closed both streams and runs on
-                    try:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
                         proc.wait(_POLL_S)
-                    except subprocess.TimeoutExpired:
-                        pass
                     continue
                 for key, _ in sel.select(_POLL_S):
                     chunk = _read(key.fd)
@@ -406,10 +426,8 @@ def _read(fd: int) -> bytes:
 def _kill_all(proc: subprocess.Popen[bytes], uid: int | None) -> None:
     """Kill the execution's process group (its session), wait for it, and, when it ran as a uid of its
     own without a pid namespace, every process left with that uid (a daemon that left the group)."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     proc.wait()
     if uid is None:
         return

@@ -132,7 +132,13 @@ def _checked(rows: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
         info["split"] = split
         kept.append({**r, "data_source": r.get("data_source") or "code", "extra_info": info})
     if dropped:
-        log.warning("verl_code: %d of %d %s rows dropped (tests not readable), e.g. %s", len(dropped), len(rows), split, dropped[0])
+        log.warning(
+            "verl_code: %d of %d %s rows dropped (tests not readable), e.g. %s",
+            len(dropped),
+            len(rows),
+            split,
+            dropped[0],
+        )
     if not kept:
         raise RlzooError(f"verl_code: none of the {len(rows)} {split} rows has readable tests: {dropped[:3]}")
     return kept
@@ -147,7 +153,9 @@ def prepare_verl_code(out_dir: Path, params: VerlCodeParams) -> dict[str, Path]:
         if params.val_files:
             return train, _checked(_read_rows(params.val_files, params.limit), "val")
         if params.val_size >= len(train):
-            raise RlzooError(f"verl_code: val_size={params.val_size} leaves nothing of {len(train)} rows to train on")
+            raise RlzooError(
+                f"verl_code: val_size={params.val_size} leaves nothing of {len(train)} rows to train on"
+            )
         random.Random(params.seed).shuffle(train)
         cut = len(train) - params.val_size
         return train[:cut], train[cut:]
@@ -202,11 +210,15 @@ class PythonTool:
 
     params: PythonToolParams
     name: str = "python"
-    description: str = "Run Python code in a sandbox (no network, no files outside it) and read what it printed."
+    description: str = (
+        "Run Python code in a sandbox (no network, no files outside it) and read what it printed."
+    )
     parameters: Mapping[str, Any] = field(
         default_factory=lambda: {
             "type": "object",
-            "properties": {"code": {"type": "string", "description": "Python source; print what you want to read"}},
+            "properties": {
+                "code": {"type": "string", "description": "Python source; print what you want to read"}
+            },
             "required": ["code"],
         }
     )

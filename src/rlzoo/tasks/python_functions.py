@@ -86,7 +86,9 @@ class PythonFunctionsEnvParams:
     and the outcome counts.
     """
 
-    tests: CodeTestsParams = param(CodeTestsParams(), help="how the tests run (the code_tests scorer's params)")
+    tests: CodeTestsParams = param(
+        CodeTestsParams(), help="how the tests run (the code_tests scorer's params)"
+    )
     max_attempts: int = param(1, ge=1, help="answers the model may give (a failed one gets feedback)")
 
 

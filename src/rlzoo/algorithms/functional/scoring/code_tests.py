@@ -45,7 +45,9 @@ _OPEN_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*)\Z", re.DOTALL)
 def extract_code(response: str) -> str:
     """The last ```python (or ```py, or unlabelled) fenced block; an unclosed last fence runs to the
     end (a response cut at the length limit); without fences the whole response (bare code)."""
-    blocks = [body for lang, body in _FENCE.findall(response) if lang.lower() in ("python", "python3", "py", "")]
+    blocks = [
+        body for lang, body in _FENCE.findall(response) if lang.lower() in ("python", "python3", "py", "")
+    ]
     if blocks:
         return blocks[-1]
     tail = response.split("```")
@@ -68,7 +70,11 @@ def parse_tests(ground_truth: Any) -> dict[str, Any]:
         return {"kind": "assert", "setup": "", "cases": list(truth)}
     if isinstance(truth, Mapping):
         if "asserts" in truth:
-            return {"kind": "assert", "setup": str(truth.get("setup") or ""), "cases": [str(t) for t in truth["asserts"]]}
+            return {
+                "kind": "assert",
+                "setup": str(truth.get("setup") or ""),
+                "cases": [str(t) for t in truth["asserts"]],
+            }
         if "inputs" in truth and "outputs" in truth:
             inputs, outputs = list(truth["inputs"]), list(truth["outputs"])
             if len(inputs) != len(outputs):
@@ -77,7 +83,11 @@ def parse_tests(ground_truth: Any) -> dict[str, Any]:
             if truth.get("fn_name"):
                 cases = [[i, o] for i, o in zip(inputs, outputs)]
                 return {"kind": "function", "fn_name": str(truth["fn_name"]), "cases": cases, **prefix}
-            return {"kind": "stdio", "cases": [[_text(i), _text(o)] for i, o in zip(inputs, outputs)], **prefix}
+            return {
+                "kind": "stdio",
+                "cases": [[_text(i), _text(o)] for i, o in zip(inputs, outputs)],
+                **prefix,
+            }
     raise ValueError(
         "code tests must be {'fn_name', 'inputs', 'outputs'} (prime_code), {'inputs', 'outputs'} (stdin/stdout), "
         f"{{'asserts': [...]}}, a list of assert strings or a text of assert lines; got {type(ground_truth).__name__}"
@@ -85,7 +95,13 @@ def parse_tests(ground_truth: Any) -> dict[str, Any]:
 
 
 def _text(value: Any) -> str:
-    return value if isinstance(value, str) else "\n".join(map(str, value)) if isinstance(value, list) else str(value)
+    return (
+        value
+        if isinstance(value, str)
+        else "\n".join(map(str, value))
+        if isinstance(value, list)
+        else str(value)
+    )
 
 
 def _assert_text(text: str) -> dict[str, Any]:
@@ -104,7 +120,7 @@ def normalize_stdout(text: str) -> str:
 
 # The harness: compiles solution.py, runs it, then each test under its own alarm; one verdict line
 # per test, tagged with the nonce, on a copy of stdout the solution's prints do not reach.
-HARNESS = r'''
+HARNESS = r"""
 import io, json, os, signal, sys
 NONCE = %(nonce)r
 OUT = os.dup(1)
@@ -183,9 +199,9 @@ for i, case in enumerate(spec["cases"]):
         report(i, "wrong_answer", repr(e))
     except BaseException as e:
         report(i, "runtime_error", repr(e))
-'''
+"""
 
-STDIO_HARNESS = r'''
+STDIO_HARNESS = r"""
 import json, os, sys
 try:
     code = compile(open("solution.py").read(), "solution.py", "exec")
@@ -193,7 +209,7 @@ except (SyntaxError, ValueError, MemoryError, RecursionError) as e:
     os.write(1, (json.dumps([%(nonce)r, -1, "compile_error", repr(e)[:200]]) + "\n").encode())
     sys.exit(0)
 exec(code, {"__name__": "__main__"})
-'''
+"""
 
 
 def _verdicts(ex: Execution, nonce: str, n: int) -> tuple[list[str], str]:
@@ -214,7 +230,9 @@ def _verdicts(ex: Execution, nonce: str, n: int) -> tuple[list[str], str]:
         found[int(i)] = verdict
     fate = "timeout" if ex.outcome is Outcome.TIMEOUT else "runtime_error"
     if len(found) < n:
-        note = f"the run ended ({ex.outcome.value}) with {n - len(found)} tests unreported: {ex.stderr[-200:]}"
+        note = (
+            f"the run ended ({ex.outcome.value}) with {n - len(found)} tests unreported: {ex.stderr[-200:]}"
+        )
     return [found.get(i, fate) for i in range(n)], note
 
 
@@ -233,7 +251,12 @@ def run_tests(
     if tests["kind"] == "stdio":
         harness = STDIO_HARNESS % {"nonce": nonce}
         files = {"solution.py": code}
-        runs = box.map([{"code": harness, "stdin": i, "files": files, "timeout_s": params.test_timeout_s} for i, _ in cases])
+        runs = box.map(
+            [
+                {"code": harness, "stdin": i, "files": files, "timeout_s": params.test_timeout_s}
+                for i, _ in cases
+            ]
+        )
         verdicts = []
         for ex, (_, want) in zip(runs, cases):
             if nonce in ex.stdout and "compile_error" in ex.stdout:
@@ -243,7 +266,9 @@ def run_tests(
             elif not ex.ok:
                 verdicts.append("runtime_error")
             else:
-                verdicts.append("passed" if normalize_stdout(ex.stdout) == normalize_stdout(want) else "wrong_answer")
+                verdicts.append(
+                    "passed" if normalize_stdout(ex.stdout) == normalize_stdout(want) else "wrong_answer"
+                )
         return verdicts, ""
     spec = {**tests, "cases": cases}
     harness = HARNESS % {"nonce": nonce, "test_timeout": params.test_timeout_s}
