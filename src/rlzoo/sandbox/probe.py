@@ -175,16 +175,23 @@ def protections(isolation: str = "auto") -> Protections:
         why["process_limit"] = "RLIMIT_NPROC counted for that uid alone"
     else:
         why["separate_uid"] = "off: not root, the code runs as the caller's uid"
-        why["process_limit"] = (
-            "off: RLIMIT_NPROC would count all of the caller's processes and threads (not root: no uid of its own)"
-        )
+        if bwrap_ok and tools.prlimit:
+            why["process_limit"] = (
+                "RLIMIT_NPROC set inside the sandbox's user namespace: its processes alone count"
+            )
+        else:
+            why["process_limit"] = (
+                "off: outside a user namespace of its own RLIMIT_NPROC would count all of the caller's "
+                "processes and threads (not root: no uid of its own)"
+            )
+    nproc = root or (bwrap_ok and bool(tools.prlimit))
     why.update(_seccomp_landlock_notes())
     active = {
         "rlimits": True,
         "clean_env": True,
         "own_session": True,
         "separate_uid": root,
-        "process_limit": root,
+        "process_limit": nproc,
         "seccomp": False,
         "landlock": False,
         **dict.fromkeys(spaces, bwrap_ok),

@@ -260,6 +260,9 @@ class Sandbox:
                 *_drop(uid),
                 "--",
             ]
+        elif prot.active["process_limit"]:
+            # set inside the new user namespace, RLIMIT_NPROC counts the sandbox's processes alone
+            cmd += [prot.tools.prlimit, f"--nproc={self.params.max_processes}", "--"]
         return [*limits, *cmd, *program], {"PATH": "/usr/bin:/bin"}, fds
 
     def _run(
