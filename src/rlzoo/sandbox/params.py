@@ -72,7 +72,9 @@ class SandboxParams:
         False, help="let code import the running environment's installed packages (its prefix, read-only)"
     )
     env: dict[str, str] = param({}, help="extra environment variables given to the code")
-    url: str = param("", help="a SandboxFusion server's address ('': run locally); see docs/code.md")
+    url: str = param(
+        "", help="a SandboxFusion server's address, with or without /run_code ('': run locally); docs/code.md"
+    )
 
     def __post_init__(self) -> None:
         problems = check_ranges(self)

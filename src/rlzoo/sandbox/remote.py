@@ -39,7 +39,8 @@ class RemoteSandbox:
         if not params.url:
             raise ValueError("RemoteSandbox needs SandboxParams.url (a SandboxFusion server's address)")
         self.params = params
-        self.url = params.url.rstrip("/") + "/run_code"
+        base = params.url.rstrip("/")  # verl's sandbox_fusion.url names the endpoint itself
+        self.url = base if base.endswith("/run_code") else base + "/run_code"
         self.slots = params.max_parallel or 8
         self._pool: ThreadPoolExecutor | None = None
 
