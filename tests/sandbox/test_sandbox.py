@@ -66,7 +66,7 @@ def test_a_missing_protection_is_refused_before_anything_runs(monkeypatch: pytes
 
     found = protections("rlimits")
     monkeypatch.setattr(subprocess, "Popen", no_popen)
-    with pytest.raises(SandboxUnavailable, match=r"require \['no_network'\].*sandbox.require"):
+    with pytest.raises(SandboxUnavailable, match=r"requires \['no_network'\].*sandbox.require"):
         Sandbox(SandboxParams(isolation="rlimits", require=("no_network",)))
     with pytest.raises(SandboxUnavailable, match="seccomp"):
         Sandbox(SandboxParams(require=("seccomp",)))
@@ -107,3 +107,26 @@ def test_arun_never_blocks_the_event_loop(box: Sandbox) -> None:
 
     ticks, out = asyncio.run(main())
     assert out == "done\n" and ticks >= 10  # the loop ran on while the code slept 0.5 s
+
+
+def test_validate_reports_a_missing_protection_before_the_run(capsys: pytest.CaptureFixture[str]) -> None:
+    from rlzoo.cli import main
+
+    # rlimits mode has no pid namespace, which the default require names: refused at validate time
+    assert main(["validate", "quickstart_code", "reward.scorer.sandbox.isolation=rlimits"]) != 0
+    out = capsys.readouterr()
+    assert (
+        "reward.scorer: the sandbox requires ['pid_namespace', 'no_network', 'private_fs']"
+        in out.out + out.err
+    )
+    assert (
+        main(
+            [
+                "validate",
+                "quickstart_code",
+                "reward.scorer.sandbox.isolation=rlimits",
+                "reward.scorer.sandbox.require=[]",
+            ]
+        )
+        == 0
+    )

@@ -143,6 +143,10 @@ class CodeTestsParams:
         4096, ge=0, help="(code, tests) results remembered: a repeated response is run once (0: off)"
     )
 
+    def run_problems(self) -> list[str]:
+        """What the machine lacks for ``sandbox.require`` (:class:`rlzoo.kernel.protocols.RunReadyParams`)."""
+        return self.sandbox.run_problems()
+
 
 #: the rule-based scorers, name -> (``"module:function"`` under :mod:`rlzoo.algorithms.functional.scoring`,
 #: params class): registered below, and what the ``auto`` scorer routes to.

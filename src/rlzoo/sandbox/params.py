@@ -76,6 +76,27 @@ class SandboxParams:
         "", help="a SandboxFusion server's address, with or without /run_code ('': run locally); docs/code.md"
     )
 
+    def run_problems(self) -> list[str]:
+        """The protections ``require`` names that this machine lacks (none with ``url``: the server's
+        own isolation applies); ``rlzoo validate`` reports them before a run starts
+        (:class:`rlzoo.kernel.protocols.RunReadyParams`)."""
+        if self.url:
+            return []
+        from rlzoo.sandbox.probe import protections
+
+        found = protections(self.isolation)
+        missing = found.missing(self.require)
+        if self.isolation == "bwrap" and found.mode != "bwrap":
+            missing = sorted({*missing, "pid_namespace", "no_network", "private_fs"})
+        if not missing:
+            return []
+        why = "; ".join(f"{name}: {found.why.get(name, '?')}" for name in missing)
+        have = [n for n, on in found.active.items() if on]
+        return [
+            f"the sandbox requires {missing}, which this machine does not give ({why}); install bubblewrap "
+            f"(and let it create namespaces), or accept less with sandbox.require=[...] (active here: {have})"
+        ]
+
     def __post_init__(self) -> None:
         problems = check_ranges(self)
         unknown = sorted(set(self.require) - set(PROTECTIONS))

@@ -119,20 +119,14 @@ class Sandbox:
                 "SandboxParams.url is set: rlzoo.sandbox.sandbox_for(params) gives the remote one"
             )
         self.protections: Protections = protections(self.params.isolation)
-        missing = self.protections.missing(self.params.require)
-        if self.params.isolation == "bwrap" and self.protections.mode != "bwrap":
-            missing = sorted({*missing, "pid_namespace", "no_network", "private_fs"})
-        if missing:
-            details = "; ".join(f"{name}: {self.protections.why.get(name, '?')}" for name in missing)
-            raise SandboxUnavailable(
-                f"the sandbox settings require {missing}, which this machine does not give ({details}). "
-                "Install bubblewrap (and let it create namespaces), or accept less with "
-                f"sandbox.require=[...] (active here: {[n for n, on in self.protections.active.items() if on]})"
-            )
+        problems = self.params.run_problems()
+        if problems:
+            raise SandboxUnavailable(problems[0])
         line = self.protections.line()
         if line not in _logged:
             _logged.add(line)
             log.info("%s", line)
+            print(f"rlzoo: {line}", flush=True)  # the run's console says which protections are on
             for note in self.protections.notes:
                 log.info("sandbox: %s", note)
         self.slots = self.params.max_parallel or os.cpu_count() or 1

@@ -91,6 +91,10 @@ class PythonFunctionsEnvParams:
     )
     max_attempts: int = param(1, ge=1, help="answers the model may give (a failed one gets feedback)")
 
+    def run_problems(self) -> list[str]:
+        """What the machine lacks for the sandbox's ``require`` (checked by ``rlzoo validate``)."""
+        return self.tests.run_problems()
+
 
 @dataclass(frozen=True)
 class PythonToolParams:
@@ -102,6 +106,10 @@ class PythonToolParams:
 
     sandbox: SandboxParams = param(SandboxParams(), help="where and how the code runs (docs/code.md)")
     max_chars: int = param(2000, ge=16, help="longest reply the model reads")
+
+    def run_problems(self) -> list[str]:
+        """What the machine lacks for the sandbox's ``require`` (checked by ``rlzoo validate``)."""
+        return self.sandbox.run_problems()
 
 
 @hookimpl
