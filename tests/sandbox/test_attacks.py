@@ -85,7 +85,7 @@ def run_dir(tmp_path: Path) -> Path:
 def _uid_processes(box: Sandbox) -> list[psutil.Process]:
     if not box.protections.root:
         return []
-    uids = {box.params.uid - k for k in range(box.slots)}
+    uids = set(box.uids)
     found = []
     for p in psutil.process_iter(["uids", "status"]):
         if p.info["uids"] and p.info["uids"].real in uids and p.info["status"] != psutil.STATUS_ZOMBIE:

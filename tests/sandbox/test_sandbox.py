@@ -130,3 +130,20 @@ def test_validate_reports_a_missing_protection_before_the_run(capsys: pytest.Cap
         )
         == 0
     )
+
+
+def test_sandboxes_never_share_a_uid_and_leave_no_folder(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    a = Sandbox(SandboxParams(max_parallel=2, **FAST))  # type: ignore[arg-type]
+    b = Sandbox(SandboxParams(max_parallel=3, **FAST))  # type: ignore[arg-type]
+    if a.protections.root:
+        assert len(set(a.uids) | set(b.uids)) == 5 and max(a.uids + b.uids) <= 65534
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert (
+        a.run("open('x', 'w').write('y')").ok
+        and b.run("while True: pass", timeout_s=0.5).outcome is Outcome.TIMEOUT
+    )
+    assert list(tmp_path.iterdir()) == []  # its work folders and stdin files are gone

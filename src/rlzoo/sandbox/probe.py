@@ -171,7 +171,9 @@ def protections(isolation: str = "auto") -> Protections:
     why["clean_env"] = "allow-list: PATH, HOME, LANG, TMPDIR and the params' env"
     why["own_session"] = "setsid: its process group is killed at the end and at the timeout"
     if root:
-        why["separate_uid"] = "root drops to uid (params.uid - slot) before the code runs"
+        why["separate_uid"] = (
+            "root drops to a uid of the slot's own (from params.uid down) before the code runs"
+        )
         why["process_limit"] = "RLIMIT_NPROC counted for that uid alone"
     else:
         why["separate_uid"] = "off: not root, the code runs as the caller's uid"

@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -46,6 +47,20 @@ MAIN = "main.py"  # Python source is written here
 _READ = 65536
 _POLL_S = 0.02
 _logged: set[str] = set()
+_uids_taken = 0  # uids handed to the sandboxes of this process so far (each slot its own)
+_uids_lock = threading.Lock()
+
+
+def _take_uids(top: int, n: int) -> list[int]:
+    """``n`` uids below ``top`` that no other sandbox of this process uses: a slot's process count and
+    the sweep of its leftovers (rlimits mode) never touch another sandbox's processes."""
+    global _uids_taken
+    with _uids_lock:
+        first = top - _uids_taken
+        _uids_taken += n
+    if first - n < 1000:
+        raise SandboxUnavailable(f"no free sandbox uids below {top}: too many sandboxes in this process")
+    return [first - k for k in range(n)]
 
 
 class SandboxUnavailable(RlzooError):
@@ -130,6 +145,8 @@ class Sandbox:
             for note in self.protections.notes:
                 log.info("sandbox: %s", note)
         self.slots = self.params.max_parallel or os.cpu_count() or 1
+        #: the uid of each slot (as root; the caller's own otherwise)
+        self.uids = _take_uids(self.params.uid, self.slots) if self.protections.root else []
         self._free: queue.SimpleQueue[int] = queue.SimpleQueue()
         for k in range(self.slots):
             self._free.put(k)
@@ -269,7 +286,7 @@ class Sandbox:
         timeout: float,
     ) -> Execution:
         prot = self.protections
-        uid = self.params.uid - slot if prot.root else None
+        uid = self.uids[slot] if prot.root else None
         host_dir = Path(tempfile.mkdtemp(prefix="rlzoo-sandbox-"))
         fds: list[int] = []
         try:
