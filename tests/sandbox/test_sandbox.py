@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from rlzoo.sandbox.params import PROTECTIONS, SandboxParams
-from rlzoo.sandbox.probe import protections
+from rlzoo.sandbox.params import SandboxParams
+from rlzoo.sandbox.probe import PROTECTIONS, protections
 from rlzoo.sandbox.run import Outcome, Sandbox, SandboxUnavailable
 
 FAST = {"timeout_s": 3.0, "memory_mb": 256, "require": ()}

@@ -7,21 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rlzoo.kernel.params import check_ranges, param
-
-#: every protection a sandbox may use, by name (docs/code.md says what each one stops)
-PROTECTIONS: tuple[str, ...] = (
-    "rlimits",  # CPU seconds, address space, open files, file size, core dumps
-    "process_limit",  # RLIMIT_NPROC counted for a uid of the sandbox's own
-    "clean_env",  # the environment is an allow-list, not the caller's
-    "own_session",  # its own session and process group, killed as a whole
-    "separate_uid",  # runs as an unprivileged uid of its own (when the caller is root)
-    "pid_namespace",  # sees only its own processes; everything dies with it
-    "no_network",  # a network namespace with nothing in it
-    "private_fs",  # a mount namespace: only the interpreter's files, read-only, and a fresh tmpfs
-    "ipc_namespace",  # no shared memory / semaphores with the host
-    "seccomp",  # a system-call filter (not used: no maintained binding installed)
-    "landlock",  # a Landlock ruleset (not used: no maintained binding installed)
-)
+from rlzoo.sandbox.probe import PROTECTIONS, protections
 
 #: what ``require`` holds by default: a recipe that runs code on a machine without bubblewrap
 #: fails at start, and says how to accept rlimits only
@@ -83,8 +69,6 @@ class SandboxParams:
         (:class:`rlzoo.kernel.protocols.RunReadyParams`)."""
         if self.url:
             return []
-        from rlzoo.sandbox.probe import protections
-
         found = protections(self.isolation)
         missing = found.missing(self.require)
         if self.isolation == "bwrap" and found.mode != "bwrap":

@@ -17,7 +17,20 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlzoo.sandbox.params import PROTECTIONS
+#: every protection a sandbox may use, by name (docs/code.md says what each one stops)
+PROTECTIONS: tuple[str, ...] = (
+    "rlimits",  # CPU seconds, address space, open files, file size, core dumps
+    "process_limit",  # RLIMIT_NPROC counted for a uid of the sandbox's own
+    "clean_env",  # the environment is an allow-list, not the caller's
+    "own_session",  # its own session and process group, killed as a whole
+    "separate_uid",  # runs as an unprivileged uid of its own (when the caller is root)
+    "pid_namespace",  # sees only its own processes; everything dies with it
+    "no_network",  # a network namespace with nothing in it
+    "private_fs",  # a mount namespace: only the interpreter's files, read-only, and a fresh tmpfs
+    "ipc_namespace",  # no shared memory / semaphores with the host
+    "seccomp",  # a system-call filter (not used: no maintained binding installed)
+    "landlock",  # a Landlock ruleset (not used: no maintained binding installed)
+)
 
 #: how long one probe may take (bwrap starts in milliseconds; a hang means it does not work)
 PROBE_TIMEOUT_S = 10.0
