@@ -51,8 +51,8 @@ class SandboxParams:
     uid: int = param(
         65534,
         ge=1,
-        help="when the caller is root: the highest uid its slots run as, one each, counting down past other "
-        "sandboxes of the process (its own process count; 65534 = nobody)",
+        help="when the caller is root: the highest uid its slots run as, one each, counting down past uids "
+        "other sandboxes on the machine hold (its own process count; 65534 = nobody)",
     )
     python: str = param("", help="interpreter for Python source ('': the running one's base interpreter)")
     site_packages: bool = param(

@@ -47,20 +47,39 @@ MAIN = "main.py"  # Python source is written here
 _READ = 65536
 _POLL_S = 0.02
 _logged: set[str] = set()
-_uids_taken = 0  # uids handed to the sandboxes of this process so far (each slot its own)
 _uids_lock = threading.Lock()
+_uid_claims: dict[int, int] = {}  # uid -> the fd of its lock file, held while this process lives
+UID_LOCKS = "rlzoo-sandbox-uids"  # folder under the temp dir: one lock file per uid in use
 
 
 def _take_uids(top: int, n: int) -> list[int]:
-    """``n`` uids below ``top`` that no other sandbox of this process uses: a slot's process count and
+    """``n`` uids from ``top`` down that no other sandbox uses, in this process or any other on this
+    machine (an exclusive ``flock`` per uid, held until the process ends): a slot's process count and
     the sweep of its leftovers (rlimits mode) never touch another sandbox's processes."""
-    global _uids_taken
+    import fcntl
+
+    folder = Path(tempfile.gettempdir()) / UID_LOCKS
+    folder.mkdir(mode=0o755, exist_ok=True)
+    taken: list[int] = []
     with _uids_lock:
-        first = top - _uids_taken
-        _uids_taken += n
-    if first - n < 1000:
-        raise SandboxUnavailable(f"no free sandbox uids below {top}: too many sandboxes in this process")
-    return [first - k for k in range(n)]
+        for uid in range(top, 999, -1):
+            if len(taken) == n:
+                break
+            if uid in _uid_claims:
+                continue
+            fd = os.open(folder / f"{uid}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            _uid_claims[uid] = fd
+            taken.append(uid)
+    if len(taken) < n:
+        raise SandboxUnavailable(
+            f"no {n} free sandbox uids from {top} down: too many sandboxes on this machine"
+        )
+    return taken
 
 
 class SandboxUnavailable(RlzooError):
@@ -232,9 +251,9 @@ class Sandbox:
         limits = [prot.tools.prlimit, *self._limits(uid), "--"] if prot.tools.prlimit else []
         if prot.mode != "bwrap":
             env = self._env(str(host_dir))
-            if uid is not None:
+            if uid is not None and prot.tools.setpriv:  # as root: setpriv drops to the slot's uid at exec
                 return [*limits, prot.tools.setpriv, *_drop(uid), "--", *program], env, []
-            return [*limits, *program], env, []
+            return [*limits, *program], env, []  # (as root without setpriv: Popen's user= drops it)
         cmd = [prot.tools.bwrap, *namespace_args(prot.root), "--die-with-parent", "--new-session"]
         cmd += system_binds()
         for prefix in prefixes:
@@ -319,6 +338,7 @@ class Sandbox:
         timeout: float,
     ) -> Execution:
         bwrap = self.protections.mode == "bwrap"
+        setpriv = bool(self.protections.tools.setpriv)
         start = time.monotonic()
         proc = subprocess.Popen(
             cmd,
@@ -330,6 +350,10 @@ class Sandbox:
             pass_fds=fds,
             start_new_session=True,
             preexec_fn=None if self.protections.tools.prlimit else self._preexec,
+            # without bwrap and setpriv, root becomes the slot's uid before exec (groups cleared)
+            user=None if (bwrap or uid is None or setpriv) else uid,
+            group=None if (bwrap or uid is None or setpriv) else uid,
+            extra_groups=None if (bwrap or uid is None or setpriv) else [],
         )
         limit = self.params.max_output_bytes
         out: dict[int, bytearray] = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}  # type: ignore[union-attr]
