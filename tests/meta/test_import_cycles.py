@@ -126,6 +126,7 @@ LAYERS: list[tuple[str, ...]] = [
         "rlzoo.kernel",
     ),  # contracts: hooks, kinds, registry, params, Protocols, settings, Batch
     ("rlzoo.system", "rlzoo.data", "rlzoo.rollout_kit"),  # the OS, the data schema, the sample stream
+    ("rlzoo.sandbox",),  # untrusted code in a box: scorers, environments and tools run code through it
     ("rlzoo.models", "rlzoo.agents"),  # model files and tokenizers; the multi-turn rollout
     ("rlzoo.train_kit", "rlzoo.recipe"),  # what train backends share; the recipe language (not compose)
     ("rlzoo.report", "rlzoo.loggers", "rlzoo.distributed", "rlzoo.placement"),  # metrics out; where parts run

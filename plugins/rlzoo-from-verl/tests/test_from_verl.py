@@ -767,3 +767,31 @@ def test_chat_template_arguments_reach_the_recipe():
         )
     )
     assert conv.get("data.chat_template_kwargs") == {"reasoning_effort": "medium", "enable_thinking": False}
+
+
+def test_sandbox_fusion_maps_to_code_tests_on_that_server(tmp_path):
+    """verl's code sources score on the SandboxFusion server (reward_model.sandbox_fusion.*): rlzoo's
+    code_tests scorer speaks the same /run_code, so they map to reward.scorers with sandbox.url."""
+    script = (SCRIPTS / "run_qwen2-7b_gsm8k_grpo.sh").read_text()
+    script = script.replace(
+        "trainer.total_epochs=15 $@",
+        "reward_model.sandbox_fusion.url='http://10.0.0.5:8080/run_code' \\\n"
+        "    reward_model.sandbox_fusion.memory_limit_mb=1024 \\\n"
+        "    reward_model.sandbox_fusion.max_concurrent=32 \\\n"
+        "    trainer.total_epochs=15",
+    )
+    src = tmp_path / "code.sh"
+    src.write_text(script)
+    out = tmp_path / "code.yaml"
+    conv, _text = from_verl(str(src), out)
+    cfg = load_config(str(out))
+    for source in ("codecontests", "apps", "codeforces", "taco"):
+        scorer = cfg.reward.scorers[source]
+        assert scorer.name == "code_tests"
+        sandbox = scorer.params.sandbox
+        assert (sandbox.url, sandbox.memory_mb, sandbox.max_parallel) == (
+            "http://10.0.0.5:8080/run_code",
+            1024,
+            32,
+        )
+    assert_every_key_accounted_for(conv, script)

@@ -6,7 +6,8 @@ code lives in :mod:`rlzoo.algorithms.functional.scoring` and is imported on firs
 
 Every scorer is called as ``fn(response, ground_truth, data_source, extra_info, params)`` and
 returns a float or a dict with at least ``score`` (other keys such as ``acc`` and ``pred`` become
-metrics). No scorer ever ``eval``s model output.
+metrics). No scorer ever ``eval``s model output in the trainer's process: ``code_tests`` runs it in
+the sandbox (:mod:`rlzoo.sandbox`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl, param
+from rlzoo.sandbox.params import SandboxParams
 
 if TYPE_CHECKING:
     from rlzoo.kernel.protocols import ScorerFn
@@ -109,7 +111,8 @@ class AutoParams:
 
     ``openai/gsm8k`` -> ``gsm8k``; ``hiyouga/geometry3k`` -> ``geo3k``; ``math_dapo``,
     ``BytedTsinghua-SIA/DAPO-Math-17k``, ``BytedTsinghua-SIA/AIME-2024`` and ``aime*`` ->
-    ``dapo_math``; ``lighteval/MATH`` and friends -> ``math``. ``routes`` adds or overrides
+    ``dapo_math``; ``lighteval/MATH`` and friends -> ``math``; verl's code sources (``codecontests``,
+    ``apps``, ``codeforces``, ``taco``) and ``rlzoo/python_functions`` -> ``code_tests``. ``routes`` adds or overrides
     entries; unknown sources go to ``fallback`` (an empty fallback makes them an error). Each
     routed scorer runs with its default params.
     """
@@ -141,6 +144,33 @@ class PythonFileParams:
         check_function(self.path, self.function, self.kwargs)
 
 
+@dataclass(frozen=True)
+class CodeTestsParams:
+    """Run the response's code against the row's tests in the sandbox; score = fraction passed.
+
+    The code is the response's last ```python block (bare code without fences). The row's
+    ``ground_truth`` holds the tests: verl's ``prime_code`` layout (``fn_name`` with ``inputs`` /
+    ``outputs``), stdin / stdout pairs, or assert statements (docs/code.md). Each test ends as one
+    of ``passed``, ``wrong_answer``, ``runtime_error``, ``timeout``, ``compile_error``: the counts
+    are returned (metrics) with ``score`` and ``acc`` (all passed). The code runs in the sandbox of
+    ``sandbox`` (local, or a SandboxFusion server with ``sandbox.url``), never in the trainer.
+    """
+
+    sandbox: SandboxParams = param(SandboxParams(), help="where and how the code runs (docs/code.md)")
+    test_timeout_s: float = param(
+        2.0, gt=0, help="seconds one test may take (stdin/stdout tests: one execution each)"
+    )
+    max_tests: int = param(0, ge=0, help="run only a row's first N tests (0: all)")
+    all_or_nothing: bool = param(False, help="score 1.0 only when every test passes (False: the fraction)")
+    cache_size: int = param(
+        4096, ge=0, help="(code, tests) results remembered: a repeated response is run once (0: off)"
+    )
+
+    def run_problems(self) -> list[str]:
+        """What the machine lacks for ``sandbox.require`` (:class:`rlzoo.kernel.protocols.RunReadyParams`)."""
+        return self.sandbox.run_problems()
+
+
 #: the rule-based scorers, name -> (``"module:function"`` under :mod:`rlzoo.algorithms.functional.scoring`,
 #: params class): registered below, and what the ``auto`` scorer routes to.
 RULE_SCORERS: Mapping[str, tuple[str, type]] = {
@@ -149,6 +179,7 @@ RULE_SCORERS: Mapping[str, tuple[str, type]] = {
     "geo3k": ("geo3k:compute_score", Geo3KParams),
     "dapo_math": ("dapo_math:compute_score", DAPOMathParams),
     "aime": ("dapo_math:compute_score_aime", AIMEParams),
+    "code_tests": ("code_tests:compute_score", CodeTestsParams),
 }
 
 

@@ -59,6 +59,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlzoo.loggers",
     "rlzoo.tasks.quickstart",
     "rlzoo.tasks.tools",
+    "rlzoo.tasks.python_functions",
     "rlzoo.tasks.smollm2",
     "rlzoo.tasks.smollm2_calc",
     "rlzoo.tasks.reasoning_gym",

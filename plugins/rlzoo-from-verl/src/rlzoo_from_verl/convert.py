@@ -489,15 +489,49 @@ def _lora(conv: Conversion, v: dict[str, Any], bad: Callable[[str, Any, str], No
     conv.set("trainer.lora.target_modules", names, R + "model.target_modules", targets)
 
 
+#: the data sources verl scores by running code (prime_code, or SandboxFusion with sandbox_fusion.url)
+CODE_SOURCES = ("codecontests", "apps", "codeforces", "taco")
+_SF = "reward_model.sandbox_fusion."
+
+
+def _sandbox_fusion(conv: Conversion, v: dict[str, Any]) -> None:
+    """verl's SandboxFusion server: its code sources go to ``code_tests`` on the same server."""
+    url = v.pop(_SF + "url", None)
+    members = {k: v.pop(k) for k in [k for k in v if k.startswith(_SF)]}
+    if _off(url):
+        if url is not None:
+            conv.skipped.append((_SF + "url", url, "no sandbox"))
+        conv.skipped += [(k, val, "no sandbox") for k, val in members.items()]
+        return
+    sandbox: dict[str, Any] = {"url": str(url)}
+    mem = members.pop(_SF + "memory_limit_mb", None)
+    if mem not in (None, -1, "-1"):
+        sandbox["memory_mb"] = int(mem)
+        conv.mapped.append((_SF + "memory_limit_mb", mem, "reward.scorers.*.sandbox.memory_mb", int(mem), ""))
+    conc = members.pop(_SF + "max_concurrent", None)
+    if conc not in (None, 0):
+        sandbox["max_parallel"] = int(conc)
+        conv.mapped.append(
+            (_SF + "max_concurrent", conc, "reward.scorers.*.sandbox.max_parallel", int(conc), "")
+        )
+    for source in CODE_SOURCES:
+        conv.set(
+            f"reward.scorers.{source}",
+            {"name": "code_tests", "sandbox": dict(sandbox)},
+            _SF + "url",
+            url,
+            "verl's code sources run their tests on that server",
+        )
+    conv.skipped += [(k, val, "read with sandbox_fusion.url: no rlzoo setting") for k, val in members.items()]
+
+
 def _feature_groups(
     conv: Conversion, v: dict[str, Any], given: Mapping[str, Any], bad: Callable[[str, Any, str], None]
 ) -> None:
     """Keys read together with a switch: LoRA (lora_rank), multi-turn, MTP, sandbox fusion."""
     _lora(conv, v, bad)
-    groups = (
-        (ROLL + "multi_turn.enable", (ROLL + "multi_turn.",), "multi-turn is off"),
-        ("reward_model.sandbox_fusion.url", ("reward_model.sandbox_fusion.",), "no sandbox"),
-    )
+    _sandbox_fusion(conv, v)
+    groups = ((ROLL + "multi_turn.enable", (ROLL + "multi_turn.",), "multi-turn is off"),)
     for switch, members, why in groups:
         on = not _off(given.get(switch))
         for k in [k for k in v if k.startswith(members) and k != switch]:

@@ -496,8 +496,9 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     "reward_model.use_reward_loop": Skip("verl's reward-loop implementation switch"),
     "reward_model.num_workers": Skip(_PERF + "verl's reward worker count"),
     "reward_model.launch_reward_fn_async": Skip(_PERF + "rlzoo's reward managers overlap scoring themselves"),
-    "reward_model.sandbox_fusion.url": Skip(
-        "no sandbox", _off, "rlzoo has no sandbox-fusion code-execution scorer (write a scorer plugin)"
+    "reward_model.sandbox_fusion.url": Rule(
+        "reward.scorers: verl's code sources (codecontests, apps, codeforces, taco) -> code_tests with "
+        "sandbox.url (rlzoo's code_tests speaks SandboxFusion's /run_code)"
     ),
     "reward_model.sandbox_fusion.*": Rule("read with sandbox_fusion.url"),
     "custom_reward_function.path": Rule("reward.scorer: {name: python_file, path} (an absolute path)"),

@@ -22,6 +22,12 @@ ROUTES: Mapping[str, str] = {
     "lighteval/MATH": "math",
     "DigitalLearningGmbH/MATH-lighteval": "math",
     "HuggingFaceH4/MATH-500": "math",
+    # verl routes these to prime_code / SandboxFusion; rlzoo runs their tests in its sandbox
+    "codecontests": "code_tests",
+    "apps": "code_tests",
+    "codeforces": "code_tests",
+    "taco": "code_tests",
+    "rlzoo/python_functions": "code_tests",
 }
 #: data_source prefix -> scorer name, tried after the exact matches.
 PREFIX_ROUTES: tuple[tuple[str, str], ...] = (("aime", "dapo_math"),)
