@@ -795,3 +795,14 @@ def test_sandbox_fusion_maps_to_code_tests_on_that_server(tmp_path):
             32,
         )
     assert_every_key_accounted_for(conv, script)
+
+
+def test_verls_prime_manager_is_the_process_pool_with_its_timeout():
+    conv = convert(
+        ov(
+            "algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=4 data.train_batch_size=8 "
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8 reward_model.reward_manager=prime"
+        )
+    )
+    assert conv.get("reward.manager") == {"name": "process_pool", "timeout": 300.0}
+    assert any(n.startswith("prime -> process_pool") for n in conv.notes)

@@ -380,6 +380,10 @@ def _assemble(
         conv.set("rollout.backend.engine_kwargs", eng, " + ".join(eng_keys), eng)
     _reward_model(conv, v, given, bad)
     _custom_reward(conv, v)
+    if given.get("reward_model.reward_manager") == "prime":  # verl's per-sample limit (prime.py)
+        conv.set(
+            "reward.manager.timeout", 300.0, "reward_model.reward_manager", "prime", "verl's prime timeout"
+        )
     template = "data.apply_chat_template_kwargs."
     for k in [k for k in v if k.startswith(template)]:
         val = v.pop(k)

@@ -52,6 +52,13 @@ def _fsdp(v: Any) -> str:
     return name
 
 
+#: verl's ``prime`` reward manager: worker processes, 300 s per sample, a failure scores 0
+PRIME_NOTE = (
+    "prime -> process_pool: verl's prime manager scores in worker processes with 300 s per sample "
+    "(reward.manager.timeout: 300, as verl), a failed or late sample scoring 0"
+)
+
+
 #: printed where a script asks for another engine: what rlzoo runs instead, and why (docs/from-verl.md)
 ENGINE_NOTES = {
     "sglang": (
@@ -468,7 +475,11 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
         "one algorithm.rollout_correction part (token_is / seq_is / icepop / rejection)"
     ),
     # reward
-    "reward_model.reward_manager": To("reward.manager.name"),
+    "reward_model.reward_manager": To(
+        "reward.manager.name",
+        lambda v: "process_pool" if v == "prime" else v,
+        note_for=lambda v: PRIME_NOTE if v == "prime" else "",
+    ),
     "reward_model.enable": Rule("True -> reward.manager: reward_model (a learned reward model)"),
     "reward_model.reward_kwargs.overlong_buffer_cfg.enable": To("reward.manager.enable"),
     "reward_model.reward_kwargs.overlong_buffer_cfg.len": To("reward.manager.overlong_buffer_len"),
