@@ -54,7 +54,9 @@ def test_abort_after_limit_consecutive_all_failed_steps() -> None:
     tracker.end_step(3)
     tracker.record(_score("nan", "raise"))
     tracker.end_step(4)
-    with pytest.raises(RewardFailureError, match=r"2 consecutive steps.*last error: RuntimeError: no answer"):
+    with pytest.raises(
+        RewardFailureError, match=r"2 consecutive steps.*last error: .*RuntimeError: no answer"
+    ):
         tracker.check()
 
 

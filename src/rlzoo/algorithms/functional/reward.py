@@ -188,7 +188,9 @@ def call_with_timeout(fn: Callable[[], Any], timeout: float | None) -> Any:
     t.start()
     t.join(timeout)
     if t.is_alive():
-        raise ScorerTimeout(f"the scorer timed out after {timeout:g} s (reward.manager.timeout; its thread was abandoned)")
+        raise ScorerTimeout(
+            f"the scorer timed out after {timeout:g} s (reward.manager.timeout; its thread was abandoned)"
+        )
     if "error" in box:
         raise box["error"]
     return box["value"]
