@@ -51,7 +51,7 @@ def test_the_share_is_of_the_trained_batch_not_of_everything_scored() -> None:
         m = tracker.end_step(step, _trained([_failed("boom")] * 10), write=lambda line: None)
         assert m["reward/failed_frac"] == 1.0  # 10 / 10
         assert m["reward/failed/scorer"] == 10.0
-    with pytest.raises(RewardFailureError, match=r"2 consecutive steps.*last error: scorer math: boom"):
+    with pytest.raises(RewardFailureError, match=r"2 consecutive steps.*errors: scorer math: boom \(10x\)"):
         tracker.check()
 
 

@@ -18,6 +18,7 @@ import concurrent.futures
 import inspect
 import queue
 import threading
+import traceback
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -33,11 +34,13 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class Event(Generic[T]):
     """Spawned work that finished: ``what`` is its tag (``"error"`` when it raised: ``value`` is then
-    the text ``"<tag>: <Type>: <message>"``), ``subject`` what it was spawned for."""
+    the text ``"<tag>: <Type>: <message>"`` and ``traceback`` where it was raised), ``subject`` what it
+    was spawned for."""
 
     what: str
     subject: T
     value: Any
+    traceback: str | None = None
 
 
 class SideLoop(Generic[T]):
@@ -65,12 +68,20 @@ class SideLoop(Generic[T]):
             try:
                 self._events.put(Event(what, subject, f.result()))
             except BaseException as exc:
-                self._events.put(Event("error", subject, f"{what}: {type(exc).__name__}: {exc}"))
+                tb = "".join(traceback.format_exception(exc))
+                self._events.put(Event("error", subject, f"{what}: {type(exc).__name__}: {exc}", tb))
 
         fut.add_done_callback(done)
 
-    async def call(self, fn: Callable[..., Any], *args: Any, timeout: float) -> Any:
-        """``fn(*args)`` (sync in the thread pool, or awaited) within ``timeout`` seconds; on the loop."""
+    async def call(self, fn: Callable[..., Any], *args: Any, timeout: float, setting: str = "timeout") -> Any:
+        """``fn(*args)`` (sync in the thread pool, or awaited) within ``timeout`` seconds; on the loop.
+        A late call raises TimeoutError naming the limit and its ``setting``."""
+        try:
+            return await self._call(fn, *args, timeout=timeout)
+        except TimeoutError:
+            raise TimeoutError(f"no answer within {timeout:g} s ({setting}={timeout:g})") from None
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, timeout: float) -> Any:
         async with self._gate:
             if inspect.iscoroutinefunction(fn):
                 return await asyncio.wait_for(fn(*args), timeout)

@@ -57,6 +57,9 @@ from rlzoo.kernel.protocols import (
 
 __all__ = ["MultiTurnRollout", "agent_metrics"]
 
+#: failed tool calls whose text a trajectory keeps (the rest are counted in tool_errors)
+MAX_TOOL_FAILURES_KEPT = 8
+
 
 @dataclass
 class _Traj:
@@ -85,6 +88,9 @@ class _Traj:
     final_text: str = ""
     truncated: bool = False
     error: str | None = None
+    traceback: str | None = None  # where the environment raised (failures.jsonl keeps it)
+    #: [tool, error text] of failed tool calls (the first MAX_TOOL_FAILURES_KEPT), for the console
+    tool_failures: list[list[str]] = field(default_factory=list)
     env_info: dict[str, float] = field(default_factory=dict)
     pending_calls: list[ToolCall] = field(default_factory=list)  # since the env's last step
     pending_results: list[str] = field(default_factory=list)
@@ -231,10 +237,17 @@ class MultiTurnRollout:
     async def _reset(self, traj: _Traj) -> EnvStep:
         t0 = time.perf_counter()
         try:
-            env = await self._side.call(self.make_env, timeout=self.settings.env_timeout_s)
+            env = await self._side.call(
+                self.make_env, timeout=self.settings.env_timeout_s, setting="rollout.multi_turn.env_timeout_s"
+            )
             traj.env = env
             row = {**traj.request.data, "prompt_ids": list(traj.request.prompt_ids)}
-            out = await self._side.call(env.reset, row, timeout=self.settings.env_timeout_s)
+            out = await self._side.call(
+                env.reset,
+                row,
+                timeout=self.settings.env_timeout_s,
+                setting="rollout.multi_turn.env_timeout_s",
+            )
             tools = [*env.tools(), *self.extra_tools]
         finally:
             traj.env_time_s += time.perf_counter() - t0
@@ -248,7 +261,12 @@ class MultiTurnRollout:
         assert traj.env is not None
         t0 = time.perf_counter()
         try:
-            out = await self._side.call(traj.env.step, turn, timeout=self.settings.env_timeout_s)
+            out = await self._side.call(
+                traj.env.step,
+                turn,
+                timeout=self.settings.env_timeout_s,
+                setting="rollout.multi_turn.env_timeout_s",
+            )
         finally:
             traj.env_time_s += time.perf_counter() - t0
         if not isinstance(out, EnvStep):
@@ -275,12 +293,16 @@ class MultiTurnRollout:
             traj.tool_calls += 1
             text, failed = await self._one_tool(traj, call)
             traj.tool_errors += int(failed)
+            if failed and len(traj.tool_failures) < MAX_TOOL_FAILURES_KEPT:
+                traj.tool_failures.append([call.name, text])
             traj.pending_calls.append(call)
             traj.pending_results.append(text)
             messages.append({"role": "tool", "name": call.name, "content": text})
         for err in errors:
             traj.tool_errors += 1
             traj.malformed_calls += 1
+            if len(traj.tool_failures) < MAX_TOOL_FAILURES_KEPT:
+                traj.tool_failures.append(["(malformed call)", f"error: {err}"])
             messages.append({"role": "tool", "content": f"error: {err}"})
         traj.env_time_s += time.perf_counter() - t0
         return messages
@@ -300,7 +322,7 @@ class MultiTurnRollout:
         try:
             out = await self._side.call(tool.call, dict(call.arguments), timeout=float(tool.timeout_s))
         except TimeoutError:
-            return f"error: {call.name} timed out after {tool.timeout_s} s", True
+            return f"error: {call.name} timed out after {tool.timeout_s} s (the tool's timeout_s)", True
         except Exception as exc:
             return f"error: {call.name}: {exc}", True
         if not isinstance(out, str):
@@ -313,6 +335,7 @@ class MultiTurnRollout:
         with self._lock:
             if what == "error":
                 traj.error = str(value)
+                traj.traceback = event.traceback
                 self._finish(traj, "stop")
             elif what == "reset":
                 assert traj.template is not None
@@ -472,6 +495,8 @@ class MultiTurnRollout:
                 "env_tokens": len(traj.response_ids) - model_tokens,
                 "final_text": traj.final_text,
                 "error": traj.error,
+                "traceback": traj.traceback,
+                "tool_failures": list(traj.tool_failures),
                 "env_info": dict(traj.env_info),
             },
         )

@@ -215,8 +215,12 @@ class RewardFailures:
         self.total_trained += n
         self.total_failed += len(failed)
         self.total_tool_failed += len(tools)
-        if failed:
-            self._last_error = f"{failed[-1][0]}: {failed[-1][1]}"
+        if failed:  # the step's distinct errors, most frequent first (ties: the first seen first)
+            counts: dict[tuple[str, str], int] = {}
+            for key in failed:
+                counts[key] = counts.get(key, 0) + 1
+            top = sorted(counts.items(), key=lambda kv: -kv[1])[:2]
+            self._last_error = "; ".join(f"{p}: {m} ({c}x)" for (p, m), c in top)
         if n:
             frac = len(failed) / n
             if frac >= self.max_frac and failed:
@@ -284,13 +288,13 @@ class RewardFailures:
         trained samples fail."""
         if self.limit and self.streak >= self.limit:
             share = (
-                "every sample"
+                "every trained sample"
                 if self._streak_frac >= 1.0
-                else f"at least {self._streak_frac:.0%} of the samples (reward.max_failed_frac={self.max_frac:g})"
+                else f"at least {self._streak_frac:.0%} of the trained samples (reward.max_failed_frac={self.max_frac:g})"
             )
             raise RewardFailureError(
-                f"{share} failed scoring in {self.streak} consecutive steps (up to step {self._step}; "
-                f"limit reward.max_failed_steps={self.limit}); the last error: {self._last_error}"
+                f"{share} failed in {self.streak} consecutive steps (up to step {self._step}; "
+                f"limit reward.max_failed_steps={self.limit}); the last step's errors: {self._last_error}"
             )
 
     def summary(self) -> dict[str, Any]:

@@ -157,8 +157,8 @@ def _env_result(s: Sample, names: PartNames) -> RewardResult | None:
     part = f"environment {names.environment or 'unknown'}"
     if rec.get("error"):
         info = {"error": f"environment: {rec['error']}", "failed_part": part}
-        if rec.get("traceback"):
-            info["traceback"] = rec["traceback"]
+        if rec.get("traceback"):  # moved into the result: failures.jsonl keeps it, the batch does not
+            info["traceback"] = rec.pop("traceback")
         return RewardResult(0.0, 0.0, True, info)
     if rec.get("reward") is None:
         return None
