@@ -466,7 +466,9 @@ def test_a_scorer_error_keeps_its_traceback():
     (r,) = NaiveRewardManager(NaiveParams(), BoundScorer(raise_deep))(_items("x"))
     assert r.failed and "KeyError" in r.info["error"]
     assert "raise_deep" in r.info["traceback"]  # where it was raised (kept in failures.jsonl)
-    with ProcessPoolRewardManager(ProcessPoolParams(num_workers=1, timeout=30), BoundScorer(raise_deep)) as mgr:
+    with ProcessPoolRewardManager(
+        ProcessPoolParams(num_workers=1, timeout=30), BoundScorer(raise_deep)
+    ) as mgr:
         (r,) = mgr(_items("x"))
     assert r.failed and "raise_deep" in r.info["traceback"]
 
@@ -475,7 +477,9 @@ def test_process_pool_all_hanging_batch_costs_about_one_timeout():
     # issue 39: 4 workers, 16 hanging samples, 1 s: four waves of 1 s plus a worker restart each
     # (300-380 s a step at 256 samples and timeout 2); now the 4 hung workers are killed and
     # replaced once and the rest of the batch fails at once: ~1 s
-    with ProcessPoolRewardManager(ProcessPoolParams(num_workers=4, timeout=1.0), BoundScorer(hang_all)) as mgr:
+    with ProcessPoolRewardManager(
+        ProcessPoolParams(num_workers=4, timeout=1.0), BoundScorer(hang_all)
+    ) as mgr:
         mgr.start()
         t0 = time.monotonic()
         out = mgr(_items(*["x"] * 16))

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rlzoo.kernel.batch import Batch
 from rlzoo.recipe.types import Selection
+from rlzoo.report.console import failure_lines
 from rlzoo.report.metrics import PhaseTimer
 from rlzoo.system.failpoints import failpoint
 from rlzoo.train.batching import rollout_metrics
@@ -298,7 +299,14 @@ class TrainLoop:
     def _summary_on_the_way_out(self, rows: list[dict[str, Any]], t_start: float, ended: str) -> None:
         """``summary.json`` says how this run ended, not what an earlier run of the directory did."""
         try:
-            self.s.finish(rows, wall_s=time.perf_counter() - t_start, ended=ended, extra=self.summary_extra())
+            summary = self.s.finish(
+                rows, wall_s=time.perf_counter() - t_start, ended=ended, extra=self.summary_extra()
+            )
+            lines = failure_lines(summary)  # what failed, by part and message, before the error line
+            if lines:
+                print(
+                    "\n".join([f"rlzoo: the run {ended.split(':', 1)[0]}; what failed:", *lines]), flush=True
+                )
         except Exception as exc:  # never hide the error that got us here
             logger.warning("could not write summary.json: %s", exc)
 
