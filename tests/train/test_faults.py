@@ -12,6 +12,7 @@ user put into the run directory untouched.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shutil
@@ -337,3 +338,31 @@ def test_a_hanging_scorer_aborts_every_runner_within_a_timeout_a_step(
     assert [r["reward/failed_frac"] for r in rows] == [1.0, 1.0]
     # 16 samples, 8 threads: 2 x 1 s a step before; about one timeout now (the rest is not called)
     assert all(r["timing_s/reward"] < 2.0 for r in rows if "timing_s/reward" in r), rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reward", ["nan", "1e300"])
+def test_non_finite_environment_rewards_are_counted_failures_never_null_metrics(
+    reward: str, tools_dir: Path, tmp_path: Path
+) -> None:
+    # issue 39, finding 5: NaN / inf rewards made the reward metrics null and could zero the update,
+    # exit 0; 1e300 was not even counted as a failure
+    out = tmp_path / "run"
+    args = [
+        "quickstart_tools",
+        f"data.dir={tools_dir}",
+        *COMMON,
+        *RUNNER["fully_async"],
+        "trainer.total_steps=8",
+        "trainer.save_freq=-1",
+        "run.export_every=0",
+        f"rollout.environment={{name:bad_reward,reward:{reward}}}",
+        "reward.max_failed_frac=0.1",
+        "reward.max_failed_steps=2",
+    ]
+    done, rows = _abort(args, out)
+    _failed_the_same_way(done, out, "is not a finite float32", "environment bad_reward")
+    for r in rows:
+        assert r["reward/failed/environment"] >= 1, r
+        for key in ("critic/score/mean", "critic/rewards/mean", "actor/pg_loss"):
+            assert isinstance(r.get(key), float) and math.isfinite(r[key]), (key, r)

@@ -88,13 +88,14 @@ def failure_of(info: Mapping[str, Any]) -> tuple[str, str]:
 
 def tool_failures_of(agent: Mapping[str, Any] | None) -> list[tuple[str, str]]:
     """``(part, message)`` of each failed tool call of a trajectory record (``Sample.agent``): its
-    ``tool_failures`` ``[[tool, text], ...]``; a count (``tool_errors``) without texts is one
-    unnamed entry per call."""
+    ``tool_failures`` ``[[tool, text], ...]`` (the first few), then one unnamed entry for each
+    further call counted in ``tool_errors``."""
     if not agent:
         return []
     named = [(f"tool {t}", _cut(str(m), MAX_MESSAGE_CHARS)) for t, m in agent.get("tool_failures") or []]
     rest = int(agent.get("tool_errors") or 0) - len(named)
-    return named + [("tool unknown", "a tool call failed (the trajectory names no error)")] * max(rest, 0)
+    unnamed = ("tool (text not kept)", "a failed tool call beyond the texts its trajectory keeps")
+    return named + [unnamed] * max(rest, 0)
 
 
 class RewardFailures:
