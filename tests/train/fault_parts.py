@@ -72,6 +72,11 @@ def hangs(response: str, ground_truth: Any, data_source: str, extra_info: Any, p
     return 0.0
 
 
+def raises(response: str, ground_truth: Any, data_source: str, extra_info: Any, params: Any) -> float:
+    """A scorer that always raises."""
+    raise ValueError("the grader is down")
+
+
 @rlzoo.hookimpl
 def rlzoo_register_environments(registry: Any) -> None:
     registry.register("raises_on_turn_2", RaisesOnTurn2, params=Turn2Params)
@@ -81,6 +86,7 @@ def rlzoo_register_environments(registry: Any) -> None:
 @rlzoo.hookimpl
 def rlzoo_register_scorers(registry: Any) -> None:
     registry.register("hangs", hangs)
+    registry.register("raises", raises)
 
 
 def register() -> str | None:

@@ -179,3 +179,19 @@ def test_a_non_finite_reward_that_reaches_a_batch_is_failed_there() -> None:
     assert batch["token_level_scores"].isfinite().all()
     tracker = RewardFailures(limit=0)
     assert tracker.end_step(1, batch, write=lambda line: None)["reward/failed_frac"] == 0.5
+
+
+def test_failures_no_trained_batch_shows_still_abort() -> None:
+    # a sample filter drops every all-failed group: under fully_async no batch ever came, the
+    # Rollouter drew the whole dataset and the run "stopped early" with exit 0. The scoring side's
+    # backstop: max_failed_steps steps' worth of scored samples in a row failed -> abort
+    # limit 2, 4 samples a step: (2 x 2 + 2) x 4 = 24 failed in a row, after the loop's own check
+    tracker = RewardFailures(limit=2)
+    tracker.step_samples = 4
+    tracker.record([_failed("boom")] * 23 + [_ok()])
+    tracker.check_scored()  # a success in between: no streak
+    tracker.record([_failed("boom")] * 23)
+    tracker.check_scored()  # 23 < 24
+    tracker.record([_failed("boom")])
+    with pytest.raises(RewardFailureError, match=r"last 24 scored samples all failed .*scorer math: boom"):
+        tracker.check_scored()

@@ -366,3 +366,30 @@ def test_non_finite_environment_rewards_are_counted_failures_never_null_metrics(
         assert r["reward/failed/environment"] >= 1, r
         for key in ("critic/score/mean", "critic/rewards/mean", "actor/pg_loss"):
             assert isinstance(r.get(key), float) and math.isfinite(r[key]), (key, r)
+
+
+@pytest.mark.slow
+def test_failures_a_sample_filter_hides_from_every_batch_still_abort_fully_async(
+    quickstart_dir: Path, tmp_path: Path
+) -> None:
+    # issue 39: with dynamic sampling every all-failed group is dropped, so no trained batch shows
+    # the failures; sync skips the steps and counts what it scored, but fully_async drew prompt
+    # after prompt. Now the scoring side's backstop aborts it too (RewardFailureError, as under sync)
+    out = tmp_path / "run"
+    args = [
+        "quickstart",
+        f"data.dir={quickstart_dir}",
+        *COMMON,
+        *RUNNER["fully_async"],
+        "trainer.total_steps=8",
+        "trainer.save_freq=-1",
+        "run.export_every=0",
+        "algorithm.sample_filter=dynamic_sampling",
+        "reward.scorer=raises",
+        "reward.max_failed_steps=2",
+    ]
+    done, _ = _abort(args, out)
+    assert done.returncode != 0
+    errors = [x for x in done.stderr.splitlines() if x.startswith("rlzoo train: error:")]
+    assert len(errors) == 1 and "scored samples all failed" in errors[0], done.stderr[-3000:]
+    assert "scorer raises: ValueError: the grader is down" in errors[0]

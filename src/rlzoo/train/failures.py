@@ -129,6 +129,9 @@ class RewardFailures:
         self.total_trained = 0
         self.total_tool_failed = 0
         self._step = 0
+        #: samples a step trains (set by the session): the unit of the scored-streak backstop
+        self.step_samples = 0
+        self._scored_streak = 0  # scored samples in a row that failed, none succeeding in between
 
     # -- the run directory ------------------------------------------------------------------------
     def open_log(self, run_dir: Path) -> None:
@@ -165,7 +168,9 @@ class RewardFailures:
                 tb = r.info.pop("traceback", None)
                 if not r.failed:
                     self._pending.append(None)
+                    self._scored_streak = 0
                     continue
+                self._scored_streak += 1
                 key = failure_of(r.info)
                 self._pending.append(key)
                 if key not in self._logged and len(self._logged) < MAX_LOGGED_ERRORS:
@@ -179,6 +184,25 @@ class RewardFailures:
                             "traceback": _cut(str(tb), MAX_TRACEBACK_CHARS) if tb else None,
                         }
                     )
+
+    def check_scored(self) -> None:
+        """The backstop for failures no trained batch shows (a sample filter drops every all-failed
+        group, so fully_async would draw the whole dataset and stop "early", exit 0): raise
+        :class:`RewardFailureError` once ``limit`` steps' worth of scored samples in a row failed,
+        none succeeding. Called by the scoring side (any thread: the fully-async Rollouter's error
+        reaches the trainer as the queue's failure)."""
+        with self._lock:
+            n, last = self._scored_streak, (self._pending[-1] if self._pending else None)
+        # 2 x limit + 2 steps' worth: the loop's own check (after `limit` trained steps) comes first
+        # whenever batches do come, one_step_off's generation one step ahead and fully_async's
+        # staleness window included
+        if self.limit and self.step_samples and n >= (2 * self.limit + 2) * self.step_samples:
+            where = f"{last[0]}: {last[1]}" if last else "unknown"
+            raise RewardFailureError(
+                f"the last {n} scored samples all failed ({2 * self.limit + 2} steps of "
+                f"{self.step_samples}: twice reward.max_failed_steps={self.limit}, plus 2), though no "
+                f"trained batch showed it (a sample filter dropped them); the last error: {where}"
+            )
 
     def record_tools(self, agents: Sequence[Mapping[str, Any] | None]) -> None:
         """Keep the first text of each distinct tool failure of scored trajectories in failures.jsonl."""
