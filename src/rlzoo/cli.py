@@ -79,6 +79,9 @@ def cmd_plugins(ns: argparse.Namespace) -> int:
     if not infos:
         print("no third-party plugins loaded (rlzoo plugins --all lists the built-ins too)")
         return 0
+    failed = [i for i in infos if i.status == "failed"]
+    if failed and len(failed) == len(infos) and not ns.all:
+        print(f"no third-party plugin loaded; {len(failed)} failed to load:")
     rows = [
         [
             i.name,

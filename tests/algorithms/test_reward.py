@@ -420,3 +420,71 @@ def test_reward_managers_read_their_params_directly():
             ):
                 target = ast.unparse(node.args[0])
                 assert "params" not in target, f"{module.__name__}: getattr({target}, ...) with a default"
+
+
+def hang_all(response, ground_truth, data_source, extra_info, params):
+    """Hangs on every call (longer than any test waits for it)."""
+    time.sleep(30)
+
+
+def raise_deep(response, ground_truth, data_source, extra_info, params):
+    raise KeyError("no such answer")
+
+
+def test_naive_all_hanging_batch_costs_about_one_timeout():
+    # issue 39: 64 hanging samples, 8 threads, 0.5 s: 64 / 8 x 0.5 = 4 s before (256 x 60 s: 32 min);
+    # once 8 calls in a row ran late with none finishing, the rest fail without a call: ~0.5 s
+    t0 = time.monotonic()
+    out = NaiveRewardManager(NaiveParams(timeout=0.5, threads=8), BoundScorer(hang_all))(_items(*["x"] * 64))
+    assert time.monotonic() - t0 < 2.0
+    assert all(r.failed for r in out)
+    assert all("reward.manager.timeout=0.5" in r.info["error"] for r in out)  # the limit and its setting
+    assert sum("not scored" in r.info["error"] for r in out) >= 64 - 8
+
+
+def test_naive_leaks_at_most_its_threads_per_hanging_step_and_a_bounded_number_in_all(monkeypatch):
+    # issue 39: every late call left its thread behind (64 per step here); now at most `threads` per
+    # step, and never more than MAX_STUCK_THREADS in all: then calls fail at once, naming the cap
+    from rlzoo.algorithms.functional import reward as impl
+
+    time.sleep(0.2)
+    monkeypatch.setattr(impl, "MAX_STUCK_THREADS", impl.stuck_threads() + 6)
+    base = threading.active_count()
+    mgr = NaiveRewardManager(NaiveParams(timeout=0.2, threads=4), BoundScorer(hang_all))
+    grown = []
+    for _ in range(3):
+        out = mgr(_items(*["x"] * 64))
+        assert all(r.failed for r in out)
+        time.sleep(0.1)  # the runners that found the queue empty exit
+        grown.append(threading.active_count() - base)
+    # step 1: 4 stuck; step 2 starts below the cap (6) and leaves 8; step 3 starts no thread
+    assert grown[0] <= 4 and grown[1] <= 8 and grown[2] == grown[1], grown
+    assert any("stuck" in r.info["error"] and "process_pool" in r.info["error"] for r in out)
+
+
+def test_a_scorer_error_keeps_its_traceback():
+    (r,) = NaiveRewardManager(NaiveParams(), BoundScorer(raise_deep))(_items("x"))
+    assert r.failed and "KeyError" in r.info["error"]
+    assert "raise_deep" in r.info["traceback"]  # where it was raised (kept in failures.jsonl)
+    with ProcessPoolRewardManager(
+        ProcessPoolParams(num_workers=1, timeout=30), BoundScorer(raise_deep)
+    ) as mgr:
+        (r,) = mgr(_items("x"))
+    assert r.failed and "raise_deep" in r.info["traceback"]
+
+
+def test_process_pool_all_hanging_batch_costs_about_one_timeout():
+    # issue 39: 4 workers, 16 hanging samples, 1 s: four waves of 1 s plus a worker restart each
+    # (300-380 s a step at 256 samples and timeout 2); now the 4 hung workers are killed and
+    # replaced once and the rest of the batch fails at once: ~1 s
+    with ProcessPoolRewardManager(
+        ProcessPoolParams(num_workers=4, timeout=1.0), BoundScorer(hang_all)
+    ) as mgr:
+        mgr.start()
+        t0 = time.monotonic()
+        out = mgr(_items(*["x"] * 16))
+        took = time.monotonic() - t0
+        assert all(r.failed for r in out)
+        assert all("reward.manager.timeout=1" in r.info["error"] for r in out)
+        assert took < 3.5, took
+        assert mgr.restarts == 4  # the hung workers, killed and replaced

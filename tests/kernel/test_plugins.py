@@ -348,3 +348,19 @@ def test_a_name_clash_from_an_entry_point_plugin_skips_it_and_rlzoo_plugins_name
         assert main(["components", "advantage"]) == 0
     out = capsys.readouterr().out
     assert "clashing: sample_filter 'twice' is registered twice" in out
+
+
+@pytest.mark.usefixtures("fake_entry_points")
+def test_rlzoo_plugins_names_a_plugin_that_failed_to_load(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # issue 39: `rlzoo plugins` said "no third-party plugins loaded" when one had failed to load
+    from rlzoo.cli import main
+
+    monkeypatch.setattr(plugins_mod, "_default", None)
+    with pytest.warns(PluginLoadWarning):
+        assert main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    assert "no third-party plugins loaded" not in out
+    assert "broken" in out and "failed" in out and "broken on purpose" in out  # which, and why
+    assert "good" in out

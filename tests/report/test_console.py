@@ -66,3 +66,44 @@ def test_a_run_without_metrics_files_points_at_none(tmp_path: Path) -> None:
     text = "\n".join(summary_lines({"run_dir": str(run), "steps": 2}))
     assert "no metrics.jsonl (run.loggers has no jsonl)" in text
     assert "rlzoo plot" not in text and "tensorboard" not in text.lower()
+
+
+FAILURES = {  # what rlzoo.train.failures.RewardFailures.summary() writes into summary.json
+    "trained_samples": 64,
+    "failed_samples": 12,
+    "failed_tool_calls": 3,
+    "by_part": {"environment maze": 10, "scorer math": 2},
+    "errors": [
+        {
+            "part": "environment maze",
+            "message": "environment: step: KeyError: 'door'",
+            "count": 10,
+            "first_step": 1,
+            "last_step": 4,
+        },
+        {
+            "part": "scorer math",
+            "message": "ValueError: no boxed answer",
+            "count": 2,
+            "first_step": 3,
+            "last_step": 3,
+        },
+    ],
+    "tracebacks": "/runs/x/failures.jsonl",
+}
+
+
+def test_the_summary_lists_failures_by_part_and_message(tmp_path: Path) -> None:
+    # issue 39: a run whose environment failed on most trajectories printed a silent summary
+    run = _run_dir(tmp_path)
+    text = "\n".join(summary_lines({"run_dir": str(run), "failures": FAILURES}))
+    assert "12 of 64 trained samples failed, 3 tool calls failed" in text
+    assert "10x environment maze (steps 1-4): environment: step: KeyError: 'door'" in text
+    assert "2x scorer math (steps 3-3): ValueError: no boxed answer" in text
+    assert "tracebacks: /runs/x/failures.jsonl" in text
+    clean = "\n".join(
+        summary_lines(
+            {"run_dir": str(run), "failures": {**FAILURES, "failed_samples": 0, "failed_tool_calls": 0}}
+        )
+    )
+    assert "failures" not in clean  # a run without failures says nothing about them

@@ -363,3 +363,23 @@ def test_runs_drawn_together_are_smoothed_by_one_window() -> None:
     weight = min(0.95, 1.0 - 10.0 / 1000)  # the longest run's window: 1 - 10 / n, at most 0.95
     assert by_len[60] == pytest.approx(ema(raw[:60], weight))
     assert by_len[60] == pytest.approx(by_len[1000][:60])  # equal data, equal curve
+
+
+def test_summary_md_lists_the_runs_failures(tmp_path: Path) -> None:
+    # issue 39: summary.json's failures (rlzoo.train.failures.RewardFailures.summary) in summary.md
+    run = tmp_path / "run"
+    run.mkdir()
+    failures = {
+        "trained_samples": 32,
+        "failed_samples": 5,
+        "failed_tool_calls": 0,
+        "by_part": {"scorer math": 5},
+        "errors": [
+            {"part": "scorer math", "message": "ValueError: bad", "count": 5, "first_step": 2, "last_step": 3}
+        ],
+        "tracebacks": str(run / "failures.jsonl"),
+    }
+    (run / "summary.json").write_text(json.dumps({"steps": 3, "failures": failures}))
+    text = summarize_run(run, records=[])
+    assert "## Failures" in text and "5 of 32 trained samples failed" in text
+    assert "| scorer math | 5 | 2-3 | ValueError: bad |" in text

@@ -94,6 +94,10 @@ def test_a_plugin_source_trains_like_sync(
     for ra, rb in zip(a, b):
         for k in ("critic/rewards/mean", "critic/advantages/max", "actor/pg_loss", "actor/grad_norm"):
             assert rb[k] == pytest.approx(ra[k], rel=1e-5, abs=1e-7), (ra["step"], k)
+        # issue 39: the batch's own metrics come from the loop, so a runner written like this one
+        # (docs/runners.md) keeps them; it used to lose critic/score/*, reward/failed and agent/*
+        for k in ("critic/score/mean", "critic/score/max", "reward/failed", "reward/failed_frac"):
+            assert k in rb and rb[k] == pytest.approx(ra[k], rel=1e-5, abs=1e-7), (ra["step"], k)
     # the loop wrote the one checkpoint payload, with the source's state in it
     (saved,) = (Path(mine["run_dir"]) / "checkpoints").glob("*/rlzoo_checkpoint.json")
     payload = json.loads(saved.read_text())["payload"]

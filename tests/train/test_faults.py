@@ -12,6 +12,7 @@ user put into the run directory untouched.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shutil
@@ -24,6 +25,8 @@ import pytest
 from run_fixtures import QUIET
 
 from rlzoo.report.metrics import read_metrics
+
+from .fault_parts import TURN2_ERROR
 
 STEPS = 6
 COMMON = [
@@ -244,3 +247,149 @@ def test_a_disk_that_fills_up_before_an_export_is_a_message_and_the_run_resumes(
     assert [r["step"] for r in read_metrics(out)] == [1, 2]
     assert json.loads((out / "export" / "step_2" / "rlzoo_export.json").read_text())["step"] == 2
     assert json.loads((out / "final" / "rlzoo_export.json").read_text())["step"] == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# user code that fails (issue 39): the same abort under every runner
+# ---------------------------------------------------------------------------------------------
+FAULT_PARTS = Path(__file__).parent / "fault_parts.py"  # the parts, and `python fault_parts.py ARGS`
+
+
+@pytest.fixture(scope="module")
+def tools_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """quickstart_tools's data (prepared by the first run that reads it)."""
+    return tmp_path_factory.mktemp("quickstart_tools")
+
+
+def _abort(args: list[str], out: Path) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+    env = {**os.environ, "RLZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("RLZOO_KILL_AT", None)
+    cmd = [sys.executable, str(FAULT_PARTS), *args, *QUIET, f"run.output_dir={out}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    return done, read_metrics(out)
+
+
+def _failed_the_same_way(done: subprocess.CompletedProcess[str], out: Path, error: str, part: str) -> None:
+    """A non-zero exit whose one error line names the streak and the error; the failure printed
+    with its part; summary.json lists it by part; failures.jsonl keeps its first occurrence."""
+    assert done.returncode != 0, done.stdout[-3000:]
+    errors = [x for x in done.stderr.splitlines() if x.startswith("rlzoo train: error:")]
+    assert len(errors) == 1 and "consecutive steps" in errors[0] and error in errors[0], done.stderr[-3000:]
+    assert f"failure #1, {part}" in done.stdout, done.stdout[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ended"].startswith("failed: RewardFailureError")
+    assert part in summary["failures"]["by_part"]
+    logged = [json.loads(x) for x in (out / "failures.jsonl").read_text().splitlines()]
+    assert any(e["part"] == part and error in e["message"] for e in logged)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runner", sorted(RUNNER))
+def test_an_environment_raising_on_turn_2_aborts_every_runner_alike(
+    runner: str, tools_dir: Path, tmp_path: Path
+) -> None:
+    # issue 39, finding 4: under fully_async 69-97 % of every trained batch failed, yet the share was
+    # taken over everything scored since the last step (under the bar), exit 0, the summary silent
+    out = tmp_path / "run"
+    args = [
+        "quickstart_tools",
+        f"data.dir={tools_dir}",
+        *COMMON,
+        *RUNNER[runner],
+        "trainer.total_steps=8",
+        "trainer.save_freq=-1",
+        "run.export_every=0",
+        "rollout.environment={name:raises_on_turn_2}",
+        "rollout.multi_turn={max_turns:3}",
+        "reward.max_failed_frac=0.1",
+        "reward.max_failed_steps=2",
+    ]
+    done, rows = _abort(args, out)
+    _failed_the_same_way(done, out, TURN2_ERROR, "environment raises_on_turn_2")
+    batch = 16  # COMMON: 4 prompts x rollout.n=4, the trained batch of every runner
+    for r in rows:  # the share is of the trained batch, for every runner
+        assert r["reward/failed_frac"] == pytest.approx(r["reward/failed"] / batch), r
+    assert rows[-1]["reward/failed_streak"] == 2.0
+    tb = next(json.loads(x) for x in (out / "failures.jsonl").read_text().splitlines())["traceback"]
+    assert "fault_parts.py" in tb and TURN2_ERROR in tb  # where it was raised, kept in the run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runner", sorted(RUNNER))
+def test_a_hanging_scorer_aborts_every_runner_within_a_timeout_a_step(
+    runner: str, quickstart_dir: Path, tmp_path: Path
+) -> None:
+    # issue 39, finding 6: a scorer hanging on every sample cost minutes a step before the abort
+    out = tmp_path / "run"
+    args = [
+        "quickstart",
+        f"data.dir={quickstart_dir}",
+        *COMMON,
+        *RUNNER[runner],
+        "trainer.save_freq=-1",
+        "run.export_every=0",
+        "reward.scorer=hangs",
+        "reward.manager.timeout=1",
+        "reward.max_failed_steps=2",
+    ]
+    done, rows = _abort(args, out)
+    _failed_the_same_way(done, out, "timed out after 1 s", "scorer hangs")
+    assert "reward.manager.timeout=1" in done.stderr  # the limit and the setting that sets it
+    assert [r["reward/failed_frac"] for r in rows] == [1.0, 1.0]
+    # 16 samples, 8 threads: 2 x 1 s a step before; about one timeout now (the rest is not called)
+    assert all(r["timing_s/reward"] < 2.0 for r in rows if "timing_s/reward" in r), rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reward", ["nan", "1e300"])
+def test_non_finite_environment_rewards_are_counted_failures_never_null_metrics(
+    reward: str, tools_dir: Path, tmp_path: Path
+) -> None:
+    # issue 39, finding 5: NaN / inf rewards made the reward metrics null and could zero the update,
+    # exit 0; 1e300 was not even counted as a failure
+    out = tmp_path / "run"
+    args = [
+        "quickstart_tools",
+        f"data.dir={tools_dir}",
+        *COMMON,
+        *RUNNER["fully_async"],
+        "trainer.total_steps=8",
+        "trainer.save_freq=-1",
+        "run.export_every=0",
+        f"rollout.environment={{name:bad_reward,reward:{reward}}}",
+        "reward.max_failed_frac=0.1",
+        "reward.max_failed_steps=2",
+    ]
+    done, rows = _abort(args, out)
+    _failed_the_same_way(done, out, "is not a finite float32", "environment bad_reward")
+    for r in rows:
+        assert r["reward/failed/environment"] >= 1, r
+        for key in ("critic/score/mean", "critic/rewards/mean", "actor/pg_loss"):
+            assert isinstance(r.get(key), float) and math.isfinite(r[key]), (key, r)
+
+
+@pytest.mark.slow
+def test_failures_a_sample_filter_hides_from_every_batch_still_abort_fully_async(
+    quickstart_dir: Path, tmp_path: Path
+) -> None:
+    # issue 39: with dynamic sampling every all-failed group is dropped, so no trained batch shows
+    # the failures; sync skips the steps and counts what it scored, but fully_async drew prompt
+    # after prompt. Now the scoring side's backstop aborts it too (RewardFailureError, as under sync)
+    out = tmp_path / "run"
+    args = [
+        "quickstart",
+        f"data.dir={quickstart_dir}",
+        *COMMON,
+        *RUNNER["fully_async"],
+        "trainer.total_steps=8",
+        "trainer.save_freq=-1",
+        "run.export_every=0",
+        "algorithm.sample_filter=dynamic_sampling",
+        "reward.scorer=raises",
+        "reward.max_failed_steps=2",
+    ]
+    done, _ = _abort(args, out)
+    assert done.returncode != 0
+    errors = [x for x in done.stderr.splitlines() if x.startswith("rlzoo train: error:")]
+    assert len(errors) == 1 and "scored samples all failed" in errors[0], done.stderr[-3000:]
+    assert "scorer raises: ValueError: the grader is down" in errors[0]

@@ -54,7 +54,7 @@ def test_abort_after_limit_consecutive_all_failed_steps() -> None:
     tracker.end_step(3)
     tracker.record(_score("nan", "raise"))
     tracker.end_step(4)
-    with pytest.raises(RewardFailureError, match=r"2 consecutive steps.*last error: RuntimeError: no answer"):
+    with pytest.raises(RewardFailureError, match=r"2 consecutive steps.*errors: .*RuntimeError: no answer"):
         tracker.check()
 
 
@@ -100,7 +100,7 @@ def test_a_run_whose_scorer_always_raises_exits_non_zero(
         pm.unregister(name)
     err = capsys.readouterr().err
     assert rc != 0
-    assert "every sample failed scoring in 2 consecutive steps" in err
+    assert "every trained sample failed in 2 consecutive steps" in err
     assert "the grader service is down" in err
     rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 2  # both steps were logged before the abort
@@ -117,7 +117,9 @@ def test_mostly_failing_steps_abort_too() -> None:
         assert tracker.end_step(step)["reward/failed_frac"] == pytest.approx(0.95)
         if step == 1:
             tracker.check()
-    with pytest.raises(RewardFailureError, match=r"at least 95% of the samples .* 2 consecutive steps"):
+    with pytest.raises(
+        RewardFailureError, match=r"at least 95% of the trained samples .* 2 consecutive steps"
+    ):
         tracker.check()
     # a step below the share resets the streak
     tracker = RewardFailures(limit=2, max_frac=0.9)

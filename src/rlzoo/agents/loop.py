@@ -41,6 +41,7 @@ class Event(Generic[T]):
     what: str
     subject: T
     value: Any
+    traceback: str | None = None
 
 
 class UserCodeError(Exception):

@@ -325,9 +325,11 @@ class PluginManager:
         return paths
 
     def plugins(self, *, include_all: bool = False) -> list[PluginInfo]:
-        """Loaded third-party plugins; with ``include_all`` also built-ins, blocked and failed."""
+        """Third-party plugins that loaded or failed to (a failure is news); with ``include_all`` also
+        built-ins, blocked and disabled ones."""
         self.registries()
-        out = [i for i in self._info.values() if include_all or (not i.builtin and i.status == "loaded")]
+        shown = ("loaded", "failed")
+        out = [i for i in self._info.values() if include_all or (not i.builtin and i.status in shown)]
         return sorted(out, key=lambda i: (not i.builtin, i.name))
 
     @property

@@ -179,15 +179,15 @@ class RewardSection:
     max_failed_steps: int = param(
         3,
         ge=0,
-        help="abort the run (with the scorer's last error) when at least max_failed_frac of the samples "
-        "failed scoring in this many consecutive steps; 0: never abort (failures are still counted in "
-        "reward/failed)",
+        help="abort the run (with the last step's errors) when at least max_failed_frac of the trained "
+        "samples failed (scorer or environment) in this many consecutive steps, under every runner; 0: "
+        "never abort (failures are still counted in reward/failed)",
     )
     max_failed_frac: float = param(
         0.9,
         gt=0,
         le=1,
-        help="share of a step's scored samples that must fail for the step to count toward "
+        help="share of a step's trained samples that must fail for the step to count toward "
         "max_failed_steps (1.0: only steps where every sample failed)",
     )
 

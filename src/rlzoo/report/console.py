@@ -99,6 +99,34 @@ def resume_command(run_dir: Path | str, recipe: str | None) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
+#: distinct errors the printed summary lists (summary.json has them all)
+SHOWN_ERRORS = 5
+
+
+def failure_lines(summary: Mapping[str, Any]) -> list[str]:
+    """What failed in the run (``summary["failures"]``, :meth:`rlzoo.train.failures.RewardFailures.summary`):
+    the totals, then the most frequent distinct errors by part and message; nothing when none did."""
+    f = summary.get("failures")
+    if not isinstance(f, Mapping) or not (f.get("failed_samples") or f.get("failed_tool_calls")):
+        return []
+    lines = [
+        f"  failures: {f.get('failed_samples', 0)} of {f.get('trained_samples', 0)} trained samples failed"
+        + (f", {f['failed_tool_calls']} tool calls failed" if f.get("failed_tool_calls") else "")
+    ]
+    errors = list(f.get("errors") or [])
+    for e in errors[:SHOWN_ERRORS]:
+        message = str(e.get("message", ""))
+        message = message if len(message) <= 160 else message[:160] + "..."
+        lines.append(
+            f"    {e.get('count')}x {e.get('part')} (steps {e.get('first_step')}-{e.get('last_step')}): {message}"
+        )
+    if len(errors) > SHOWN_ERRORS:
+        lines.append(f"    ... {len(errors) - SHOWN_ERRORS} more distinct errors in summary.json")
+    if f.get("tracebacks"):
+        lines.append(f"  tracebacks: {f['tracebacks']}")
+    return lines
+
+
 def summary_lines(
     summary: Mapping[str, Any], *, recipe: str | None = None, wall_s: float | None = None
 ) -> list[str]:
@@ -120,6 +148,7 @@ def summary_lines(
         best_step, best = max(vals, key=lambda sv: sv[1])
         first = vals[0][1]
         lines.append(f"  validation ({VAL_KEY}): {first:.3f} first, best {best:.3f} at step {best_step}")
+    lines += failure_lines(summary)
     wall = wall_s if wall_s is not None else _finite(summary.get("wall_time_s"))
     if wall is not None:
         lines.append(f"  wall time: {_fmt_seconds(wall)}")

@@ -267,6 +267,29 @@ def summarize_run(run_dir: str | Path, records: Records | None = None, *, images
             lines += ["No plugin recorded."]
         lines += [""]
 
+    failures = summary.get("failures") if isinstance(summary, Mapping) else None
+    if isinstance(failures, Mapping) and failures.get("errors"):
+        lines += ["## Failures", ""]
+        lines += [
+            f"{failures.get('failed_samples', 0)} of {failures.get('trained_samples', 0)} trained samples "
+            f"failed; {failures.get('failed_tool_calls', 0)} tool calls failed. Tracebacks: `failures.jsonl`.",
+            "",
+        ]
+        lines += _md_table(
+            ["part", "count", "steps", "error"],
+            [
+                (
+                    str(e.get("part")),
+                    str(e.get("count")),
+                    f"{e.get('first_step')}-{e.get('last_step')}",
+                    str(e.get("message")),
+                )
+                for e in failures["errors"]
+                if isinstance(e, Mapping)
+            ],
+        )
+        lines += [""]
+
     table = metric_table(records)
     if table:
         lines += ["## Metrics", ""]

@@ -33,7 +33,7 @@ from rlzoo.kernel.errors import ConfigError
 from rlzoo.kernel.protocols import GenerationRequest, RewardResult, Sample
 from rlzoo.sources.params import FullyAsyncParams, max_staleness_versions, window_budget
 from rlzoo.sources.queue import Group, QueueExhausted, StalenessQueue, TrainerFailed
-from rlzoo.train.batching import rollout_metrics, samples_to_batch
+from rlzoo.train.batching import samples_to_batch
 from rlzoo.train.loop import SourceExhausted, StepTimer
 from rlzoo.train.session import Session
 
@@ -338,7 +338,6 @@ class StreamFromQueue:
         self.rollouter: Rollouter | None = None
         self.consumed_samples = 0
         self._batch_prompts: list[Prompt] = []
-        self._batch_metrics: dict[str, float] = {}
 
     def _make_request(self, pr: Prompt) -> GenerationRequest:
         # seeded by (loader batch, attempt) as sync's (step, round): s=0 generates what sync does
@@ -393,7 +392,6 @@ class StreamFromQueue:
         max_len = self.s.data.max_response_length
         with timer("collate"):
             batch = samples_to_batch(samples, results, self.s.pad_token_id, max_response_length=max_len)
-        self._batch_metrics = rollout_metrics(batch, max_len)
         return batch
 
     def push_weights(self, timer: StepTimer) -> dict[str, float]:
@@ -422,13 +420,14 @@ class StreamFromQueue:
         return {} if pushed is None else {"perf/weight_push_bytes": float(pushed)}
 
     def step_done(self, batch: Batch | None) -> dict[str, float]:
-        """The batch's prompts are consumed; the batch's rollout metrics, the queue's and the Rollouter's."""
+        """The batch's prompts are consumed; the queue's and the Rollouter's metrics (the batch's own
+        are the loop's)."""
         q = self.queue
         assert q is not None
         if batch is not None:
             self.prompts.trained(self._batch_prompts)
             self.consumed_samples += len(batch)
-        m = {**self._batch_metrics, **q.snapshot()}
+        m = dict(q.snapshot())
         st = q.take_stats()
         wall = st.get("wall_s", 0.0)
         if wall > 0:

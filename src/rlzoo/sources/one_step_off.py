@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from rlzoo.kernel.batch import Batch
+from rlzoo.kernel.errors import RlzooError
 from rlzoo.sources.params import OneStepOffParams
 from rlzoo.sources.sync import generate_groups
 from rlzoo.train.loop import SourceExhausted, StepTimer
@@ -58,6 +59,8 @@ class _Generation:
             raise TimeoutError(
                 f"the generation of step {self.step} did not finish within {timeout:.0f}s (runner.wait_timeout_s)"
             )
+        if isinstance(self._error, RlzooError):  # a user's error (a failure streak): as under sync
+            raise self._error
         if self._error is not None:
             raise RuntimeError(f"the generation of step {self.step} failed: {self._error!r}") from self._error
         assert self._out is not None

@@ -29,6 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlzoo.kernel.errors import RlzooError
+
 __all__ = ["Group", "QueueExhausted", "RolloutFailed", "StalenessQueue", "TrainerFailed"]
 
 
@@ -350,6 +352,8 @@ class StalenessQueue:
 
     def _raise_if_failed_for_trainer(self) -> None:
         if self._error is not None and self._error_side != "trainer":
+            if isinstance(self._error, RlzooError):  # a user's error (a failure streak): as under sync
+                raise self._error
             raise RolloutFailed(f"the {self._error_side} failed: {self._error!r}") from self._error
         if self._stop:
             raise RolloutFailed("the queue was stopped")

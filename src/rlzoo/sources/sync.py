@@ -13,7 +13,7 @@ from typing import Any
 from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.protocols import RefillLimit, RewardResult, Sample
 from rlzoo.sources.params import SyncParams
-from rlzoo.train.batching import rollout_metrics, samples_to_batch
+from rlzoo.train.batching import samples_to_batch
 from rlzoo.train.loop import StepTimer
 from rlzoo.train.session import Session
 
@@ -92,8 +92,7 @@ def generate_groups(
         import torch
 
         batch["baseline_rewards"] = torch.tensor([smp.data.get("baseline_reward", 0.0) for smp in samples])
-    extra.update(rollout_metrics(batch, max_len))
-    return batch, extra
+    return batch, extra  # the batch's own metrics (critic/score, agent/* ...) are the loop's
 
 
 class GenerateNow:

@@ -25,7 +25,7 @@ from rlzoo.kernel.settings import RolloutSpec, StepPlan, TrainSpec
 from rlzoo.recipe.types import PlacementSection, RecipeConfig, Selection, optimizer_steps, step_plan
 from rlzoo.train.batching import sampling_params
 from rlzoo.train.failures import RewardFailures
-from rlzoo.train.rewards import build_reward_manager
+from rlzoo.train.rewards import PartNames, build_reward_manager
 from rlzoo.train.update import TrainerSetup, trainer_setup
 
 logger = logging.getLogger("rlzoo")
@@ -270,6 +270,7 @@ class Reward:
     sample_filter: Selection | None
     filter_metric: str  # what the filter judges (sample_filter.metric, else "reward")
     greedy_baseline: bool  # the advantage needs one greedy response per prompt
+    names: PartNames = PartNames()  # the parts a failed sample blames (manager, scorers, environment)
 
 
 @dataclass(frozen=True)
@@ -338,6 +339,7 @@ def run_inputs(cfg: RecipeConfig, resume_info: Any = None) -> RunInputs:
         sample_filter=flt,
         filter_metric=flt.params.metric if flt and isinstance(flt.params, JudgedMetric) else "reward",
         greedy_baseline=bool(cfg.algorithm.advantage.capability("needs_greedy_baseline")),
+        names=PartNames.of(cfg),
     )
     spec = rollout_spec(cfg, tokenizer)
     agent = agent_setup(cfg)

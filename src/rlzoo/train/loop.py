@@ -33,8 +33,11 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rlzoo.kernel.batch import Batch
 from rlzoo.recipe.types import Selection
+from rlzoo.report.console import failure_lines
 from rlzoo.report.metrics import PhaseTimer
 from rlzoo.system.failpoints import failpoint
+from rlzoo.train.batching import rollout_metrics
+from rlzoo.train.rewards import guard_rewards
 from rlzoo.train.session import Session, open_session
 
 if TYPE_CHECKING:
@@ -225,6 +228,10 @@ class TrainLoop:
                         ended = f"stopped early: {exc}"
                         break
                     if batch is not None:
+                        # every runner's batch, however collated: non-finite rewards failed and
+                        # counted; the batch's own metrics (critic/score, reward/failed, agent/*)
+                        guard_rewards(batch)
+                        m.update(rollout_metrics(batch, s.data.max_response_length))
                         m.update(self._staleness(batch))
                         m.update(s.trainer.step(batch, timer))
                         since_push += 1
@@ -245,7 +252,8 @@ class TrainLoop:
                         m.update(s.validate())
                     m["timing_s/testing"] = timer.seconds["testing"]
                     val_pending = False
-                m.update(s.reward.failures.end_step(step))  # rlzoo.train.failures (H5)
+                # rlzoo.train.failures: counted over the trained batch, the same for every runner
+                m.update(s.reward.failures.end_step(step, batch, write=s.metrics.write))
                 # HF folders export/step_K/ + final/ (rlzoo.train.export), before the checkpoint: a step is
                 # saved only complete, so a kill during the export has the resume redo it
                 m.update(s.export(step, total))
@@ -264,7 +272,7 @@ class TrainLoop:
                 failpoint("metrics:before")
                 rows.append(s.metrics.log(step, m))
                 failpoint("metrics:after")
-                s.reward.failures.check()  # all samples failed scoring too many steps in a row: abort
+                s.reward.failures.check()  # (nearly) all trained samples failed too many steps in a row
                 t_prev = time.perf_counter()
         except KeyboardInterrupt as exc:
             self._close_source(exc)
@@ -291,7 +299,14 @@ class TrainLoop:
     def _summary_on_the_way_out(self, rows: list[dict[str, Any]], t_start: float, ended: str) -> None:
         """``summary.json`` says how this run ended, not what an earlier run of the directory did."""
         try:
-            self.s.finish(rows, wall_s=time.perf_counter() - t_start, ended=ended, extra=self.summary_extra())
+            summary = self.s.finish(
+                rows, wall_s=time.perf_counter() - t_start, ended=ended, extra=self.summary_extra()
+            )
+            lines = failure_lines(summary)  # what failed, by part and message, before the error line
+            if lines:
+                print(
+                    "\n".join([f"rlzoo: the run {ended.split(':', 1)[0]}; what failed:", *lines]), flush=True
+                )
         except Exception as exc:  # never hide the error that got us here
             logger.warning("could not write summary.json: %s", exc)
 
@@ -337,4 +352,7 @@ class TrainLoop:
         return out
 
     def summary_extra(self) -> dict[str, Any]:
-        return {"staleness_histogram": {str(k): v for k, v in sorted(self.staleness_hist.items())}}
+        return {
+            "staleness_histogram": {str(k): v for k, v in sorted(self.staleness_hist.items())},
+            "failures": self.s.reward.failures.summary(),
+        }

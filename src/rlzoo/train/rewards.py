@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import math
+import traceback
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any
 
@@ -97,34 +99,97 @@ def build_reward_manager(cfg: RecipeConfig) -> Any:
     return mgr.fn(mgr.params, scorer)
 
 
-def score_samples(reward_manager: Any, tokenizer: Any, samples: Sequence[Sample]) -> list[RewardResult]:
+@dataclass(frozen=True)
+class PartNames:
+    """Which part a failed sample blames (``info["failed_part"]``: kind, then registered name)."""
+
+    manager: str = "unknown"
+    scorer: str = "unknown"
+    scorers: Mapping[str, str] = field(default_factory=dict)  # data source -> scorer name
+    environment: str | None = None
+
+    @classmethod
+    def of(cls, cfg: RecipeConfig) -> PartNames:
+        env = cfg.rollout.environment
+        return cls(
+            manager=cfg.reward.manager.name,
+            scorer=cfg.reward.scorer.name,
+            scorers={k: s.name for k, s in cfg.reward.scorers.items() if s is not None},
+            environment=env.name if env is not None else None,
+        )
+
+    def scorer_for(self, data_source: str) -> str:
+        return f"scorer {self.scorers.get(data_source, self.scorer)}"
+
+
+def score_samples(
+    reward_manager: Any, tokenizer: Any, samples: Sequence[Sample], names: PartNames | None = None
+) -> list[RewardResult]:
     """Decode and score samples; a manager that raises marks the whole call failed, never the run.
 
     A multi-turn trajectory (``sample.agent`` set) whose environment gave rewards is scored by them
     (their sum; the environment's info numbers, e.g. ``acc``, are its info); one whose environment
-    failed is a failed result carrying the error (counted like a scorer failure: ``reward/failed``,
-    the failure streak). Otherwise the scorer judges the model's final turn.
+    failed, or gave a reward that is not a finite float32 (NaN, inf, 1e300), is a failed result
+    carrying the error (counted like a scorer failure: ``reward/failed``, the failure streak).
+    Otherwise the scorer judges the model's final turn. Each failed result names its part
+    (``info["failed_part"]``, from ``names``): the environment, the scorer of its data source, or
+    the reward manager when the manager itself raised.
     """
-    env_results = [_env_result(s) for s in samples]
+    names = names or PartNames()
+    env_results = [_env_result(s, names) for s in samples]
     scored = [s for s, r in zip(samples, env_results) if r is None]
-    results = iter(_score(reward_manager, tokenizer, scored) if scored else [])
+    results = iter(_score(reward_manager, tokenizer, scored, names) if scored else [])
     return [r if r is not None else next(results) for r in env_results]
 
 
-def _env_result(s: Sample) -> RewardResult | None:
+def _finite32(x: Any) -> bool:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return False
+    return math.isfinite(v) and abs(v) <= _F32_MAX
+
+
+def _env_result(s: Sample, names: PartNames) -> RewardResult | None:
     rec = s.agent
     if rec is None:
         return None
+    part = f"environment {names.environment or 'unknown'}"
     if rec.get("error"):
-        return RewardResult(0.0, 0.0, True, {"error": f"environment: {rec['error']}"})
+        failure = rec.get("failure") or {}  # the rollout's record: {kind, part, message, traceback}
+        message = str(rec["error"])
+        info = {
+            "error": message if failure else f"environment: {message}",
+            "failed_part": str(failure.get("part") or part),
+        }
+        tb = failure.get("traceback") or rec.pop("traceback", None)
+        if tb:  # into the result: failures.jsonl keeps it, the batch does not
+            info["traceback"] = tb
+            failure["traceback"] = None
+        return RewardResult(0.0, 0.0, True, info)
     if rec.get("reward") is None:
         return None
+    bad = [r for r in (rec.get("turn_rewards") or []) if not _finite32(r)]
+    bad += [r for _, r in (rec.get("token_rewards") or []) if not _finite32(r)]
+    if bad or not _finite32(rec["reward"]):
+        shown = bad[0] if bad else rec["reward"]
+        return RewardResult(
+            0.0,
+            0.0,
+            True,
+            {
+                "error": f"environment: reward {shown!r} is not a finite float32 (|r| <= {_F32_MAX:.4g})",
+                "failed_part": part,
+            },
+        )
     reward = float(rec["reward"])
     info = dict(rec.get("env_info") or {})
-    return RewardResult(reward, reward, not math.isfinite(reward), info)
+    return RewardResult(reward, reward, False, info)
 
 
-def _score(reward_manager: Any, tokenizer: Any, samples: Sequence[Sample]) -> list[RewardResult]:
+def _score(
+    reward_manager: Any, tokenizer: Any, samples: Sequence[Sample], names: PartNames
+) -> list[RewardResult]:
     items = [
         RewardItem(
             response=(
@@ -141,18 +206,52 @@ def _score(reward_manager: Any, tokenizer: Any, samples: Sequence[Sample]) -> li
         )
         for s in samples
     ]
+    manager = f"reward_manager {names.manager}"
     try:
         results = list(reward_manager(items))
+        if len(results) != len(items):
+            raise ValueError(f"the reward manager returned {len(results)} results for {len(items)} samples")
     except Exception as exc:  # a broken manager: count every sample as failed
-        logger.warning("reward manager failed on %d samples: %s", len(items), exc)
-        return [RewardResult(0.0, 0.0, True, {"error": repr(exc)}) for _ in items]
-    for r in results:  # a manager's own reward (e.g. dapo's penalty added) must fit the float32 tensor
-        if not (isinstance(r.reward, (int, float)) and math.isfinite(r.reward) and abs(r.reward) <= _F32_MAX):
+        tb = traceback.format_exc()
+        return [
+            RewardResult(0.0, 0.0, True, {"error": repr(exc), "failed_part": manager, "traceback": tb})
+            for _ in items
+        ]
+    for it, r in zip(items, results):
+        # a manager's own reward (e.g. dapo's penalty added) must fit the float32 tensor
+        if not (isinstance(r.reward, (int, float)) and _finite32(r.reward) and _finite32(r.score)):
             r.info.setdefault(
                 "error", f"the reward manager returned reward {r.reward!r}, not a finite float32"
             )
-            r.reward, r.failed = 0.0, True
+            r.info.setdefault("failed_part", manager)
+            r.reward, r.score, r.failed = 0.0, 0.0, True
+        if r.failed:
+            r.info.setdefault("failed_part", names.scorer_for(it.data_source))
     return results
+
+
+def guard_rewards(batch: Any) -> int:
+    """Fail the rows of a collated batch whose token rewards are not finite (a runner or collation
+    that let one through): their rewards become 0, ``failed`` True and the error says so, so the
+    update and the metrics never see NaN / inf and the failure policy counts them. Returns how many."""
+    import torch
+
+    scores = batch["token_level_scores"]  # [B, T]
+    bad = ~torch.isfinite(scores).all(-1)  # [B]
+    if not bool(bad.any()):
+        return 0
+    scores[bad] = 0.0
+    rows = [i for i, b in enumerate(bad.tolist()) if b]
+    n = scores.shape[0]
+    failed = list(batch.get("failed") or [False] * n)
+    infos = [dict(x) for x in (batch.get("reward_info") or [{"score": 0.0} for _ in range(n)])]
+    for i in rows:
+        failed[i] = True
+        infos[i].setdefault("error", "a non-finite reward reached the training batch")
+        infos[i].setdefault("failed_part", "reward unknown")
+    batch["failed"] = failed
+    batch["reward_info"] = infos
+    return len(rows)
 
 
 def validation_metrics(

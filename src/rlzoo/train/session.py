@@ -108,6 +108,7 @@ class Session:
         self.data: Data = inputs.data
         self.sampling: Sampling = inputs.sampling
         self.reward: Reward = inputs.reward
+        self.reward.failures.open_log(run_dir)  # failures.jsonl: each distinct error's traceback
         self._closed = False
         try:
             self._build(inputs)
@@ -275,8 +276,12 @@ class Session:
 
     def score(self, samples: list[Sample]) -> list[RewardResult]:
         """Score training samples (failures counted by ``reward.failures``)."""
-        results = score_samples(self.reward.manager, self.data.tokenizer, samples)
+        results = score_samples(self.reward.manager, self.data.tokenizer, samples, self.reward.names)
+        if not self.reward.failures.step_samples:  # the scored-streak backstop's unit
+            self.reward.failures.step_samples = self.plan.prompts_per_step * self.sampling.train.n
         self.reward.failures.record(results)
+        self.reward.failures.record_tools([s.agent for s in samples])
+        self.reward.failures.check_scored()  # every scored sample failing for steps: abort, any runner
         return results
 
     def keep(self, samples: Sequence[Sample], results: Sequence[RewardResult]) -> list[bool]:

@@ -21,6 +21,7 @@ import pickle
 import signal
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from multiprocessing import connection as mp_connection
@@ -187,16 +188,33 @@ def call_with_timeout(fn: Callable[[], Any], timeout: float | None) -> Any:
     t.start()
     t.join(timeout)
     if t.is_alive():
-        raise ScorerTimeout(f"timed out after {timeout:g} s")
+        raise ScorerTimeout(
+            f"the scorer timed out after {timeout:g} s (reward.manager.timeout; its thread was abandoned)"
+        )
     if "error" in box:
         raise box["error"]
     return box["value"]
 
 
+#: helper threads of :func:`call_each_with_timeout`, over all managers, that may stay stuck in calls
+#: that ran late (Python cannot stop a thread); beyond it no new thread starts and the calls fail
+#: without running (process_pool kills hung scorers instead)
+MAX_STUCK_THREADS = 64
+_stuck: set[_Runner] = set()
+_stuck_lock = threading.Lock()
+
+
+def stuck_threads() -> int:
+    """How many scorer helper threads are still stuck in calls that ran past their timeout."""
+    with _stuck_lock:
+        return len(_stuck)
+
+
 class _Runner:
     """One helper thread of :func:`call_each_with_timeout`: takes the next call off the shared
     queue, runs it, records its outcome, and takes the next, until the queue is empty or the caller
-    abandons it (its call ran late; Python cannot stop a thread, so it is left to finish alone)."""
+    abandons it (its call ran late; Python cannot stop a thread, so it is left to finish alone and
+    counted in :func:`stuck_threads` until it does)."""
 
     def __init__(self, calls: _Calls) -> None:
         self.calls = calls
@@ -204,6 +222,11 @@ class _Runner:
         self.started_at = 0.0
         self.abandoned = False
         threading.Thread(target=self._run, name="rlzoo-scorer", daemon=True).start()
+
+    def abandon(self) -> None:
+        self.abandoned = True
+        with _stuck_lock:
+            _stuck.add(self)
 
     def _run(self) -> None:
         calls = self.calls
@@ -222,8 +245,11 @@ class _Runner:
                 out = (False, e)
             with calls.cv:
                 if self.abandoned:
+                    with _stuck_lock:
+                        _stuck.discard(self)
                     return
                 calls.outcomes[i] = out
+                calls.finished += 1
                 self.index = -1
                 calls.cv.notify_all()
 
@@ -236,23 +262,55 @@ class _Calls:
         self.todo: deque[int] = deque(range(len(fns)))
         self.outcomes: dict[int, tuple[bool, Any]] = {}
         self.runners: set[_Runner] = set()
+        self.finished = 0  # calls that returned or raised (not timed out)
         self.cv = threading.Condition()
 
-    def start_runner(self) -> None:
+    def start_runner(self) -> bool:
+        if stuck_threads() >= MAX_STUCK_THREADS:
+            return False
         self.runners.add(_Runner(self))
+        return True
+
+    def fail_todo(self, error: BaseException) -> None:
+        while self.todo:
+            self.outcomes[self.todo.popleft()] = (False, error)
+
+
+class ScorerNotRun(RuntimeError):
+    """A sample was not scored: the scorer hung on the calls before it (see the message)."""
+
+
+#: the fewest calls in a row that must time out before :func:`hang_breaker` gives up on a batch
+MIN_HANG_BREAKER = 4
+
+
+def hang_breaker(concurrency: int) -> int:
+    """Calls in a row that must time out, none finishing in between, before the rest of a batch is
+    failed without being scored: as many as run at once (threads or worker processes), so with
+    every worker hung the batch costs about one timeout; at least :data:`MIN_HANG_BREAKER`, so a
+    few hanging samples in a small pool do not fail the batch around them."""
+    return max(int(concurrency), MIN_HANG_BREAKER)
 
 
 def call_each_with_timeout(
-    fns: Sequence[Callable[[], Any]], timeout: float | None, threads: int = 1
+    fns: Sequence[Callable[[], Any]],
+    timeout: float | None,
+    threads: int = 1,
+    setting: str = "reward.manager.timeout",
 ) -> list[tuple[bool, Any]]:
     """``(True, fn())`` or ``(False, exception)`` for each of ``fns``; a call that runs past
-    ``timeout`` seconds (its own clock, from when a thread takes it) gives ``(False, ScorerTimeout)``.
+    ``timeout`` seconds (its own clock, from when a thread takes it) gives ``(False, ScorerTimeout)``
+    naming the limit and its ``setting``.
 
     Up to ``threads`` daemon helper threads take the calls off one queue (None timeout: all in this
     thread, one after another), so a batch costs a few thread hand-offs rather than one per call,
     and late calls overlap: 8 hanging calls with a 1 s timeout and 8 threads fail after about 1 s,
-    not 8 s. A late call's thread is abandoned, as in :func:`call_with_timeout`, and a new thread
-    takes its place.
+    not 8 s. A late call's thread is abandoned (counted in :func:`stuck_threads` until its call
+    returns) and a new thread takes its place. When :func:`hang_breaker` calls in a row ran late
+    with none finishing in between (the scorer hangs on everything), the calls not yet started fail
+    at once (``ScorerNotRun``): an all-hanging batch costs about one timeout, not one per
+    ``threads`` samples, and leaves at most ``threads`` stuck threads. No new thread starts while
+    :data:`MAX_STUCK_THREADS` are stuck; the calls left then fail without running.
     """
     if timeout is None:
         out: list[tuple[bool, Any]] = []
@@ -263,7 +321,9 @@ def call_each_with_timeout(
                 out.append((False, e))
         return out
     calls = _Calls(fns)
-    late_error = f"timed out after {timeout:g} s"
+    late_error = f"the scorer timed out after {timeout:g} s ({setting}={timeout:g}; its thread was abandoned)"
+    breaker = hang_breaker(min(max(threads, 1), len(fns)))
+    late_in_row, finished_at_last_late, streak_from = 0, 0, 0.0
     with calls.cv:
         for _ in range(min(max(threads, 1), len(fns))):
             calls.start_runner()
@@ -275,13 +335,36 @@ def call_each_with_timeout(
                     continue
                 left = runner.started_at + timeout - now
                 if left <= 0:  # late: fail its call, go on without this thread
-                    runner.abandoned = True
+                    runner.abandon()
                     calls.runners.discard(runner)
                     calls.outcomes[runner.index] = (False, ScorerTimeout(late_error))
-                    if calls.todo:
+                    if calls.finished != finished_at_last_late or not late_in_row:
+                        late_in_row, finished_at_last_late, streak_from = 0, calls.finished, now
+                    late_in_row += 1
+                    if late_in_row >= breaker:
+                        hung = ScorerNotRun(
+                            f"not scored: the scorer timed out on {late_in_row} calls in a row "
+                            f"({setting}={timeout:g}), so the rest of the batch was failed without "
+                            "waiting for it"
+                        )
+                        calls.fail_todo(hung)
+                        for other in list(calls.runners):  # started during the streak: as hung
+                            if other.index >= 0 and other.started_at >= streak_from - timeout:
+                                other.abandon()
+                                calls.runners.discard(other)
+                                calls.outcomes[other.index] = (False, hung)
+                    elif calls.todo:
                         calls.start_runner()
                 else:
                     wait = left if wait is None else min(wait, left)
+            if calls.todo and not calls.runners:
+                calls.fail_todo(
+                    ScorerNotRun(
+                        f"not scored: {stuck_threads()} scorer threads are stuck in calls that timed "
+                        f"out ({setting}={timeout:g}), the most this process keeps "
+                        f"({MAX_STUCK_THREADS}); reward.manager=process_pool kills hung scorers"
+                    )
+                )
             if len(calls.outcomes) < len(fns):
                 calls.cv.wait(wait)
     return [calls.outcomes[i] for i in range(len(fns))]
@@ -295,7 +378,10 @@ def outcome_result(outcome: tuple[bool, Any], failure_reward: float) -> RewardRe
         return to_result(value, failure_reward)
     if not isinstance(value, Exception):
         raise value
-    return failed_result(_describe(value), failure_reward)
+    out = failed_result(_describe(value), failure_reward)
+    if not isinstance(value, (ScorerTimeout, ScorerNotRun)):  # the scorer's own error: where it came from
+        out.info["traceback"] = "".join(traceback.format_exception(value))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,7 +414,7 @@ class NaiveRewardManager:
             functools.partial(scorer, it.response, it.ground_truth, it.data_source, it.extra_info)
             for it in items
         ]
-        outcomes = call_each_with_timeout(calls, self.timeout, self.threads)
+        outcomes = call_each_with_timeout(calls, self.timeout, self.threads, "reward.manager.timeout")
         return [outcome_result(out, self.failure_reward) for out in outcomes]
 
 
@@ -437,11 +523,11 @@ def _worker_main(conn: Any, scorer: Any) -> None:
                 scorer(response, ground_truth, data_source, dict(extra_info or {})),
             )
         except Exception as e:
-            out = (i, False, _describe(e))
+            out = (i, False, (_describe(e), traceback.format_exc()))
         try:
             conn.send(out)
         except Exception as e:  # the verdict does not pickle: nothing was written yet
-            conn.send((i, False, f"the scorer's verdict could not be sent back: {_describe(e)}"))
+            conn.send((i, False, (f"the scorer's verdict could not be sent back: {_describe(e)}", None)))
 
 
 def _exit_text(code: int | None) -> str:
@@ -522,6 +608,8 @@ class ProcessPoolRewardManager:
         self.num_workers = workers if workers > 0 else (os.cpu_count() or 1)
         self._ctx = multiprocessing.get_context("spawn")
         self._workers: list[_Worker] = []
+        self._reaping: list[_Worker] = []  # killed, not yet joined
+        self._finished = 0
         self.restarts = 0  # workers replaced after a timeout or a death
 
     # -- worker lifecycle -----------------------------------------------------------------------
@@ -536,17 +624,40 @@ class ProcessPoolRewardManager:
         while not all(w.ready for w in self._workers) and time.monotonic() < deadline:
             self._poll(max(0.0, deadline - time.monotonic()), [], deque())
 
-    def _replace(self, worker: _Worker, kill: bool) -> None:
+    def _replace(self, worker: _Worker, kill: bool, wait: bool = True) -> None:
+        """Stop ``worker`` and start a fresh one in its place (``wait=False``: a killed worker is
+        reaped without waiting for it, so replacing many hung ones costs no time)."""
         self._workers.remove(worker)
-        worker.stop(kill=kill)
+        if kill and not wait:
+            with contextlib.suppress(Exception):
+                worker.proc.kill()
+            self._reaping.append(worker)
+        else:
+            worker.stop(kill=kill)
         self.restarts += 1
         self._ensure_workers()
+        self._reap()
+
+    def _reap(self) -> None:
+        """Join killed workers that have exited, close their pipes."""
+        left = []
+        for w in self._reaping:
+            if w.proc.is_alive():
+                left.append(w)
+                continue
+            w.proc.join(timeout=0)
+            with contextlib.suppress(Exception):
+                w.conn.close()
+        self._reaping = left
 
     def close(self) -> None:
         """Stop the worker processes (a later call starts new ones)."""
         workers, self._workers = self._workers, []
         for w in workers:
             w.stop(kill=w.task is not None)
+        for w in self._reaping:
+            w.stop(kill=True)
+        self._reaping = []
 
     def __enter__(self) -> ProcessPoolRewardManager:
         return self
@@ -569,6 +680,9 @@ class ProcessPoolRewardManager:
             return []
         self._ensure_workers()
         start_failures = 0
+        self._finished = 0  # samples that came back from a worker (not timed out)
+        late_in_row, finished_at_last_late, streak_from = 0, 0, 0.0
+        breaker = hang_breaker(min(self.num_workers, len(items)))
         while queue or any(w.task is not None for w in self._workers):
             for w in self._workers:  # hand samples to idle workers
                 if w.ready and w.task is None and queue:
@@ -592,12 +706,29 @@ class ProcessPoolRewardManager:
                 if w.task is not None and now - w.started_at >= self.timeout:
                     i, _ = w.task
                     results[i] = failed_result(
-                        f"timed out after {self.timeout:g} s (process_pool's limit per sample; "
-                        f"its {w.name} was killed)",
+                        f"the scorer timed out after {self.timeout:g} s (reward.manager.timeout="
+                        f"{self.timeout:g}, per sample; its {w.name} was killed and replaced)",
                         self.failure_reward,
                     )
                     w.task = None
-                    self._replace(w, kill=True)
+                    self._replace(w, kill=True, wait=False)
+                    if self._finished != finished_at_last_late or not late_in_row:
+                        late_in_row, finished_at_last_late, streak_from = 0, self._finished, now
+                    late_in_row += 1
+                    if late_in_row >= breaker:  # every worker hung: the scorer hangs
+                        hung = (
+                            f"not scored: the scorer timed out on {late_in_row} samples in a row "
+                            f"(reward.manager.timeout={self.timeout:g}), none finishing in between, so the rest "
+                            "of the batch was failed without waiting for it"
+                        )
+                        for j, _ in queue:
+                            results[j] = failed_result(hung, self.failure_reward)
+                        queue.clear()
+                        for other in list(self._workers):  # started during the streak: as hung
+                            if other.task is not None and other.started_at >= streak_from - self.timeout:
+                                results[other.task[0]] = failed_result(hung, self.failure_reward)
+                                other.task = None
+                                self._replace(other, kill=True, wait=False)
                 elif not w.ready and now - w.born >= WORKER_START_TIMEOUT:
                     start_failures += 1
                     self._replace(w, kill=True)
@@ -633,9 +764,14 @@ class ProcessPoolRewardManager:
             i, ok, value = msg
             if w.task is not None and w.task[0] == i:
                 w.task = None
-                results[i] = (
-                    to_result(value, self.failure_reward) if ok else failed_result(value, self.failure_reward)
-                )
+                self._finished += 1
+                if ok:
+                    results[i] = to_result(value, self.failure_reward)
+                else:
+                    error, tb = value
+                    results[i] = failed_result(error, self.failure_reward)
+                    if tb:
+                        results[i].info["traceback"] = tb
         for obj in got:
             w = sentinels.get(obj)
             if w is not None and w not in dead and not w.conn.poll():
