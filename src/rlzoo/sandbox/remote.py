@@ -11,18 +11,16 @@ code. Tested against a local stand-in that serves the same API over the local sa
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from rlzoo.kernel.errors import RlzooError
 from rlzoo.sandbox.params import SandboxParams
-from rlzoo.sandbox.run import Execution, Outcome
+from rlzoo.sandbox.run import Execution, Outcome, Pooled
 
 #: seconds the HTTP call may take beyond the code's own timeout (queueing, start-up on the server)
 HTTP_SLACK_S = 30.0
@@ -32,7 +30,7 @@ class RemoteSandboxError(RlzooError):
     """The SandboxFusion server failed (unreachable, an HTTP error, ``SandboxError``): not the code's fault."""
 
 
-class RemoteSandbox:
+class RemoteSandbox(Pooled):
     """Runs Python source on a SandboxFusion server at ``params.url``."""
 
     def __init__(self, params: SandboxParams) -> None:
@@ -42,7 +40,7 @@ class RemoteSandbox:
         base = params.url.rstrip("/")  # verl's sandbox_fusion.url names the endpoint itself
         self.url = base if base.endswith("/run_code") else base + "/run_code"
         self.slots = params.max_parallel or 8
-        self._pool: ThreadPoolExecutor | None = None
+        self._thread_name = "rlzoo-fusion"
 
     def run(
         self,
@@ -104,20 +102,3 @@ class RemoteSandbox:
             wall_s=float(result.get("execution_time") or 0.0),
             truncated=len(stdout) > limit or len(stderr) > limit,
         )
-
-    def submit(self, code: str | None = None, **kw: Any) -> Future[Execution]:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix="rlzoo-fusion")
-        return self._pool.submit(self.run, code, **kw)
-
-    def map(self, requests: Sequence[Mapping[str, Any]]) -> list[Execution]:
-        futures = [self.submit(**dict(r)) for r in requests]
-        return [f.result() for f in futures]
-
-    async def arun(self, code: str | None = None, **kw: Any) -> Execution:
-        return await asyncio.wrap_future(self.submit(code, **kw))
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None

@@ -29,7 +29,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import StrEnum
@@ -143,7 +143,38 @@ def _check_name(name: str) -> str:
     return name
 
 
-class Sandbox:
+class Pooled:
+    """The pooled forms of a :class:`CodeRunner`'s ``run``, for the local and the remote sandbox alike:
+    a thread pool of ``slots`` workers, made on first use."""
+
+    slots: int
+    _pool: ThreadPoolExecutor | None = None
+    _thread_name = "rlzoo-sandbox"
+
+    run: Callable[..., Execution]  # the subclass's one execution
+
+    def submit(self, code: str | None = None, **kw: Any) -> Future[Execution]:
+        """``run`` in the pool (as many at once as there are slots); a Future of its Execution."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix=self._thread_name)
+        return self._pool.submit(self.run, code, **kw)
+
+    def map(self, requests: Sequence[Mapping[str, Any]]) -> list[Execution]:
+        """Run each request (``run``'s keyword arguments) through the pool; results in order."""
+        futures = [self.submit(**dict(r)) for r in requests]
+        return [f.result() for f in futures]
+
+    async def arun(self, code: str | None = None, **kw: Any) -> Execution:
+        """``run`` for async callers: awaits the pool, never blocks the event loop."""
+        return await asyncio.wrap_future(self.submit(code, **kw))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+class Sandbox(Pooled):
     """Runs untrusted programs (see the module doc); thread-safe, one instance per settings."""
 
     def __init__(self, params: SandboxParams | None = None) -> None:
@@ -199,26 +230,6 @@ class Sandbox:
             return self._run(slot, code is not None, list(argv or ()), stdin, files, timeout)
         finally:
             self._free.put(slot)
-
-    def submit(self, code: str | None = None, **kw: Any) -> Future[Execution]:
-        """``run`` in the sandbox's pool (as many at once as it has slots); a Future of its Execution."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix="rlzoo-sandbox")
-        return self._pool.submit(self.run, code, **kw)
-
-    def map(self, requests: Sequence[Mapping[str, Any]]) -> list[Execution]:
-        """Run each request (``run``'s keyword arguments) through the pool; results in order."""
-        futures = [self.submit(**dict(r)) for r in requests]
-        return [f.result() for f in futures]
-
-    async def arun(self, code: str | None = None, **kw: Any) -> Execution:
-        """``run`` for async callers: awaits the pool, never blocks the event loop."""
-        return await asyncio.wrap_future(self.submit(code, **kw))
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
 
     # ------------------------------------------------------------------ one execution
     def _limits(self, uid: int | None) -> list[str]:
