@@ -187,3 +187,10 @@ def test_unknown_target_modules_are_refused_with_the_models_module_names():
         lora_backend(lora_settings=LoraSettings(target_modules=("qproj", "v_proj")))
     with pytest.raises(ValueError, match="rank must be >= 1"):
         LoraSettings(rank=0)
+
+
+def test_a_rank_above_the_models_width_is_refused_before_training():
+    # tiny_qwen2_config: hidden_size 32, so rank 33 can never be used; rank 32 can
+    with pytest.raises(RlzooError, match=r"trainer.lora.rank: 33 is more than the width .*hidden size 32"):
+        lora.check_target_modules(tiny_model(), LoraSettings(rank=33))
+    lora.check_target_modules(tiny_model(), LoraSettings(rank=32))

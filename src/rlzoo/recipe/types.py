@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from rlzoo.agents.settings import MultiTurnSettings
 from rlzoo.kernel.binding import to_plain, tree_nodes
-from rlzoo.kernel.params import param
+from rlzoo.kernel.params import MAX_SEED, param
 from rlzoo.kernel.protocols import PlansSteps
 from rlzoo.kernel.registry import Component
 from rlzoo.kernel.settings import LoraSettings, MicroBatchSettings, OptimSettings, StepPlan
@@ -84,7 +84,7 @@ class RunSection:
         help="a fresh run into a run.output_dir that holds a run moves that run aside to "
         "<dir>.replaced-<time> (nothing is deleted); without it such a run is refused",
     )
-    seed: int = param(0, help="seed for data order, sampling and initialisation")
+    seed: int = param(0, ge=0, le=MAX_SEED, help="seed for data order, sampling and initialisation")
     loggers: list[Any] = parts(
         "logger",
         ["console", "jsonl", "tensorboard"],

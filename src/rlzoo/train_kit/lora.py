@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from rlzoo.kernel.errors import RlzooError, import_optional
-from rlzoo.kernel.settings import LORA_ALL_LINEAR, LoraSettings
+from rlzoo.kernel.settings import LORA_ALL_LINEAR, LoraSettings, model_width
 from rlzoo.train_kit.modes import eval_mode
 
 __all__ = [
@@ -97,7 +97,16 @@ def linear_module_names(model: nn.Module) -> list[str]:
 def check_target_modules(model: nn.Module, settings: LoraSettings) -> None:
     """Refuse ``target_modules`` entries that name no linear module of ``model`` but its LM head
     (matched as peft does: a module whose full name is the entry or ends with ``"." + entry``); the
-    error lists the model's linear modules. Cheap: it walks module names only."""
+    error lists the model's linear modules; and a rank above the model's width
+    (:meth:`~rlzoo.kernel.settings.LoraSettings.width_problem`). Cheap: it walks module names only."""
+    config = getattr(model, "config", None)
+    width = model_width(config.to_dict()) if hasattr(config, "to_dict") else None
+    if width is None:  # no HF config: the widest layer any adapter could sit on
+        widths = [min(m.in_features, m.out_features) for m in model.modules() if isinstance(m, nn.Linear)]
+        width = max(widths, default=None)
+    problem = None if width is None else settings.width_problem(width, type(model).__name__)
+    if problem:
+        raise RlzooError(problem)
     if settings.target_modules == (LORA_ALL_LINEAR,):
         if not linear_module_names(model):
             raise RlzooError(f"trainer.lora: {type(model).__name__} has no linear layers to adapt")
