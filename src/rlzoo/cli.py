@@ -127,11 +127,13 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
     quiet_third_party_progress()  # before transformers / datasets load anything
     from rlzoo.recipe.compose import build_run
+    from rlzoo.system.signals import terminate_as_interrupt
 
     recipe, overrides = _split_recipe(ns.args, None)  # none named: quickstart, or a resume's saved one
     start = time.perf_counter()
-    run = build_run(recipe, overrides)
-    summary = run.train()
+    with terminate_as_interrupt():  # SIGTERM (SLURM, Kubernetes, docker stop) stops the run as Ctrl-C does
+        run = build_run(recipe, overrides)
+        summary = run.train()
     if summary:  # the full summary is in the run directory (summary.json)
         print_summary(summary, recipe=run.config.recipe or "quickstart", wall_s=time.perf_counter() - start)
     return 0
@@ -347,7 +349,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"rlzoo {ns.command}: error: {message}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        from rlzoo.system.signals import EXIT_TERMINATED, Terminated
+
+        if isinstance(exc, Terminated):
+            print(f"rlzoo {ns.command}: terminated (SIGTERM)", file=sys.stderr)
+            return EXIT_TERMINATED
         print(f"rlzoo {ns.command}: interrupted", file=sys.stderr)
         return 130
 

@@ -35,6 +35,7 @@ from rlzoo.kernel.batch import Batch
 from rlzoo.recipe.types import Selection
 from rlzoo.report.metrics import PhaseTimer
 from rlzoo.system.failpoints import failpoint
+from rlzoo.system.signals import Terminated
 from rlzoo.train.session import Session, open_session
 
 if TYPE_CHECKING:
@@ -266,10 +267,11 @@ class TrainLoop:
                 failpoint("metrics:after")
                 s.reward.failures.check()  # all samples failed scoring too many steps in a row: abort
                 t_prev = time.perf_counter()
-        except KeyboardInterrupt as exc:
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (rlzoo.system.signals.Terminated)
             self._close_source(exc)
             s.metrics.write(s.resume_hint())
-            self._summary_on_the_way_out(rows, t_start, "interrupted (Ctrl-C)")
+            how = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
+            self._summary_on_the_way_out(rows, t_start, f"interrupted ({how})")
             raise
         except BaseException as exc:
             self._close_source(exc)
