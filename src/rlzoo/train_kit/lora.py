@@ -35,6 +35,7 @@ __all__ = [
     "AdaptersOff",
     "adapter_items",
     "apply_lora",
+    "base_model_fingerprint",
     "check_target_modules",
     "is_adapter_name",
     "linear_module_names",
@@ -136,6 +137,64 @@ def apply_lora(model: nn.Module, settings: LoraSettings, *, seed: int = 0) -> An
         wrapped = peft.get_peft_model(model, peft_config(settings), adapter_name=ADAPTER_NAME)
     assert wrapped.get_base_model() is model  # injected in place: names and forward unchanged
     return wrapped
+
+
+#: the files of a model folder whose bytes are the base model a LoRA adapter is trained on
+_BASE_FILES = ("config.json",)
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json")
+#: a weights file is fingerprinted by its size and this many evenly spaced chunks of its bytes
+_SAMPLES, _CHUNK = 16, 1 << 16
+
+
+def _model_folder(model_path: str) -> Path | None:
+    """The local folder of ``model_path``: itself, or a hub id's snapshot in the local HF cache."""
+    path = Path(model_path).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(model_path, local_files_only=True))
+    except Exception:  # not a hub id, or not cached: nothing to fingerprint
+        return None
+
+
+def _file_digest(path: Path) -> str:
+    """sha256 of a small file whole, of a large one's size and :data:`_SAMPLES` chunks of its bytes."""
+    import hashlib
+
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as fh:
+        if size <= _SAMPLES * _CHUNK:
+            h.update(fh.read())
+        else:
+            for i in range(_SAMPLES):
+                fh.seek((size - _CHUNK) * i // (_SAMPLES - 1))
+                h.update(fh.read(_CHUNK))
+    return h.hexdigest()
+
+
+def base_model_fingerprint(model_path: str) -> dict[str, Any] | None:
+    """What a LoRA checkpoint records of the base model it was trained on: ``{"path", "files":
+    {name: digest}}`` over the folder's ``config.json`` and weights files; None when ``model_path``
+    is no local folder nor a cached hub model.
+
+    A file's digest is sha256 of its size and bytes: all of them for a small file (``config.json``),
+    16 evenly spaced 64 KiB chunks for a weights file. Cheap whatever the model's size (about 1 MiB
+    read per file) and it needs no mtimes (which a copy or ``touch`` changes without changing the
+    model); a fine-tune or another checkpoint written in place changes every tensor, so the sampled
+    bytes change with it (an edit of a few bytes between two samples would not be seen).
+    """
+    folder = _model_folder(model_path)
+    if folder is None:
+        return None
+    names = sorted(
+        f.name
+        for f in folder.iterdir()
+        if f.is_file() and (f.name in _BASE_FILES or f.name.endswith(_WEIGHT_SUFFIXES))
+    )
+    return {"path": str(model_path), "files": {n: _file_digest(folder / n) for n in names}}
 
 
 def is_adapter_name(name: str) -> bool:
