@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from rlzoo.kernel.errors import RlzooError, import_optional
 from rlzoo.kernel.settings import LORA_ALL_LINEAR, LoraSettings, model_width
+from rlzoo.system.digest import file_digest
 from rlzoo.train_kit.modes import eval_mode
 
 __all__ = [
@@ -142,8 +143,6 @@ def apply_lora(model: nn.Module, settings: LoraSettings, *, seed: int = 0) -> An
 #: the files of a model folder whose bytes are the base model a LoRA adapter is trained on
 _BASE_FILES = ("config.json",)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json")
-#: a weights file is fingerprinted by its size and this many evenly spaced chunks of its bytes
-_SAMPLES, _CHUNK = 16, 1 << 16
 
 
 def _model_folder(model_path: str) -> Path | None:
@@ -159,32 +158,15 @@ def _model_folder(model_path: str) -> Path | None:
         return None
 
 
-def _file_digest(path: Path) -> str:
-    """sha256 of a small file whole, of a large one's size and :data:`_SAMPLES` chunks of its bytes."""
-    import hashlib
-
-    size = path.stat().st_size
-    h = hashlib.sha256(str(size).encode())
-    with open(path, "rb") as fh:
-        if size <= _SAMPLES * _CHUNK:
-            h.update(fh.read())
-        else:
-            for i in range(_SAMPLES):
-                fh.seek((size - _CHUNK) * i // (_SAMPLES - 1))
-                h.update(fh.read(_CHUNK))
-    return h.hexdigest()
-
-
 def base_model_fingerprint(model_path: str) -> dict[str, Any] | None:
     """What a LoRA checkpoint records of the base model it was trained on: ``{"path", "files":
     {name: digest}}`` over the folder's ``config.json`` and weights files; None when ``model_path``
     is no local folder nor a cached hub model.
 
-    A file's digest is sha256 of its size and bytes: all of them for a small file (``config.json``),
-    16 evenly spaced 64 KiB chunks for a weights file. Cheap whatever the model's size (about 1 MiB
-    read per file) and it needs no mtimes (which a copy or ``touch`` changes without changing the
-    model); a fine-tune or another checkpoint written in place changes every tensor, so the sampled
-    bytes change with it (an edit of a few bytes between two samples would not be seen).
+    A file's digest is :func:`rlzoo.system.digest.file_digest`: sha256 of its size and bytes, all of
+    them for ``config.json``, 16 evenly spaced 64 KiB chunks of a weights file. Cheap whatever the
+    model's size and blind to mtimes (a copy or ``touch`` changes them, not the model); a fine-tune
+    or another checkpoint written in place changes every tensor, so the sampled bytes change too.
     """
     folder = _model_folder(model_path)
     if folder is None:
@@ -194,7 +176,7 @@ def base_model_fingerprint(model_path: str) -> dict[str, Any] | None:
         for f in folder.iterdir()
         if f.is_file() and (f.name in _BASE_FILES or f.name.endswith(_WEIGHT_SUFFIXES))
     )
-    return {"path": str(model_path), "files": {n: _file_digest(folder / n) for n in names}}
+    return {"path": str(model_path), "files": {n: file_digest(folder / n) for n in names}}
 
 
 def is_adapter_name(name: str) -> bool:
