@@ -142,7 +142,11 @@ def test_a_chain_of_resumes_keeps_every_override(
     capsys.readouterr()
     # as after a crash at step 5: the next resume (the printed command, no overrides) continues
     run = rlzoo.build_run(None, ["resume=4", f"run.output_dir={out}"], pm=pm)
-    assert "from its config.yaml, unchanged" in capsys.readouterr().out
+    # it says what it replays (issue 39, finding 11; before: "from its config.yaml, unchanged")
+    assert (
+        f"rlzoo: resuming {out} from its config.yaml with the overrides of earlier resumes (resumes.yaml) "
+        "replayed: trainer.total_steps=6 trainer.optim.lr=5e-4; no new changes"
+    ) in capsys.readouterr().out
     assert run.config.trainer.total_steps == 6 and run.config.trainer.optim.lr == 5e-4
     summary = run.train()
     assert summary["start_step"] == 4 and summary["last_step"] == 6
@@ -293,3 +297,22 @@ def test_a_users_file_in_final_stops_the_run_before_training(
     ):
         _resume(pm, out, "trainer.total_steps=2", recipe=None)
     assert _steps(out) == [1] and (out / "final" / "eval.txt").read_text() == "0.42"
+
+
+def test_resuming_a_finished_run_says_so_and_keeps_its_summary(
+    pm: PluginManager, quickstart_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39, finding 10. Before: the printed resume command on a finished run trained nothing and
+    rewrote summary.json with nulls (first_reward, last_reward, final: {})."""
+    out = tmp_path / "run"
+    _first(pm, quickstart_dir, out, "trainer.total_steps=2")
+    before = (out / "summary.json").read_bytes()
+    assert json.loads(before)["first_reward"] is not None
+    capsys.readouterr()
+    summary = _resume(pm, out)
+    assert f"rlzoo: {out.resolve()} is finished: its checkpoint of step 2 is the run's last step" in (
+        capsys.readouterr().out
+    )
+    assert (out / "summary.json").read_bytes() == before
+    assert summary == json.loads(before)
+    assert _steps(out) == [1, 2]

@@ -440,6 +440,15 @@ def rewind_metrics(run_dir: Path, step: int) -> Path | None:
     return side
 
 
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The run's ``summary.json``, or None when it has none (or an unreadable one)."""
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
 def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> None:
     tmp = Path(run_dir) / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2, default=str))

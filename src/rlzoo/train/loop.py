@@ -36,6 +36,7 @@ from rlzoo.recipe.types import Selection
 from rlzoo.report.metrics import PhaseTimer
 from rlzoo.system.failpoints import failpoint
 from rlzoo.system.signals import Terminated
+from rlzoo.train.checkpoint import read_summary
 from rlzoo.train.session import Session, open_session
 
 if TYPE_CHECKING:
@@ -205,6 +206,8 @@ class TrainLoop:
         rows: list[dict[str, Any]] = []
         ended = "completed"
         try:
+            if s.resumed is not None and s.start_step >= s.schedule.total_steps:
+                return self._already_finished()
             if s.resumed is not None:
                 state = s.resumed.payload
                 src.resume(state["data"])
@@ -281,6 +284,18 @@ class TrainLoop:
             self._close_source(None)
             s.close()
         return s.finish(rows, wall_s=time.perf_counter() - t_start, ended=ended, extra=self.summary_extra())
+
+    def _already_finished(self) -> dict[str, Any]:
+        """A resume of a run whose checkpoint is its last step: nothing to train, and its
+        ``summary.json`` (what the run did) is kept as it is, not rewritten by a run of no steps."""
+        s = self.s
+        s.metrics.write(
+            f"rlzoo: {s.run_dir} is finished: its checkpoint of step {s.start_step} is the run's last step "
+            f"(of {s.schedule.total_steps}); nothing to resume. To train it further, resume with more steps "
+            f"(e.g. {s.resume_command} trainer.total_steps={s.start_step * 2})"
+        )
+        summary = read_summary(s.run_dir)
+        return summary if summary is not None else {}
 
     def _held(self) -> AbstractContextManager[None]:
         return self.source.hold() if isinstance(self.source, Background) else contextlib.nullcontext()

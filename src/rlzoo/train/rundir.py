@@ -193,11 +193,14 @@ def load_resumed(
             ],
             header="cannot resume",
         )
+    replayed: list[str] = []
     try:
         base = load_config(saved, [], pm)
         for entry in earlier_resumes(run_dir):  # compose: every earlier resume, in order
-            raw = _apply(strip_plugin_notes(base.to_dict()), _replayable(entry.get("overrides") or []))
+            again = _replayable(entry.get("overrides") or [])
+            raw = _apply(strip_plugin_notes(base.to_dict()), again)
             base = load_config(raw, [], pm)
+            replayed += again
     except ConfigError as exc:
         raise ConfigError(
             exc.problems,
@@ -206,9 +209,14 @@ def load_resumed(
     raw = _apply(strip_plugin_notes(base.to_dict()), list(overrides))
     cfg = load_config(raw, [], pm)
     info = ResumeInfo(run_dir.resolve(), list(overrides), diff(base.to_dict(), cfg.to_dict()))
+    source = "its config.yaml"
+    if replayed:  # say what the earlier resumes still change, in the order they are applied
+        source += f" with the overrides of earlier resumes (resumes.yaml) replayed: {' '.join(replayed)};"
     if info.changes:
         lines = "\n".join(f"  {k}: {old!r} -> {new!r}" for k, (old, new) in info.changes.items())
-        print(f"rlzoo: resuming {run_dir} from its config.yaml with these changes:\n{lines}", flush=True)
+        print(f"rlzoo: resuming {run_dir} from {source} with these changes now:\n{lines}", flush=True)
+    elif replayed:
+        print(f"rlzoo: resuming {run_dir} from {source} no new changes", flush=True)
     else:
         print(f"rlzoo: resuming {run_dir} from its config.yaml, unchanged", flush=True)
     return cfg, info
