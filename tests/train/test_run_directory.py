@@ -316,3 +316,24 @@ def test_resuming_a_finished_run_says_so_and_keeps_its_summary(
     assert (out / "summary.json").read_bytes() == before
     assert summary == json.loads(before)
     assert _steps(out) == [1, 2]
+
+
+def test_environment_variables_stay_out_of_the_run_directory(
+    pm: PluginManager, quickstart_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 39, finding 10: a setting that reads ``${oc.env:VAR}`` is saved as written, not as the
+    variable's value, and a resume resolves it again from its own environment. Before: config.yaml
+    (and what a resume printed and recorded) held the value."""
+    monkeypatch.setenv("RLZOO_TEST_SECRET", "s3cr3t-t0ken")
+    out = tmp_path / "run"
+    _first(pm, quickstart_dir, out, "trainer.total_steps=1", "run.name=${oc.env:RLZOO_TEST_SECRET}-x")
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["run"]["name"] == "${oc.env:RLZOO_TEST_SECRET}-x"
+    for f in out.rglob("*"):
+        if f.is_file() and f.suffix in (".yaml", ".json", ".jsonl", ".txt"):
+            assert "s3cr3t" not in f.read_text(errors="replace"), f
+    import rlzoo
+
+    monkeypatch.setenv("RLZOO_TEST_SECRET", "other")
+    run = rlzoo.build_run(None, ["resume=latest", f"run.output_dir={out}"], pm=pm)
+    assert run.config.run.name == "other-x"  # resolved now, from this environment

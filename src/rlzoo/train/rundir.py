@@ -136,6 +136,24 @@ def _read_yaml(path: Path, what: str) -> Any:
         ) from None
 
 
+def _resolve_env(saved: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    """The saved settings with the ``${oc.env:VAR}`` a recipe wrote resolved now, from this
+    process's environment (config.yaml keeps them unresolved: no variable's value is saved)."""
+    from omegaconf import OmegaConf
+
+    try:
+        out = OmegaConf.to_container(OmegaConf.create(dict(saved)), resolve=True)
+    except Exception as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(
+            [f"{path}: {detail}"],
+            header=f"cannot resume from {path.parent}: a setting of its config.yaml reads an environment "
+            "variable that is not set now; set it as it was when the run started",
+        ) from None
+    assert isinstance(out, dict)
+    return out  # type: ignore[return-value]
+
+
 def earlier_resumes(run_dir: Path) -> list[dict[str, Any]]:
     """The resumes recorded in ``run_dir/resumes.yaml``, oldest first."""
     path = Path(run_dir) / "resumes.yaml"
@@ -182,7 +200,7 @@ def load_resumed(
             [f"{saved_file}: not a mapping of settings (got {type(saved).__name__})"],
             header=f"cannot resume from {run_dir}: its config.yaml is damaged",
         )
-    saved = strip_plugin_notes(saved)
+    saved = strip_plugin_notes(_resolve_env(saved, saved_file))
     started = saved.get("recipe")
     if recipe is not None and started and _recipe_name(recipe) != str(started):
         raise ConfigError(
