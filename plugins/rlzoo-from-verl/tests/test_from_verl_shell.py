@@ -565,7 +565,7 @@ def test_doubling_a_variable_is_refused_by_name_before_it_grows(tmp_path: Path):
         from_verl(str(script), out)
     assert time.perf_counter() - t0 < 5 and not out.exists()
     script.write_text("\n".join(["A=0123456789", *["A=$A$A"] * 10, lines[-1]]) + "\n")
-    conv, text = from_verl(str(script))  # 10,240 characters: a value a script may hold
+    _, text = from_verl(str(script))  # 10,240 characters: a value a script may hold
     assert "0123456789" * 1024 in text
 
 
@@ -659,9 +659,9 @@ def test_reader_raises_only_its_own_error_on_any_bytes(data):
 def test_a_recipe_past_its_size_limit_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The last bound, on what would be written (values each under their limit, in many keys): shown
     with the limit lowered to 100 characters, as a real recipe is longer than that."""
-    from rlzoo_from_verl import convert
+    import importlib
 
-    monkeypatch.setattr(convert, "MAX_RECIPE_CHARS", 100)
+    monkeypatch.setattr(importlib.import_module("rlzoo_from_verl.convert"), "MAX_RECIPE_CHARS", 100)
     script = tmp_path / "run.sh"
     script.write_text("python3 -m verl.trainer.main_ppo data.train_files=/d/train.parquet\n")
     with pytest.raises(
