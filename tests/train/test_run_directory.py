@@ -76,8 +76,12 @@ def test_a_folder_that_is_not_a_run_is_never_taken_over(
     out.mkdir()
     (out / "thesis.tex").write_text("years of work")
     for extra in ((), ("run.overwrite=true",)):
-        with pytest.raises(ConfigError, match=r"not empty \(thesis.tex\) and is not an rlzoo run directory"):
+        with pytest.raises(
+            ConfigError, match=r"not empty \(thesis.tex\) and is not an rlzoo run directory"
+        ) as info:
             _first(pm, quickstart_dir, out, "trainer.total_steps=1", *extra)
+        # headed by what it is (issue 39, finding 11; before: "invalid recipe: 1 problem(s)")
+        assert str(info.value).startswith(f"cannot start a run in {out} (the run directory): 1 problem(s)")
     assert sorted(p.name for p in out.iterdir()) == ["thesis.tex"]
     # an empty folder is fine
     empty = tmp_path / "empty"

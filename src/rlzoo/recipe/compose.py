@@ -124,7 +124,9 @@ class Run:
         else:
             check_writable(Path(rc.dir), "run.dir")
             if resume:
-                raise ConfigError(["resume: set run.output_dir to the run directory to resume from"])
+                raise ConfigError(
+                    ["resume: set run.output_dir to the run directory to resume from"], header="cannot resume"
+                )
             stamp = time.strftime("%Y%m%d-%H%M%S")
             path = Path(rc.dir).expanduser() / f"{rc.name}-{stamp}"
             n = 1

@@ -282,6 +282,11 @@ def require_existing_run_dir(run_dir: Path) -> None:
     )
 
 
+def _taken(path: Path) -> str:
+    """The heading of a refusal to start a run in ``path``: the run directory's state, not the recipe."""
+    return f"cannot start a run in {path} (the run directory)"
+
+
 def claim_run_dir(path: Path, *, resume: bool, overwrite: bool, resume_command: str) -> tuple[Path, Any]:
     """Create or reuse ``path`` for this run; returns (the resolved directory, its held lock).
 
@@ -297,7 +302,7 @@ def claim_run_dir(path: Path, *, resume: bool, overwrite: bool, resume_command: 
         require_existing_run_dir(path)
         return path.resolve(), RunLock(path).acquire()
     if path.exists() and not path.is_dir():
-        raise ConfigError([f"run.output_dir: {path} is a file, not a folder"])
+        raise ConfigError([f"run.output_dir: {path} is a file, not a folder"], header=_taken(path))
     if not path.exists():
         path.mkdir(parents=True)
         return path.resolve(), RunLock(path).acquire()
@@ -311,7 +316,8 @@ def claim_run_dir(path: Path, *, resume: bool, overwrite: bool, resume_command: 
             [
                 f"run.output_dir: {path} is not empty ({shown}) and is not an rlzoo run directory; "
                 "a run writes only into a new or empty folder. Choose another run.output_dir"
-            ]
+            ],
+            header=_taken(path),
         )
     lock = RunLock(path).acquire()  # nobody is writing into it (else: RunDirLocked names the PID)
     if not overwrite:
@@ -322,7 +328,8 @@ def claim_run_dir(path: Path, *, resume: bool, overwrite: bool, resume_command: 
                 f"would mix its steps and checkpoints into it. Continue that run with:\n  {resume_command}\n"
                 "or choose another run.output_dir, or set run.overwrite=true to move the old run aside "
                 f"(to {path.name}.replaced-<time>; nothing is deleted)"
-            ]
+            ],
+            header=_taken(path),
         )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     aside = path.with_name(f"{path.name}.replaced-{stamp}")

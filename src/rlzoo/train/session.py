@@ -140,7 +140,8 @@ class Session:
                         f"resume: no complete checkpoint under {self.ckpt.root} (the run stopped before its "
                         "first checkpoint); start it again with run.overwrite=true, which moves this attempt "
                         "aside, or in another run.output_dir"
-                    ]
+                    ],
+                    header=f"cannot resume {self.run_dir}",
                 )
             self.resumed = Resumed(int(state["step"]), state)
             start = self.resumed.step
