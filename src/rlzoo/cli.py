@@ -311,6 +311,18 @@ def _plugin_commands(sub: Any) -> None:
             s.set_defaults(func=command.run)
 
 
+def _parse_intermixed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """What ``parse_intermixed_args`` does where argparse refuses it: ``key=value`` words after an
+    option (``rlzoo prepare gsm8k --out DIR source=FILE``) join the subcommand's list of them."""
+    ns, extra = parser.parse_known_args(argv)
+    target = next((k for k in ("overrides", "args") if isinstance(getattr(ns, k, None), list)), None)
+    if extra and (target is None or any(a.startswith("-") for a in extra)):
+        parser.parse_args(argv)  # argparse's own error for what is left over (exits 2)
+    if target is not None:
+        getattr(ns, target).extend(extra)
+    return ns
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
@@ -320,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         ns = parser.parse_intermixed_args(argv)
     except TypeError:  # argparse refuses intermixed parsing with subparsers (Python 3.11)
-        ns = parser.parse_args(argv)
+        ns = _parse_intermixed(parser, argv)
     if ns.version:
         from rlzoo.version import __version__
 
