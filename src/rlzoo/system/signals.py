@@ -5,7 +5,8 @@
 loop abandons the step in progress, writes ``summary.json`` (``ended: "interrupted (SIGTERM)"``),
 prints the resume command, and ``rlzoo train`` exits with :data:`EXIT_TERMINATED`. The handler
 fires once: a second SIGTERM while the run shuts down is ignored (a scheduler's kill -9 follows
-its grace period anyway), so the summary is not cut short.
+its grace period anyway), so the summary is not cut short. Inside :func:`shielded` (a checkpoint
+being written) a SIGTERM waits until the block ends, so a checkpoint that was due is completed.
 """
 
 from __future__ import annotations
@@ -24,10 +25,30 @@ class Terminated(KeyboardInterrupt):
     """Raised in the main thread when the process receives SIGTERM (see :func:`terminate_as_interrupt`)."""
 
 
+_shield = {"depth": 0, "pending": False}
+
+
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
     del frame
     signal.signal(signum, signal.SIG_IGN)  # once: the shutdown that follows is not interrupted again
+    if _shield["depth"]:
+        _shield["pending"] = True  # raised when the shielded block ends
+        return
     raise Terminated(f"received {signal.Signals(signum).name}")
+
+
+@contextlib.contextmanager
+def shielded() -> Iterator[None]:
+    """A block a SIGTERM does not cut short (the loop's checkpoint write): :class:`Terminated` is
+    raised when it ends instead. Ctrl-C is not held back."""
+    _shield["depth"] += 1
+    try:
+        yield
+    finally:
+        _shield["depth"] -= 1
+    if not _shield["depth"] and _shield["pending"]:
+        _shield["pending"] = False
+        raise Terminated("received SIGTERM")
 
 
 @contextlib.contextmanager

@@ -35,7 +35,7 @@ from rlzoo.kernel.batch import Batch
 from rlzoo.recipe.types import Selection
 from rlzoo.report.metrics import PhaseTimer
 from rlzoo.system.failpoints import failpoint
-from rlzoo.system.signals import Terminated
+from rlzoo.system.signals import Terminated, shielded
 from rlzoo.train.checkpoint import read_summary
 from rlzoo.train.session import Session, open_session
 
@@ -256,7 +256,7 @@ class TrainLoop:
                 if is_due(step, s.schedule.save_freq, total):
                     # the checkpoint carries the step's row so far: killed before the row is
                     # written below, the resumed run writes it from there (no gap in the metrics)
-                    with timer("save_checkpoint"):
+                    with timer("save_checkpoint"), shielded():  # a SIGTERM lets a due checkpoint finish
                         s.save(
                             step,
                             {
