@@ -304,7 +304,7 @@ def _env_literal(key: str, default: Any = None, *rest: Any) -> str:
     return "${oc.env:" + key + "," + quoted + "}"
 
 
-def _env_literals(cfg: Any, resolved: Mapping[str, Any]) -> dict[str, Any]:
+def _env_literals(cfg: Any, resolved: Mapping[Any, Any]) -> dict[str, Any]:
     """``{dotted key: value with every ${oc.env:VAR} left unresolved}`` for each setting whose
     resolved value an environment variable made (directly or through another interpolation)."""
     from omegaconf import OmegaConf

@@ -101,8 +101,8 @@ def check_target_modules(model: nn.Module, settings: LoraSettings) -> None:
     (matched as peft does: a module whose full name is the entry or ends with ``"." + entry``); the
     error lists the model's linear modules; and a rank above the model's width
     (:meth:`~rlzoo.kernel.settings.LoraSettings.width_problem`). Cheap: it walks module names only."""
-    config = getattr(model, "config", None)
-    width = model_width(config.to_dict()) if hasattr(config, "to_dict") else None
+    to_dict = getattr(getattr(model, "config", None), "to_dict", None)
+    width = model_width(to_dict()) if callable(to_dict) else None
     if width is None:  # no HF config: the widest layer any adapter could sit on
         widths = [min(m.in_features, m.out_features) for m in model.modules() if isinstance(m, nn.Linear)]
         width = max(widths, default=None)
