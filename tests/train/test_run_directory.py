@@ -341,3 +341,31 @@ def test_environment_variables_stay_out_of_the_run_directory(
     monkeypatch.setenv("RLZOO_TEST_SECRET", "other")
     run = rlzoo.build_run(None, ["resume=latest", f"run.output_dir={out}"], pm=pm)
     assert run.config.run.name == "other-x"  # resolved now, from this environment
+
+
+def test_a_run_killed_after_its_last_checkpoint_is_summed_up_by_its_resume(
+    quickstart_dir: Path, tmp_path: Path
+) -> None:
+    """The other side of a finished run: kill -9 after the last step's checkpoint, before its row and
+    its summary. The resume has no step to train, writes the row from the checkpoint and a summary
+    of the run's rows ("completed", rewards filled in), not the nulls of a run of no steps."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    args = [f"data.dir={quickstart_dir}", *QUIET, *SIMULATED_BACKENDS, "trainer.test_freq=-1"]
+    cmd = [sys.executable, "-m", "rlzoo.cli", "train", "quickstart", *args]
+    env = {**os.environ, "RLZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "RLZOO_KILL_AT": "metrics:before@2"}
+    steps = ["trainer.total_steps=2", "trainer.save_freq=1", f"run.output_dir={out}"]
+    assert subprocess.run([*cmd, *steps], env=env, capture_output=True, timeout=300).returncode == -9
+    assert not (out / "summary.json").exists()
+    env.pop("RLZOO_KILL_AT")
+    resume = [sys.executable, "-m", "rlzoo.cli", "train", "resume=latest", f"run.output_dir={out}"]
+    done = subprocess.run(resume, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "is finished" not in done.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ended"] == "completed" and summary["last_step"] == 2
+    assert summary["first_reward"] is not None and summary["final"]["step"] == 2
+    assert _steps(out) == [1, 2]

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rlzoo.kernel.batch import Batch
 from rlzoo.recipe.types import Selection
-from rlzoo.report.metrics import PhaseTimer
+from rlzoo.report.metrics import PhaseTimer, read_metrics
 from rlzoo.system.failpoints import failpoint
 from rlzoo.system.signals import Terminated, shielded
 from rlzoo.train.checkpoint import read_summary
@@ -207,7 +207,11 @@ class TrainLoop:
         ended = "completed"
         try:
             if s.resumed is not None and s.start_step >= s.schedule.total_steps:
-                return self._already_finished()
+                finished = self._already_finished()
+                if finished is not None:
+                    return finished
+                # killed after its last checkpoint, before its summary: the summary of its rows
+                rows = [r for r in read_metrics(s.run_dir) if r.get("step", 0) > 0]
             if s.resumed is not None:
                 state = s.resumed.payload
                 src.resume(state["data"])
@@ -285,17 +289,20 @@ class TrainLoop:
             s.close()
         return s.finish(rows, wall_s=time.perf_counter() - t_start, ended=ended, extra=self.summary_extra())
 
-    def _already_finished(self) -> dict[str, Any]:
-        """A resume of a run whose checkpoint is its last step: nothing to train, and its
-        ``summary.json`` (what the run did) is kept as it is, not rewritten by a run of no steps."""
+    def _already_finished(self) -> dict[str, Any] | None:
+        """A resume of a run that completed (its checkpoint is the last step, its ``summary.json``
+        says so): nothing to train, and the summary is kept as the run wrote it, not rewritten by a
+        run of no steps. None when the run has no such summary (killed before writing it)."""
         s = self.s
+        summary = read_summary(s.run_dir)
+        if summary is None or summary.get("ended") != "completed" or summary.get("last_step") != s.start_step:
+            return None
         s.metrics.write(
             f"rlzoo: {s.run_dir} is finished: its checkpoint of step {s.start_step} is the run's last step "
             f"(of {s.schedule.total_steps}); nothing to resume. To train it further, resume with more steps "
             f"(e.g. {s.resume_command} trainer.total_steps={s.start_step * 2})"
         )
-        summary = read_summary(s.run_dir)
-        return summary if summary is not None else {}
+        return summary
 
     def _held(self) -> AbstractContextManager[None]:
         return self.source.hold() if isinstance(self.source, Background) else contextlib.nullcontext()
