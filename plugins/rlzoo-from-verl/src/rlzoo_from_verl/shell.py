@@ -1195,13 +1195,13 @@ def _module_of_file(path: str) -> str | None:
 # entry points
 # ---------------------------------------------------------------------------------------------
 def _bounded(name: str, value: Value, line: int) -> Value:
-    """``value``, or a :class:`ShellError` when it holds more than :data:`MAX_VALUE_CHARS` characters."""
+    """``value``, or an error when it holds more than :data:`MAX_VALUE_CHARS` characters."""
     size = sum(map(len, value)) if isinstance(value, list) else len(value) if isinstance(value, str) else 0
     if size > MAX_VALUE_CHARS:
-        raise ShellError(
-            line,
-            f"{name} would hold {size:,} characters, more than the {MAX_VALUE_CHARS:,} a verl launch "
-            "script's value may (a value doubled again and again, e.g. A=$A$A?); nothing was written",
+        raise RlzooError(
+            f"from-verl: line {line}: {name} would hold {size:,} characters, more than the "
+            f"{MAX_VALUE_CHARS:,} a verl launch script's value may (a value doubled again and again, "
+            "e.g. A=$A$A?); nothing was written"
         )
     return value
 
