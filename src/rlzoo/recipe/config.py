@@ -329,7 +329,8 @@ def _env_literals(cfg: Any, resolved: Mapping[Any, Any]) -> dict[str, Any]:
         literal = OmegaConf.to_container(OmegaConf.create(rewrite(raw)), resolve=True)
     except Exception:  # resolved once already: an interpolation only the real resolver takes
         return {}
-    return {k: v for k, v in _leaves(literal).items() if _leaves(resolved).get(k) != v}
+    values = _leaves(resolved)
+    return {k: v for k, v in _leaves(literal).items() if values.get(k) != v}
 
 
 def _leaves(d: Any, prefix: str = "") -> dict[str, Any]:
