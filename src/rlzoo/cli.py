@@ -130,11 +130,13 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
     quiet_third_party_progress()  # before transformers / datasets load anything
     from rlzoo.recipe.compose import build_run
+    from rlzoo.system.signals import terminate_as_interrupt
 
     recipe, overrides = _split_recipe(ns.args, None)  # none named: quickstart, or a resume's saved one
     start = time.perf_counter()
-    run = build_run(recipe, overrides)
-    summary = run.train()
+    with terminate_as_interrupt():  # SIGTERM (SLURM, Kubernetes, docker stop) stops the run as Ctrl-C does
+        run = build_run(recipe, overrides)
+        summary = run.train()
     if summary:  # the full summary is in the run directory (summary.json)
         print_summary(summary, recipe=run.config.recipe or "quickstart", wall_s=time.perf_counter() - start)
     return 0
@@ -312,6 +314,18 @@ def _plugin_commands(sub: Any) -> None:
             s.set_defaults(func=command.run)
 
 
+def _parse_intermixed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """What ``parse_intermixed_args`` does where argparse refuses it: ``key=value`` words after an
+    option (``rlzoo prepare gsm8k --out DIR source=FILE``) join the subcommand's list of them."""
+    ns, extra = parser.parse_known_args(argv)
+    target = next((k for k in ("overrides", "args") if isinstance(getattr(ns, k, None), list)), None)
+    if extra and (target is None or any(a.startswith("-") for a in extra)):
+        parser.parse_args(argv)  # argparse's own error for what is left over (exits 2)
+    if target is not None:
+        getattr(ns, target).extend(extra)
+    return ns
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
@@ -321,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         ns = parser.parse_intermixed_args(argv)
     except TypeError:  # argparse refuses intermixed parsing with subparsers (Python 3.11)
-        ns = parser.parse_args(argv)
+        ns = _parse_intermixed(parser, argv)
     if ns.version:
         from rlzoo.version import __version__
 
@@ -350,7 +364,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"rlzoo {ns.command}: error: {message}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        from rlzoo.system.signals import EXIT_TERMINATED, Terminated
+
+        if isinstance(exc, Terminated):
+            print(f"rlzoo {ns.command}: terminated (SIGTERM)", file=sys.stderr)
+            return EXIT_TERMINATED
         print(f"rlzoo {ns.command}: interrupted", file=sys.stderr)
         return 130
 

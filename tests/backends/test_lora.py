@@ -201,3 +201,10 @@ def test_exclude_modules_keeps_matching_layers_without_adapters():
     assert {n for n in full if ".layers.0.self_attn." in n} == full - adapted
     with pytest.raises(ValueError, match=r"exclude_modules '\(' is not a regular expression"):
         LoraSettings(exclude_modules="(")
+
+
+def test_a_rank_above_the_models_width_is_refused_before_training():
+    # tiny_qwen2_config: hidden_size 32, so rank 33 can never be used; rank 32 can
+    with pytest.raises(RlzooError, match=r"trainer.lora.rank: 33 is more than the width .*hidden size 32"):
+        lora.check_target_modules(tiny_model(), LoraSettings(rank=33))
+    lora.check_target_modules(tiny_model(), LoraSettings(rank=32))

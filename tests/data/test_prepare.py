@@ -352,3 +352,37 @@ def test_gsm8k_row_without_an_answer_is_dropped_not_a_crash(
     assert [r["reward_model"]["ground_truth"] for r in read(out["test"])] == ["2"]
     assert "dropped 2 of 3" in caplog.text
     assert gsm8k.final_answer(None) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "reason"),
+    [
+        (
+            "train.parquet",
+            b"\x8a\x01junk bytes, not parquet" * 40,
+            "ArrowInvalid: Parquet magic bytes not found",
+        ),
+        ("empty.parquet", b"", "ArrowInvalid: Parquet file size is 0 bytes"),
+        ("train.json", b"not json{{{\n", "ArrowInvalid: JSON parse error"),
+    ],
+)
+def test_gsm8k_on_junk_input_is_a_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, content: bytes, reason: str
+) -> None:
+    """Issue 39, finding 11: ``rlzoo prepare gsm8k`` on a file that is not what its suffix says.
+    Before: pyarrow's / datasets' traceback. Also: ``--out`` before ``source=`` (was "unrecognized
+    arguments" on Python 3.11)."""
+    from rlzoo.cli import main
+
+    junk = tmp_path / name
+    junk.write_bytes(content)
+    out = tmp_path / "out"
+    assert main(["prepare", "gsm8k", "--out", str(out), f"source={junk}"]) == 2
+    err = capsys.readouterr().err
+    # the last word is rlzoo's one line (not a traceback; datasets' own log lines may come before it)
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .startswith(f"rlzoo prepare: error: {junk}: cannot read it as a dataset ({reason}")
+    )
+    assert not out.exists()

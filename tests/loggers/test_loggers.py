@@ -295,3 +295,31 @@ def test_wandb_offline_holds_what_metrics_jsonl_holds(tracked: dict[str, Any]) -
         for k, v in r.items():
             if k not in ("step", "time") and isinstance(v, float):
                 assert history[r["step"]][k] == pytest.approx(v), (r["step"], k)
+
+
+def test_a_full_disk_during_a_metrics_write_names_the_file(tmp_path) -> None:
+    """Issue 39, finding 11: the disk fills up as a row is written (the write raises ENOSPC, as a
+    full disk does). Before: "cannot write: No space left on device", no file named."""
+    import errno
+
+    from rlzoo.loggers.builtin import JsonlLogger
+    from rlzoo.report.metrics import LoggerContext
+    from rlzoo.system.storage import storage_message
+
+    sink = JsonlLogger(None, LoggerContext(run_dir=tmp_path))
+
+    class _FullDisk:
+        def write(self, text: str) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def flush(self) -> None: ...
+
+        def close(self) -> None: ...
+
+    sink._file = _FullDisk()  # type: ignore[assignment]
+    with pytest.raises(OSError) as info:
+        sink.log(1, {"step": 1})
+    assert storage_message(info.value) == (
+        f"cannot write {tmp_path / 'metrics.jsonl'}: No space left on device; free some space or choose a "
+        "writable folder (run.output_dir=DIR)"
+    )

@@ -109,7 +109,7 @@ def test_the_range_check_sees_a_second_declaration() -> None:
 def test_check_ranges_refuses_nan_and_out_of_range() -> None:
     from rlzoo.kernel.settings import LoraSettings, MicroBatchSettings, OptimSettings
 
-    with pytest.raises(ValueError, match="lr must be > 0, got nan"):
+    with pytest.raises(ValueError, match="lr must be a finite number, got nan"):
         OptimSettings(lr=float("nan"))
     with pytest.raises(ValueError, match=r"dropout must be < 1, got 1\.0"):
         LoraSettings(dropout=1.0)

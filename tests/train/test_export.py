@@ -346,3 +346,22 @@ def test_a_tokenizer_plain_autotokenizer_would_misread_is_flagged(tmp_path: Path
     note = json.loads((final / "rlzoo_export.json").read_text())["tokenizer"]
     assert "PreTrainedTokenizerFast.from_pretrained(path)" in note and type(auto).__name__ in note
     assert PreTrainedTokenizerFast.from_pretrained(final)(text)["input_ids"] == run_tok(text)["input_ids"]
+
+
+def test_a_file_the_user_edited_in_an_export_is_never_overwritten(
+    run_dir: Path, tmp_path: Path, capsys: Any
+) -> None:
+    """Issue 39, finding 10: an export of ours whose config.json the user then edited (same name, so
+    listed in rlzoo_export.json). Before: the next export replaced it silently."""
+    from rlzoo.cli import main
+
+    out = tmp_path / "model"
+    assert main(["export", str(run_dir), "--step", "2", "--out", str(out)]) == 0
+    config = out / "config.json"
+    edited = config.read_text().replace("{", '{\n  "my_note": "tuned by hand",', 1)
+    config.write_text(edited)
+    assert main(["export", str(run_dir), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "holds files changed since rlzoo exported them (config.json)" in err
+    assert config.read_text() == edited
+    assert json.loads((out / "rlzoo_export.json").read_text())["step"] == 2

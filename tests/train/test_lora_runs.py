@@ -159,3 +159,35 @@ def test_export_adapter_touches_nothing_but_its_out(
     left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("."))
     assert left == [".adapter.merged"], left
     assert (mine / "notes.md").read_text() == "mine"
+
+
+def test_a_lora_resume_refuses_a_base_model_changed_in_place(
+    pm: PluginManager, quickstart_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 39, finding 10: the base model at model.path rewritten in place (another model of the same
+    shape: every weight + 0.01) between a LoRA run and its resume. Before: the resume carried on, its
+    adapter on a base it was never trained on."""
+    import os
+
+    from safetensors.torch import load_file, save_file
+
+    from rlzoo.train.checkpoint import BaseModelChanged
+    from rlzoo.train_kit.lora import base_model_fingerprint
+
+    data = tmp_path / "data"
+    shutil.copytree(quickstart_dir, data)
+    out = tmp_path / "run"
+    build(pm, "quickstart", data, out, *LORA, "trainer.total_steps=1", "trainer.save_freq=1").train()
+    weights = data / "model" / "model.safetensors"
+    before = base_model_fingerprint(str(data / "model"))
+    assert before is not None and {"config.json", "model.safetensors"} <= set(before["files"])
+    os.utime(weights, (1, 1))  # a touch (or a copy) is not a change of the model
+    assert base_model_fingerprint(str(data / "model")) == before
+
+    size = weights.stat().st_size
+    save_file({k: v + 0.01 for k, v in load_file(weights).items()}, str(weights), metadata={"format": "pt"})
+    assert weights.stat().st_size == size  # same shape, same size: only the bytes tell
+    resume = build(pm, "quickstart", data, out, *LORA, "trainer.total_steps=2", "resume=latest")
+    with pytest.raises(BaseModelChanged, match=r"model\.path=.*model.safetensors \(changed\)"):
+        resume.train()
+    assert [r["step"] for r in read_metrics(out)] == [1]  # nothing trained on the wrong base

@@ -76,8 +76,12 @@ def test_a_folder_that_is_not_a_run_is_never_taken_over(
     out.mkdir()
     (out / "thesis.tex").write_text("years of work")
     for extra in ((), ("run.overwrite=true",)):
-        with pytest.raises(ConfigError, match=r"not empty \(thesis.tex\) and is not an rlzoo run directory"):
+        with pytest.raises(
+            ConfigError, match=r"not empty \(thesis.tex\) and is not an rlzoo run directory"
+        ) as info:
             _first(pm, quickstart_dir, out, "trainer.total_steps=1", *extra)
+        # headed by what it is (issue 39, finding 11; before: "invalid recipe: 1 problem(s)")
+        assert str(info.value).startswith(f"cannot start a run in {out} (the run directory): 1 problem(s)")
     assert sorted(p.name for p in out.iterdir()) == ["thesis.tex"]
     # an empty folder is fine
     empty = tmp_path / "empty"
@@ -142,7 +146,11 @@ def test_a_chain_of_resumes_keeps_every_override(
     capsys.readouterr()
     # as after a crash at step 5: the next resume (the printed command, no overrides) continues
     run = rlzoo.build_run(None, ["resume=4", f"run.output_dir={out}"], pm=pm)
-    assert "from its config.yaml, unchanged" in capsys.readouterr().out
+    # it says what it replays (issue 39, finding 11; before: "from its config.yaml, unchanged")
+    assert (
+        f"rlzoo: resuming {out} from its config.yaml with the overrides of earlier resumes (resumes.yaml) "
+        "replayed: trainer.total_steps=6 trainer.optim.lr=5e-4; no new changes"
+    ) in capsys.readouterr().out
     assert run.config.trainer.total_steps == 6 and run.config.trainer.optim.lr == 5e-4
     summary = run.train()
     assert summary["start_step"] == 4 and summary["last_step"] == 6
@@ -293,3 +301,71 @@ def test_a_users_file_in_final_stops_the_run_before_training(
     ):
         _resume(pm, out, "trainer.total_steps=2", recipe=None)
     assert _steps(out) == [1] and (out / "final" / "eval.txt").read_text() == "0.42"
+
+
+def test_resuming_a_finished_run_says_so_and_keeps_its_summary(
+    pm: PluginManager, quickstart_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39, finding 10. Before: the printed resume command on a finished run trained nothing and
+    rewrote summary.json with nulls (first_reward, last_reward, final: {})."""
+    out = tmp_path / "run"
+    _first(pm, quickstart_dir, out, "trainer.total_steps=2")
+    before = (out / "summary.json").read_bytes()
+    assert json.loads(before)["first_reward"] is not None
+    capsys.readouterr()
+    summary = _resume(pm, out)
+    assert f"rlzoo: {out.resolve()} is finished: its checkpoint of step 2 is the run's last step" in (
+        capsys.readouterr().out
+    )
+    assert (out / "summary.json").read_bytes() == before
+    assert summary == json.loads(before)
+    assert _steps(out) == [1, 2]
+
+
+def test_environment_variables_stay_out_of_the_run_directory(
+    pm: PluginManager, quickstart_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 39, finding 10: a setting that reads ``${oc.env:VAR}`` is saved as written, not as the
+    variable's value, and a resume resolves it again from its own environment. Before: config.yaml
+    (and what a resume printed and recorded) held the value."""
+    monkeypatch.setenv("RLZOO_TEST_SECRET", "s3cr3t-t0ken")
+    out = tmp_path / "run"
+    _first(pm, quickstart_dir, out, "trainer.total_steps=1", "run.name=${oc.env:RLZOO_TEST_SECRET}-x")
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["run"]["name"] == "${oc.env:RLZOO_TEST_SECRET}-x"
+    for f in out.rglob("*"):
+        if f.is_file() and f.suffix in (".yaml", ".json", ".jsonl", ".txt"):
+            assert "s3cr3t" not in f.read_text(errors="replace"), f
+    import rlzoo
+
+    monkeypatch.setenv("RLZOO_TEST_SECRET", "other")
+    run = rlzoo.build_run(None, ["resume=latest", f"run.output_dir={out}"], pm=pm)
+    assert run.config.run.name == "other-x"  # resolved now, from this environment
+
+
+def test_a_run_killed_after_its_last_checkpoint_is_summed_up_by_its_resume(
+    quickstart_dir: Path, tmp_path: Path
+) -> None:
+    """The other side of a finished run: kill -9 after the last step's checkpoint, before its row and
+    its summary. The resume has no step to train, writes the row from the checkpoint and a summary
+    of the run's rows ("completed", rewards filled in), not the nulls of a run of no steps."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    args = [f"data.dir={quickstart_dir}", *QUIET, *SIMULATED_BACKENDS, "trainer.test_freq=-1"]
+    cmd = [sys.executable, "-m", "rlzoo.cli", "train", "quickstart", *args]
+    env = {**os.environ, "RLZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "RLZOO_KILL_AT": "metrics:before@2"}
+    steps = ["trainer.total_steps=2", "trainer.save_freq=1", f"run.output_dir={out}"]
+    assert subprocess.run([*cmd, *steps], env=env, capture_output=True, timeout=300).returncode == -9
+    assert not (out / "summary.json").exists()
+    env.pop("RLZOO_KILL_AT")
+    resume = [sys.executable, "-m", "rlzoo.cli", "train", "resume=latest", f"run.output_dir={out}"]
+    done = subprocess.run(resume, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "is finished" not in done.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ended"] == "completed" and summary["last_step"] == 2
+    assert summary["first_reward"] is not None and summary["final"]["step"] == 2
+    assert _steps(out) == [1, 2]

@@ -155,8 +155,10 @@ def test_a_resume_without_a_saved_config_says_so(
         "quickstart", [f"data.dir={quickstart_dir}", "resume=latest", f"run.output_dir={out}", *QUIET], pm=pm
     )
     assert "has no saved config.yaml; using the recipe and overrides given" in capsys.readouterr().out
-    with pytest.raises(RlzooError, match="no complete checkpoint"):
+    with pytest.raises(RlzooError, match="no complete checkpoint") as info:
         run.train()
+    # headed by what it is (issue 39, finding 11; before: "invalid recipe: 1 problem(s)")
+    assert str(info.value).startswith(f"cannot resume {out}: 1 problem(s)")
 
 
 # ---------------------------------------------------------------------------------------------

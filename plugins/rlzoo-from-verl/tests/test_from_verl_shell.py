@@ -525,6 +525,49 @@ def test_files_that_are_not_scripts(tmp_path: Path):
         from_verl(str(tmp_path))
 
 
+def test_a_fifo_or_a_device_is_named_and_never_read(tmp_path: Path):
+    """Issue 39, finding 11. Before: "does not exist" for both (and a read of /dev/zero would never end)."""
+    import os
+
+    fifo = tmp_path / "launch.sh"
+    os.mkfifo(fifo)  # nobody writes into it: opening it for reading would block forever
+    with pytest.raises(
+        RlzooError, match=r"launch.sh is a FIFO \(named pipe\), not a regular file; it was not read"
+    ):
+        from_verl(str(fifo))
+    with pytest.raises(RlzooError, match=r"/dev/zero is a character device, not a regular file"):
+        from_verl("/dev/zero")
+    big = tmp_path / "big.sh"
+    big.write_bytes(b"# " + b"x" * (1 << 20) + b"\n")
+    with pytest.raises(RlzooError, match=r"big.sh is larger than 1,048,576 bytes"):
+        from_verl(str(big))
+
+
+def test_doubling_a_variable_is_refused_by_name_before_it_grows(tmp_path: Path):
+    """Issue 39, finding 9: 24 doublings of a 10-character value (10 x 2**24 = 168 MB). Before: a
+    168 MB recipe and 1 GB of memory. Now: the doubling that passes 1 MiB (the 17th: 10 x 2**17 =
+    1,310,720 characters) is refused by its variable and line, and nothing is written."""
+    import time
+
+    script = tmp_path / "run.sh"
+    lines = [
+        "A=0123456789",
+        *["A=$A$A"] * 24,
+        "python3 -m verl.trainer.main_ppo data.train_files=/d/$A.parquet",
+    ]
+    script.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "recipe.yaml"
+    t0 = time.perf_counter()
+    with pytest.raises(
+        RlzooError, match=r"line 18: A would hold 1,310,720 characters, more than the 1,048,576"
+    ):
+        from_verl(str(script), out)
+    assert time.perf_counter() - t0 < 5 and not out.exists()
+    script.write_text("\n".join(["A=0123456789", *["A=$A$A"] * 10, lines[-1]]) + "\n")
+    _, text = from_verl(str(script))  # 10,240 characters: a value a script may hold
+    assert "0123456789" * 1024 in text
+
+
 # ---------------------------------------------------------------------------------------------
 # never anything but its own error
 # ---------------------------------------------------------------------------------------------
@@ -674,3 +717,18 @@ def test_date_matches_gnu_date_where_installed():
     theirs = subprocess.run([date, "-u", fmt], capture_output=True, text=True, check=True).stdout.strip()
     assert ours[:16] == theirs[:16]  # same minute (the two clocks are read a moment apart)
     assert ours[20:] == theirs[20:]
+
+
+def test_a_recipe_past_its_size_limit_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The last bound, on what would be written (values each under their limit, in many keys): shown
+    with the limit lowered to 100 characters, as a real recipe is longer than that."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("rlzoo_from_verl.convert"), "MAX_RECIPE_CHARS", 100)
+    script = tmp_path / "run.sh"
+    script.write_text("python3 -m verl.trainer.main_ppo data.train_files=/d/train.parquet\n")
+    with pytest.raises(
+        RlzooError, match=r"characters, more than the 100 a recipe may be; nothing was written"
+    ):
+        from_verl(str(script), tmp_path / "recipe.yaml")
+    assert not (tmp_path / "recipe.yaml").exists()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlzoo import hookimpl, param
+from rlzoo.kernel.params import MAX_SEED
 
 if TYPE_CHECKING:
     from rlzoo.kernel.registry import PartFactory, Registrar
@@ -56,7 +57,7 @@ class JudgeParams:
         2048, ge=1, help="longest judge prompt, in tokens (longer: the sample fails)"
     )
     temperature: float = param(0.0, ge=0.0, help="0: greedy (the default); > 0: sampled")
-    seed: int = param(0, help="sampling seed (temperature > 0)")
+    seed: int = param(0, ge=0, le=MAX_SEED, help="sampling seed (temperature > 0)")
     batch_size: int = param(16, ge=1, help="judge prompts per call of the rollout backend")
     dtype: str = param("float32", help="dtype the judge runs in")
     device: str = param("auto", help="'auto' (cuda when available), 'cpu', 'cuda' or 'cuda:N'")

@@ -7,8 +7,14 @@ declare fields without importing the registry.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import field
 from typing import Any
+
+#: the largest magnitude of an integer setting: a signed 64-bit integer, what torch and numpy take
+INT_LIMIT = 2**63 - 1
+#: the largest seed: what every random generator rlzoo seeds accepts (numpy's legacy seeds, 32 bits)
+MAX_SEED = 2**32 - 1
 
 
 def param(
@@ -28,7 +34,9 @@ def param(
     ``le`` / ``lt`` declare the field's range (a number; ``None`` values are not checked), once:
     ``rlzoo validate`` reports every value out of range at once (:func:`range_problems`), and a
     class built directly in Python checks them in its ``__post_init__`` with :func:`check_ranges`.
-    A NaN is outside every range.
+    Every number field has a range even without one declared: a float must be finite (NaN and
+    infinity are refused), an integer must fit a signed 64-bit integer (:data:`INT_LIMIT`); numbers
+    inside a list or tuple field are held to the same.
     """
     metadata = dict(kw.pop("metadata", {}) or {})
     metadata["help"] = help
@@ -46,19 +54,44 @@ def param(
     return field(default=default, metadata=metadata, **kw)
 
 
+def _unrepresentable(value: Any) -> str | None:
+    """What every number setting must be, whatever range it declares: finite, and an integer that
+    fits 64 bits (None: ``value`` is fine, or no number)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {value!r}"
+    if isinstance(value, int) and abs(value) > INT_LIMIT:
+        return f"must fit a 64-bit integer (at most {INT_LIMIT:.3g} in magnitude), got {value:.3g}"
+    return None
+
+
+def _bound(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
 def _out_of_range(f: dataclasses.Field[Any], value: Any) -> str | None:
     """What is wrong with ``value`` against the range ``f`` declares (None: in range or no number)."""
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            problem = _unrepresentable(item)
+            if problem is not None:
+                return f"[{i}] {problem}"
+        return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None  # None, or a value of the wrong type (binding reports those)
+    problem = _unrepresentable(value)
+    if problem is not None:
+        return problem
     ge, gt, le, lt = (f.metadata.get(k) for k in ("ge", "gt", "le", "lt"))
     if ge is not None and not value >= ge:
-        return f"must be >= {ge:g}, got {value!r}"
+        return f"must be >= {_bound(ge)}, got {value!r}"
     if gt is not None and not value > gt:
-        return f"must be > {gt:g}, got {value!r}"
+        return f"must be > {_bound(gt)}, got {value!r}"
     if le is not None and not value <= le:
-        return f"must be <= {le:g}, got {value!r}"
+        return f"must be <= {_bound(le)}, got {value!r}"
     if lt is not None and not value < lt:
-        return f"must be < {lt:g}, got {value!r}"
+        return f"must be < {_bound(lt)}, got {value!r}"
     return None
 
 

@@ -6,7 +6,9 @@ conventions (Protocols) are in :mod:`rlzoo.kernel.protocols`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from rlzoo.kernel.params import check_ranges, param
 
@@ -159,10 +161,33 @@ class LoraSettings:
         if problems:
             raise ValueError("; ".join(problems))
 
+    def width_problem(self, width: int, model: str) -> str | None:
+        """Why :attr:`rank` cannot work on a model whose hidden size is ``width`` (None: it can).
+
+        A LoRA update ``B A`` of rank r on a layer ``[out, in]`` has rank at most ``min(out, in,
+        r)``: a rank above the model's width adds only parameters that can never matter."""
+        if self.rank <= width:
+            return None
+        return (
+            f"trainer.lora.rank: {self.rank} is more than the width of {model} (hidden size {width}); "
+            f"a LoRA rank is at most the layer width (typically 8-64): set trainer.lora.rank <= {width}"
+        )
+
     @property
     def scaling(self) -> float:
         """``alpha / rank``: the factor on ``B A``."""
         return float(self.alpha) / int(self.rank)
+
+
+def model_width(config: Mapping[str, Any]) -> int | None:
+    """The hidden size an HF ``config.json`` declares (``hidden_size``, ``n_embd`` or ``d_model``; a
+    vision-language model's ``text_config``), or None when it declares none."""
+    for key in ("hidden_size", "n_embd", "d_model"):
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    text = config.get("text_config")
+    return model_width(text) if isinstance(text, Mapping) else None
 
 
 @dataclass(frozen=True)

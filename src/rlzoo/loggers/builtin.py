@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from rlzoo.report.metrics import CONSOLE_KEYS, LoggerContext, set_aside_cut_row
@@ -61,15 +62,19 @@ class JsonlLogger:
 
     def __init__(self, params: Any, context: LoggerContext) -> None:
         self._file = None
+        self._path: Path | None = None
         if context.run_dir is not None:
-            path = context.run_dir / "metrics.jsonl"
+            path = self._path = context.run_dir / "metrics.jsonl"
             set_aside_cut_row(path)
             self._file = path.open("a")
 
     def log(self, step: int, record: Mapping[str, Any], *, advance: bool = True) -> None:
         if self._file is not None:
-            self._file.write(json.dumps(dict(record)) + "\n")  # one write, then flushed whole
-            self._file.flush()
+            try:
+                self._file.write(json.dumps(dict(record)) + "\n")  # one write, then flushed whole
+                self._file.flush()
+            except OSError as exc:  # a write error names no file: say which (the disk full, ...)
+                raise OSError(exc.errno, exc.strerror, str(self._path)) from exc
 
     def close(self) -> None:
         if self._file is not None:

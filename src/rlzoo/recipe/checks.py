@@ -140,6 +140,28 @@ def _lora_rule(cfg: RecipeConfig) -> list[str]:
     return out
 
 
+def _lora_width_rule(cfg: RecipeConfig) -> list[str]:
+    """``trainer.lora.rank`` against the model's width, when its ``config.json`` is readable now (a
+    local folder; a model prepared later or from the hub is checked when it is built,
+    :func:`rlzoo.train_kit.lora.check_target_modules`)."""
+    import json
+    from pathlib import Path
+
+    from rlzoo.kernel.settings import model_width
+
+    lora = cfg.trainer.lora
+    if lora is None or not isinstance(cfg.model.path, str):
+        return []
+    config_file = Path(cfg.model.path).expanduser() / "config.json"
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return []
+    width = model_width(config) if isinstance(config, dict) else None
+    problem = None if width is None else lora.width_problem(width, f"model.path {cfg.model.path}")
+    return [problem] if problem else []
+
+
 def _names_with(sel: Selection, capability: str) -> str:
     """The registered parts of ``sel``'s kind that declare ``capability`` true, comma-separated."""
     from rlzoo.kernel.plugins import get_plugin_manager
@@ -279,6 +301,7 @@ CONSISTENCY_RULES: list[Any] = [
     _data_rule,
     _advantage_needs_rule,
     _lora_rule,
+    _lora_width_rule,
     _placement_rule,
     _logger_rule,
     _agent_rule,

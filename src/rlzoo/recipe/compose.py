@@ -124,7 +124,9 @@ class Run:
         else:
             check_writable(Path(rc.dir), "run.dir")
             if resume:
-                raise ConfigError(["resume: set run.output_dir to the run directory to resume from"])
+                raise ConfigError(
+                    ["resume: set run.output_dir to the run directory to resume from"], header="cannot resume"
+                )
             stamp = time.strftime("%Y%m%d-%H%M%S")
             path = Path(rc.dir).expanduser() / f"{rc.name}-{stamp}"
             n = 1
@@ -145,7 +147,9 @@ class Run:
         return self.run_dir
 
     def record(self) -> None:
-        """Write the resolved config and the loaded plugins (with versions) into the run directory."""
+        """Write the resolved config and the loaded plugins (with versions) into the run directory; a
+        setting an environment variable made is written as ``${oc.env:VAR}``, not as its value
+        (:meth:`~rlzoo.recipe.types.RecipeConfig.to_record`)."""
         assert self.run_dir is not None
         plugins = [p.to_json() for p in self.pm.plugins(include_all=True)]
         used = {
@@ -164,11 +168,11 @@ class Run:
             from omegaconf import OmegaConf
 
             (self.run_dir / "config.yaml").write_text(
-                OmegaConf.to_yaml(OmegaConf.create(self.config.to_dict()))
+                OmegaConf.to_yaml(OmegaConf.create(self.config.to_record()))
             )
         except Exception:  # objects passed directly may not be YAML-able
             (self.run_dir / "config.json").write_text(
-                json.dumps(self.config.to_dict(), indent=2, default=str)
+                json.dumps(self.config.to_record(), indent=2, default=str)
             )
 
     # -- running ----------------------------------------------------------------------------------

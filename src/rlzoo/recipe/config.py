@@ -24,6 +24,7 @@ or ``'algorithm.advantage={lam: 0.9}'`` set params of the current part.
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -178,6 +179,7 @@ def bind_config(raw: Mapping[str, Any], pm: PluginManager | None = None) -> Reci
     custom = _custom_binder(pm)
     raw = dict(raw)
     raw.pop("hydra", None)
+    saved_as = raw.pop(ENV_KEY, None) or {}
     cfg = bind_dataclass(RecipeConfig, raw, "", problems, what="the recipe", custom=custom)
     probe = cfg
     if cfg is None and _missing_required(RecipeConfig, raw):
@@ -197,6 +199,7 @@ def bind_config(raw: Mapping[str, Any], pm: PluginManager | None = None) -> Reci
                 print(f"rlzoo: note: {note}", file=sys.stderr, flush=True)
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)))
+    cfg.saved_as = dict(saved_as)
     return cfg  # type: ignore[no-any-return]
 
 
@@ -282,7 +285,62 @@ def compose_recipe(
     assert isinstance(plain, dict)
     plain.pop("hydra", None)
     plain.setdefault("recipe", path.stem)
+    plain[ENV_KEY] = _env_literals(cfg, plain)
     return plain  # type: ignore[return-value]
+
+
+#: key of :func:`compose_recipe`'s mapping under which the settings whose value came from an
+#: environment variable (``${oc.env:VAR}``) keep their unresolved form (:attr:`RecipeConfig.saved_as`)
+ENV_KEY = "__saved_as__"
+_OC_ENV = re.compile(r"\$\{\s*oc\.env:")
+_LITERAL = "rlzoo.env_literal"
+
+
+def _env_literal(key: str, default: Any = None, *rest: Any) -> str:
+    """What ``${oc.env:key[,default]}`` is written as in a saved file: itself, unresolved."""
+    if default is None and not rest:
+        return "${oc.env:" + key + "}"
+    quoted = "'" + str(default).replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return "${oc.env:" + key + "," + quoted + "}"
+
+
+def _env_literals(cfg: Any, resolved: Mapping[Any, Any]) -> dict[str, Any]:
+    """``{dotted key: value with every ${oc.env:VAR} left unresolved}`` for each setting whose
+    resolved value an environment variable made (directly or through another interpolation)."""
+    from omegaconf import OmegaConf
+
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, str):
+            return _OC_ENV.sub("${" + _LITERAL + ":", node)
+        if isinstance(node, Mapping):
+            return {k: rewrite(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [rewrite(v) for v in node]
+        return node
+
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(raw, dict)
+    raw.pop("hydra", None)
+    if not _OC_ENV.search(repr(raw)):
+        return {}
+    if not OmegaConf.has_resolver(_LITERAL):
+        OmegaConf.register_new_resolver(_LITERAL, _env_literal)
+    try:
+        literal = OmegaConf.to_container(OmegaConf.create(rewrite(raw)), resolve=True)
+    except Exception:  # resolved once already: an interpolation only the real resolver takes
+        return {}
+    values = _leaves(resolved)
+    return {k: v for k, v in _leaves(literal).items() if values.get(k) != v}
+
+
+def _leaves(d: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> value of every leaf of nested mappings (a list is a leaf)."""
+    if not isinstance(d, Mapping):
+        return {prefix[:-1]: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_leaves(v, f"{prefix}{k}."))
+    return out
 
 
 def _chain(exc: BaseException) -> str:

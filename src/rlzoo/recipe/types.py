@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from rlzoo.agents.settings import MultiTurnSettings
 from rlzoo.kernel.binding import to_plain, tree_nodes
-from rlzoo.kernel.params import param
+from rlzoo.kernel.params import MAX_SEED, param
 from rlzoo.kernel.protocols import PlansSteps
 from rlzoo.kernel.registry import Component
 from rlzoo.kernel.settings import LoraSettings, MicroBatchSettings, OptimSettings, StepPlan
@@ -84,7 +84,7 @@ class RunSection:
         help="a fresh run into a run.output_dir that holds a run moves that run aside to "
         "<dir>.replaced-<time> (nothing is deleted); without it such a run is refused",
     )
-    seed: int = param(0, help="seed for data order, sampling and initialisation")
+    seed: int = param(0, ge=0, le=MAX_SEED, help="seed for data order, sampling and initialisation")
     loggers: list[Any] = parts(
         "logger",
         ["console", "jsonl", "tensorboard"],
@@ -289,17 +289,44 @@ class RecipeConfig:
     )
     recipe: str | None = param(None, help="name of the recipe this came from (informational)")
     defaults: Any = param(None, help="(Hydra defaults list; ignored after composition)")
+    saved_as: dict[str, Any] = field(
+        default_factory=dict,
+        init=False,
+        repr=False,
+        compare=False,
+        metadata={
+            "help": "(set by composition) settings an environment variable made, as the recipe wrote them "
+            "(${oc.env:VAR}): what the run directory's config.yaml records instead of the value"
+        },
+    )
 
     def selections(self) -> list[Selection]:
         """Every part selected by this config (for records and checks)."""
         return [node for _, node in tree_nodes(self, leaves=(Selection,)) if isinstance(node, Selection)]
+
+    def to_record(self) -> dict[str, Any]:
+        """:meth:`to_dict` as a run directory's ``config.yaml`` records it: a setting an environment
+        variable made keeps its ``${oc.env:VAR}`` form (:attr:`saved_as`), resolved again when a
+        resume reads the file, so no variable's value is written into the run directory."""
+        out = self.to_dict()
+        for key, value in self.saved_as.items():
+            *parents, leaf = key.split(".")
+            node: Any = out
+            for p in parents:
+                node = node.get(p) if isinstance(node, dict) else None
+            if isinstance(node, dict) and leaf in node:
+                node[leaf] = value
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         def conv(obj: Any) -> Any:
             if isinstance(obj, Selection):
                 return obj.to_json()
             if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-                return {f.name: conv(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+                names = [
+                    f.name for f in dataclasses.fields(obj) if not (obj is self and f.name == "saved_as")
+                ]
+                return {name: conv(getattr(obj, name)) for name in names}
             if isinstance(obj, dict):
                 return {k: conv(v) for k, v in obj.items()}
             if isinstance(obj, (list, tuple)):

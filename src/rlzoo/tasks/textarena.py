@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl, param
+from rlzoo.kernel.params import MAX_SEED
 
 if TYPE_CHECKING:
     from rlzoo.kernel.protocols import EnvironmentFactory
@@ -43,7 +44,7 @@ class TextArenaDataParams:
     )
     train_size: int = param(1000, ge=1, help="training games")
     val_size: int = param(64, ge=1, help="held-out validation games")
-    seed: int = param(0, help="first training seed (validation: from seed + 1_000_000)")
+    seed: int = param(0, ge=0, le=MAX_SEED, help="first training seed (validation: from seed + 1_000_000)")
     overwrite: bool = param(False, help="rebuild even when the files exist")
 
 

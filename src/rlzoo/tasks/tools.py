@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl, param
+from rlzoo.kernel.params import MAX_SEED
 
 if TYPE_CHECKING:
     from rlzoo.kernel.protocols import EnvironmentFactory, ScorerFn, ToolFactory
@@ -47,7 +48,7 @@ class ToolArithmeticDataParams:
     )
     hidden_size: int = param(64, ge=8, help="hidden size of the tiny model")
     num_layers: int = param(2, ge=1, help="transformer layers of the tiny model")
-    seed: int = param(0, help="seed of the model's initialisation and the data")
+    seed: int = param(0, ge=0, le=MAX_SEED, help="seed of the model's initialisation and the data")
     overwrite: bool = param(False, help="rebuild even when the files exist")
 
 

@@ -59,6 +59,10 @@ class CheckpointWriteError(StorageError):
     """The disk refused a checkpoint's files (full, read-only); the previous checkpoint is intact."""
 
 
+class BaseModelChanged(RlzooError):
+    """A LoRA checkpoint's base model (``model.path``) is no longer the one it was trained on."""
+
+
 class RunDirLocked(RlzooError):
     """Another process writes into this run directory."""
 
@@ -92,10 +96,21 @@ def _fsync_tree(root: Path) -> None:
 class CheckpointManager:
     """``run_dir/checkpoints/step_<k>/``; keeps the newest ``keep`` complete ones."""
 
-    def __init__(self, run_dir: Path, keep: int = 2, *, keep_best: bool = False) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        keep: int = 2,
+        *,
+        keep_best: bool = False,
+        base_model: Mapping[str, Any] | None = None,
+    ) -> None:
+        """``base_model``: the fingerprint of the model a LoRA run's adapters sit on
+        (:func:`rlzoo.train_kit.lora.base_model_fingerprint`), recorded in every manifest and checked
+        before a checkpoint that recorded one loads (:class:`BaseModelChanged`)."""
         self.run_dir = Path(run_dir)
         self.keep = keep
         self.keep_best = keep_best
+        self.base_model = dict(base_model) if base_model is not None else None
         self.saved: list[Path] = []
 
     @property
@@ -139,6 +154,8 @@ class CheckpointManager:
         staging.mkdir(parents=True, exist_ok=True)
         failpoint("save:staged")
         manifest = {"step": int(step), "payload": state, "files": _files(staging), "time": time.time()}
+        if self.base_model is not None:
+            manifest["base_model"] = self.base_model
         (staging / MANIFEST).write_text(json.dumps(manifest))
         _fsync_tree(staging)
         failpoint("save:manifest")
@@ -302,8 +319,29 @@ class CheckpointManager:
             "no usable checkpoint under " + str(self.root) + ":\n  " + "\n  ".join(problems)
         )
 
+    def _check_base_model(self, path: Path, manifest: Mapping[str, Any]) -> None:
+        """Refuse a checkpoint whose recorded base model differs from this run's (a LoRA adapter
+        means nothing on another base); a checkpoint that recorded none is not checked."""
+        saved = manifest.get("base_model")
+        if not isinstance(saved, Mapping) or self.base_model is None:
+            return
+        old, new = dict(saved.get("files") or {}), dict(self.base_model.get("files") or {})
+        changed = sorted(n for n in set(old) | set(new) if old.get(n) != new.get(n))
+        if not changed:
+            return
+        what = ", ".join(
+            f"{n} ({'new' if n not in old else 'removed' if n not in new else 'changed'})" for n in changed
+        )
+        raise BaseModelChanged(
+            f"cannot resume from {path}: its LoRA adapter was trained on the base model at "
+            f"{saved.get('path')}, and the model at model.path={self.base_model.get('path')} is not that "
+            f"model any more: {what}. A LoRA checkpoint holds the adapter only; put the original base "
+            "model back at model.path (or point model.path at it), or start a new run"
+        )
+
     def _load(self, path: Path, backend: Any) -> dict[str, Any]:
         manifest = self.verify(path)
+        self._check_base_model(path, manifest)
         try:
             backend.load_checkpoint(path)
         except Exception as exc:
@@ -400,6 +438,15 @@ def rewind_metrics(run_dir: Path, step: int) -> Path | None:
     tmp.write_text("".join(line + "\n" for line in keep))
     tmp.replace(path)
     return side
+
+
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The run's ``summary.json``, or None when it has none (or an unreadable one)."""
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
 
 
 def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> None:

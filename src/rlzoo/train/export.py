@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from rlzoo.kernel.errors import RlzooError
+from rlzoo.system.digest import file_digest
 from rlzoo.system.failpoints import failpoint
 from rlzoo.system.storage import StorageError, disk_refusal
 
@@ -47,7 +48,8 @@ logger = logging.getLogger("rlzoo")
 
 #: written by the backends' atomic directories; not part of an HF folder
 _MARKERS = ("COMPLETE",)
-#: in every exported folder: which files the export wrote (so a later export may replace exactly them)
+#: in every exported folder: which files the export wrote, each with its digest
+#: (:func:`rlzoo.system.digest.file_digest`), so a later export replaces exactly them, unedited
 EXPORT_MARKER = "rlzoo_export.json"
 #: in a folder an export is being built in
 _STAGING_NOTE = ".rlzoo-staging"
@@ -167,7 +169,8 @@ def writable_export_dir(out_dir: str | Path) -> Path:
     """``out_dir`` resolved, or :class:`RlzooError` when an export there could destroy something.
 
     An export writes only into a folder that does not exist, an empty one, or one an earlier
-    export wrote (its ``rlzoo_export.json`` lists every file in it, and nothing else is there).
+    export wrote (its ``rlzoo_export.json`` lists every file in it with its digest, nothing else is
+    there, and no file was changed since: rlzoo never overwrites a file it did not write).
     """
     out = Path(out_dir).expanduser().resolve()
     if out == Path.cwd().resolve() or out == out.parent:
@@ -182,21 +185,33 @@ def writable_export_dir(out_dir: str | Path) -> Path:
     if not have:
         return out
     marker = out / EXPORT_MARKER
-    written: set[str] = set()
+    written: dict[str, Any] = {}
     if marker.is_file():
         try:
-            written = set(json.loads(marker.read_text()).get("files", []))
+            files = json.loads(marker.read_text()).get("files", {})
+            written = dict(files) if isinstance(files, dict) else {}
         except (OSError, ValueError, AttributeError):
-            written = set()
-        written.add(EXPORT_MARKER)
-    foreign = [f for f in have if f not in written]
+            written = {}
+    foreign = [f for f in have if f != EXPORT_MARKER and f not in written]
+    if marker.is_file() and not written:
+        foreign.insert(0, EXPORT_MARKER)
     if foreign:
-        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         raise RlzooError(
-            f"export: {out} already holds files rlzoo did not export there ({shown}); an export writes "
-            "only into a new or empty folder, or replaces one it exported before. Choose another folder"
+            f"export: {out} already holds files rlzoo did not export there ({_shown(foreign)}); an export "
+            "writes only into a new or empty folder, or replaces one it exported before. Choose another folder"
+        )
+    edited = [f for f in have if f in written and file_digest(out / f) != written[f]]
+    if edited:
+        raise RlzooError(
+            f"export: {out} holds files changed since rlzoo exported them ({_shown(edited)}); rlzoo never "
+            "overwrites a file it did not write. Move the folder (or your edits) elsewhere, or choose another "
+            "folder"
         )
     return out
+
+
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
 def _staging(out: Path) -> Path:
@@ -227,7 +242,8 @@ def _install(staging: Path, out: Path, step: int | None, tokenizer_note: str | N
     files = _files_under(model)
     for f in files:  # an HF folder others read: weights and configs readable as the umask allows
         os.chmod(model / f, 0o666 & ~_umask())
-    record: dict[str, Any] = {"written_by": "rlzoo export", "step": step, "files": files}
+    digests = {f: file_digest(model / f) for f in files}
+    record: dict[str, Any] = {"written_by": "rlzoo export", "step": step, "files": digests}
     if tokenizer_note:
         record["tokenizer"] = tokenizer_note
     (model / EXPORT_MARKER).write_text(json.dumps(record, indent=1) + "\n")

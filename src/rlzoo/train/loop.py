@@ -34,9 +34,11 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from rlzoo.kernel.batch import Batch
 from rlzoo.recipe.types import Selection
 from rlzoo.report.console import failure_lines
-from rlzoo.report.metrics import PhaseTimer
+from rlzoo.report.metrics import PhaseTimer, read_metrics
 from rlzoo.system.failpoints import failpoint
+from rlzoo.system.signals import Terminated, shielded
 from rlzoo.train.batching import rollout_metrics
+from rlzoo.train.checkpoint import read_summary
 from rlzoo.train.rewards import guard_rewards
 from rlzoo.train.session import Session, open_session
 
@@ -207,6 +209,12 @@ class TrainLoop:
         rows: list[dict[str, Any]] = []
         ended = "completed"
         try:
+            if s.resumed is not None and s.start_step >= s.schedule.total_steps:
+                finished = self._already_finished()
+                if finished is not None:
+                    return finished
+                # killed after its last checkpoint, before its summary: the summary of its rows
+                rows = [r for r in read_metrics(s.run_dir) if r.get("step", 0) > 0]
             if s.resumed is not None:
                 state = s.resumed.payload
                 src.resume(state["data"])
@@ -260,7 +268,7 @@ class TrainLoop:
                 if is_due(step, s.schedule.save_freq, total):
                     # the checkpoint carries the step's row so far: killed before the row is
                     # written below, the resumed run writes it from there (no gap in the metrics)
-                    with timer("save_checkpoint"):
+                    with timer("save_checkpoint"), shielded():  # a SIGTERM lets a due checkpoint finish
                         s.save(
                             step,
                             {
@@ -274,10 +282,11 @@ class TrainLoop:
                 failpoint("metrics:after")
                 s.reward.failures.check()  # (nearly) all trained samples failed too many steps in a row
                 t_prev = time.perf_counter()
-        except KeyboardInterrupt as exc:
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (rlzoo.system.signals.Terminated)
             self._close_source(exc)
             s.metrics.write(s.resume_hint())
-            self._summary_on_the_way_out(rows, t_start, "interrupted (Ctrl-C)")
+            how = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
+            self._summary_on_the_way_out(rows, t_start, f"interrupted ({how})")
             raise
         except BaseException as exc:
             self._close_source(exc)
@@ -287,6 +296,21 @@ class TrainLoop:
             self._close_source(None)
             s.close()
         return s.finish(rows, wall_s=time.perf_counter() - t_start, ended=ended, extra=self.summary_extra())
+
+    def _already_finished(self) -> dict[str, Any] | None:
+        """A resume of a run that completed (its checkpoint is the last step, its ``summary.json``
+        says so): nothing to train, and the summary is kept as the run wrote it, not rewritten by a
+        run of no steps. None when the run has no such summary (killed before writing it)."""
+        s = self.s
+        summary = read_summary(s.run_dir)
+        if summary is None or summary.get("ended") != "completed" or summary.get("last_step") != s.start_step:
+            return None
+        s.metrics.write(
+            f"rlzoo: {s.run_dir} is finished: its checkpoint of step {s.start_step} is the run's last step "
+            f"(of {s.schedule.total_steps}); nothing to resume. To train it further, resume with more steps "
+            f"(e.g. {s.resume_command} trainer.total_steps={s.start_step * 2})"
+        )
+        return summary
 
     def _held(self) -> AbstractContextManager[None]:
         return self.source.hold() if isinstance(self.source, Background) else contextlib.nullcontext()

@@ -136,6 +136,24 @@ def _read_yaml(path: Path, what: str) -> Any:
         ) from None
 
 
+def _resolve_env(saved: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    """The saved settings with the ``${oc.env:VAR}`` a recipe wrote resolved now, from this
+    process's environment (config.yaml keeps them unresolved: no variable's value is saved)."""
+    from omegaconf import OmegaConf
+
+    try:
+        out = OmegaConf.to_container(OmegaConf.create(dict(saved)), resolve=True)
+    except Exception as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(
+            [f"{path}: {detail}"],
+            header=f"cannot resume from {path.parent}: a setting of its config.yaml reads an environment "
+            "variable that is not set now; set it as it was when the run started",
+        ) from None
+    assert isinstance(out, dict)
+    return out  # type: ignore[return-value]
+
+
 def earlier_resumes(run_dir: Path) -> list[dict[str, Any]]:
     """The resumes recorded in ``run_dir/resumes.yaml``, oldest first."""
     path = Path(run_dir) / "resumes.yaml"
@@ -182,7 +200,7 @@ def load_resumed(
             [f"{saved_file}: not a mapping of settings (got {type(saved).__name__})"],
             header=f"cannot resume from {run_dir}: its config.yaml is damaged",
         )
-    saved = strip_plugin_notes(saved)
+    saved = strip_plugin_notes(_resolve_env(saved, saved_file))
     started = saved.get("recipe")
     if recipe is not None and started and _recipe_name(recipe) != str(started):
         raise ConfigError(
@@ -193,11 +211,14 @@ def load_resumed(
             ],
             header="cannot resume",
         )
+    replayed: list[str] = []
     try:
         base = load_config(saved, [], pm)
         for entry in earlier_resumes(run_dir):  # compose: every earlier resume, in order
-            raw = _apply(strip_plugin_notes(base.to_dict()), _replayable(entry.get("overrides") or []))
+            again = _replayable(entry.get("overrides") or [])
+            raw = _apply(strip_plugin_notes(base.to_dict()), again)
             base = load_config(raw, [], pm)
+            replayed += again
     except ConfigError as exc:
         raise ConfigError(
             exc.problems,
@@ -206,9 +227,14 @@ def load_resumed(
     raw = _apply(strip_plugin_notes(base.to_dict()), list(overrides))
     cfg = load_config(raw, [], pm)
     info = ResumeInfo(run_dir.resolve(), list(overrides), diff(base.to_dict(), cfg.to_dict()))
+    source = "its config.yaml"
+    if replayed:  # say what the earlier resumes still change, in the order they are applied
+        source += f" with the overrides of earlier resumes (resumes.yaml) replayed: {' '.join(replayed)};"
     if info.changes:
         lines = "\n".join(f"  {k}: {old!r} -> {new!r}" for k, (old, new) in info.changes.items())
-        print(f"rlzoo: resuming {run_dir} from its config.yaml with these changes:\n{lines}", flush=True)
+        print(f"rlzoo: resuming {run_dir} from {source} with these changes now:\n{lines}", flush=True)
+    elif replayed:
+        print(f"rlzoo: resuming {run_dir} from {source} no new changes", flush=True)
     else:
         print(f"rlzoo: resuming {run_dir} from its config.yaml, unchanged", flush=True)
     return cfg, info
@@ -256,6 +282,11 @@ def require_existing_run_dir(run_dir: Path) -> None:
     )
 
 
+def _taken(path: Path) -> str:
+    """The heading of a refusal to start a run in ``path``: the run directory's state, not the recipe."""
+    return f"cannot start a run in {path} (the run directory)"
+
+
 def claim_run_dir(path: Path, *, resume: bool, overwrite: bool, resume_command: str) -> tuple[Path, Any]:
     """Create or reuse ``path`` for this run; returns (the resolved directory, its held lock).
 
@@ -271,7 +302,7 @@ def claim_run_dir(path: Path, *, resume: bool, overwrite: bool, resume_command: 
         require_existing_run_dir(path)
         return path.resolve(), RunLock(path).acquire()
     if path.exists() and not path.is_dir():
-        raise ConfigError([f"run.output_dir: {path} is a file, not a folder"])
+        raise ConfigError([f"run.output_dir: {path} is a file, not a folder"], header=_taken(path))
     if not path.exists():
         path.mkdir(parents=True)
         return path.resolve(), RunLock(path).acquire()
@@ -285,7 +316,8 @@ def claim_run_dir(path: Path, *, resume: bool, overwrite: bool, resume_command: 
             [
                 f"run.output_dir: {path} is not empty ({shown}) and is not an rlzoo run directory; "
                 "a run writes only into a new or empty folder. Choose another run.output_dir"
-            ]
+            ],
+            header=_taken(path),
         )
     lock = RunLock(path).acquire()  # nobody is writing into it (else: RunDirLocked names the PID)
     if not overwrite:
@@ -296,7 +328,8 @@ def claim_run_dir(path: Path, *, resume: bool, overwrite: bool, resume_command: 
                 f"would mix its steps and checkpoints into it. Continue that run with:\n  {resume_command}\n"
                 "or choose another run.output_dir, or set run.overwrite=true to move the old run aside "
                 f"(to {path.name}.replaced-<time>; nothing is deleted)"
-            ]
+            ],
+            header=_taken(path),
         )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     aside = path.with_name(f"{path.name}.replaced-{stamp}")

@@ -43,6 +43,7 @@ from rlzoo.train.rewards import keep_mask, score_samples, validation_metrics
 from rlzoo.train.rundir import record_resume
 from rlzoo.train.update import PolicyTrainer
 from rlzoo.train_kit.formulas import offpolicy_metrics
+from rlzoo.train_kit.lora import base_model_fingerprint
 
 if TYPE_CHECKING:
     from rlzoo.recipe.types import RecipeConfig
@@ -121,7 +122,13 @@ class Session:
         self.backends = self._build_backends(inputs)
         train = self.backends.train
         self.trainer: PolicyTrainer = setup.trainer.build(train, offpolicy_metrics=offpolicy_metrics)
-        self.ckpt = CheckpointManager(self.run_dir, inputs.max_checkpoints, keep_best=inputs.keep_best)
+        spec = setup.train_spec
+        self.ckpt = CheckpointManager(
+            self.run_dir,
+            inputs.max_checkpoints,
+            keep_best=inputs.keep_best,
+            base_model=None if spec.lora is None else base_model_fingerprint(spec.model_path),
+        )
         self.resumed: Resumed | None = None
         moved: Path | None = None
         gap_row: dict[str, Any] | None = None
@@ -134,7 +141,8 @@ class Session:
                         f"resume: no complete checkpoint under {self.ckpt.root} (the run stopped before its "
                         "first checkpoint); start it again with run.overwrite=true, which moves this attempt "
                         "aside, or in another run.output_dir"
-                    ]
+                    ],
+                    header=f"cannot resume {self.run_dir}",
                 )
             self.resumed = Resumed(int(state["step"]), state)
             start = self.resumed.step

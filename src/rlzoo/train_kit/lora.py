@@ -27,7 +27,8 @@ import torch
 from torch import Tensor, nn
 
 from rlzoo.kernel.errors import RlzooError, import_optional
-from rlzoo.kernel.settings import LORA_ALL_LINEAR, LoraSettings
+from rlzoo.kernel.settings import LORA_ALL_LINEAR, LoraSettings, model_width
+from rlzoo.system.digest import file_digest
 from rlzoo.train_kit.modes import eval_mode
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "AdaptersOff",
     "adapter_items",
     "apply_lora",
+    "base_model_fingerprint",
     "check_target_modules",
     "is_adapter_name",
     "linear_module_names",
@@ -98,7 +100,16 @@ def linear_module_names(model: nn.Module) -> list[str]:
 def check_target_modules(model: nn.Module, settings: LoraSettings) -> None:
     """Refuse ``target_modules`` entries that name no linear module of ``model`` but its LM head
     (matched as peft does: a module whose full name is the entry or ends with ``"." + entry``); the
-    error lists the model's linear modules. Cheap: it walks module names only."""
+    error lists the model's linear modules; and a rank above the model's width
+    (:meth:`~rlzoo.kernel.settings.LoraSettings.width_problem`). Cheap: it walks module names only."""
+    to_dict = getattr(getattr(model, "config", None), "to_dict", None)
+    width = model_width(to_dict()) if callable(to_dict) else None
+    if width is None:  # no HF config: the widest layer any adapter could sit on
+        widths = [min(m.in_features, m.out_features) for m in model.modules() if isinstance(m, nn.Linear)]
+        width = max(widths, default=None)
+    problem = None if width is None else settings.width_problem(width, type(model).__name__)
+    if problem:
+        raise RlzooError(problem)
     if settings.target_modules == (LORA_ALL_LINEAR,):
         if not linear_module_names(model):
             raise RlzooError(f"trainer.lora: {type(model).__name__} has no linear layers to adapt")
@@ -128,6 +139,45 @@ def apply_lora(model: nn.Module, settings: LoraSettings, *, seed: int = 0) -> An
         wrapped = peft.get_peft_model(model, peft_config(settings), adapter_name=ADAPTER_NAME)
     assert wrapped.get_base_model() is model  # injected in place: names and forward unchanged
     return wrapped
+
+
+#: the files of a model folder whose bytes are the base model a LoRA adapter is trained on
+_BASE_FILES = ("config.json",)
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json")
+
+
+def _model_folder(model_path: str) -> Path | None:
+    """The local folder of ``model_path``: itself, or a hub id's snapshot in the local HF cache."""
+    path = Path(model_path).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(model_path, local_files_only=True))
+    except Exception:  # not a hub id, or not cached: nothing to fingerprint
+        return None
+
+
+def base_model_fingerprint(model_path: str) -> dict[str, Any] | None:
+    """What a LoRA checkpoint records of the base model it was trained on: ``{"path", "files":
+    {name: digest}}`` over the folder's ``config.json`` and weights files; None when ``model_path``
+    is no local folder nor a cached hub model.
+
+    A file's digest is :func:`rlzoo.system.digest.file_digest`: sha256 of its size and bytes, all of
+    them for ``config.json``, 16 evenly spaced 64 KiB chunks of a weights file. Cheap whatever the
+    model's size and blind to mtimes (a copy or ``touch`` changes them, not the model); a fine-tune
+    or another checkpoint written in place changes every tensor, so the sampled bytes change too.
+    """
+    folder = _model_folder(model_path)
+    if folder is None:
+        return None
+    names = sorted(
+        f.name
+        for f in folder.iterdir()
+        if f.is_file() and (f.name in _BASE_FILES or f.name.endswith(_WEIGHT_SUFFIXES))
+    )
+    return {"path": str(model_path), "files": {n: file_digest(folder / n) for n in names}}
 
 
 def is_adapter_name(name: str) -> bool:

@@ -950,6 +950,42 @@ def render(conv: Conversion, source: str) -> str:
     return "\n".join(head) + "\n" + yaml.safe_dump(recipe, sort_keys=False, default_flow_style=False)
 
 
+#: the largest launch script read (verl's own are under 20 KiB) and the largest recipe written
+MAX_SCRIPT_BYTES = 1 << 20
+MAX_RECIPE_CHARS = 4 << 20
+
+
+def _script_bytes(path: Path, label: str) -> bytes:
+    """The bytes of the launch script at ``path``: a regular file of at most :data:`MAX_SCRIPT_BYTES`
+    (a FIFO, a device such as /dev/zero or a directory is named and never opened)."""
+    import stat
+
+    hint = "give a verl launch script (.sh) or verl's key=value overrides"
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise RlzooError(f"from-verl: {label} does not exist; {hint}") from None
+    except OSError as exc:
+        raise RlzooError(f"from-verl: cannot read {label}: {exc.strerror}; {hint}") from None
+    if not stat.S_ISREG(mode):
+        kinds = (
+            (stat.S_ISDIR, "a directory"),
+            (stat.S_ISFIFO, "a FIFO (named pipe)"),
+            (stat.S_ISCHR, "a character device"),
+            (stat.S_ISBLK, "a block device"),
+            (stat.S_ISSOCK, "a socket"),
+        )
+        kind = next((k for test, k in kinds if test(mode)), "not a regular file")
+        raise RlzooError(f"from-verl: {label} is {kind}, not a regular file; it was not read. {hint}")
+    with open(path, "rb") as fh:
+        data = fh.read(MAX_SCRIPT_BYTES + 1)
+    if len(data) > MAX_SCRIPT_BYTES:
+        raise RlzooError(
+            f"from-verl: {label} is larger than {MAX_SCRIPT_BYTES:,} bytes, which no launch script is; {hint}"
+        )
+    return data
+
+
 def from_verl(
     source: str | Sequence[str], out: str | Path | None = None, fixed: Mapping[str, str] | None = None
 ) -> tuple[Conversion, str]:
@@ -958,18 +994,18 @@ def from_verl(
     words = [source] if isinstance(source, str) else list(source)
     if len(words) == 1 and "=" not in words[0]:
         path = Path(words[0])
-        if not path.is_file():
-            what = "is a directory" if path.is_dir() else "does not exist"
-            raise RlzooError(
-                f"from-verl: {words[0]} {what}; give a verl launch script (.sh) or verl's key=value overrides"
-            )
         label = words[0]
-        command = parse_command(read_script(path.read_bytes(), label), fixed=fixed)
+        command = parse_command(read_script(_script_bytes(path, label), label), fixed=fixed)
     else:
         label = "<overrides>"
         command = parse_overrides(words)
     conv = convert(command)
     yaml_text = render(conv, label)
+    if len(yaml_text) > MAX_RECIPE_CHARS:
+        raise RlzooError(
+            f"from-verl: the recipe converted from {label} would be {len(yaml_text):,} characters, more than "
+            f"the {MAX_RECIPE_CHARS:,} a recipe may be; nothing was written"
+        )
     if out is not None:
         Path(out).write_text(yaml_text)
     return conv, yaml_text

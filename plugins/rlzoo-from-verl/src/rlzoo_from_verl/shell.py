@@ -70,6 +70,9 @@ class _Break(Exception):
 
 _MAX_CALLS = 50
 _MAX_ITERATIONS = 10_000
+#: the most characters one variable (or one launch argument) may hold: verl's longest real values (file
+#: lists) are a few KiB; past this a script is doubling a value (``A=$A$A``) into gigabytes
+MAX_VALUE_CHARS = 1 << 20
 
 
 class _Unresolved(Exception):
@@ -450,7 +453,7 @@ class _Interp:
                     return
             old = self.vars.get(name)
             base = (old if isinstance(old, list) else [old] if isinstance(old, str) else []) if append else []
-            self.vars[name] = base + items
+            self.vars[name] = _bounded(name, base + items, t.line)
             self._set_taint(name)
             return
         m = ASSIGN.match(t.text)
@@ -472,11 +475,11 @@ class _Interp:
             return
         old = self.vars.get(name)
         if append and isinstance(old, list):
-            self.vars[name] = [*old[:-1], old[-1] + value] if old else [value]
+            self.vars[name] = _bounded(name, [*old[:-1], old[-1] + value] if old else [value], t.line)
         elif append and isinstance(old, str):
-            self.vars[name] = old + value
+            self.vars[name] = _bounded(name, old + value, t.line)
         else:
-            self.vars[name] = value
+            self.vars[name] = _bounded(name, value, t.line)
         self._set_taint(name)
 
     def _set_taint(self, name: str) -> None:
@@ -497,6 +500,9 @@ class _Interp:
                 fields: list[str | Unknown] = list(self.expand(t.text, t.line))
             except _Unresolved as e:
                 fields = [e.origin]
+            for f in fields:
+                if isinstance(f, str):
+                    _bounded("an argument", f, t.line)
             out += fields
             origins += [self.hits[0] if self.hits else None] * len(fields)
         return out, origins
@@ -1272,6 +1278,18 @@ def _module_of_file(path: str) -> str | None:
 # ---------------------------------------------------------------------------------------------
 # entry points
 # ---------------------------------------------------------------------------------------------
+def _bounded(name: str, value: Value, line: int) -> Value:
+    """``value``, or an error when it holds more than :data:`MAX_VALUE_CHARS` characters."""
+    size = sum(map(len, value)) if isinstance(value, list) else len(value) if isinstance(value, str) else 0
+    if size > MAX_VALUE_CHARS:
+        raise RlzooError(
+            f"from-verl: line {line}: {name} would hold {size:,} characters, more than the "
+            f"{MAX_VALUE_CHARS:,} a verl launch script's value may (a value doubled again and again, "
+            "e.g. A=$A$A?); nothing was written"
+        )
+    return value
+
+
 def read_script(data: bytes, label: str) -> str:
     """The text of a script file, or a clear error for a binary one."""
     if b"\0" in data:

@@ -149,6 +149,31 @@ def load_source(source: str, *, config: str | None = None) -> datasets.DatasetDi
     import datasets
 
     path = Path(source).expanduser()
+    if path.exists() or any(ch in source for ch in "*?["):
+        try:
+            return _load_local(source, path, config)
+        except PrepareError:
+            raise
+        except Exception as exc:  # a file that is not what its suffix says: its reader's reason, no traceback
+            raise PrepareError(
+                f"{source}: cannot read it as a dataset ({_root_cause(exc)}); give the upstream dataset "
+                "as a folder or a parquet / json / jsonl / csv file (see docs/data.md)"
+            ) from None
+    if source.startswith((".", "/", "~")) or Path(source).suffix.lower() in BUILDERS:
+        raise PrepareError(f"{source}: no such file or folder")
+    unreachable = hub_unreachable()
+    if unreachable:  # before datasets' retries (~30 s of them) and its traceback
+        raise PrepareError(_offline_message(source, unreachable))
+    try:
+        return datasets.load_dataset(source, config)  # a hub name
+    except ConnectionError as exc:  # datasets' own: the hub went away, or offline without a cached copy
+        raise PrepareError(_offline_message(source, str(exc))) from None
+
+
+def _load_local(source: str, path: Path, config: str | None) -> datasets.DatasetDict:
+    """:func:`load_source` of a local file, folder or glob."""
+    import datasets
+
     if path.is_file():
         return datasets.load_dataset(_builder(path), data_files={split_of_file(path): str(path)})
     if any(ch in source for ch in "*?[") and not path.exists():
@@ -168,15 +193,18 @@ def load_source(source: str, *, config: str | None = None) -> datasets.DatasetDi
             if (path / config).is_dir():
                 return datasets.load_dataset(str(path), data_dir=config)
             return datasets.load_dataset(str(path))
-    if source.startswith((".", "/", "~")) or Path(source).suffix.lower() in BUILDERS:
-        raise PrepareError(f"{source}: no such file or folder")
-    unreachable = hub_unreachable()
-    if unreachable:  # before datasets' retries (~30 s of them) and its traceback
-        raise PrepareError(_offline_message(source, unreachable))
-    try:
-        return datasets.load_dataset(source, config)  # a hub name
-    except ConnectionError as exc:  # datasets' own: the hub went away, or offline without a cached copy
-        raise PrepareError(_offline_message(source, str(exc))) from None
+    raise PrepareError(f"{source}: no such file or folder")
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost explicit cause of ``exc`` (datasets wraps the reader's own error in
+    ``raise ... from``), as one line."""
+    seen = {id(exc)}
+    while (inner := exc.__cause__) is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        exc = inner
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _truthy_env(name: str) -> bool:
