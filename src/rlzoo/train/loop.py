@@ -210,7 +210,7 @@ class TrainLoop:
                 self.versions = VersionMap(int(s.rollout.version), int(state.get("policy_version", 0)))
             total = s.schedule.total_steps
             if s.schedule.validate_before_train and s.start_step == 0 and s.data.val is not None:
-                rows.append(s.metrics.log(0, s.validate(), advance=False))
+                rows.append(s.metrics.log(0, s.validate(0), advance=False))
             since_push = 0
             val_pending = False
             t_prev = time.perf_counter()
@@ -226,8 +226,11 @@ class TrainLoop:
                         break
                     if batch is not None:
                         m.update(self._staleness(batch))
+                        model_mask = batch["response_mask"]  # as collated: a correction may mask more
                         m.update(s.trainer.step(batch, timer))
                         since_push += 1
+                        with timer("samples"):  # before the step's checkpoint: a resume redoes both
+                            s.samples.write_train(step, batch, model_mask, self.versions.of)
                     synced = False
                     if since_push and (step % plan.push_every == 0 or step == total):
                         with timer("sync_weights"):
@@ -242,7 +245,7 @@ class TrainLoop:
                     val_pending = True
                 if val_pending and (synced or since_push == 0):  # on the weights just pushed
                     with timer("testing"), self._held():
-                        m.update(s.validate())
+                        m.update(s.validate(step))
                     m["timing_s/testing"] = timer.seconds["testing"]
                     val_pending = False
                 m.update(s.reward.failures.end_step(step))  # rlzoo.train.failures (H5)

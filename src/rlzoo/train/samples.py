@@ -1,0 +1,365 @@
+"""What the model wrote, kept with the run: one Parquet file of samples per step.
+
+``RUN_DIR/samples/step_000007.parquet`` holds the trained samples of step 7 (at most
+``run.samples.max_per_step``), ``RUN_DIR/samples/val/step_000007.parquet`` the validation samples
+of the validation that ran at step 7 (step 0: before training). One row per sample
+(:data:`COLUMNS` lists them); with ``keep_tokens`` the per-token lists line up with
+``response_ids``: ``model_mask`` (1: the model sampled it, 0: an environment or tool wrote it),
+``tokens`` (each token's text), ``logprobs`` (the rollout's), ``versions`` (the policy version that
+produced it), ``advantages`` and ``token_rewards``.
+
+Written like ``metrics.jsonl``: safe to kill at any point. A file is written under a hidden
+temporary name and renamed into place, so a step's file is either whole or absent. On a resume
+from step S the files of steps after S are those of the abandoned branch: the ones rlzoo wrote
+(its mark is in the file's schema metadata) are removed before the first step, and a step's file
+is only ever replaced when rlzoo wrote it; any other file in the way is an error, never touched.
+The samples of steps 1..N are then each there exactly once, as the metrics rows are.
+
+Readers: :func:`read_samples` (one step or all), :func:`sample_steps`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlzoo.kernel.errors import RlzooError
+from rlzoo.system.failpoints import failpoint
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from rlzoo.kernel.batch import Batch
+    from rlzoo.kernel.protocols import RewardResult, Sample
+    from rlzoo.recipe.types import SamplesSection
+
+logger = logging.getLogger("rlzoo")
+
+#: the schema metadata key that marks a file as rlzoo's (value: the format version)
+MARK = b"rlzoo.samples"
+FORMAT = b"1"
+_NAME = re.compile(r"^step_(\d+)\.parquet$")
+_TMP = re.compile(r"^\.step_\d+\.parquet\.tmp-\d+$")
+
+
+def _schema() -> pa.Schema:
+    import pyarrow as pa
+
+    ints, floats = pa.list_(pa.int32()), pa.list_(pa.float32())
+    fields = [
+        ("step", pa.int64()),
+        ("split", pa.string()),  # "train" | "val"
+        ("uid", pa.string()),  # request_id/index: samples of one prompt share the request_id
+        ("request_id", pa.string()),
+        ("data_source", pa.string()),
+        ("prompt", pa.string()),
+        ("response", pa.string()),
+        ("reward", pa.float64()),  # the sample's reward (sum of its token rewards)
+        ("score", pa.float64()),  # the scorer's score
+        ("acc", pa.float64()),
+        ("reward_info", pa.string()),  # JSON: what the scorer returned (its parts)
+        ("failed", pa.bool_()),  # scoring failed
+        ("finish_reason", pa.string()),
+        ("truncated", pa.bool_()),  # cut by the length (or turn) limit
+        ("response_length", pa.int32()),  # response tokens (model and environment)
+        ("model_tokens", pa.int32()),
+        ("advantage", pa.float64()),  # mean advantage over the model's tokens (train only)
+        ("turns", pa.int32()),  # model turns (multi-turn; 1 for a single-turn sample)
+        ("tool_calls", pa.int32()),
+        ("agent", pa.string()),  # JSON: the trajectory's record (multi-turn), else null
+        ("prompt_ids", ints),
+        ("response_ids", ints),
+        ("tokens", pa.list_(pa.string())),
+        ("model_mask", pa.list_(pa.int8())),
+        ("logprobs", floats),
+        ("versions", ints),
+        ("advantages", floats),
+        ("token_rewards", floats),
+    ]
+    return pa.schema(fields, metadata={MARK: FORMAT})
+
+
+#: the columns of a samples file, in order
+COLUMNS: tuple[str, ...] = (
+    "step split uid request_id data_source prompt response reward score acc reward_info failed "
+    "finish_reason truncated response_length model_tokens advantage turns tool_calls agent prompt_ids "
+    "response_ids tokens model_mask logprobs versions advantages token_rewards"
+).split()
+TOKEN_COLUMNS = ("prompt_ids", "response_ids", "tokens", "model_mask", "logprobs", "versions", "advantages", "token_rewards")
+
+
+def samples_dir(run_dir: Path, split: str = "train") -> Path:
+    return Path(run_dir) / "samples" / ("val" if split == "val" else "")
+
+
+def step_file(run_dir: Path, step: int, split: str = "train") -> Path:
+    return samples_dir(run_dir, split) / f"step_{step:06d}.parquet"
+
+
+def is_ours(path: Path) -> bool:
+    """The file carries rlzoo's samples mark (a file rlzoo wrote)."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except Exception:
+        return False
+    return meta.get(MARK) is not None
+
+
+def token_texts(tokenizer: Any, ids: Sequence[int], window: int = 6) -> list[str]:
+    """Each token's text as it reads in context: the text a token adds to the few tokens before it
+    (word-level tokenizers join with spaces, BPE ones mark them: either way the pieces concatenate
+    to the decoded text); a token whose piece is not a clean suffix falls back to its own decode."""
+    out: list[str] = []
+    for j in range(len(ids)):
+        lo = max(0, j - window)
+        before = tokenizer.decode(list(ids[lo:j])) if j > lo else ""
+        with_it = tokenizer.decode(list(ids[lo : j + 1]))
+        out.append(with_it[len(before) :] if with_it.startswith(before) else tokenizer.decode([ids[j]]))
+    return out
+
+
+class SampleWriter:
+    """Writes each step's samples (see the module docstring); built by the session.
+
+    Args:
+        run_dir: the run directory (locked by the session: one writer).
+        settings: ``run.samples``.
+        tokenizer: decodes prompts, responses and token pieces.
+        resumed_from: the checkpoint step this run resumed from (None: a fresh run).
+    """
+
+    def __init__(
+        self, run_dir: Path, settings: SamplesSection, tokenizer: Any, resumed_from: int | None = None
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.settings = settings
+        self.tokenizer = tokenizer
+        for split in ("train", "val"):
+            folder = samples_dir(self.run_dir, split)
+            if not folder.is_dir():
+                continue
+            for f in folder.iterdir():
+                if _TMP.match(f.name):  # a write a kill cut short: ours by its name, never renamed in
+                    f.unlink(missing_ok=True)
+                m = _NAME.match(f.name)
+                if resumed_from is not None and m and int(m.group(1)) > resumed_from and is_ours(f):
+                    f.unlink()  # the abandoned branch's samples: this run writes those steps again
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.every > 0
+
+    def due(self, step: int) -> bool:
+        return self.enabled and step % self.settings.every == 0
+
+    # -- rows ------------------------------------------------------------------------------------
+    def train_rows(
+        self, step: int, batch: Batch, model_mask: Any, policy_version: Callable[[int], int]
+    ) -> list[dict[str, Any]]:
+        """Rows of a trained batch (after the update: it holds advantages and token rewards).
+        ``model_mask``: the batch's ``response_mask`` as collated, before any correction masked tokens."""
+        n_rows = min(len(batch), self.settings.max_per_step)
+        attn = batch["attention_mask"]  # [B, P+T]
+        T = batch["responses"].shape[1]
+        P = attn.shape[1] - T
+        adv = batch.get("advantages")
+        tok_r = batch.get("token_level_rewards")
+        if tok_r is None:
+            tok_r = batch["token_level_scores"]
+        infos = batch.get("reward_info") or [{}] * len(batch)
+        agents = batch.get("agent") or [None] * len(batch)
+        rows = []
+        for i in range(n_rows):
+            prompt = [int(t) for t, a in zip(batch["input_ids"][i, :P].tolist(), attn[i, :P].tolist()) if a]
+            n = int(attn[i, P:].sum().item())
+            response = [int(t) for t in batch["responses"][i, :n].tolist()]
+            mask = [int(m) for m in model_mask[i, :n].tolist()]
+            advs = [float(a) for a in adv[i, :n].tolist()] if adv is not None else []
+            model_adv = [a for a, m in zip(advs, mask) if m]
+            rows.append(
+                self._row(
+                    step,
+                    "train",
+                    uid=batch["uid"][i],
+                    request_id=batch["request_id"][i],
+                    data_source=batch["data_source"][i],
+                    prompt_ids=prompt,
+                    response_ids=response,
+                    model_mask=mask,
+                    logprobs=[float(x) for x in batch["rollout_log_probs"][i, :n].tolist()],
+                    versions=[policy_version(int(v)) for v in batch["versions"][i][:n]],
+                    advantages=advs,
+                    token_rewards=[float(x) for x in tok_r[i, :n].tolist()],
+                    info=infos[i],
+                    failed=bool((batch.get("failed") or [False] * len(batch))[i]),
+                    finish_reason=str(batch["finish_reason"][i]),
+                    agent=agents[i],
+                    advantage=sum(model_adv) / len(model_adv) if model_adv else None,
+                )
+            )
+        return rows
+
+    def val_rows(
+        self, step: int, samples: Sequence[Sample], results: Sequence[RewardResult]
+    ) -> list[dict[str, Any]]:
+        rows = []
+        for s, r in list(zip(samples, results))[: self.settings.max_per_step]:
+            mask = list(s.loss_mask) if s.loss_mask is not None else [1] * len(s.response_ids)
+            rows.append(
+                self._row(
+                    step,
+                    "val",
+                    uid=s.uid,
+                    request_id=s.request_id,
+                    data_source=str(s.data.get("data_source", "default")),
+                    prompt_ids=list(s.prompt_ids),
+                    response_ids=list(s.response_ids),
+                    model_mask=[int(bool(m)) for m in mask],
+                    logprobs=list(s.rollout_log_probs),
+                    versions=[],
+                    advantages=[],
+                    token_rewards=[],
+                    info={"score": float(r.score), **r.info},
+                    failed=bool(r.failed),
+                    finish_reason=s.finish_reason,
+                    agent=s.agent,
+                    advantage=None,
+                    reward=float(r.reward),
+                )
+            )
+        return rows
+
+    def _row(
+        self,
+        step: int,
+        split: str,
+        *,
+        uid: str,
+        request_id: str,
+        data_source: str,
+        prompt_ids: list[int],
+        response_ids: list[int],
+        model_mask: list[int],
+        logprobs: list[float],
+        versions: list[int],
+        advantages: list[float],
+        token_rewards: list[float],
+        info: Mapping[str, Any],
+        failed: bool,
+        finish_reason: str,
+        agent: Mapping[str, Any] | None,
+        advantage: float | None,
+        reward: float | None = None,
+    ) -> dict[str, Any]:
+        tok = self.tokenizer
+        keep = self.settings.keep_tokens
+        score = info.get("score")
+        row: dict[str, Any] = {
+            "step": step,
+            "split": split,
+            "uid": uid,
+            "request_id": request_id,
+            "data_source": data_source,
+            "prompt": tok.decode(prompt_ids),
+            "response": tok.decode(response_ids),
+            "reward": reward if reward is not None else (sum(token_rewards) if token_rewards else score),
+            "score": _num(score),
+            "acc": _num(info.get("acc", score)),
+            "reward_info": json.dumps(dict(info), default=str),
+            "failed": failed,
+            "finish_reason": finish_reason,
+            "truncated": finish_reason == "length" or bool(agent and agent.get("truncated")),
+            "response_length": len(response_ids),
+            "model_tokens": sum(model_mask),
+            "advantage": advantage,
+            "turns": int(agent["turns"]) if agent else 1,
+            "tool_calls": int(agent.get("tool_calls", 0)) if agent else 0,
+            "agent": json.dumps(dict(agent), default=str) if agent else None,
+        }
+        if keep:
+            row.update(
+                prompt_ids=prompt_ids,
+                response_ids=response_ids,
+                tokens=token_texts(tok, response_ids),
+                model_mask=model_mask,
+                logprobs=logprobs if self.settings.logprobs else None,
+                versions=versions or None,
+                advantages=advantages or None,
+                token_rewards=token_rewards or None,
+            )
+        return row
+
+    # -- files -----------------------------------------------------------------------------------
+    def write(self, step: int, rows: Sequence[Mapping[str, Any]], split: str = "train") -> Path | None:
+        """``rows`` as ``samples/[val/]step_K.parquet``, atomically (temporary name, then rename)."""
+        if not rows:
+            return None
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        out = step_file(self.run_dir, step, split)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.exists() and not is_ours(out):
+            raise RlzooError(
+                f"{out} is in the way of step {step}'s samples and was not written by rlzoo; move it "
+                "out of the run directory (rlzoo never overwrites a file it did not write)"
+            )
+        schema = _schema()
+        table = pa.Table.from_pylist([{c: r.get(c) for c in COLUMNS} for r in rows], schema=schema)
+        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+        pq.write_table(table, tmp, compression="zstd")
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        failpoint("samples:staged")
+        os.replace(tmp, out)
+        return out
+
+    def write_train(
+        self, step: int, batch: Batch, model_mask: Any, policy_version: Callable[[int], int]
+    ) -> Path | None:
+        if not self.due(step):
+            return None
+        return self.write(step, self.train_rows(step, batch, model_mask, policy_version))
+
+    def write_val(self, step: int, samples: Sequence[Sample], results: Sequence[RewardResult]) -> Path | None:
+        if not self.settings.val:
+            return None
+        return self.write(step, self.val_rows(step, samples, results), split="val")
+
+
+def _num(v: Any) -> float | None:
+    try:
+        return None if v is None else float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# readers (rlzoo view, rlzoo eval, tests)
+# ---------------------------------------------------------------------------------------------
+def sample_steps(run_dir: Path, split: str = "train") -> list[int]:
+    """The steps that have a samples file, ascending."""
+    folder = samples_dir(Path(run_dir), split)
+    if not folder.is_dir():
+        return []
+    return sorted(int(m.group(1)) for f in folder.iterdir() if (m := _NAME.match(f.name)))
+
+
+def read_samples(run_dir: Path, step: int | None = None, split: str = "train") -> list[dict[str, Any]]:
+    """The rows of one step's samples file (``step``), or of every step, as dicts."""
+    import pyarrow.parquet as pq
+
+    steps = [step] if step is not None else sample_steps(run_dir, split)
+    rows: list[dict[str, Any]] = []
+    for k in steps:
+        path = step_file(Path(run_dir), k, split)
+        if path.is_file():
+            rows += pq.read_table(path).to_pylist()
+    return rows
