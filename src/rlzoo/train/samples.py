@@ -47,50 +47,47 @@ _NAME = re.compile(r"^step_(\d+)\.parquet$")
 _TMP = re.compile(r"^\.step_\d+\.parquet\.tmp-\d+$")
 
 
+#: the columns of a samples file, in order, with their Parquet types ("[t]": a list of t)
+FIELDS: tuple[tuple[str, str], ...] = (
+    ("step", "int64"),
+    ("split", "string"),  # "train" | "val"
+    ("uid", "string"),  # request_id/index: samples of one prompt share the request_id
+    ("request_id", "string"),
+    ("data_source", "string"),
+    ("prompt", "string"),
+    ("response", "string"),
+    ("reward", "float64"),  # the sample's reward (sum of its token rewards)
+    ("score", "float64"),  # the scorer's score
+    ("acc", "float64"),
+    ("reward_info", "string"),  # JSON: what the scorer returned (its parts)
+    ("failed", "bool"),  # scoring failed
+    ("finish_reason", "string"),
+    ("truncated", "bool"),  # cut by the length (or turn) limit
+    ("response_length", "int32"),  # response tokens (model and environment)
+    ("model_tokens", "int32"),
+    ("advantage", "float64"),  # mean advantage over the model's tokens (train only)
+    ("turns", "int32"),  # model turns (multi-turn; 1 for a single-turn sample)
+    ("tool_calls", "int32"),
+    ("agent", "string"),  # JSON: the trajectory's record (multi-turn), else null
+    ("prompt_ids", "[int32]"),
+    ("response_ids", "[int32]"),
+    ("tokens", "[string]"),  # each response token's text
+    ("model_mask", "[int8]"),  # 1: the model sampled it; 0: an environment or tool wrote it
+    ("logprobs", "[float32]"),  # the rollout's log-prob of each response token
+    ("versions", "[int32]"),  # the policy version that produced each token (train)
+    ("advantages", "[float32]"),  # train
+    ("token_rewards", "[float32]"),  # train: the reward on each token (KL penalty included)
+)
+COLUMNS: tuple[str, ...] = tuple(name for name, _ in FIELDS)
+
+
 def _schema() -> pa.Schema:
     import pyarrow as pa
 
-    ints, floats = pa.list_(pa.int32()), pa.list_(pa.float32())
-    fields = [
-        ("step", pa.int64()),
-        ("split", pa.string()),  # "train" | "val"
-        ("uid", pa.string()),  # request_id/index: samples of one prompt share the request_id
-        ("request_id", pa.string()),
-        ("data_source", pa.string()),
-        ("prompt", pa.string()),
-        ("response", pa.string()),
-        ("reward", pa.float64()),  # the sample's reward (sum of its token rewards)
-        ("score", pa.float64()),  # the scorer's score
-        ("acc", pa.float64()),
-        ("reward_info", pa.string()),  # JSON: what the scorer returned (its parts)
-        ("failed", pa.bool_()),  # scoring failed
-        ("finish_reason", pa.string()),
-        ("truncated", pa.bool_()),  # cut by the length (or turn) limit
-        ("response_length", pa.int32()),  # response tokens (model and environment)
-        ("model_tokens", pa.int32()),
-        ("advantage", pa.float64()),  # mean advantage over the model's tokens (train only)
-        ("turns", pa.int32()),  # model turns (multi-turn; 1 for a single-turn sample)
-        ("tool_calls", pa.int32()),
-        ("agent", pa.string()),  # JSON: the trajectory's record (multi-turn), else null
-        ("prompt_ids", ints),
-        ("response_ids", ints),
-        ("tokens", pa.list_(pa.string())),
-        ("model_mask", pa.list_(pa.int8())),
-        ("logprobs", floats),
-        ("versions", ints),
-        ("advantages", floats),
-        ("token_rewards", floats),
-    ]
-    return pa.schema(fields, metadata={MARK: FORMAT})
+    def typ(t: str) -> pa.DataType:
+        return pa.list_(typ(t[1:-1])) if t.startswith("[") else pa.type_for_alias(t)
 
-
-#: the columns of a samples file, in order
-COLUMNS: tuple[str, ...] = (
-    "step split uid request_id data_source prompt response reward score acc reward_info failed "
-    "finish_reason truncated response_length model_tokens advantage turns tool_calls agent prompt_ids "
-    "response_ids tokens model_mask logprobs versions advantages token_rewards"
-).split()
-TOKEN_COLUMNS = ("prompt_ids", "response_ids", "tokens", "model_mask", "logprobs", "versions", "advantages", "token_rewards")
+    return pa.schema([(name, typ(t)) for name, t in FIELDS], metadata={MARK: FORMAT})
 
 
 def samples_dir(run_dir: Path, split: str = "train") -> Path:
