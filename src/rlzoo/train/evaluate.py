@@ -492,7 +492,7 @@ def report_markdown(
     diff: dict[str, Estimate],
     settings: EvalSettings,
 ) -> str:
-    level = int(round(settings.level * 100))
+    level = round(settings.level * 100)
     sampling = "greedy" if settings.temperature <= 0 else f"temperature {settings.temperature:g}"
     lines = [
         "# rlzoo eval",
@@ -516,7 +516,7 @@ def report_markdown(
 
 
 def print_summary(summary: dict[str, Any], labels: Sequence[str]) -> None:
-    level = int(round(summary["level"] * 100))
+    level = round(summary["level"] * 100)
     print(f"rlzoo eval: {summary['prompts']} prompts, n={summary['n']}; mean [{level}% bootstrap interval]")
     width = max(len(m) for m in summary["metrics"][labels[0]]) if summary["metrics"][labels[0]] else 8
     head = f"  {'metric':<{width}}  " + "  ".join(f"{lab[-28:]:<28}" for lab in labels)
