@@ -14,7 +14,7 @@ from run_fixtures import QUIET
 
 import rlzoo
 from rlzoo.kernel.errors import RlzooError
-from rlzoo.train.samples import COLUMNS, MARK, read_samples, sample_steps, samples_dir
+from rlzoo.report.samples import COLUMNS, MARK, read_samples, sample_steps, samples_dir
 
 STEPS = 6
 COMMON = [
@@ -98,7 +98,8 @@ def test_schema_and_per_token_columns(quickstart_dir: Path, tmp_path: Path) -> N
 
 def test_a_file_rlzoo_did_not_write_is_never_replaced(tmp_path: Path) -> None:
     from rlzoo.recipe.types import SamplesSection
-    from rlzoo.train.samples import SampleWriter, step_file
+    from rlzoo.report.samples import step_file
+    from rlzoo.train.samples import SampleWriter
 
     class Tok:
         def decode(self, ids: list[int]) -> str:
