@@ -300,9 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _builtin_commands() -> list[Any]:
     """rlzoo's own :class:`~rlzoo.kernel.commands.CliCommand` s (``eval``, ``view``)."""
+    from rlzoo.report.view import view_command
     from rlzoo.train.evaluate import eval_command
 
-    return [eval_command()]
+    return [eval_command(), view_command()]
 
 
 def _add_command(sub: Any, command: Any) -> None:

@@ -114,7 +114,8 @@ class RunSection:
     )
     progress: bool = param(True, help="show a progress bar")
     samples: SamplesSection = param(
-        SamplesSection(), help="samples kept with the run as Parquet ({every, max_per_step, keep_tokens, logprobs, val})"
+        SamplesSection(),
+        help="samples kept with the run as Parquet ({every, max_per_step, keep_tokens, logprobs, val})",
     )
 
 

@@ -442,7 +442,7 @@ def summarize(
             for i in common
         ]
         values[lab] = per_prompt(prs, seed=settings.seed)
-    kw = {"samples": settings.bootstrap, "level": settings.level, "seed": settings.seed}
+    kw: dict[str, Any] = {"samples": settings.bootstrap, "level": settings.level, "seed": settings.seed}
     metrics = list(values[labels[0]])
     table: dict[str, dict[str, Estimate]] = {
         lab: {m: bootstrap(values[lab][m], **kw) for m in metrics if m in values[lab]} for lab in labels

@@ -155,7 +155,10 @@ class Session:
             if branch is not None:
                 print(f"rlzoo: the checkpoints after step {start} moved to {branch}", flush=True)
         self.samples = SampleWriter(
-            self.run_dir, inputs.samples, self.data.tokenizer, None if self.resumed is None else self.start_step
+            self.run_dir,
+            inputs.samples,
+            self.data.tokenizer,
+            None if self.resumed is None else self.start_step,
         )
         self.metrics = MetricsLogger(
             self.run_dir,
