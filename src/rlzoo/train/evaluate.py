@@ -637,7 +637,7 @@ EXAMPLES = """\
   rlzoo eval runs/quickstart-20250101-120000                      # its latest checkpoint, greedy
   rlzoo eval runs/q@0 runs/q@latest --n 8                          # base model vs trained: pass@1..8, the difference
   rlzoo eval runs/q/final --dataset gsm8k --n 4 --limit 200         # on a registered dataset
-  rlzoo eval models/mine --recipe grpo_smollm2_arith rollout.backend.name=vllm --n 16"""
+  rlzoo eval models/mine rollout.backend.name=vllm --recipe grpo_smollm2_arith --n 16"""
 
 
 def eval_command() -> CliCommand:
