@@ -616,3 +616,14 @@ def test_cli_env_fixes_a_variable_and_prints_what_was_not_run(tmp_path, capsys):
     assert "read from the script without running it:" in printed and "HOST not known" in printed
     assert main(["from-verl", str(script), "--env", "NOW"]) != 0
     assert "--env 'NOW': expected NAME=VALUE" in capsys.readouterr().err
+
+
+def test_rollout_and_validation_data_dirs_keep_samples():
+    """verl dumps rollouts into ``trainer.rollout_data_dir`` (validation ones into
+    ``validation_data_dir``) when set: rlzoo keeps them in RUN_DIR/samples/ (run.samples)."""
+    conv = convert(ov("algorithm.adv_estimator=grpo trainer.rollout_data_dir=/tmp/rollouts"))
+    assert conv.get("run.samples.every") == 1
+    conv = convert(
+        ov("algorithm.adv_estimator=grpo trainer.rollout_data_dir=null trainer.validation_data_dir=/tmp/v")
+    )
+    assert conv.get("run.samples.every") == 0 and conv.get("run.samples.val") is True
