@@ -38,6 +38,7 @@ def _train(args: list[str], kill_at: str | None, log: Path) -> int:
         return subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=300).returncode
 
 
+@pytest.mark.slow  # three interpreter starts: ~25 s
 def test_kill_9_mid_run_then_resume_keeps_every_step_once(quickstart_dir: Path, tmp_path: Path) -> None:
     out, log = tmp_path / "run", tmp_path / "log.txt"
     args = ["quickstart", f"data.dir={quickstart_dir}", *QUIET, *COMMON, f"run.output_dir={out}"]

@@ -40,17 +40,20 @@ if TYPE_CHECKING:
 logger = logging.getLogger("rlzoo")
 
 
-def token_texts(tokenizer: Any, ids: Sequence[int], window: int = 6) -> list[str]:
-    """Each token's text as it reads in context: the text a token adds to the few tokens before it
-    (word-level tokenizers join with spaces, BPE ones mark them: either way the pieces concatenate
-    to the decoded text); a token whose piece is not a clean suffix falls back to its own decode."""
-    out: list[str] = []
-    for j in range(len(ids)):
-        lo = max(0, j - window)
-        before = tokenizer.decode(list(ids[lo:j])) if j > lo else ""
-        with_it = tokenizer.decode(list(ids[lo : j + 1]))
-        out.append(with_it[len(before) :] if with_it.startswith(before) else tokenizer.decode([ids[j]]))
-    return out
+def token_texts(tokenizer: Any, ids: Sequence[int], window: int = 3) -> list[str]:
+    """Each token's text as it reads in context: the text it adds to the ``window`` tokens before it
+    (word-level tokenizers join words with spaces, SentencePiece and byte-level BPE mark them: either
+    way the pieces concatenate to the decoded text); a token whose piece is not a clean suffix falls
+    back to its own decode. Two batched decodes per sample (a fast tokenizer's loop is native)."""
+    ids = [int(t) for t in ids]
+    before = [ids[max(0, j - window) : j] for j in range(len(ids))]
+    with_it = [ids[max(0, j - window) : j + 1] for j in range(len(ids))]
+    decode = getattr(tokenizer, "batch_decode", None)
+    if callable(decode):
+        b, w = decode(before), decode(with_it)
+    else:
+        b, w = [tokenizer.decode(x) for x in before], [tokenizer.decode(x) for x in with_it]
+    return [wj[len(bj) :] if wj.startswith(bj) else tokenizer.decode([t]) for t, bj, wj in zip(ids, b, w)]
 
 
 class SampleWriter:
