@@ -105,6 +105,12 @@ def test_failures_are_messages(run_dir: Path, tmp_path: Path, capsys: pytest.Cap
     assert "the same" in capsys.readouterr().err
     assert main(["eval", str(run_dir), "--n", "0"]) == 2
     assert "--n 0" in capsys.readouterr().err
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    assert main(["eval", str(run_dir), "--out", str(mine)]) == 2
+    assert "not an empty folder" in capsys.readouterr().err
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]  # nothing written into a user's folder
     model = tmp_path / "model"
     (model).mkdir()
     (model / "config.json").write_text("{}")

@@ -310,9 +310,6 @@ def _check_settings(out: Path, record: dict[str, Any]) -> None:
                 "--out, or the same arguments to continue it"
             )
         return
-    out.mkdir(parents=True, exist_ok=True)
-    if any(p.name not in (SETTINGS, "models") for p in out.iterdir()):
-        raise RlzooError(f"--out {out} is not empty and holds no rlzoo evaluation; give a new folder")
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2))
     os.replace(tmp, path)
@@ -342,6 +339,10 @@ def evaluate(
     over = list(overrides)
     if dataset is not None:
         over += dataset_overrides(dataset, data_dir or Path("data") / dataset, split, pm)
+    if out.exists() and not (out / SETTINGS).is_file() and (not out.is_dir() or any(out.iterdir())):
+        raise RlzooError(
+            f"--out {out} is not an empty folder and holds no rlzoo evaluation; give a new folder"
+        )
     out.mkdir(parents=True, exist_ok=True)
     targets = [resolve_target(s, recipe=recipe, overrides=over, cache=out / "models", pm=pm) for s in specs]
     if len(targets) == 2:  # the same prompts: the second reads the first's files
