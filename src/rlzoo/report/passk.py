@@ -22,8 +22,6 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 #: random k-subsets per prompt that maj@k averages over (k < n)
 MAJ_SUBSETS = 32
 
@@ -103,6 +101,8 @@ def bootstrap(
     values: Sequence[float], *, samples: int = 1000, level: float = 0.95, seed: int = 0
 ) -> Estimate:
     """The mean of ``values`` and its percentile bootstrap interval (prompts resampled, seeded)."""
+    import numpy as np  # here: the command line builds its parser without numpy
+
     x = np.asarray(values, dtype=np.float64)  # [P]
     if x.size == 0:
         return Estimate(float("nan"), float("nan"), float("nan"))
