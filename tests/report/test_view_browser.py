@@ -169,11 +169,13 @@ def test_curves_trajectories_colours_and_search(browser: Any, runs: dict[str, Pa
         page.fill("#lmin", "")
 
         # -- the fully-async run's samples carry the policy version of every token
+        first = read_samples(runs["fully_async"], STEPS)[0]
         page.select_option("#run", "1")
-        page.wait_for_function("document.querySelector('#step').value == '3'")
+        page.wait_for_selector(
+            f"body[data-shown='1:train:{STEPS}']"
+        )  # its samples arrived, not only its steps
         page.locator("#sample-table tbody tr").first.click()
         page.select_option("#colorby", "versions")
-        first = read_samples(runs["fully_async"], STEPS)[0]
         versions = [
             float(v)
             for v in page.locator("#tokens .tok.model").evaluate_all("es => es.map(e => e.dataset.v)")
@@ -183,7 +185,7 @@ def test_curves_trajectories_colours_and_search(browser: Any, runs: dict[str, Pa
         # -- validation samples (the tools run validated before training and at the end)
         page.select_option("#run", "0")
         page.select_option("#split", "val")
-        page.wait_for_function("document.querySelector('#step').options.length > 0")
+        page.wait_for_selector("body[data-shown^='0:val:']")
         steps = page.locator("#step option").evaluate_all("os => os.map(o => +o.value)")
         assert steps == sample_steps(runs["tools"], "val") and steps
         assert page.errors == []

@@ -174,8 +174,10 @@ async function loadSteps(keepStep) {
 }
 async function loadSamples() {
   const step = $("step").value;
-  state.samples = step === "" ? [] : await api("samples", {run: +$("run").value, split: $("split").value, step});
+  const run = $("run").value, split = $("split").value;
+  state.samples = step === "" ? [] : await api("samples", {run: +run, split, step});
   renderTable();
+  document.body.dataset.shown = `${run}:${split}:${step}`;  // what the table holds (tests wait on it)
 }
 function passes(s) {
   const q = $("search").value.toLowerCase();
