@@ -147,3 +147,25 @@ def test_multi_turn_rows_mark_model_and_environment_tokens(tmp_path: Path) -> No
     for r in mixed:
         assert all(a == 0.0 for a, m in zip(r["advantages"], r["model_mask"]) if m == 0)
         assert r["tool_calls"] >= 1
+
+
+def test_a_disk_that_refuses_the_samples_file_is_a_warning_not_a_dead_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import errno
+
+    import pyarrow.parquet as pq
+
+    from rlzoo.recipe.types import SamplesSection
+    from rlzoo.train.samples import SampleWriter
+
+    def full(table: object, where: object, **kw: object) -> None:
+        Path(str(where)).write_bytes(b"half")  # as a write cut by the disk leaves it
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pq, "write_table", full)
+    w = SampleWriter(tmp_path, SamplesSection(), None)
+    with caplog.at_level("WARNING", logger="rlzoo"):
+        assert w.write(2, [{"step": 2, "split": "train", "uid": "a/0"}]) is None
+    assert "could not write step 2's samples" in caplog.text
+    assert list(samples_dir(tmp_path).iterdir()) == []  # nothing half-written left

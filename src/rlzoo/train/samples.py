@@ -244,9 +244,20 @@ class SampleWriter:
             )
         table = pa.Table.from_pylist([{c: r.get(c) for c in COLUMNS} for r in rows], schema=schema())
         tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-        pq.write_table(table, tmp, compression="zstd")
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
+        try:
+            pq.write_table(table, tmp, compression="zstd")
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+        except OSError as exc:  # a full or read-only disk: the samples are not worth the run
+            tmp.unlink(missing_ok=True)
+            logger.warning(
+                "rlzoo: could not write step %d's samples to %s (%s); training goes on without them "
+                "(what else the disk refuses stops the run with a message)",
+                step,
+                out,
+                exc,
+            )
+            return None
         failpoint("samples:staged")
         os.replace(tmp, out)
         return out
