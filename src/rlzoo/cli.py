@@ -8,6 +8,8 @@ rlzoo recipes [--json]                               list recipes on the search 
 rlzoo prepare NAME [--out DIR] [key=value ...]       prepare a dataset into rlzoo's parquet schema
 rlzoo plot RUN_DIR [RUN_DIR ...]                     learning curves (PNG) and a Markdown summary
 rlzoo export RUN_DIR [--step N] [--adapter] --out DIR  a checkpoint as a standard HF folder (or LoRA adapter)
+rlzoo eval TARGET [TARGET2] [--n K]                 avg@n, pass@k, maj@k of a checkpoint / model, with intervals
+rlzoo view RUN_DIR [RUN_DIR ...] [--html FILE]      curves, samples and trajectories in the browser
 rlzoo from-verl SCRIPT_OR_ARGS [--out FILE]         a verl launch script as a recipe (plugins/rlzoo-from-verl)
 """
 
@@ -295,8 +297,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(func=cmd_export)
 
+    for command in _builtin_commands():
+        _add_command(sub, command)
     _plugin_commands(sub)
     return p
+
+
+def _builtin_commands() -> list[Any]:
+    """rlzoo's own :class:`~rlzoo.kernel.commands.CliCommand` s (``eval``, ``view``)."""
+    from rlzoo.report.view import view_command
+    from rlzoo.train.evaluate import eval_command
+
+    return [eval_command(), view_command()]
+
+
+def _add_command(sub: Any, command: Any) -> None:
+    EXAMPLES[command.name] = command.examples
+    s = _sub(sub, command.name, command.summary)
+    command.add_arguments(s)
+    s.set_defaults(func=command.run)
 
 
 def _plugin_commands(sub: Any) -> None:
@@ -308,10 +327,7 @@ def _plugin_commands(sub: Any) -> None:
         for command in provided:
             if command.name in sub.choices:
                 raise RlzooError(f"plugin command {command.name!r} is already an rlzoo command")
-            EXAMPLES[command.name] = command.examples
-            s = _sub(sub, command.name, command.summary)
-            command.add_arguments(s)
-            s.set_defaults(func=command.run)
+            _add_command(sub, command)
 
 
 def _parse_intermixed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:

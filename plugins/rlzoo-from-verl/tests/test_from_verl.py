@@ -806,3 +806,14 @@ def test_verls_prime_manager_is_the_process_pool_with_its_timeout():
     )
     assert conv.get("reward.manager") == {"name": "process_pool", "timeout": 300.0}
     assert any(n.startswith("prime -> process_pool") for n in conv.notes)
+
+
+def test_rollout_and_validation_data_dirs_keep_samples():
+    """verl dumps rollouts into ``trainer.rollout_data_dir`` (validation ones into
+    ``validation_data_dir``) when set: rlzoo keeps them in RUN_DIR/samples/ (run.samples)."""
+    conv = convert(ov("algorithm.adv_estimator=grpo trainer.rollout_data_dir=/tmp/rollouts"))
+    assert conv.get("run.samples.every") == 1
+    conv = convert(
+        ov("algorithm.adv_estimator=grpo trainer.rollout_data_dir=null trainer.validation_data_dir=/tmp/v")
+    )
+    assert conv.get("run.samples.every") == 0 and conv.get("run.samples.val") is True

@@ -74,6 +74,25 @@ class Selection:
 # ---------------------------------------------------------------------------------------------
 # Sections
 # ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SamplesSection:
+    """What the model wrote, kept with the run: ``RUN_DIR/samples/step_K.parquet`` (training) and
+    ``samples/val/step_K.parquet`` (validation), one Parquet file per step, written atomically.
+    ``rlzoo view`` and ``rlzoo eval`` read them (docs/metrics.md)."""
+
+    every: int = param(1, ge=0, help="keep the training samples of every k-th step (0: keep none)")
+    max_per_step: int = param(
+        64, ge=1, help="samples kept per step (the first ones of the batch): bounds the folder's size"
+    )
+    keep_tokens: bool = param(
+        True,
+        help="keep token ids, each token's text, mask, policy version, advantage and reward per token "
+        "(false: texts and per-sample numbers only)",
+    )
+    logprobs: bool = param(True, help="keep the rollout log-prob of every response token (needs keep_tokens)")
+    val: bool = param(True, help="keep the validation samples (samples/val/), whatever every says")
+
+
 @dataclass
 class RunSection:
     name: str = param("rlzoo", help="run name; the run directory is <dir>/<name>-<timestamp>")
@@ -94,6 +113,10 @@ class RunSection:
         0, help="also write the model as an HF folder RUN_DIR/export/step_K/ every K steps (0: final/ only)"
     )
     progress: bool = param(True, help="show a progress bar")
+    samples: SamplesSection = param(
+        SamplesSection(),
+        help="samples kept with the run as Parquet ({every, max_per_step, keep_tokens, logprobs, val})",
+    )
 
 
 @dataclass

@@ -14,6 +14,7 @@ such tests) a point costs one dictionary lookup. The points:
 ``save:committed``  ``step_K/`` is in place, ``latest`` not yet updated, the step's row not yet written
 ``export:written``  the train backend wrote the HF folder into the staging folder
 ``export:installed``  ``final/`` (or ``export/step_K/``) was replaced, the step's checkpoint not yet written
+``samples:staged``  a step's samples file is written under its temporary name, not yet renamed
 ``metrics:before``  a step's metrics row is about to be written
 ``metrics:after``   a step's metrics row is written
 ``resume:loaded``   a resume loaded its checkpoint; nothing in the run directory changed yet

@@ -22,7 +22,14 @@ from rlzoo.agents.settings import MultiTurnSettings
 from rlzoo.kernel.errors import ConfigError, RlzooError
 from rlzoo.kernel.protocols import Environment, JudgedMetric, SamplingParams, Tool
 from rlzoo.kernel.settings import RolloutSpec, StepPlan, TrainSpec
-from rlzoo.recipe.types import PlacementSection, RecipeConfig, Selection, optimizer_steps, step_plan
+from rlzoo.recipe.types import (
+    PlacementSection,
+    RecipeConfig,
+    SamplesSection,
+    Selection,
+    optimizer_steps,
+    step_plan,
+)
 from rlzoo.train.batching import sampling_params
 from rlzoo.train.failures import RewardFailures
 from rlzoo.train.rewards import PartNames, build_reward_manager
@@ -309,6 +316,7 @@ class RunInputs:
     keep_best: bool
     loggers: tuple[Any, ...]
     progress: bool
+    samples: SamplesSection  # run.samples: what the model wrote, kept as Parquet (rlzoo.train.samples)
     schedule: Schedule
     data: Data
     sampling: Sampling
@@ -355,6 +363,7 @@ def run_inputs(cfg: RecipeConfig, resume_info: Any = None) -> RunInputs:
         keep_best=cfg.trainer.keep_best,
         loggers=tuple(cfg.run.loggers),
         progress=cfg.run.progress,
+        samples=cfg.run.samples,
         schedule=Schedule(
             plan=plan,
             total_steps=total_steps,

@@ -221,7 +221,7 @@ class TrainLoop:
                 self.versions = VersionMap(int(s.rollout.version), int(state.get("policy_version", 0)))
             total = s.schedule.total_steps
             if s.schedule.validate_before_train and s.start_step == 0 and s.data.val is not None:
-                rows.append(s.metrics.log(0, s.validate(), advance=False))
+                rows.append(s.metrics.log(0, s.validate(0), advance=False))
             since_push = 0
             val_pending = False
             t_prev = time.perf_counter()
@@ -241,8 +241,11 @@ class TrainLoop:
                         guard_rewards(batch)
                         m.update(rollout_metrics(batch, s.data.max_response_length))
                         m.update(self._staleness(batch))
+                        model_mask = batch["response_mask"]  # as collated: a correction may mask more
                         m.update(s.trainer.step(batch, timer))
                         since_push += 1
+                        with timer("samples"):  # before the step's checkpoint: a resume redoes both
+                            s.samples.write_train(step, batch, model_mask, self.versions.of)
                     synced = False
                     if since_push and (step % plan.push_every == 0 or step == total):
                         with timer("sync_weights"):
@@ -257,7 +260,7 @@ class TrainLoop:
                     val_pending = True
                 if val_pending and (synced or since_push == 0):  # on the weights just pushed
                     with timer("testing"), self._held():
-                        m.update(s.validate())
+                        m.update(s.validate(step))
                     m["timing_s/testing"] = timer.seconds["testing"]
                     val_pending = False
                 # rlzoo.train.failures: counted over the trained batch, the same for every runner

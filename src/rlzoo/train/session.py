@@ -41,6 +41,7 @@ from rlzoo.train.export import (
 from rlzoo.train.inputs import AgentSetup, Data, Reward, RunInputs, Sampling, Schedule, run_inputs
 from rlzoo.train.rewards import keep_mask, score_samples, validation_metrics
 from rlzoo.train.rundir import record_resume
+from rlzoo.train.samples import SampleWriter
 from rlzoo.train.update import PolicyTrainer
 from rlzoo.train_kit.formulas import offpolicy_metrics
 from rlzoo.train_kit.lora import base_model_fingerprint
@@ -162,6 +163,12 @@ class Session:
             print(f"rlzoo: resumed from {state['path']} (step {start})", flush=True)
             if branch is not None:
                 print(f"rlzoo: the checkpoints after step {start} moved to {branch}", flush=True)
+        self.samples = SampleWriter(
+            self.run_dir,
+            inputs.samples,
+            self.data.tokenizer,
+            None if self.resumed is None else self.start_step,
+        )
         self.metrics = MetricsLogger(
             self.run_dir,
             inputs.loggers,
@@ -299,7 +306,8 @@ class Session:
             return [True] * len(samples)
         return keep_mask(flt, self.reward.filter_metric, samples, results)
 
-    def validate(self) -> dict[str, float]:
+    def validate(self, step: int | None = None) -> dict[str, float]:
+        """Validation metrics; with ``step``, its samples are kept as ``samples/val/step_K.parquet``."""
         data = self.data
         if data.val is None:
             return {}
@@ -313,6 +321,8 @@ class Session:
                 make_requests(chunk, sampling, prefix=f"val{start}", processor=data.processor)
             )
         results = score_samples(self.reward.manager, data.tokenizer, samples)
+        if step is not None:
+            self.samples.write_val(step, samples, results)
         return validation_metrics(samples, results, sampling.n)
 
     def save(self, step: int, payload: dict[str, Any]) -> Path:

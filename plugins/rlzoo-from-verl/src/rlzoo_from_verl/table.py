@@ -547,8 +547,16 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     "trainer.del_local_ckpt_after_load": Skip(_LOG + "checkpoint housekeeping"),
     "trainer.device": Skip("rlzoo places parts on GPUs when placement has them"),
     "trainer.ray_wait_register_center_timeout": Skip("verl's Ray start-up timeout"),
-    "trainer.rollout_data_dir": Skip(_LOG + "rlzoo writes rollout samples to the run directory"),
-    "trainer.validation_data_dir": Skip(_LOG + "rlzoo writes validation samples to the run directory"),
+    "trainer.rollout_data_dir": To(
+        "run.samples.every",
+        lambda v: 0 if v is None else 1,
+        "a folder: every step's samples kept as Parquet in RUN_DIR/samples/ (rlzoo view reads them); null: none",
+    ),
+    "trainer.validation_data_dir": To(
+        "run.samples.val",
+        lambda v: v is not None,
+        "a folder: validation samples kept in RUN_DIR/samples/val/; null: none",
+    ),
     "global_profiler.*": Skip(_LOG + "profiler settings"),
     "ray_kwargs.*": Skip("Ray start-up settings (rlzoo: placement.address)"),
     "data.filter_overlong_prompts_workers": Skip(_PERF + "processes that filter long prompts"),
