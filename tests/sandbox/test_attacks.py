@@ -93,8 +93,23 @@ def _uid_processes(box: Sandbox) -> list[psutil.Process]:
     return found
 
 
-def _left_running(box: Sandbox, marker: str) -> list[str]:
-    time.sleep(0.05)
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _left_running(box: Sandbox, marker: str, before: set[int]) -> list[str]:
+    """What the attack left: processes naming its marker, of the sandbox's uids, or children of the test
+    that were not there before it (earlier tests in the same session may leave their own). A process
+    the sandbox has just sent SIGKILL may take a moment to go: asked again for up to 2 s."""
+    deadline = time.monotonic() + 2.0
+    while True:
+        found = _still_running(box, marker, before)
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def _still_running(box: Sandbox, marker: str, before: set[int]) -> list[str]:
     found = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
@@ -107,7 +122,11 @@ def _left_running(box: Sandbox, marker: str) -> list[str]:
             )
         except psutil.NoSuchProcess:
             continue
-    found += [f"{p.pid} (child of the test)" for p in psutil.Process().children(recursive=True)]
+    found += [
+        f"{p.pid} (child of the test)"
+        for p in psutil.Process().children(recursive=True)
+        if p.pid not in before
+    ]
     return found
 
 
@@ -122,10 +141,11 @@ def _contain(box: Sandbox, name: str, run: Callable[[str], Execution]) -> Execut
             f"{name!r} is stopped by {' or '.join(attack.stopped_by)}; this machine's {mode} sandbox has none"
         )
     marker = f"rlzoo-attack-{uuid.uuid4().hex}"
+    before = _children()
     ex = run(marker)
     assert ex.outcome in attack.outcomes, (ex.outcome, ex.stdout[-500:], ex.stderr[-1000:])
     assert ex.wall_s < box.params.timeout_s + 3.0
-    left = _left_running(box, marker)
+    left = _left_running(box, marker, before)
     assert not left, f"left running after {name!r}: {left}"
     after = box.run("print(6 * 7)")  # the caller goes on
     assert after.ok and after.stdout == "42\n", after

@@ -36,7 +36,7 @@ class Turn2Params:
 
 class RaisesOnTurn2:
     def __init__(self, params: Turn2Params) -> None:
-        self.reward = params.reward
+        self.reward = float(params.reward)
 
     def reset(self, row: Mapping[str, Any]) -> EnvStep:
         self.q = _question(row)
@@ -53,14 +53,15 @@ class RaisesOnTurn2:
 
 @dataclass(frozen=True)
 class BadRewardParams:
-    """The first turn ends the episode with this reward (NaN, inf, 1e300 ...)."""
+    """The first turn ends the episode with this reward (NaN, inf, 1e300 ...), given as text: a float
+    setting of NaN or inf is refused by validate (issue 39, finding 7) before any environment runs."""
 
-    reward: float = float("nan")
+    reward: str = "nan"
 
 
 class BadReward(RaisesOnTurn2):
     def __init__(self, params: BadRewardParams) -> None:  # type: ignore[override]
-        self.reward = params.reward
+        self.reward = float(params.reward)
 
     def step(self, turn: AgentTurn) -> EnvStep:
         return EnvStep(messages=[], reward=self.reward, done=True)
