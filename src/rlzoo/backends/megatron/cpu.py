@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["cpu_device"]
+__all__ = ["cpu_device", "patch_moe_without_te"]
 
 _CPU = torch.device("cpu")
 _lock = threading.RLock()
@@ -44,11 +44,50 @@ def _is_cuda(device: Any) -> bool:
     return isinstance(device, torch.device) and device.type == "cuda"
 
 
+def _run_backward(func: Any, args: Any, kwargs: dict[str, Any]) -> None:
+    """``torch.autograd.backward`` / ``Tensor.backward`` straight into the autograd engine, without
+    dispatching to a torch-function mode again (the mode that called this is active around it, so
+    megatron's autograd functions that allocate ``device=torch.cuda.current_device()`` in backward,
+    the MoE dispatcher's all-gather for one, allocate on the CPU). Plain tensors and keyword names
+    as torch's own; ``inputs`` as a tensor or a sequence of them."""
+    from torch.autograd import _make_grads
+    from torch.autograd.graph import _engine_run_backward
+
+    names = (
+        ("self", "gradient", "retain_graph", "create_graph", "inputs")
+        if func is torch.Tensor.backward
+        else ("tensors", "grad_tensors", "retain_graph", "create_graph", "grad_variables", "inputs")
+    )
+    a = dict(zip(names, args, strict=False)) | kwargs
+    tensors = a.get("self", a.get("tensors"))
+    grads = a.get("gradient", a.get("grad_tensors")) or a.get("grad_variables")
+    tensors = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors)
+    grads = (grads,) if grads is None or isinstance(grads, torch.Tensor) else tuple(grads)
+    if len(grads) == 1 and len(tensors) > 1 and grads[0] is None:
+        grads = (None,) * len(tensors)
+    inputs = a.get("inputs")
+    inputs = () if inputs is None else (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    create_graph = bool(a.get("create_graph", False))
+    retain_graph = a.get("retain_graph")
+    _engine_run_backward(
+        tensors,
+        _make_grads(tensors, grads, is_grads_batched=False),
+        create_graph if retain_graph is None else retain_graph,
+        create_graph,
+        inputs,
+        allow_unreachable=True,
+        accumulate_grad=True,
+    )
+
+
 class _CudaToCpu(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = dict(kwargs or {})
         if func is torch.Tensor.cuda:
             return args[0]
+        if func is torch.autograd.backward or func is torch.Tensor.backward:
+            with _CudaToCpu():  # the mode is off in its own handler: run backward inside a new one
+                return _run_backward(func, args, kwargs)
         if func is torch.Tensor.type and len(args) == 1 and not kwargs:
             name = func(*args)  # megatron checks types by name: 'torch.cuda.FloatTensor'
             return name.replace("torch.", "torch.cuda.", 1) if not name.startswith("torch.cuda.") else name
@@ -84,3 +123,12 @@ def cpu_device() -> Iterator[None]:
                 for name, fn in _saved.items():
                     setattr(torch.cuda, name, fn)
                 _saved.clear()
+
+
+def patch_moe_without_te(moe_utils: Any) -> None:
+    """megatron-core 0.16.1's MoE router reads ``moe_utils.te_general_gemm``, which is only defined
+    when Transformer Engine imports: without TE every MoE forward fails with ``NameError: name
+    'te_general_gemm' is not defined`` (on any device). ``None`` is what the router's check means
+    for "no TE" (it then uses ``torch.mm``). Does nothing when the name exists."""
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
