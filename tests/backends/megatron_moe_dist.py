@@ -1,5 +1,6 @@
 """Worker for ``test_megatron_parallel.py``: megatron-core's MoE layer with expert parallelism 2
-against the same model unsplit (EP=1), on a gloo group on the CPU (``torchrun --nproc_per_node=2``).
+against the same model unsplit (EP=1), on a gloo group on the CPU (``torchrun --nproc_per_node=2
+megatron_moe_dist.py DISPATCHER``, DISPATCHER ``alltoall`` or ``allgather``).
 
 Both runs are data-parallel over the 2 ranks with the same rows per rank; only where the experts
 live differs (EP=1: every rank holds all 4; EP=2: rank r holds experts 2r, 2r+1, and the allgather
@@ -32,6 +33,7 @@ DIMS = ModelDims(
     vocab_size=64,
 )
 VOCAB_PADDED = 128
+DISPATCHER = sys.argv[1] if len(sys.argv) > 1 else "alltoall"  # or 'allgather'
 _EXPERT = re.compile(r"(.*\.local_experts\.)(\d+)(\..*)")
 
 
@@ -85,8 +87,8 @@ def run(ep: int, init: dict[str, torch.Tensor], ids: torch.Tensor, gen: torch.Ge
             num_moe_experts=EXPERTS,
             moe_router_topk=TOPK,
             moe_ffn_hidden_size=24,
-            moe_token_dispatcher_type="allgather",  # alltoall needs torch.cuda.Stream (see docs)
-            variable_seq_lengths=False,  # the allgather dispatcher refuses variable lengths
+            moe_token_dispatcher_type=DISPATCHER,
+            variable_seq_lengths=DISPATCHER != "allgather",  # allgather refuses variable lengths
             expert_model_parallel_size=ep,
             moe_aux_loss_coeff=0.0,
             moe_router_load_balancing_type="none",
@@ -160,10 +162,11 @@ def main() -> None:
     dist.init_process_group("gloo")
     with cpu_device():
         import megatron.core.transformer.moe.moe_utils as moe_utils
+        import megatron.core.transformer.moe.token_dispatcher as token_dispatcher
 
-        from rlzoo.backends.megatron.cpu import patch_moe_without_te
+        from rlzoo.backends.megatron.cpu import patch_moe
 
-        patch_moe_without_te(moe_utils)
+        patch_moe(moe_utils, token_dispatcher)
         gen = torch.Generator().manual_seed(0)
         ids = torch.randint(0, DIMS.vocab_size, (4, 12), generator=gen)
         init: dict[str, torch.Tensor] = {}
@@ -177,7 +180,7 @@ def main() -> None:
     assert moved > 1e-3, f"the step changed nothing ({moved})"
     assert all(d < 1e-5 for d in diffs.values()), diffs
     if dist.get_rank() == 0:
-        print(f"MOE EP2 == EP1 loss={float(one['loss'][0]):.6f} max|diff| {diffs} step moved {moved:.4f}")
+        print(f"MOE {DISPATCHER} EP2 == EP1 loss={float(one['loss'][0]):.6f} max|diff| {diffs} step moved {moved:.4f}")
     dist.destroy_process_group()
 
 

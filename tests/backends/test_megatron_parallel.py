@@ -1,10 +1,10 @@
 """Expert and context parallelism of megatron-core 0.16.1 on a gloo group on the CPU (issue 37).
 
 What runs (docs/backends/megatron.md, "Expert and context parallelism"): the MoE layer with the
-allgather token dispatcher, expert parallelism 2 equal to the unsplit model (loss, gradients,
-parameters after an Adam step). What is refused, with megatron-core's own words: context
-parallelism in the local spec, the alltoall dispatcher without CUDA. Also the ``device: cpu``
-stand-ins these need (:mod:`rlzoo.backends.megatron.cpu`).
+alltoall and allgather token dispatchers, expert parallelism 2 equal to the unsplit model (loss,
+gradients, parameters after an Adam step). What is refused, with megatron-core's own words:
+context parallelism in the local spec. Also the ``device: cpu`` stand-ins these need
+(:mod:`rlzoo.backends.megatron.cpu`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from rlzoo.backends.megatron.convert import ModelDims, transformer_config_kwargs
-from rlzoo.backends.megatron.cpu import cpu_device, patch_moe_without_te
+from rlzoo.backends.megatron.cpu import cpu_device, patch_moe
 
 from .conftest import torchrun
 
@@ -79,16 +79,29 @@ def test_backward_keeps_retain_graph_semantics() -> None:
     assert torch.equal(x.grad, torch.tensor([4.0, 8.0]))
 
 
-def test_patch_moe_without_te_sets_only_a_missing_name() -> None:
-    class Module:
-        pass
+def test_patch_moe_sets_only_what_is_missing_and_keeps_cuda_tensors_to_megatron() -> None:
+    """No TE: ``te_general_gemm`` becomes None (kept when TE defined it). CPU split sizes become
+    numpy as megatron does for CUDA ones; anything else goes to megatron's own function."""
+    import types
 
-    bare, with_te = Module(), Module()
-    with_te.te_general_gemm = "te's"  # type: ignore[attr-defined]
-    patch_moe_without_te(bare)
-    patch_moe_without_te(with_te)
-    assert bare.te_general_gemm is None  # type: ignore[attr-defined]
-    assert with_te.te_general_gemm == "te's"  # type: ignore[attr-defined]
+    calls: list[object] = []
+
+    def own(tensor: object, as_numpy: bool = False, record_stream: bool = False) -> object:
+        calls.append(tensor)
+        return "megatron's"
+
+    bare = types.SimpleNamespace()
+    with_te = types.SimpleNamespace(te_general_gemm="te's")
+    dispatcher = types.SimpleNamespace(maybe_move_tensor_to_cpu=own)
+    patch_moe(bare, dispatcher)
+    patch_moe(with_te, dispatcher)  # twice: wrapped once
+    assert bare.te_general_gemm is None and with_te.te_general_gemm == "te's"
+    move = dispatcher.maybe_move_tensor_to_cpu
+    splits = move(torch.tensor([3, 1]), as_numpy=True)
+    assert not torch.is_tensor(splits) and splits.tolist() == [3, 1]
+    t = torch.tensor([2])
+    assert move(t) is t
+    assert move(None) == "megatron's" and calls == [None]
 
 
 @needs_mcore
@@ -124,9 +137,10 @@ DIST_MODULE = Path(__file__).with_name("megatron_moe_dist.py")
 
 @pytest.mark.distributed
 @needs_mcore
-def test_expert_parallel_2_equals_unsplit_moe() -> None:
-    """megatron-core's MoE (4 experts, top-2, allgather dispatcher) with EP=2 over 2 gloo ranks:
-    loss, every gradient and every parameter after one Adam step equal EP=1 (fp32, 1e-5)."""
-    out = torchrun(str(DIST_MODULE), timeout=300, what="MoE EP=2 vs EP=1")
-    found = re.search(r"MOE EP2 == EP1 .*", out)
+@pytest.mark.parametrize("dispatcher", ["alltoall", "allgather"])
+def test_expert_parallel_2_equals_unsplit_moe(dispatcher: str) -> None:
+    """megatron-core's MoE (4 experts, top-2) with EP=2 over 2 gloo ranks: loss, every gradient and
+    every parameter after one Adam step equal EP=1 (fp32, 1e-5), with either token dispatcher."""
+    out = torchrun(str(DIST_MODULE), dispatcher, timeout=300, what=f"MoE EP=2 vs EP=1 ({dispatcher})")
+    found = re.search(rf"MOE {dispatcher} EP2 == EP1 .*", out)
     assert found, out[-3000:]

@@ -12,7 +12,14 @@ gloo group. :func:`cpu_device` is the context every call of a ``device: cpu`` ba
 - ``Tensor.type()`` naming a CPU tensor as its CUDA type (``torch.cuda.FloatTensor``: megatron's
   optimizers and grad clipping assert on those names);
 - ``torch.cuda.current_device`` answering 0 (an index the mode maps to the CPU) and
-  ``torch.cuda.synchronize`` / ``torch.cuda.empty_cache`` doing nothing (CPU work is synchronous).
+  ``torch.cuda.synchronize`` / ``torch.cuda.empty_cache`` doing nothing (CPU work is synchronous);
+- ``torch.cuda.Stream()`` / ``current_stream()`` one null stream, ``torch.cuda.stream(s)`` a null
+  context (the MoE alltoall dispatcher's device-to-host side stream);
+- ``torch.autograd.backward`` / ``Tensor.backward`` run straight into the autograd engine with the
+  mode on (a mode is off inside its own handler: megatron's autograd functions that allocate in
+  backward would otherwise ask for a CUDA device).
+
+:func:`patch_moe` makes megatron-core's MoE modules run without Transformer Engine and on the CPU.
 
 Both are undone on exit. Only for tests and debugging: the numbers are the same as on a GPU in fp32,
 not the speed. fp32 only (megatron's bf16 optimizer checks for ``torch.cuda.*Tensor`` types).
@@ -28,7 +35,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["cpu_device", "patch_moe_without_te"]
+__all__ = ["cpu_device", "patch_moe"]
 
 _CPU = torch.device("cpu")
 _lock = threading.RLock()
@@ -80,6 +87,36 @@ def _run_backward(func: Any, args: Any, kwargs: dict[str, Any]) -> None:
     )
 
 
+class _NullEvent:
+    """A CUDA event stand-in: CPU work is synchronous, so it has always happened."""
+
+    def synchronize(self) -> None:
+        return None
+
+    def wait(self, stream: Any = None) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
+class _NullStream:
+    """The one stream of the CPU: ``torch.cuda.Stream()`` / ``current_stream()`` are this one object
+    (megatron's alltoall dispatcher compares them to decide on a side-stream copy: never here)."""
+
+    def wait_stream(self, stream: Any) -> None:
+        return None
+
+    def record_event(self, event: Any = None) -> _NullEvent:
+        return _NullEvent()
+
+    def synchronize(self) -> None:
+        return None
+
+
+_STREAM = _NullStream()
+
+
 class _CudaToCpu(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = dict(kwargs or {})
@@ -108,7 +145,13 @@ def cpu_device() -> Iterator[None]:
                 current_device=torch.cuda.current_device,
                 synchronize=torch.cuda.synchronize,
                 empty_cache=torch.cuda.empty_cache,
+                Stream=torch.cuda.Stream,
+                current_stream=torch.cuda.current_stream,
+                stream=torch.cuda.stream,
             )
+            torch.cuda.Stream = lambda *a, **k: _STREAM  # type: ignore[assignment,misc]
+            torch.cuda.current_stream = lambda *a, **k: _STREAM  # type: ignore[assignment]
+            torch.cuda.stream = lambda s=None: contextlib.nullcontext()  # type: ignore[assignment]
             torch.cuda.current_device = lambda: 0  # type: ignore[assignment]
             torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
             torch.cuda.empty_cache = lambda: None  # type: ignore[assignment]
@@ -125,10 +168,29 @@ def cpu_device() -> Iterator[None]:
                 _saved.clear()
 
 
-def patch_moe_without_te(moe_utils: Any) -> None:
-    """megatron-core 0.16.1's MoE router reads ``moe_utils.te_general_gemm``, which is only defined
-    when Transformer Engine imports: without TE every MoE forward fails with ``NameError: name
-    'te_general_gemm' is not defined`` (on any device). ``None`` is what the router's check means
-    for "no TE" (it then uses ``torch.mm``). Does nothing when the name exists."""
+def patch_moe(moe_utils: Any, token_dispatcher: Any) -> None:
+    """megatron-core 0.16.1's MoE modules, made to run without Transformer Engine and on the CPU
+    (given ``megatron.core.transformer.moe.moe_utils`` and ``.token_dispatcher``; idempotent):
+
+    - the router reads ``moe_utils.te_general_gemm``, defined only when TE imports: without TE every
+      MoE forward fails with ``NameError: name 'te_general_gemm' is not defined`` (on any device).
+      Set to ``None``, what the router's own check means by "no TE" (it then uses ``torch.mm``);
+      left alone when TE defined it.
+    - the alltoall dispatcher's ``maybe_move_tensor_to_cpu`` turns its split sizes into numpy arrays
+      only when they are CUDA tensors; CPU tensors stay tensors, which ``all_to_all_single`` refuses
+      (``TypeError: all_to_all_single(): incompatible function arguments``). CPU tensors are given
+      the same treatment as CUDA ones; CUDA tensors still go through megatron's own function.
+    """
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
+    own = token_dispatcher.maybe_move_tensor_to_cpu
+    if getattr(own, "_rlzoo_cpu", False):
+        return
+
+    def maybe_move_tensor_to_cpu(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+        if torch.is_tensor(tensor) and not tensor.is_cuda:
+            return tensor.numpy() if as_numpy else tensor
+        return own(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    maybe_move_tensor_to_cpu._rlzoo_cpu = True  # type: ignore[attr-defined]
+    token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
