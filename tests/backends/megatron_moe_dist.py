@@ -12,6 +12,8 @@ and compared on each rank. Prints ``MOE EP2 == EP1`` with the largest difference
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import sys
 from typing import Any
@@ -34,6 +36,9 @@ DIMS = ModelDims(
 )
 VOCAB_PADDED = 128
 DISPATCHER = sys.argv[1] if len(sys.argv) > 1 else "alltoall"  # or 'allgather'
+#: 'cpu' (gloo, megatron's CUDA calls sent to the CPU) or 'cuda' (NCCL, one GPU a rank:
+#: benchmarks/gpu_check.py)
+DEVICE = os.environ.get("RLZOO_MOE_DEVICE", "cpu")
 _EXPERT = re.compile(r"(.*\.local_experts\.)(\d+)(\..*)")
 
 
@@ -82,7 +87,7 @@ def run(ep: int, init: dict[str, torch.Tensor], ids: torch.Tensor, gen: torch.Ge
             params_dtype=torch.float32,
             pipeline_dtype=torch.float32,
             perform_initialization=False,
-            use_cpu_initialization=True,
+            use_cpu_initialization=DEVICE == "cpu",
             calculate_per_token_loss=True,
             num_moe_experts=EXPERTS,
             moe_router_topk=TOPK,
@@ -101,12 +106,12 @@ def run(ep: int, init: dict[str, torch.Tensor], ids: torch.Tensor, gen: torch.Ge
         max_sequence_length=64,
         position_embedding_type="rope",
         share_embeddings_and_output_weights=False,
-    )
+    ).to(DEVICE)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if ep == 1 and name not in init:  # drawn once in EP=1 names (the same on every rank)
                 init[name] = torch.randn(p.shape, generator=gen) * 0.1
-            p.copy_(init[global_name(name, ep, ep_rank)])
+            p.copy_(init[global_name(name, ep, ep_rank)].to(DEVICE))
     ddp = DistributedDataParallel(
         config,
         DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=False),
@@ -120,19 +125,19 @@ def run(ep: int, init: dict[str, torch.Tensor], ids: torch.Tensor, gen: torch.Ge
     config.no_sync_func = ddp.no_sync
 
     half = ids.shape[0] // dist.get_world_size()
-    mine = ids[dist.get_rank() * half : (dist.get_rank() + 1) * half]
+    mine = ids[dist.get_rank() * half : (dist.get_rank() + 1) * half].to(DEVICE)
     losses: list[torch.Tensor] = []
 
     def step(data: Any, module: Any) -> tuple[torch.Tensor, Any]:
         x = next(data)
-        pos = torch.arange(x.shape[1])[None].expand_as(x)
+        pos = torch.arange(x.shape[1], device=x.device)[None].expand_as(x)
         logits = module(input_ids=x, position_ids=pos, attention_mask=None)  # causal by default
 
         def loss_func(out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
             lp = out[:, :-1, : DIMS.vocab_size].float().log_softmax(-1)
             loss = -lp.gather(-1, x[:, 1:, None]).sum() / ids[:, 1:].numel()  # mean over the global batch
             losses.append(loss.detach())
-            return loss, torch.ones((), dtype=torch.int), {"loss": loss.detach()}
+            return loss, torch.ones((), dtype=torch.int, device=x.device), {"loss": loss.detach()}
 
         return logits, loss_func
 
@@ -152,15 +157,23 @@ def run(ep: int, init: dict[str, torch.Tensor], ids: torch.Tensor, gen: torch.Ge
     ok, _, _ = optimizer.step()
     assert ok, "the optimizer step was skipped"
     params = full_dict(dict(model.named_parameters()), ep)
+    grads, params = ({n: t.cpu() for n, t in d.items()} for d in (grads, params))
     loss = torch.stack(losses).sum().reshape(1)
     dist.all_reduce(loss)
     mpu.destroy_model_parallel()
-    return {"loss": loss, "grads": grads, "params": params}
+    return {"loss": loss.cpu(), "grads": grads, "params": params}
 
 
 def main() -> None:
-    dist.init_process_group("gloo")
-    with cpu_device():
+    """EP=1 then EP=2 (EP=1 alone in a one-rank world: a check that the MoE step runs at all)."""
+    if DEVICE == "cuda":
+        dist.init_process_group("nccl")
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        context: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    else:
+        dist.init_process_group("gloo")
+        context = cpu_device()
+    with context:
         import megatron.core.transformer.moe.moe_utils as moe_utils
         import megatron.core.transformer.moe.token_dispatcher as token_dispatcher
 
@@ -170,17 +183,22 @@ def main() -> None:
         gen = torch.Generator().manual_seed(0)
         ids = torch.randint(0, DIMS.vocab_size, (4, 12), generator=gen)
         init: dict[str, torch.Tensor] = {}
-        one, two = run(1, init, ids, gen), run(2, init, ids, gen)
+        one = run(1, init, ids, gen)
+        if dist.get_world_size() == 1:
+            print(f"MOE {DISPATCHER} EP1 ran on {DEVICE}: loss={float(one['loss'][0]):.6f}")
+            dist.destroy_process_group()
+            return
+        two = run(2, init, ids, gen)
     assert len(init) > 0 and any(_EXPERT.fullmatch(n) for n in init), sorted(init)
     diffs = {"loss": float((one["loss"] - two["loss"]).abs().max())}
     for what in ("grads", "params"):
         assert one[what].keys() == two[what].keys(), (what, sorted(one[what]), sorted(two[what]))
         diffs[what] = max(float((one[what][n] - two[what][n]).abs().max()) for n in one[what])
-        moved = max(float((one["params"][n] - init[n]).abs().max()) for n in init)
+    moved = max(float((one["params"][n] - init[n]).abs().max()) for n in init)
     assert moved > 1e-3, f"the step changed nothing ({moved})"
     assert all(d < 1e-5 for d in diffs.values()), diffs
     if dist.get_rank() == 0:
-        print(f"MOE {DISPATCHER} EP2 == EP1 loss={float(one['loss'][0]):.6f} max|diff| {diffs} step moved {moved:.4f}")
+        print(f"MOE {DISPATCHER} EP2 == EP1 on {DEVICE}: loss={float(one['loss'][0]):.6f} max|diff| {diffs}")
     dist.destroy_process_group()
 
 
