@@ -118,7 +118,9 @@ def run(ep: int, init: dict[str, torch.Tensor], ids: torch.Tensor, gen: torch.Ge
         model,
     )
     optimizer = get_megatron_optimizer(
-        OptimizerConfig(optimizer="adam", lr=1e-2, weight_decay=0.0, clip_grad=0.0, params_dtype=torch.float32),
+        OptimizerConfig(
+            optimizer="adam", lr=1e-2, weight_decay=0.0, clip_grad=0.0, params_dtype=torch.float32
+        ),
         [ddp],
     )
     config.finalize_model_grads_func = lambda models, *a, **k: finalize_model_grads(models, None)

@@ -69,6 +69,15 @@ def test_backward_inside_cpu_device_allocates_on_the_cpu(how: str) -> None:
     assert y.grad is None  # only the inputs named get gradients, as torch's own backward
 
 
+def test_backward_with_a_vector_gradient() -> None:
+    """A non-scalar output with its gradient given: d(sum(g * x²))/dx = 2·g·x."""
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    g = torch.tensor([3.0, 5.0])
+    with cpu_device():
+        (x * x).backward(g)
+    assert torch.equal(x.grad, torch.tensor([6.0, 20.0]))
+
+
 def test_backward_keeps_retain_graph_semantics() -> None:
     """``retain_graph=True`` lets a second backward through the same graph accumulate (2·x twice)."""
     x = torch.tensor([1.0, 2.0], requires_grad=True)
@@ -117,7 +126,9 @@ def test_context_parallel_is_refused_by_megatrons_local_attention() -> None:
             DIMS, context_parallel_size=2, params_dtype=torch.float32, use_cpu_initialization=True
         )
     )
-    with pytest.raises(AssertionError, match="Context parallelism is only supported by TEDotProductAttention"):
+    with pytest.raises(
+        AssertionError, match="Context parallelism is only supported by TEDotProductAttention"
+    ):
         dpa.DotProductAttention(config, 1, AttnMaskType.causal, "self")
 
 

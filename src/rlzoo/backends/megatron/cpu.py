@@ -65,9 +65,11 @@ def _run_backward(func: Any, args: Any, kwargs: dict[str, Any]) -> None:
         if func is torch.Tensor.backward
         else ("tensors", "grad_tensors", "retain_graph", "create_graph", "grad_variables", "inputs")
     )
-    a = dict(zip(names, args, strict=False)) | kwargs
-    tensors = a.get("self", a.get("tensors"))
-    grads = a.get("gradient", a.get("grad_tensors")) or a.get("grad_variables")
+    a: dict[str, Any] = dict(zip(names, args, strict=False)) | kwargs
+    tensors: Any = a.get("self", a.get("tensors"))
+    grads = a.get("gradient", a.get("grad_tensors"))
+    if grads is None:
+        grads = a.get("grad_variables")
     tensors = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors)
     grads = (grads,) if grads is None or isinstance(grads, torch.Tensor) else tuple(grads)
     if len(grads) == 1 and len(tensors) > 1 and grads[0] is None:
@@ -117,6 +119,11 @@ class _NullStream:
 _STREAM = _NullStream()
 
 
+def _null_stream_context(stream: Any = None) -> contextlib.AbstractContextManager[None]:
+    """``torch.cuda.stream(s)`` on the CPU: nothing to switch."""
+    return contextlib.nullcontext()
+
+
 class _CudaToCpu(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = dict(kwargs or {})
@@ -151,7 +158,7 @@ def cpu_device() -> Iterator[None]:
             )
             torch.cuda.Stream = lambda *a, **k: _STREAM  # type: ignore[assignment,misc]
             torch.cuda.current_stream = lambda *a, **k: _STREAM  # type: ignore[assignment]
-            torch.cuda.stream = lambda s=None: contextlib.nullcontext()  # type: ignore[assignment]
+            torch.cuda.stream = _null_stream_context  # type: ignore[assignment]
             torch.cuda.current_device = lambda: 0  # type: ignore[assignment]
             torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
             torch.cuda.empty_cache = lambda: None  # type: ignore[assignment]
