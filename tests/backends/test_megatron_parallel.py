@@ -146,6 +146,7 @@ def test_allgather_dispatcher_refuses_variable_sequence_lengths() -> None:
 DIST_MODULE = Path(__file__).with_name("megatron_moe_dist.py")
 
 
+@pytest.mark.slow  # ~20 s each on 2 cores (two megatron-core startups under torchrun)
 @pytest.mark.distributed
 @needs_mcore
 @pytest.mark.parametrize("dispatcher", ["alltoall", "allgather"])
