@@ -19,10 +19,11 @@ gloo group. :func:`cpu_device` is the context every call of a ``device: cpu`` ba
   mode on (a mode is off inside its own handler: megatron's autograd functions that allocate in
   backward would otherwise ask for a CUDA device).
 
-:func:`patch_moe` makes megatron-core's MoE modules run without Transformer Engine and on the CPU.
-
-Both are undone on exit. Only for tests and debugging: the numbers are the same as on a GPU in fp32,
+All are undone on exit. Only for tests and debugging: the numbers are the same as on a GPU in fp32,
 not the speed. fp32 only (megatron's bf16 optimizer checks for ``torch.cuda.*Tensor`` types).
+
+:func:`patch_moe` makes megatron-core's MoE modules run without Transformer Engine and on the CPU
+(docs/backends/megatron.md, "Expert and context parallelism").
 """
 
 from __future__ import annotations
