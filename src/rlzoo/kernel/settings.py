@@ -259,8 +259,10 @@ def adapter_problems(settings: LoraSettings) -> list[str]:
     path = settings.adapter_path or ""
     folder = Path(path).expanduser()
     if not folder.is_dir():
-        return [f"adapter_path {path!r} is not a folder; give a PEFT adapter folder (adapter_config.json + "
-                "adapter_model.safetensors), e.g. a run's export/final/adapter"]
+        return [
+            f"adapter_path {path!r} is not a folder; give a PEFT adapter folder (adapter_config.json + "
+            "adapter_model.safetensors), e.g. a run's export/final/adapter"
+        ]
     missing = [f for f in ("adapter_config.json", "adapter_model.safetensors") if not (folder / f).is_file()]
     if missing:
         return [f"adapter_path {path!r} has no {' and no '.join(missing)}; a PEFT adapter folder holds both"]
