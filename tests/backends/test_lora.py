@@ -249,7 +249,7 @@ def test_an_adapter_of_other_settings_or_a_bare_folder_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"target_modules: \['q_proj'\]"):
         LoraSettings(rank=4, alpha=8.0, target_modules=("q_proj",), adapter_path=folder)
     (tmp_path / "bare").mkdir()
-    with pytest.raises(ValueError, match="has no adapter_config.json and no adapter_model.safetensors"):
+    with pytest.raises(ValueError, match=r"has no adapter_config\.json and no adapter_model\.safetensors"):
         LoraSettings(adapter_path=str(tmp_path / "bare"))
     with pytest.raises(ValueError, match="is not a folder"):
         LoraSettings(adapter_path=str(tmp_path / "nowhere"))

@@ -158,7 +158,9 @@ def test_sampler_check_refuses_a_curriculum_sampler_and_bad_args(tmp_path: Path)
     )
     with pytest.raises(ValueError, match="is a curriculum sampler"):
         UserSamplerSettings(path=path, name="C")
-    with pytest.raises(ValueError, match=r"does not accept the keyword\(s\) \['data_source', 'data_config'\]"):
+    with pytest.raises(
+        ValueError, match=r"does not accept the keyword\(s\) \['data_source', 'data_config'\]"
+    ):
         UserSamplerSettings(path=path, name="D")
 
 
@@ -186,7 +188,9 @@ def test_the_sampler_gives_each_epochs_order(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["Reverse", "Stateful"])
 @pytest.mark.parametrize("stop_after", [1, 2, 3])
-def test_a_resumed_loader_with_a_sampler_continues_exactly(tmp_path: Path, name: str, stop_after: int) -> None:
+def test_a_resumed_loader_with_a_sampler_continues_exactly(
+    tmp_path: Path, name: str, stop_after: int
+) -> None:
     import json
 
     items = list(range(10))

@@ -14,7 +14,7 @@ from run_fixtures import build
 from rlzoo.kernel.plugins import PluginManager
 from rlzoo.report.metrics import read_metrics
 
-DATASET = '''
+DATASET = """
 import json
 import pyarrow.parquet as pq
 
@@ -30,7 +30,7 @@ class ParquetRows:
     def __getitem__(self, i):
         r = self.rows[i]
         return {"raw_prompt": r["prompt"], "reward_model": r["reward_model"], "data_source": r["data_source"]}
-'''
+"""
 
 SAMPLER = '''
 import json
@@ -95,12 +95,25 @@ def test_a_run_continues_from_a_saved_lora_adapter(
     pm: PluginManager, quickstart_dir: Path, tmp_path: Path
 ) -> None:
     pytest.importorskip("peft")
-    lora = ["trainer.lora.rank=4", "trainer.lora.alpha=8", "trainer.optim.lr=1e-2", "algorithm.use_kl_loss=true"]
+    lora = [
+        "trainer.lora.rank=4",
+        "trainer.lora.alpha=8",
+        "trainer.optim.lr=1e-2",
+        "algorithm.use_kl_loss=true",
+    ]
     a_dir, b_dir, c_dir = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     build(pm, "quickstart", quickstart_dir, a_dir, *lora, "trainer.total_steps=2").train()
     adapter = a_dir / "final" / "adapter"
     assert (adapter / "adapter_config.json").is_file()
-    build(pm, "quickstart", quickstart_dir, b_dir, *lora, "trainer.total_steps=1", "trainer.ppo_mini_batch_size=16").train()
+    build(
+        pm,
+        "quickstart",
+        quickstart_dir,
+        b_dir,
+        *lora,
+        "trainer.total_steps=1",
+        "trainer.ppo_mini_batch_size=16",
+    ).train()
     build(
         pm, "quickstart", quickstart_dir, c_dir, *lora, "trainer.total_steps=1", "trainer.ppo_mini_batch_size=16",
         f"trainer.lora.adapter_path={adapter}",
