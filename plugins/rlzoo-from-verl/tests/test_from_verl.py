@@ -875,5 +875,5 @@ def test_a_custom_dataset_class_and_sampler_map_to_data_custom_cls_and_data_samp
     UserSamplerSettings(**conv.get("data.sampler"))
     off = convert(ov("algorithm.adv_estimator=grpo data.custom_cls.path=null data.custom_cls.name=null"))
     assert off.get("data.custom_cls") is None
-    with pytest.raises(RlzooError, match="a pkg:// module path is imported through sys.path"):
+    with pytest.raises(RlzooError, match=r"a pkg:// module path is imported through sys\.path"):
         convert(ov("+data.sampler.class_path=pkg://tests.utils.x +data.sampler.class_name=S"))

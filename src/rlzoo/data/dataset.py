@@ -596,7 +596,7 @@ class PromptLoader:
 
     # -- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "epoch": self.epoch,
             "position": self.position,
             "seed": self.seed,
