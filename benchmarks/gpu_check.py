@@ -24,6 +24,10 @@ Sections (each in its own process, with a time limit; a missing package or GPU p
 - ``fsdp2``: one FSDP2 ``update_policy`` (bf16 mixed precision, one process) on the same model:
   tokens/s and MFU (``6 N + 12 L H S`` FLOPs per token over ``--peak-tflops``, 989 for H200 bf16 dense).
 - ``megatron``: one megatron-core ``update_policy`` (TP=1, bf16, distributed optimizer): tokens/s, MFU.
+- ``megatron_parallel``: megatron-core's MoE (4 experts, top-2, alltoall dispatcher) one Adam step,
+  expert parallelism 2 against 1 on 2 GPUs (``tests/backends/megatron_moe_dist.py`` with NCCL; on
+  one GPU the EP=1 step alone), and whether context parallelism can be built: it needs Transformer
+  Engine's attention (docs/backends/megatron.md, "Expert and context parallelism").
 - ``contracts``: ``pytest -m gpu`` over ``tests/backends/test_contract.py`` and
   ``tests/backends/test_gpu_contracts.py`` (native rollout / train, fsdp2, megatron on CUDA;
   vllm skips without vLLM): passed / failed / skipped.
@@ -43,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("rollout", "fsdp2", "megatron", "contracts")
+SECTIONS = ("rollout", "fsdp2", "megatron", "megatron_parallel", "contracts")
 #: what the GPU machine lacks (module to check → distribution to fetch); fetched pinned to this env
 WHEELS = {
     "megatron.core": "megatron-core",
@@ -269,6 +273,42 @@ def section_megatron(a: argparse.Namespace) -> dict[str, Any]:
         return _time_updates(a, backend=MegatronTrainBackend(params, spec), cfg=cfg, n_params=n_params)
 
 
+def section_megatron_parallel(a: argparse.Namespace) -> dict[str, Any]:
+    import importlib.util
+
+    import torch
+
+    try:
+        import megatron.core  # noqa: F401
+    except ImportError as e:
+        return {"skipped": f"megatron-core not installed ({e})"}
+    have_te = importlib.util.find_spec("transformer_engine") is not None
+    nproc = 2 if a.device == "cpu" else min(2, torch.cuda.device_count())
+    worker = ROOT / "tests" / "backends" / "megatron_moe_dist.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    env = {**os.environ, "RLZOO_MOE_DEVICE": a.device, "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [*cmd, str(worker), "alltoall"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=a.section_timeout - 10,
+    )
+    out = proc.stdout + proc.stderr
+    found = re.search(r"^MOE .*$", out, re.M)
+    ep = found.group(0) if found else "MoE step failed: " + " | ".join(out.strip().splitlines()[-3:])
+    if nproc < 2:
+        ep += " (EP=2 needs 2 GPUs)"
+    cp = (
+        "CP: Transformer Engine installed (rlzoo's backend has no CP yet)"
+        if have_te
+        else "CP: needs Transformer Engine (not installed)"
+    )
+    return {"result": ep, "detail": cp, "ok": proc.returncode == 0}
+
+
 def section_contracts(a: argparse.Namespace) -> dict[str, Any]:
     files = ["tests/backends/test_contract.py", "tests/backends/test_gpu_contracts.py"]
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-rs", *files]
@@ -289,6 +329,7 @@ RUNNERS = {
     "rollout": section_rollout,
     "fsdp2": section_fsdp2,
     "megatron": section_megatron,
+    "megatron_parallel": section_megatron_parallel,
     "contracts": section_contracts,
 }
 

@@ -208,3 +208,56 @@ def test_a_rank_above_the_models_width_is_refused_before_training():
     with pytest.raises(RlzooError, match=r"trainer.lora.rank: 33 is more than the width .*hidden size 32"):
         lora.check_target_modules(tiny_model(), LoraSettings(rank=33))
     lora.check_target_modules(tiny_model(), LoraSettings(rank=32))
+
+
+def test_continuing_from_a_saved_adapter_starts_at_that_adapters_model(tmp_path):
+    """trainer.lora.adapter_path: the first log-probs are the saved adapter's model (PEFT's own load),
+    and its adapters keep training."""
+    base = tiny_model()
+    base.save_pretrained(tmp_path / "base")
+    first = lora_backend(copy.deepcopy(base))
+    batch = trained(first)
+    first.export_hf(tmp_path / "final")
+    folder = tmp_path / "final" / "adapter"
+
+    settings = LoraSettings(rank=4, alpha=8.0, adapter_path=str(folder))
+    cont = lora_backend(copy.deepcopy(base), lora_settings=settings)
+    got, _ = cont.compute_log_probs(batch)
+    from peft import PeftModel
+
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tmp_path / "base"), folder)
+    want, _ = manual_log_probs(adapted, batch)
+    fresh, _ = lora_backend(copy.deepcopy(base)).compute_log_probs(batch)
+    mask = batch["response_mask"].bool()
+    torch.testing.assert_close(got[mask].double(), want[mask], atol=1e-5, rtol=0)
+    assert not torch.allclose(fresh[mask], got[mask], atol=1e-3)  # not the fresh adapters (B = 0)
+    before = {n: p.detach().clone() for n, p in cont.actor.named_parameters() if p.requires_grad}
+    assert before and all(lora.is_adapter_name(n) for n in before)
+    trained(cont, steps=1)
+    assert any(not torch.equal(p, before[n]) for n, p in cont.actor.named_parameters() if n in before)
+
+
+def test_an_adapter_of_other_settings_or_a_bare_folder_is_refused(tmp_path):
+    base = tiny_model()
+    be = lora_backend(copy.deepcopy(base))
+    be.export_hf(tmp_path / "final")
+    folder = str(tmp_path / "final" / "adapter")
+    with pytest.raises(ValueError, match=r"rank: 8, but the adapter .* was trained with 4; set rank to 4"):
+        LoraSettings(rank=8, alpha=8.0, adapter_path=folder)
+    with pytest.raises(ValueError, match=r"alpha: 16.0, but .* with 8.0"):
+        LoraSettings(rank=4, alpha=16.0, adapter_path=folder)
+    with pytest.raises(ValueError, match=r"target_modules: \['q_proj'\]"):
+        LoraSettings(rank=4, alpha=8.0, target_modules=("q_proj",), adapter_path=folder)
+    (tmp_path / "bare").mkdir()
+    with pytest.raises(ValueError, match=r"has no adapter_config\.json and no adapter_model\.safetensors"):
+        LoraSettings(adapter_path=str(tmp_path / "bare"))
+    with pytest.raises(ValueError, match="is not a folder"):
+        LoraSettings(adapter_path=str(tmp_path / "nowhere"))
+    # the right settings, but a file that lacks one layer's tensors: refused when the adapters load
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(f"{folder}/adapter_model.safetensors")
+    dropped = sorted(tensors)[0]
+    save_file({k: v for k, v in tensors.items() if k != dropped}, f"{folder}/adapter_model.safetensors")
+    with pytest.raises(RlzooError, match="does not fit this model's adapters: 1 missing"):
+        lora_backend(copy.deepcopy(base), lora_settings=LoraSettings(rank=4, alpha=8.0, adapter_path=folder))

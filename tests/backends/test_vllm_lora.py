@@ -5,6 +5,7 @@ logits. vLLM itself is not needed (nor imported)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -95,3 +96,23 @@ def test_a_push_to_the_backend_writes_the_adapter_and_loads_no_weights(tmp_path)
     finally:
         b._loop.call_soon_threadsafe(b._loop.stop)
         b._thread.join(5)
+
+
+def test_before_the_first_push_a_continued_run_serves_its_start_adapter(tmp_path) -> None:
+    """trainer.lora.adapter_path: vLLM generates the first step with that adapter (no push has come
+    yet); the pushes that follow replace it under their own ids."""
+    from rlzoo.backends.vllm.lora import START_ADAPTER_ID
+
+    base = tiny_model()
+    trainer = backend(copy.deepcopy(base), spec=TrainSpec(model_path="", lora=LORA), lr=1e-2)
+    trainer.export_hf(tmp_path / "first")
+    start = dataclasses.replace(LORA, adapter_path=str(tmp_path / "first" / "adapter"))
+    pushes = AdapterPushes(start, "/base", root=tmp_path / "pushes")
+    assert pushes.request_kwargs() == {
+        "lora_name": "rlzoo-start-adapter",
+        "lora_int_id": START_ADAPTER_ID,
+        "lora_path": str(tmp_path / "first" / "adapter"),
+    }
+    pushes.write(trainer.export_weights(), 1)
+    assert pushes.request_kwargs()["lora_int_id"] == 1
+    pushes.close()

@@ -619,8 +619,14 @@ def test_lora_keys_verl_defaults_lists_and_refusals():
     assert all(re.fullmatch(pattern, n) for n in hits) and not any(re.fullmatch(pattern, n) for n in misses)
     with pytest.raises(RlzooError, match="expected a regular expression or a list of module names"):
         convert(ov(f"{m}lora_rank=8 {m}exclude_modules=(unclosed"))
-    with pytest.raises(RlzooError, match="cannot load an existing adapter"):
-        convert(ov(f"{m}lora_rank=8 {m}lora_adapter_path=/ckpt/adapter"))
+    # an adapter that is not there yet: the recipe's rank / alpha / targets (validate checks them)
+    conv = convert(ov(f"{m}lora_rank=8 {m}lora_adapter_path=/ckpt/adapter"))
+    assert conv.get("trainer.lora") == {
+        "rank": 8,
+        "alpha": 16.0,
+        "target_modules": ["all-linear"],
+        "adapter_path": "/ckpt/adapter",
+    }
     with pytest.raises(RlzooError, match="megatron LoRA settings"):
         convert(ov(f"{m}lora_rank=8 {m}lora.type=dora"))
 
@@ -817,3 +823,57 @@ def test_rollout_and_validation_data_dirs_keep_samples():
         ov("algorithm.adv_estimator=grpo trainer.rollout_data_dir=null trainer.validation_data_dir=/tmp/v")
     )
     assert conv.get("run.samples.every") == 0 and conv.get("run.samples.val") is True
+
+
+def test_an_existing_lora_adapter_gives_its_own_settings(tmp_path, monkeypatch):
+    """verl loads lora_adapter_path with PeftModel.from_pretrained: the adapter's r / lora_alpha /
+    target_modules win over lora_rank / lora_alpha / target_modules, and the adapter alone turns LoRA on."""
+    import json
+
+    m = "actor_rollout_ref.model."
+    (tmp_path / "ad").mkdir()
+    (tmp_path / "ad" / "adapter_config.json").write_text(
+        json.dumps({"r": 4, "lora_alpha": 8, "target_modules": ["v_proj", "q_proj"]})
+    )
+    monkeypatch.chdir(tmp_path)
+    conv = convert(ov(f"{m}lora_rank=0 {m}lora_alpha=32 {m}lora_adapter_path=ad"))
+    assert conv.get("trainer.lora") == {
+        "rank": 4,
+        "alpha": 8.0,
+        "target_modules": ["v_proj", "q_proj"],
+        "adapter_path": str(tmp_path / "ad"),
+    }
+    assert any(k == f"{m}lora_alpha" and "adapter_config.json gives it" in why for k, _, why in conv.skipped)
+    off = convert(ov(f"{m}lora_rank=0 {m}lora_adapter_path=null"))
+    assert off.get("trainer.lora") is None
+    # not there yet and no lora_rank: rlzoo's default rank, said; validate checks it against the adapter
+    conv = convert(ov(f"{m}lora_rank=0 {m}lora_adapter_path=/nowhere"))
+    assert conv.get("trainer.lora.rank") == 16 and conv.get("trainer.lora.adapter_path") == "/nowhere"
+    assert any("has no adapter_config.json here" in n for n in conv.notes)
+
+
+def test_a_custom_dataset_class_and_sampler_map_to_data_custom_cls_and_data_sampler(tmp_path, monkeypatch):
+    (tmp_path / "my").mkdir()
+    (tmp_path / "my" / "data.py").write_text(
+        "class D:\n    def __init__(self, data_files, tokenizer, config, processor=None):\n        pass\n"
+    )
+    (tmp_path / "my" / "sampler.py").write_text(
+        "class S:\n    def __init__(self, data_source, data_config):\n        pass\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    conv = convert(
+        ov(
+            "algorithm.adv_estimator=grpo data.custom_cls.path=my/data.py data.custom_cls.name=D "
+            "+data.sampler.class_path=my/sampler.py +data.sampler.class_name=S"
+        )
+    )
+    assert conv.get("data.custom_cls") == {"path": str(tmp_path / "my" / "data.py"), "name": "D"}
+    assert conv.get("data.sampler") == {"path": str(tmp_path / "my" / "sampler.py"), "name": "S"}
+    from rlzoo.data.user_file import UserDatasetSettings, UserSamplerSettings
+
+    UserDatasetSettings(**conv.get("data.custom_cls"))  # what validate checks passes
+    UserSamplerSettings(**conv.get("data.sampler"))
+    off = convert(ov("algorithm.adv_estimator=grpo data.custom_cls.path=null data.custom_cls.name=null"))
+    assert off.get("data.custom_cls") is None
+    with pytest.raises(RlzooError, match=r"a pkg:// module path is imported through sys\.path"):
+        convert(ov("+data.sampler.class_path=pkg://tests.utils.x +data.sampler.class_name=S"))

@@ -173,6 +173,9 @@ class PromptDataset:
             placeholders become image entries of the message content and its chat template
             renders them.
         chat_template_kwargs: extra arguments of ``apply_chat_template`` (e.g. ``enable_thinking``).
+        user_dataset: an instance of the user's dataset class (``data.custom_cls``), built over
+            ``files``: its rows are read instead of the files' (see
+            :func:`rlzoo.data.user_file.user_rows`), and the files' columns are not checked.
 
     Each item (``dataset[i]``) is a dict: ``prompt_ids`` (list[int]), ``prompt_text`` (the
     rendered prompt), ``messages``, ``ground_truth``, ``data_source``, ``ability``, ``extra_info``
@@ -193,13 +196,16 @@ class PromptDataset:
         apply_chat_template: bool = True,
         processor: Any = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        user_dataset: Any = None,
     ) -> None:
         if truncation not in TRUNCATIONS:
             raise ValueError(f"truncation must be one of {', '.join(TRUNCATIONS)}, got {truncation!r}")
         if max_prompt_length is not None and max_prompt_length <= 0:
             raise ValueError(f"max_prompt_length must be positive, got {max_prompt_length}")
         self.files = [str(files)] if isinstance(files, (str, Path)) else [str(f) for f in files]
-        validate_files(self.files, prompt_key=prompt_key)  # before any tokenizer or row is loaded
+        self.user_dataset = user_dataset
+        if user_dataset is None:
+            validate_files(self.files, prompt_key=prompt_key)  # before any tokenizer or row is loaded
         if tokenizer is None and processor is not None:
             tokenizer = getattr(processor, "tokenizer", None)
         if tokenizer is None:
@@ -252,13 +258,18 @@ class PromptDataset:
             messages, add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs
         )
 
-    def _load(self) -> None:
+    def _sources(self) -> Iterator[tuple[str, str, list[dict[str, Any]]]]:
+        """``(file, ground-truth column, rows)`` of each source: the parquet files, or the user's
+        dataset (one source, named by its class)."""
+        if self.user_dataset is not None:
+            from rlzoo.data.user_file import user_rows
+
+            name = f"{type(self.user_dataset).__name__}({', '.join(self.files)})"
+            yield name, "ground_truth", user_rows(self.user_dataset, self.prompt_key)
+            return
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        stats = self.filter_stats
-        pending: list[dict[str, Any]] = []
-        warned_no_processor = False
         for file in self.files:
             try:
                 schema = pq.read_schema(file)
@@ -272,7 +283,14 @@ class PromptDataset:
                     f"{file}: cannot read this parquet file ({type(exc).__name__}: {exc}); it may be "
                     "truncated or corrupt: prepare it again (delete it and rerun, or `rlzoo prepare`)"
                 ) from exc
-            base = Path(file).parent
+            yield file, gt_col, rows
+
+    def _load(self) -> None:
+        stats = self.filter_stats
+        pending: list[dict[str, Any]] = []
+        warned_no_processor = False
+        for file, gt_col, rows in self._sources():
+            base = Path(self.files[0] if self.user_dataset is not None and self.files else file).parent
             for r, row in enumerate(rows):
                 stats.total += 1
                 where = f"{file} row {r}"
@@ -444,6 +462,11 @@ class PromptLoader:
     :meth:`epoch_batches` iterates only over what is left of the current epoch. A batch counts as
     consumed once returned: :meth:`state_dict` taken then and loaded into a new loader over the
     same dataset continues with the next batch, so no prompt is lost or repeated.
+
+    ``sampler`` (the user's ``data.sampler``): iterating it gives each epoch's indices instead
+    (``set_epoch(epoch)`` is called first when it has one); an epoch then holds as many prompts as
+    it gives. The current epoch's order is kept in :meth:`state_dict`, with the sampler's own
+    ``state_dict()`` when it has one; one without is replayed up to the resumed epoch on load.
     """
 
     def __init__(
@@ -455,6 +478,7 @@ class PromptLoader:
         seed: int = 0,
         drop_last: bool = True,
         num_epochs: int | None = None,
+        sampler: Any = None,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -473,11 +497,20 @@ class PromptLoader:
         self.epoch = 0
         self.position = 0  # items of the current epoch already returned
         self._order: list[int] | None = None
+        self.sampler = sampler
+        self._drawn = 0  # epochs drawn from the sampler so far
 
     # -- order ----------------------------------------------------------------------------------
     def order(self, epoch: int) -> list[int]:
-        """The item indices of ``epoch`` in the order they are served."""
+        """The item indices of ``epoch`` in the order they are served (with a sampler: the current
+        epoch's only, as a sampler is drawn once per epoch)."""
         n = len(self.dataset)
+        if self.sampler is not None:
+            if epoch != self.epoch:
+                raise ValueError(
+                    f"a sampler's order is known for the current epoch {self.epoch} only, not {epoch}"
+                )
+            return self._current()
         if not self.shuffle:
             return list(range(n))
         import numpy as np
@@ -486,18 +519,50 @@ class PromptLoader:
 
     def _current(self) -> list[int]:
         if self._order is None:
-            self._order = self.order(self.epoch)
+            self._order = self._draw(self.epoch) if self.sampler is not None else self.order(self.epoch)
         return self._order
 
-    def batches_per_epoch(self) -> int:
+    def _draw(self, epoch: int) -> list[int]:
+        """The sampler's next epoch of indices, checked."""
+        set_epoch = getattr(self.sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
         n = len(self.dataset)
+        name = type(self.sampler).__name__
+        try:
+            order = [int(i) for i in iter(self.sampler)]
+        except (TypeError, ValueError) as exc:
+            raise DataError(f"data.sampler {name}: iterating it must give dataset indices ({exc})") from exc
+        self._drawn += 1
+        bad = [i for i in order if not 0 <= i < n]
+        if bad:
+            raise DataError(
+                f"data.sampler {name} gave indices outside 0..{n - 1} (e.g. {bad[:3]}); the dataset has {n} "
+                "prompts after filtering: index them, not the rows of the files"
+            )
+        if not order or (self.drop_last and len(order) < self.batch_size):
+            raise DataError(
+                f"data.sampler {name} gave {len(order)} indices for epoch {epoch}, fewer than one batch of "
+                f"{self.batch_size}"
+            )
+        return order
+
+    def _epoch_length(self) -> int:
+        return len(self._current()) if self.sampler is not None else len(self.dataset)
+
+    def batches_per_epoch(self) -> int:
+        n = (
+            len(self.sampler)
+            if self.sampler is not None and hasattr(self.sampler, "__len__")
+            else len(self.dataset)
+        )
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __len__(self) -> int:
         return self.batches_per_epoch()
 
     def _epoch_done(self) -> bool:
-        left = len(self.dataset) - self.position
+        left = self._epoch_length() - self.position
         return left <= 0 or (self.drop_last and left < self.batch_size)
 
     # -- iteration ------------------------------------------------------------------------------
@@ -531,7 +596,7 @@ class PromptLoader:
 
     # -- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "epoch": self.epoch,
             "position": self.position,
             "seed": self.seed,
@@ -539,6 +604,15 @@ class PromptLoader:
             "drop_last": self.drop_last,
             "dataset_size": len(self.dataset),
         }
+        if self.sampler is not None:
+            out["sampler"] = {
+                "order": None if self._order is None else list(self._order),
+                "drawn": self._drawn,
+                "state": _encode(self.sampler.state_dict())
+                if callable(getattr(self.sampler, "state_dict", None))
+                else None,
+            }
+        return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue where the loader that wrote ``state`` stopped.
@@ -562,3 +636,62 @@ class PromptLoader:
         self.shuffle = bool(state.get("shuffle", self.shuffle))
         self.drop_last = bool(state.get("drop_last", self.drop_last))
         self._order = None
+        if self.sampler is not None:
+            self._load_sampler(state.get("sampler"))
+
+    def _load_sampler(self, saved: Mapping[str, Any] | None) -> None:
+        """The sampler where the checkpointed run had it: the current epoch's saved order, and the
+        sampler's own state, or the sampler replayed through the epochs the run drew."""
+        name = type(self.sampler).__name__
+        if saved is None:
+            raise DataError(
+                f"cannot resume with data.sampler {name}: the checkpoint was taken without a sampler"
+            )
+        order = saved.get("order")
+        drawn = int(saved.get("drawn", 0))
+        if callable(getattr(self.sampler, "load_state_dict", None)) and saved.get("state") is not None:
+            self.sampler.load_state_dict(_decode(saved["state"]))
+            self._drawn = drawn
+        else:  # replay: a sampler whose randomness is its own draws the same epochs again
+            replayed: list[int] | None = None
+            self._drawn = 0
+            for e in range(drawn):
+                replayed = self._draw(self.epoch - drawn + 1 + e)
+            if order is not None and replayed is not None and replayed != list(order):
+                logger.warning(
+                    "data.sampler %s: replayed to epoch %d it gives another order than the checkpointed run "
+                    "(its randomness is not its own); this epoch continues in the saved order, later "
+                    "epochs may differ from an uninterrupted run (give the sampler state_dict / "
+                    "load_state_dict to make them exact)",
+                    name,
+                    self.epoch,
+                )
+        self._order = None if order is None else [int(i) for i in order]
+
+
+def _encode(state: Any) -> Any:
+    """A sampler's ``state_dict()`` as JSON (checkpoints are JSON): as it is when it is JSON already,
+    else its ``torch.save`` bytes in base64 (e.g. a ``torch.Generator``'s state tensor)."""
+    import json
+
+    try:
+        json.dumps(state)
+        return state
+    except (TypeError, ValueError):
+        import base64
+
+        import torch
+
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        return {"__torch_base64__": base64.b64encode(buf.getvalue()).decode()}
+
+
+def _decode(state: Any) -> Any:
+    if isinstance(state, Mapping) and set(state) == {"__torch_base64__"}:
+        import base64
+
+        import torch
+
+        return torch.load(io.BytesIO(base64.b64decode(state["__torch_base64__"])), weights_only=False)
+    return state

@@ -142,6 +142,12 @@ class LoraSettings:
         help="a regular expression: linear modules whose full name matches it whole get no adapter, "
         "even when target_modules selects them (peft's exclude_modules), e.g. '.*visual.*'",
     )
+    adapter_path: str | None = param(
+        None,
+        help="continue from an existing PEFT adapter folder (adapter_config.json + "
+        "adapter_model.safetensors) instead of fresh adapters; its r, lora_alpha and target_modules must "
+        "equal rank, alpha and target_modules (verl's lora_adapter_path; docs/lora.md)",
+    )
 
     def __post_init__(self) -> None:
         problems = check_ranges(self)
@@ -158,6 +164,8 @@ class LoraSettings:
             )
         elif LORA_ALL_LINEAR in self.target_modules and len(self.target_modules) > 1:
             problems.append(f"target_modules: {LORA_ALL_LINEAR!r} selects every linear layer; give it alone")
+        if self.adapter_path is not None and not problems:
+            problems += adapter_problems(self)
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -239,3 +247,39 @@ class StepPlan:
     #: the run's trainer steps when the runner fixes them (fully-async ``total_rollout_steps``);
     #: None: ``trainer.total_steps``, else ``trainer.total_epochs`` epochs
     step_limit: int | None = None
+
+
+def adapter_problems(settings: LoraSettings) -> list[str]:
+    """What keeps ``settings.adapter_path`` from being continued from with these settings: the folder,
+    its two files, and its ``adapter_config.json``'s ``r`` / ``lora_alpha`` / ``target_modules`` against
+    ``rank`` / ``alpha`` / ``target_modules``. Reads the JSON only."""
+    import json
+    from pathlib import Path
+
+    path = settings.adapter_path or ""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        return [
+            f"adapter_path {path!r} is not a folder; give a PEFT adapter folder (adapter_config.json + "
+            "adapter_model.safetensors), e.g. a run's export/final/adapter"
+        ]
+    missing = [f for f in ("adapter_config.json", "adapter_model.safetensors") if not (folder / f).is_file()]
+    if missing:
+        return [f"adapter_path {path!r} has no {' and no '.join(missing)}; a PEFT adapter folder holds both"]
+    try:
+        cfg = json.loads((folder / "adapter_config.json").read_text())
+    except (OSError, ValueError) as e:
+        return [f"adapter_path {path!r}: adapter_config.json is not readable JSON ({e})"]
+    targets = cfg.get("target_modules")
+    theirs = sorted([targets] if isinstance(targets, str) else targets or [])
+    wanted = {
+        "rank": (settings.rank, cfg.get("r")),
+        "alpha": (float(settings.alpha), None if cfg.get("lora_alpha") is None else float(cfg["lora_alpha"])),
+        "target_modules": (sorted(settings.target_modules), theirs),
+    }
+    return [
+        f"{key}: {ours!r}, but the adapter at {path!r} was trained with {theirs_v!r}; set {key} to "
+        f"{theirs_v!r} to continue from it"
+        for key, (ours, theirs_v) in wanted.items()
+        if ours != theirs_v
+    ]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rlzoo.agents.settings import MultiTurnSettings
+from rlzoo.data.user_file import UserDatasetSettings, UserSamplerSettings
 from rlzoo.kernel.binding import to_plain, tree_nodes
 from rlzoo.kernel.params import MAX_SEED, param
 from rlzoo.kernel.protocols import PlansSteps
@@ -154,6 +155,16 @@ class DataSection:
         {},
         help="extra arguments of the chat template, for prompts and multi-turn turns alike (e.g. "
         "enable_thinking: false, reasoning_effort: medium); verl's data.apply_chat_template_kwargs",
+    )
+    custom_cls: UserDatasetSettings | None = param(
+        None,
+        help="your own dataset class from a Python file ({path, name, config}), built over train_files / "
+        "val_files as verl builds it (verl's data.custom_cls); null: rlzoo's parquet reader. docs/data.md",
+    )
+    sampler: UserSamplerSettings | None = param(
+        None,
+        help="your own sampler class from a Python file ({path, name, config}): it orders the training "
+        "prompts of each epoch (verl's data.sampler); null: shuffle (or not) by run.seed. docs/data.md",
     )
 
 

@@ -72,8 +72,9 @@ def check_inputs(cfg: RecipeConfig) -> None:
             problems.append(
                 f"{key}: {path!r} does not exist (give a local folder with config.json, or a hub name)"
             )
+    user_files = cfg.data.custom_cls is not None  # the user's dataset class reads its files itself
     for key, files in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
-        for f in files:
+        for f in [] if user_files else files:
             if not Path(expand(f)).exists():
                 problems.append(
                     f"{key}: {f!r} does not exist (prepare it with `rlzoo prepare NAME` or set data.prepare)"
@@ -83,7 +84,7 @@ def check_inputs(cfg: RecipeConfig) -> None:
     from rlzoo.data.schema import validate_files
 
     for files in (cfg.data.train_files, cfg.data.val_files):
-        if files:
+        if files and not user_files:
             validate_files([expand(f) for f in files], prompt_key=cfg.data.prompt_key)
 
 
@@ -201,6 +202,7 @@ def build_datasets(cfg: RecipeConfig, tokenizer: Any, processor: Any = None) -> 
             apply_chat_template=cfg.data.apply_chat_template,
             chat_template_kwargs=cfg.data.chat_template_kwargs,
             processor=processor,
+            user_dataset=user_dataset(cfg, files, tokenizer, processor),
         )
 
     train = make(cfg.data.train_files)
@@ -213,6 +215,69 @@ def build_datasets(cfg: RecipeConfig, tokenizer: Any, processor: Any = None) -> 
         )
     val = make(cfg.data.val_files) if cfg.data.val_files else None
     return train, val
+
+
+def data_config(cfg: RecipeConfig, extra: Mapping[str, Any]) -> Any:
+    """The data section as verl's classes are given it (``config`` / ``data_config``), ``extra`` on top."""
+    from rlzoo.data.user_file import verl_config
+    from rlzoo.kernel.binding import to_plain
+
+    d = cfg.data
+    section = {
+        k: to_plain(getattr(d, k))
+        for k in (
+            "train_files", "val_files", "prompt_key", "max_prompt_length", "max_response_length",
+            "train_batch_size", "val_batch_size", "shuffle", "truncation", "apply_chat_template",
+            "chat_template_kwargs",
+        )
+    }  # fmt: skip
+    section["seed"] = cfg.run.seed
+    return verl_config(section, extra)
+
+
+def user_dataset(cfg: RecipeConfig, files: Sequence[str], tokenizer: Any, processor: Any) -> Any:
+    """The user's dataset class (``data.custom_cls``) built over ``files`` as verl builds it; None
+    without one."""
+    user = cfg.data.custom_cls
+    if user is None:
+        return None
+    from rlzoo.data.user_file import load_class
+
+    try:
+        cls = load_class(user.path, user.name)
+        return cls(
+            data_files=[expand(f) for f in files],
+            tokenizer=tokenizer,
+            processor=processor,
+            config=data_config(cfg, user.config),
+        )
+    except Exception as exc:
+        raise RlzooError(
+            f"data.custom_cls: {user.name}(data_files=..., tokenizer=..., processor=..., config=...) from "
+            f"{user.path!r} raised {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def sampler_factory(cfg: RecipeConfig) -> Callable[[Any], Any] | None:
+    """``dataset -> the user's sampler over it`` (``data.sampler``), built as verl builds it; None
+    without one. Each prompt loader gets its own."""
+    user = cfg.data.sampler
+    if user is None:
+        return None
+
+    def make(dataset: Any) -> Any:
+        from rlzoo.data.user_file import load_class
+
+        try:
+            cls = load_class(user.path, user.name)
+            return cls(data_source=dataset, data_config=data_config(cfg, user.config))
+        except Exception as exc:
+            raise RlzooError(
+                f"data.sampler: {user.name}(data_source=..., data_config=...) from {user.path!r} raised "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+    return make
 
 
 def resume_step(value: Any) -> int | bool | None:
@@ -253,6 +318,7 @@ class Data:
     train: Any  # rlzoo.data.dataset.PromptDataset
     val: Any | None  # None: no validation data
     shuffle: bool  # shuffle the training prompts each epoch
+    sampler: Callable[[Any], Any] | None  # data.sampler: dataset -> the user's sampler (None: shuffle)
     val_batch_size: int | None  # prompts per validation batch (None: all at once)
     max_response_length: int  # tokens after the prompt (a multi-turn trajectory's whole budget)
     pad_token_id: int
@@ -334,6 +400,9 @@ def run_inputs(cfg: RecipeConfig, resume_info: Any = None) -> RunInputs:
     tokenizer = load_tokenizer(cfg)
     processor = load_processor(cfg)  # None for a text model
     train, val = build_datasets(cfg, tokenizer, processor)
+    sampler = sampler_factory(cfg)
+    if sampler is not None:
+        sampler(train)  # a constructor that fails does before any model loads
     plan = step_plan(cfg)
     per_epoch = max(1, len(train) // plan.prompts_per_step)
     if plan.step_limit is not None:
@@ -378,6 +447,7 @@ def run_inputs(cfg: RecipeConfig, resume_info: Any = None) -> RunInputs:
             train=train,
             val=val,
             shuffle=cfg.data.shuffle,
+            sampler=sampler,
             val_batch_size=cfg.data.val_batch_size,
             max_response_length=cfg.data.max_response_length,
             pad_token_id=int(tokenizer.pad_token_id),

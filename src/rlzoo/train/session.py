@@ -248,8 +248,13 @@ class Session:
 
     # -- pieces the loop and the batch sources call ---------------------------------------------
     def make_loader(self, batch_size: int) -> Any:
+        make_sampler = self.data.sampler
         return PromptLoader(
-            self.data.train, batch_size=batch_size, shuffle=self.data.shuffle, seed=self.sampling.seed
+            self.data.train,
+            batch_size=batch_size,
+            shuffle=self.data.shuffle,
+            seed=self.sampling.seed,
+            sampler=make_sampler(self.data.train) if make_sampler is not None else None,
         )
 
     def sync_weights(self) -> dict[str, float]:

@@ -138,6 +138,8 @@ def apply_lora(model: nn.Module, settings: LoraSettings, *, seed: int = 0) -> An
         torch.manual_seed(seed)
         wrapped = peft.get_peft_model(model, peft_config(settings), adapter_name=ADAPTER_NAME)
     assert wrapped.get_base_model() is model  # injected in place: names and forward unchanged
+    if settings.adapter_path is not None:
+        load_adapter(model, settings.adapter_path)
     return wrapped
 
 
@@ -178,6 +180,32 @@ def base_model_fingerprint(model_path: str) -> dict[str, Any] | None:
         if f.is_file() and (f.name in _BASE_FILES or f.name.endswith(_WEIGHT_SUFFIXES))
     )
     return {"path": str(model_path), "files": {n: file_digest(folder / n) for n in names}}
+
+
+def load_adapter(model: nn.Module, folder: str | Path) -> None:
+    """Copy a PEFT folder's adapter tensors (``trainer.lora.adapter_path``) into ``model``'s injected
+    adapters, which stay trainable; refuses a folder whose tensors do not match them one to one."""
+    from safetensors.torch import load_file
+
+    saved = load_file(str(Path(folder).expanduser() / "adapter_model.safetensors"))
+    own = {name: t for name, t in model.state_dict().items() if is_adapter_name(name)}
+    tensors: dict[str, Tensor] = {}
+    for key, t in saved.items():  # "base_model.model.X.lora_A.weight" -> "X.lora_A.default.weight"
+        name = key.removeprefix(_PEFT_PREFIX)
+        for ab in (".lora_A.", ".lora_B."):
+            name = name.replace(ab, f"{ab}{ADAPTER_NAME}.") if f"{ab}{ADAPTER_NAME}." not in name else name
+        tensors[name] = t
+    extra = sorted(set(tensors) - set(own))
+    missing = sorted(set(own) - set(tensors))
+    wrong = sorted(n for n in set(own) & set(tensors) if own[n].shape != tensors[n].shape)
+    if extra or missing or wrong:
+        raise RlzooError(
+            f"trainer.lora.adapter_path {str(folder)!r} does not fit this model's adapters: "
+            f"{len(missing)} missing (e.g. {missing[:2]}), {len(extra)} unknown (e.g. {extra[:2]}), "
+            f"{len(wrong)} of another shape (e.g. {wrong[:2]}); was it trained on this base model with "
+            "these trainer.lora settings?"
+        )
+    model.load_state_dict(tensors, strict=False)
 
 
 def is_adapter_name(name: str) -> bool:

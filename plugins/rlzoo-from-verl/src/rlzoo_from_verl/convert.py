@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rlzoo.kernel.errors import RlzooError
+from rlzoo.kernel.settings import LoraSettings
 from rlzoo_from_verl.shell import Command, parse_command, parse_overrides, parse_value, read_script
 from rlzoo_from_verl.table import (
     ACT,
@@ -380,6 +381,7 @@ def _assemble(
         conv.set("rollout.backend.engine_kwargs", eng, " + ".join(eng_keys), eng)
     _reward_model(conv, v, given, bad)
     _custom_reward(conv, v)
+    _custom_data(conv, v)
     if given.get("reward_model.reward_manager") == "prime":  # verl's per-sample limit (prime.py)
         conv.set(
             "reward.manager.timeout", 300.0, "reward_model.reward_manager", "prime", "verl's prime timeout"
@@ -454,6 +456,12 @@ def _lora(conv: Conversion, v: dict[str, Any], bad: Callable[[str, Any, str], No
         ]
     }
     rank = given.pop(R + "model.lora_rank", 0)
+    adapter = given.pop(R + "model.lora_adapter_path", None)
+    if not _off(adapter):  # verl: an adapter turns LoRA on and its own config gives r / alpha / targets
+        _lora_adapter(conv, str(adapter), rank, given, bad)
+        return
+    if adapter is not None:
+        given[R + "model.lora_adapter_path"] = adapter  # skipped below (or refused as a LoRA key)
     if _off(rank):
         for k, val in given.items():
             conv.skipped.append((k, val, "LoRA is off (lora_rank=0)"))
@@ -491,6 +499,44 @@ def _lora(conv: Conversion, v: dict[str, Any], bad: Callable[[str, Any, str], No
     conv.set("trainer.lora.rank", rank, R + "model.lora_rank", rank)
     conv.set("trainer.lora.alpha", float(alpha), R + "model.lora_alpha", alpha)
     conv.set("trainer.lora.target_modules", names, R + "model.target_modules", targets)
+
+
+def _lora_adapter(
+    conv: Conversion, path: str, rank: Any, given: dict[str, Any], bad: Callable[[str, Any, str], None]
+) -> None:
+    """``lora_adapter_path`` -> ``trainer.lora.adapter_path`` (absolute), with ``rank`` / ``alpha`` /
+    ``target_modules`` from the folder's ``adapter_config.json``, as verl loads them
+    (``PeftModel.from_pretrained``: the adapter's config wins over lora_rank / lora_alpha /
+    target_modules); a folder not there yet keeps the recipe's values (validate checks them)."""
+    import json
+    import os
+
+    key = R + "model.lora_adapter_path"
+    full = os.path.abspath(_path(path))
+    conv.set(
+        "trainer.lora.adapter_path", full, key, path, "" if full == path else f"resolved from {os.getcwd()}"
+    )
+    try:
+        cfg = json.loads((Path(full) / "adapter_config.json").read_text())
+    except (OSError, ValueError):
+        cfg = None
+    if cfg is None:  # not here: verl's keys (else rlzoo's default rank); validate checks them against it
+        default = LoraSettings().rank
+        _lora(conv, {**given, R + "model.lora_rank": rank if not _off(rank) else default}, bad)
+        if _off(rank):
+            conv.notes.append(
+                f"{key}: {path!r} has no adapter_config.json here, so trainer.lora.rank is rlzoo's default "
+                f"{default}; validate compares rank / alpha / target_modules with the adapter once it is there"
+            )
+        return
+    targets = cfg.get("target_modules")
+    names = [targets] if isinstance(targets, str) else list(targets or [])
+    note = "from the adapter's adapter_config.json (verl loads the adapter's own settings)"
+    conv.set("trainer.lora.rank", int(cfg.get("r", 8)), key, path, note)
+    conv.set("trainer.lora.alpha", float(cfg.get("lora_alpha", 8)), key, path, note)
+    conv.set("trainer.lora.target_modules", names, key, path, note)
+    for k, val in given.items():
+        conv.skipped.append((k, val, "the adapter's adapter_config.json gives it (lora_adapter_path)"))
 
 
 #: the data sources verl scores by running code (prime_code, or SandboxFusion with sandbox_fusion.url)
@@ -604,6 +650,44 @@ def _custom_reward(conv: Conversion, v: dict[str, Any]) -> None:
     conv.set("reward.scorer.function", str(name), prefix + "name", name)
     if kwargs:
         conv.set("reward.scorer.kwargs", kwargs, prefix + "reward_kwargs", kwargs)
+
+
+def _custom_data(conv: Conversion, v: dict[str, Any]) -> None:
+    """verl's ``data.custom_cls.{path,name}`` and ``data.sampler.{class_path,class_name}`` ->
+    ``data.custom_cls`` / ``data.sampler`` (``{path, name}``, the class built as verl builds it). A
+    relative path is resolved against the directory from-verl runs in, as for the reward file."""
+    import os
+
+    for prefix, path_key, name_key, to in (
+        ("data.custom_cls.", "path", "name", "data.custom_cls"),
+        ("data.sampler.", "class_path", "class_name", "data.sampler"),
+    ):
+        path = v.pop(prefix + path_key, None)
+        name = v.pop(prefix + name_key, None)
+        if isinstance(path, str) and path.startswith("pkg://"):
+            conv.unmappable.append(
+                (
+                    prefix + path_key,
+                    path,
+                    "a pkg:// module path is imported through sys.path; rlzoo loads your class from a file "
+                    "only: give the .py file's path",
+                )
+            )
+            continue
+        if _off(path):
+            for k, val in ((prefix + path_key, path), (prefix + name_key, name)):
+                if val is not None:
+                    conv.skipped.append((k, val, f"unset: {to} is rlzoo's own"))
+            continue
+        full = os.path.abspath(_path(path))
+        conv.set(
+            f"{to}.path",
+            full,
+            prefix + path_key,
+            path,
+            "" if full == path else f"resolved from {os.getcwd()}",
+        )
+        conv.set(f"{to}.name", str(name), prefix + name_key, name, "your class, built as verl builds it")
 
 
 def _ulysses(

@@ -45,6 +45,20 @@ class Rule:
     what: str
 
 
+#: why megatron's context / expert parallelism are refused (docs/backends/megatron.md, "Expert and
+#: context parallelism")
+_NO_CP = (
+    "rlzoo's megatron backend has no context parallelism: megatron-core's local attention refuses it "
+    "('Context parallelism is only supported by TEDotProductAttention!'), it needs Transformer "
+    "Engine on CUDA GPUs; use tensor parallelism (trainer.backend.tensor_model_parallel_size) for "
+    "long sequences"
+)
+_NO_EP = (
+    "rlzoo's megatron backend has no expert parallelism: it converts dense Qwen2 checkpoints only "
+    "(no MoE weight conversion); megatron-core's own MoE layer does run expert-parallel, on CPU too"
+)
+
+
 def _fsdp(v: Any) -> str:
     name = {"fsdp": "fsdp2", "fsdp2": "fsdp2", "megatron": "megatron"}.get(str(v))
     if name is None:
@@ -132,10 +146,6 @@ def _positive_or_none(v: Any) -> Any:
 
 
 _PERF = "performance only: "
-_NO_LORA_ADAPTER = (
-    "rlzoo starts LoRA from fresh adapters (trainer.lora): it cannot load an existing adapter; drop "
-    "lora_adapter_path, or merge that adapter into the base model and point model.path at the result"
-)
 _NO_MULTI_TURN = (
     "rlzoo cannot read verl's multi-turn tool configs (tool_config_path / interaction_config_path): "
     "its multi-turn rollout takes environment and tool parts (rollout.environment, rollout.tools; "
@@ -196,7 +206,7 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     R + "model.lora_alpha": Rule("read with lora_rank"),
     R + "model.target_modules": Rule("read with lora_rank"),
     R + "model.exclude_modules": Rule("trainer.lora.exclude_modules (read with lora_rank)"),
-    R + "model.lora_adapter_path": Skip("no adapter to load", _off, _NO_LORA_ADAPTER),
+    R + "model.lora_adapter_path": Rule("trainer.lora.adapter_path (r / alpha / targets from the adapter)"),
     R + "model.lora.*": Rule("read with lora_rank"),
     R + "model.mtp.*": Rule("multi-token prediction: off only (rlzoo has no MTP heads)"),
     R + "model.external_lib": Skip(
@@ -320,15 +330,10 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     ACT + "megatron.context_parallel_size": Skip(
         "1: no context parallelism",
         _one,
-        "rlzoo's megatron backend has no context parallelism; use tensor "
-        "parallelism (trainer.backend.tensor_model_parallel_size) for long sequences",
+        _NO_CP,
     ),
-    ACT + "megatron.expert_model_parallel_size": Skip(
-        "1: no expert parallelism", _one, "rlzoo's megatron backend has no expert parallelism"
-    ),
-    ACT + "megatron.expert_tensor_parallel_size": Skip(
-        "1: no expert parallelism", _one, "rlzoo's megatron backend has no expert parallelism"
-    ),
+    ACT + "megatron.expert_model_parallel_size": Skip("1: no expert parallelism", _one, _NO_EP),
+    ACT + "megatron.expert_tensor_parallel_size": Skip("1: no expert parallelism", _one, _NO_EP),
     ACT + "megatron.virtual_pipeline_model_parallel_size": Skip(_PERF + "interleaved pipeline schedule"),
     ACT + "megatron.use_dist_checkpointing": Skip("rlzoo converts HF <-> Megatron weights itself"),
     ACT + "megatron.vanilla_mbridge": Skip("rlzoo converts HF <-> Megatron weights itself"),
@@ -561,22 +566,12 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     "ray_kwargs.*": Skip("Ray start-up settings (rlzoo: placement.address)"),
     "data.filter_overlong_prompts_workers": Skip(_PERF + "processes that filter long prompts"),
     "data.dataloader_num_workers": Skip(_PERF + "data loader processes"),
-    "data.custom_cls.path": Skip(
-        "verl's own dataset class",
-        _off,
-        "a custom dataset class: rlzoo reads parquet with its own schema "
-        "(write a dataset preparer plugin that writes that parquet)",
-    ),
-    "data.custom_cls.name": Skip("read with data.custom_cls.path"),
+    "data.custom_cls.path": Rule("data.custom_cls: {path, name} (an absolute path)"),
+    "data.custom_cls.name": Rule("data.custom_cls.name (read with data.custom_cls.path)"),
     "data.apply_chat_template_kwargs.*": Rule("data.chat_template_kwargs"),
     "data.video_key": Skip("rlzoo reads the images column of its parquet schema"),
-    "data.sampler.class_path": Skip(
-        "verl's default sampler",
-        _off,
-        "a custom prompt sampler (e.g. a curriculum): rlzoo reads prompts in "
-        "(shuffled) order and has no sampler part",
-    ),
-    "data.sampler.class_name": Skip("read with data.sampler.class_path"),
+    "data.sampler.class_path": Rule("data.sampler: {path, name} (an absolute path)"),
+    "data.sampler.class_name": Rule("data.sampler.name (read with data.sampler.class_path)"),
     "rollout.nnodes": To("placement.rollout.nnodes"),
     "rollout.n_gpus_per_node": To("placement.rollout.n_gpus_per_node"),
     "rollout.total_rollout_steps": To("runner.total_rollout_steps"),

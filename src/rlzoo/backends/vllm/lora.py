@@ -46,6 +46,10 @@ def lora_engine_args(settings: LoraSettings) -> dict[str, Any]:
     return {"enable_lora": True, "max_lora_rank": max_lora_rank(settings.rank), "max_loras": 1}
 
 
+#: vLLM's ``lora_int_id`` of the adapter a run continues from (pushes count 1, 2, ...: never this)
+START_ADAPTER_ID = 2**30
+
+
 class AdapterPushes:
     """Each adapter push as a PEFT folder under ``root`` and the ``LoRARequest`` that names it.
 
@@ -86,9 +90,17 @@ class AdapterPushes:
         return out
 
     def request_kwargs(self) -> dict[str, Any] | None:
-        """``LoRARequest`` keywords of the newest push, or None before the first one."""
+        """``LoRARequest`` keywords of the newest push; before the first one, the adapter the run
+        continues from (``trainer.lora.adapter_path``), else None (fresh adapters: the base model)."""
         if self.pushes == 0:
-            return None
+            start = self.settings.adapter_path
+            if start is None:
+                return None
+            return {
+                "lora_name": "rlzoo-start-adapter",
+                "lora_int_id": START_ADAPTER_ID,
+                "lora_path": str(Path(start).expanduser()),
+            }
         return {
             "lora_name": f"rlzoo-push-{self.pushes}-v{self.version}",
             "lora_int_id": self.pushes,
