@@ -97,3 +97,70 @@ def prepare_arith(out_dir: Path, params: Any) -> dict[str, Path]:
         pq.write_table(pa.Table.from_pylist(rows(train, "train")), files["train"])
         pq.write_table(pa.Table.from_pylist(rows(val, "val")), files["val"])
     return files
+
+
+CODE_WORDS = {"+": "plus", "-": "minus", "*": "times"}
+CODE_STEPS = {"+": "adds {d}", "-": "subtracts {d}", "*": "multiplies by {d}"}
+
+
+def code_prompt(expr: tuple[str, ...], style: str) -> str:
+    """The request for ``f(x)`` computing ``expr`` (``python_functions`` words), as ``style`` says:
+    ``code`` "returns x * 3 + 4", ``words`` "returns x times 3 plus 4" (both with Python's
+    precedence), ``steps`` "takes x, multiplies by 3, then adds 4, and returns the result" (in
+    order: ``x + 4 * 3`` in steps is ``(x + 4) * 3``)."""
+    if style == "steps":
+        ops = [CODE_STEPS[op].format(d=d) for op, d in zip(expr[1::2], expr[2::2])]
+        body = f"takes x, {', then '.join(ops)}, and returns the result"
+    else:
+        words = " ".join(CODE_WORDS.get(w, w) for w in expr) if style == "words" else " ".join(expr)
+        body = f"returns {words}"
+    return (
+        f"Write a Python function f(x) that {body}. Reply with only the function in a ```python code block."
+    )
+
+
+def in_order(expr: tuple[str, ...], x: int) -> int:
+    """``expr`` at ``x`` applied step by step, left to right (the ``steps`` style's meaning)."""
+    result = x
+    for op, d in zip(expr[1::2], expr[2::2]):
+        result = _OPS[op](result, int(d))
+    return result
+
+
+def prepare_code(out_dir: Path, params: Any) -> dict[str, Path]:
+    """``train.parquet``, ``val.parquet`` (held-out ``python_functions`` in words) and ``model/``."""
+    import json
+    import random
+
+    from rlzoo.tasks._python_functions import DATA_SOURCE as CODE_SOURCE
+    from rlzoo.tasks._python_functions import expressions, value
+    from rlzoo.tasks._stamp import build_splits
+
+    out = Path(out_dir)
+    meaning = in_order if params.style == "steps" else value
+    model = prepare_model(out, params)  # the model first: a missing package fails before any file
+
+    def row(expr: tuple[str, ...], split: str, index: int, rng: random.Random) -> dict[str, Any]:
+        xs = rng.sample(range(-9, 10), params.num_tests)
+        truth = {
+            "fn_name": "f",
+            "inputs": [json.dumps(x) for x in xs],
+            "outputs": [json.dumps(meaning(expr, x)) for x in xs],
+        }
+        return {
+            "data_source": CODE_SOURCE,
+            "prompt": [{"role": "user", "content": code_prompt(expr, params.style)}],
+            "ability": "code",
+            "reward_model": {"style": "rule", "ground_truth": json.dumps(truth)},
+            "extra_info": {"split": split, "index": index, "expression": " ".join(expr)},
+        }
+
+    def build() -> tuple[list[dict], list[dict]]:
+        distinct = expressions(params.level, params.ops)
+        what = f"level={params.level}, ops={params.ops!r}"
+        train_exprs, val_exprs = held_out_split(distinct, params, what)
+        rng = random.Random(params.seed + 1)
+        train = [row(e, "train", i, rng) for i, e in enumerate(train_exprs)]
+        return train, [row(e, "val", i, rng) for i, e in enumerate(val_exprs)]
+
+    return {**build_splits(out, "smollm2_code", params, build), **model}

