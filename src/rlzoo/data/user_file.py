@@ -14,16 +14,12 @@ it yields the dataset indices of one epoch.
 from __future__ import annotations
 
 import ast
-import hashlib
-import importlib.util
-import sys
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rlzoo.kernel.params import param
+from rlzoo.system.user_files import load_from_file, parse_user_file
 
 #: the keywords verl constructs a custom dataset class with (verl/trainer/ppo/utils.py create_rl_dataset)
 DATASET_ARGS = ("data_files", "tokenizer", "processor", "config")
@@ -39,20 +35,7 @@ def check_class(path: str, name: str, args: tuple[str, ...], key: str) -> ast.Cl
         raise ValueError(f"{key}.path is required: the Python file that defines your class")
     if not name:
         raise ValueError(f"{key}.name is required: the name of the class in {path!r}")
-    file = Path(path).expanduser()
-    if not file.is_file():
-        what = (
-            "is a directory" if file.is_dir() else "does not exist" if not file.exists() else "is not a file"
-        )
-        raise ValueError(f"{key}.path {path!r} {what}; give the Python file that defines class {name!r}")
-    try:
-        tree = ast.parse(file.read_bytes(), filename=str(file))
-    except SyntaxError as e:
-        raise ValueError(
-            f"{key}.path {path!r} is not Python that parses: {e.msg} (line {e.lineno})"
-        ) from None
-    except ValueError as e:  # NUL bytes
-        raise ValueError(f"{key}.path {path!r} is not a Python source file ({e})") from None
+    tree = parse_user_file(path, f"{key}.path", f"class {name!r}")
     classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
     if not classes:
         found = sorted(n.name for n in tree.body if isinstance(n, ast.ClassDef))
@@ -147,32 +130,12 @@ class UserSamplerSettings:
             )
 
 
-_loaded: dict[tuple[str, str], Any] = {}
-_lock = threading.Lock()
-
-
 def load_class(path: str, name: str) -> Any:
     """The class, importing the file once per process under a private name (from that path only)."""
-    file = str(Path(path).expanduser().resolve())
-    key = (file, name)
-    with _lock:
-        if key not in _loaded:
-            module_name = "rlzoo_user_data_" + hashlib.sha1(file.encode()).hexdigest()[:12]
-            spec = importlib.util.spec_from_file_location(module_name, file)
-            if spec is None or spec.loader is None:
-                raise RuntimeError(f"cannot import {file}")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[module_name] = module  # pickling and dataclasses in the file need it registered
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                sys.modules.pop(module_name, None)
-                raise
-            cls = getattr(module, name, None)
-            if not isinstance(cls, type):
-                raise RuntimeError(f"{file} has no class {name!r} after import")
-            _loaded[key] = cls
-        return _loaded[key]
+    cls = load_from_file(path, name, "rlzoo_user_data_")
+    if not isinstance(cls, type):
+        raise RuntimeError(f"{name!r} in {path} is not a class")
+    return cls
 
 
 def verl_config(section: Mapping[str, Any], extra: Mapping[str, Any]) -> Any:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Mapping
-from pathlib import Path
+
+from rlzoo.system.user_files import parse_user_file
 
 #: the keywords verl passes a custom reward function (verl/trainer/ppo/reward.py), in order
 VERL_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
@@ -21,18 +22,7 @@ def check_function(path: str, name: str, kwargs: Mapping[str, object]) -> None:
             "path is required: the Python file that defines your scoring function, e.g. "
             "{name: python_file, path: my_reward.py, function: compute_score}"
         )
-    file = Path(path).expanduser()
-    if not file.is_file():
-        what = (
-            "is a directory" if file.is_dir() else "does not exist" if not file.exists() else "is not a file"
-        )
-        raise ValueError(f"path {path!r} {what}; give the Python file that defines {name!r}")
-    try:
-        tree = ast.parse(file.read_bytes(), filename=str(file))
-    except SyntaxError as e:
-        raise ValueError(f"path {path!r} is not Python that parses: {e.msg} (line {e.lineno})") from None
-    except ValueError as e:  # NUL bytes
-        raise ValueError(f"path {path!r} is not a Python source file ({e})") from None
+    tree = parse_user_file(path, "path", repr(name))
     defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name]
     if not defs:
         found = sorted(n.name for n in tree.body if isinstance(n, ast.FunctionDef))

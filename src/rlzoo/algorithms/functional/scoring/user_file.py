@@ -8,44 +8,22 @@ only, and calls the function with verl's keywords.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import math
-import sys
-import threading
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from rlzoo.system.user_files import load_from_file
 
 if TYPE_CHECKING:
     from ...scorers import PythonFileParams
 
-_loaded: dict[tuple[str, str], Callable[..., Any]] = {}
-_lock = threading.Lock()
-
 
 def load_function(path: str, name: str) -> Callable[..., Any]:
     """The function, importing the file once per process under a private name (from that path only)."""
-    file = str(Path(path).expanduser().resolve())
-    key = (file, name)
-    with _lock:
-        if key not in _loaded:
-            module_name = "rlzoo_user_scorer_" + hashlib.sha1(file.encode()).hexdigest()[:12]
-            spec = importlib.util.spec_from_file_location(module_name, file)
-            if spec is None or spec.loader is None:
-                raise RuntimeError(f"python_file scorer: cannot import {file}")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[module_name] = module  # pickling and dataclasses in the file need it registered
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                sys.modules.pop(module_name, None)
-                raise
-            fn = getattr(module, name, None)
-            if not callable(fn):
-                raise RuntimeError(f"python_file scorer: {file} has no function {name!r} after import")
-            _loaded[key] = fn
-        return _loaded[key]
+    fn = load_from_file(path, name, "rlzoo_user_scorer_")
+    if not callable(fn):
+        raise RuntimeError(f"python_file scorer: {name!r} in {path} is not a function")
+    return fn  # type: ignore[no-any-return]
 
 
 def compute_score(
