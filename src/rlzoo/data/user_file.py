@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlzoo.kernel.params import param
-from rlzoo.system.user_files import load_from_file, parse_user_file
+from rlzoo.system.user_files import keyword_fit, load_from_file, parse_user_file
 
 #: the keywords verl constructs a custom dataset class with (verl/trainer/ppo/utils.py create_rl_dataset)
 DATASET_ARGS = ("data_files", "tokenizer", "processor", "config")
@@ -52,19 +52,12 @@ def check_class(path: str, name: str, args: tuple[str, ...], key: str) -> ast.Cl
                 f"with {', '.join(args)}; give it __init__(self, {', '.join(args)})"
             )
         return cls  # an inherited constructor: checked when it is constructed
-    a = inits[-1].args
-    named = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
-    posonly = {x.arg for x in a.posonlyargs}
-    missing = [k for k in args if (k not in named or k in posonly) and a.kwarg is None]
+    missing, unmet = keyword_fit(inits[-1].args, list(args), method=True)
     if missing:
         raise ValueError(
             f"{name}.__init__ in {path!r} does not accept the keyword(s) {missing}; verl's call passes "
             f"{', '.join(args)}: add them to its parameters, or **kwargs"
         )
-    positional = [x.arg for x in (*a.posonlyargs, *a.args)][1:]  # without self
-    required = positional[: len(positional) - len(a.defaults)]
-    required += [x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is None]
-    unmet = [k for k in required if k not in args]
     if unmet:
         raise ValueError(
             f"{name}.__init__ in {path!r} requires {unmet}, which verl's call does not pass; give them "

@@ -57,3 +57,16 @@ def load_from_file(path: str, name: str, prefix: str) -> Any:
                 raise RuntimeError(f"{file} has no {name!r} after import")
             _loaded[key] = getattr(module, name)
         return _loaded[key]
+
+
+def keyword_fit(a: ast.arguments, passed: list[str], *, method: bool = False) -> tuple[list[str], list[str]]:
+    """How a call with the keywords ``passed`` fits the parameters ``a`` of a function (``method``: the
+    first positional one is ``self``): (keywords it does not accept, parameters without a default that
+    the call does not pass). Both empty: the call binds."""
+    named = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+    posonly = {x.arg for x in a.posonlyargs}
+    missing = [k for k in passed if (k not in named or k in posonly) and a.kwarg is None]
+    positional = [x.arg for x in (*a.posonlyargs, *a.args)][1 if method else 0 :]
+    required = positional[: len(positional) - len(a.defaults)]
+    required += [x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is None]
+    return missing, [k for k in required if k not in passed]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Mapping
 
-from rlzoo.system.user_files import parse_user_file
+from rlzoo.system.user_files import keyword_fit, parse_user_file
 
 #: the keywords verl passes a custom reward function (verl/trainer/ppo/reward.py), in order
 VERL_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
@@ -33,21 +33,13 @@ def check_function(path: str, name: str, kwargs: Mapping[str, object]) -> None:
     fn = defs[-1]  # the last definition wins, as when the module runs
     if isinstance(fn, ast.AsyncFunctionDef):
         raise ValueError(f"{name!r} in {path!r} is async; a scoring function is called synchronously")
-    a = fn.args
-    named = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
-    posonly = {x.arg for x in a.posonlyargs}
     wanted = [*VERL_ARGS, *kwargs]
-    missing = [k for k in wanted if (k not in named or k in posonly) and a.kwarg is None]
+    missing, unmet = keyword_fit(fn.args, wanted)
     if missing:
         raise ValueError(
             f"{name}() in {path!r} does not accept the keyword(s) {missing}; verl's call passes "
             f"{', '.join(VERL_ARGS)} (and the kwargs setting): add them to its parameters, or **kwargs"
         )
-    required = [x.arg for x in (*a.posonlyargs, *a.args)][
-        : len(a.posonlyargs) + len(a.args) - len(a.defaults)
-    ]
-    required += [x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is None]
-    unmet = [k for k in required if k not in wanted]
     if unmet:
         raise ValueError(
             f"{name}() in {path!r} requires {unmet}, which verl's call does not pass; give them defaults or "
