@@ -41,7 +41,6 @@ class Event(Generic[T]):
     what: str
     subject: T
     value: Any
-    traceback: str | None = None
 
 
 class UserCodeError(Exception):

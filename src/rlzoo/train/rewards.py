@@ -162,7 +162,7 @@ def _env_result(s: Sample, names: PartNames) -> RewardResult | None:
             "error": message if failure else f"environment: {message}",
             "failed_part": str(failure.get("part") or part),
         }
-        tb = failure.get("traceback") or rec.pop("traceback", None)
+        tb = failure.get("traceback")
         if tb:  # into the result: failures.jsonl keeps it, the batch does not
             info["traceback"] = tb
             failure["traceback"] = None
