@@ -232,3 +232,49 @@ def test_total_rollout_steps_sets_the_trainer_steps(
 
 def test_overrides_helper_is_stable(quickstart_dir: Path, tmp_path: Path) -> None:
     assert overrides(quickstart_dir, tmp_path)[0] == f"data.dir={quickstart_dir}"
+
+
+def test_generation_goes_on_while_a_slow_scorer_runs(
+    pm: PluginManager, quickstart_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 36: the Rollouter used to score each chunk itself, so generation stopped while a scorer
+    ran (code in a sandbox). With the engine driven by the Rollouter's own stream (no engine thread),
+    an engine step that starts while a scorer call is running proves the overlap; before, there
+    was none (the same thread did both)."""
+    calls: list[tuple[float, float]] = []
+
+    def slow(response: str, ground_truth: Any, data_source: str, extra_info: Any, params: Any) -> float:
+        t0 = time.monotonic()
+        time.sleep(0.01)  # a sandboxed test run, say
+        calls.append((t0, time.monotonic()))
+        return float(response.strip() == str(ground_truth))
+
+    run = build(
+        pm,
+        "quickstart_async",
+        quickstart_dir,
+        tmp_path / "run",
+        "trainer.total_steps=3",
+        "trainer.save_freq=-1",
+        "trainer.test_freq=-1",
+        "rollout.backend.background_thread=false",
+        scorer=slow,
+    )
+    runner = run.loop()
+    engine = runner.s.rollout.engine
+    steps: list[float] = []
+    step = engine.step
+
+    def timed_step() -> int:
+        steps.append(time.monotonic())
+        return step()
+
+    engine.step = timed_step
+    summary = runner.run()
+    assert summary["steps"] == 3 and calls and steps
+    during = [t for t in steps if any(a < t < b for a, b in calls)]
+    assert during, f"no engine step ran during any of {len(calls)} scorer calls"
+    recs = read_metrics(Path(summary["run_dir"]))
+    assert sum(r["rollouter/scoring_s"] for r in recs) > 0
+    trained = runner.source.prompts.trained_keys
+    assert len(trained) == len(set(trained)) == 3 * 16

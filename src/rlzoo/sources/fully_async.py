@@ -3,9 +3,13 @@
     Rollouter (thread)                               Trainer (main thread)
     prompts -> submit(n per prompt) ─┐               queue.get(R*M groups)          ◀── waits: trainer idle
     stream() one sample at a time ◀──┘               old/ref log-probs, advantages, PPO (PolicyTrainer)
-    score as samples arrive                          every K steps: push weights
+    chunks -> ScoringStage (threads) -> scored       every K steps: push weights
     complete group -> queue.put ───▶ StalenessQueue ◀── (partial_rollout: pause, update, resume;
                                                           else: hold admission, drain, update)
+
+Scoring runs beside the Rollouter (:mod:`rlzoo.sources.scoring`): while code runs in a sandbox the
+Rollouter keeps submitting prompts and reading (or, without an engine thread, driving) the stream.
+A group stays in flight for the queue until it is scored and put.
 
 The two sides share only the :class:`~rlzoo.sources.queue.StalenessQueue` and the backends'
 methods (``submit / stream / pause / resume / update_weights`` on the rollout side,
@@ -33,6 +37,7 @@ from rlzoo.kernel.errors import ConfigError
 from rlzoo.kernel.protocols import GenerationRequest, RewardResult, Sample
 from rlzoo.sources.params import FullyAsyncParams, max_staleness_versions, window_budget
 from rlzoo.sources.queue import Group, QueueExhausted, StalenessQueue, TrainerFailed
+from rlzoo.sources.scoring import ScoringStage
 from rlzoo.train.batching import samples_to_batch
 from rlzoo.train.loop import SourceExhausted, StepTimer
 from rlzoo.train.session import Session
@@ -158,20 +163,25 @@ class _Open:
     prompt: Prompt
     n: int
     submit_version: int
-    samples: list[Sample] = field(default_factory=list)
+    arrived: int = 0  # samples the stream gave back (scored or being scored)
+    samples: list[Sample] = field(default_factory=list)  # scored, with their results
     results: list[RewardResult] = field(default_factory=list)
 
 
 @dataclass(eq=False)
 class Rollouter:
-    """Feeds the rollout backend, consumes its stream, scores, groups, and fills the queue.
+    """Feeds the rollout backend, consumes its stream, has samples scored, groups them, fills the queue.
+
+    Scoring runs on a :class:`~rlzoo.sources.scoring.ScoringStage` (``scoring_workers`` threads), so
+    the Rollouter keeps submitting prompts and consuming (or driving) the stream while a scorer runs.
 
     Args:
         rollout: the rollout backend (submit / stream / num_pending).
         queue: the :class:`StalenessQueue` shared with the trainer.
         prompts: where prompts come from.
-        score: ``score(samples) -> rewards``.
+        score: ``score(samples) -> rewards`` (called on the scoring stage's threads).
         sample_filter: optional ``filter(samples, rewards) -> keep mask`` (one group at a time).
+        scoring_workers: chunks of samples scored at once.
     """
 
     rollout: Any
@@ -179,9 +189,11 @@ class Rollouter:
     prompts: PromptSource
     score: Callable[[list[Sample]], list[RewardResult]]
     sample_filter: Callable[[list[Sample], list[RewardResult]], list[bool]] | None = None
+    scoring_workers: int = 1
     poll: float = POLL_S
     open: dict[str, _Open] = field(default_factory=dict, init=False)
     thread: threading.Thread | None = field(default=None, init=False)
+    scoring: ScoringStage[Sample, RewardResult] | None = field(default=None, init=False)
 
     def start(self) -> None:
         self.thread = threading.Thread(target=self.run, name="rlzoo-rollouter", daemon=True)
@@ -192,6 +204,7 @@ class Rollouter:
             self.thread.join(timeout)
 
     def run(self) -> None:
+        self.scoring = ScoringStage(self.score, self.scoring_workers)
         try:
             self._loop()
         except TrainerFailed:
@@ -199,10 +212,14 @@ class Rollouter:
         except BaseException as exc:
             logger.error("rollouter failed: %r", exc)
             self.queue.fail(exc, "rollouter")
+        finally:
+            self.scoring.stop()
 
     def _loop(self) -> None:
-        q = self.queue
+        q, scoring = self.queue, self.scoring
+        assert scoring is not None
         t_mark = time.perf_counter()
+        scored_mark = 0.0
         while not q.stopped:
             if q.park_requested:
                 t0 = time.perf_counter()
@@ -210,16 +227,21 @@ class Rollouter:
                 q.report(idle_s=time.perf_counter() - t0)
                 continue
             self._admit()
-            if self.open:
+            self._collect(scoring.harvest())
+            if any(g.arrived < g.n for g in self.open.values()):
                 got, tokens = self._consume()
                 q.report(tokens=tokens, samples=got)
-            else:
+            else:  # nothing left to generate: wait for the scorers, or for the trainer
                 t0 = time.perf_counter()
-                q.wait_for_change(self.poll)
+                if scoring.pending():
+                    self._collect(scoring.harvest(wait=self.poll))
+                else:
+                    q.wait_for_change(self.poll)
                 q.report(idle_s=time.perf_counter() - t0)
             now = time.perf_counter()
-            q.report(wall_s=now - t_mark)
-            t_mark = now
+            busy = scoring.busy_s
+            q.report(wall_s=now - t_mark, scoring_s=busy - scored_mark)
+            t_mark, scored_mark = now, busy
 
     def _admit(self) -> None:
         q, reqs = self.queue, []
@@ -246,7 +268,8 @@ class Rollouter:
             self.rollout.submit(reqs)
 
     def _consume(self) -> tuple[int, int]:
-        """Take finished samples for up to ``poll`` seconds; score them; put complete groups."""
+        """Take finished samples for up to ``poll`` seconds and hand them to the scoring stage."""
+        assert self.scoring is not None
         deadline = time.monotonic() + self.poll
         chunk: list[Sample] = []
         for s in self.rollout.stream(timeout=self.poll):
@@ -255,23 +278,29 @@ class Rollouter:
                 break
         if not chunk:
             return 0, 0
-        results = self.score(chunk)
-        done: list[_Open] = []
-        for s, r in zip(chunk, results):
+        for s in chunk:
             g = self.open.get(s.request_id)
             if g is None:
                 raise RuntimeError(
                     f"the rollout backend returned a sample of an unknown request {s.request_id!r}"
                 )
-            g.samples.append(s)
-            g.results.append(r)
-            if len(g.samples) == g.n:
-                done.append(g)
-        for g in done:
-            rid = next(iter(g.samples)).request_id
-            del self.open[rid]
-            self._finish(g)
+            g.arrived += 1
+        self.scoring.submit(chunk)
         return len(chunk), sum(len(s.response_ids) for s in chunk)
+
+    def _collect(self, scored: list[tuple[list[Sample], list[RewardResult]]]) -> None:
+        """Scored chunks (oldest first) into their groups; complete groups into the queue."""
+        for chunk, results in scored:
+            done: list[_Open] = []
+            for s, r in zip(chunk, results):
+                g = self.open[s.request_id]
+                g.samples.append(s)
+                g.results.append(r)
+                if len(g.samples) == g.n:
+                    done.append(g)
+            for g in done:
+                del self.open[g.samples[0].request_id]
+                self._finish(g)
 
     def _finish(self, g: _Open) -> None:
         q = self.queue
@@ -361,7 +390,7 @@ class StreamFromQueue:
             backend_version=int(s.rollout.version),
         )
         keep = self._keep if s.reward.sample_filter is not None else None
-        self.rollouter = Rollouter(s.rollout, q, self.prompts, s.score, keep)
+        self.rollouter = Rollouter(s.rollout, q, self.prompts, s.score, keep, p.scoring_workers)
         print(
             f"rlzoo: fully_async: {self.step_groups} groups/step (require_batches={p.require_batches} x mini-batch "
             f"{self.step_groups // p.require_batches}), n={s.sampling.train.n}, sync every {p.trigger_parameter_sync_step} "
@@ -434,6 +463,7 @@ class StreamFromQueue:
             m["rollouter/idle_ratio"] = min(1.0, st.get("idle_s", 0.0) / wall)
             m["perf/rollouter_tokens_per_s"] = st.get("tokens", 0.0) / wall
         m["rollouter/filtered_groups"] = st.get("filtered_groups", 0.0)
+        m["rollouter/scoring_s"] = st.get("scoring_s", 0.0)
         m["trainer/samples_consumed"] = float(self.consumed_samples)
         m["trainer/prompts_consumed"] = float(len(self.prompts.trained_keys))
         return m

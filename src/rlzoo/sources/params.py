@@ -95,8 +95,9 @@ class FullyAsyncParams:
     """Fully asynchronous loop: a Rollouter streams groups into a staleness-aware queue; a Trainer pulls them.
 
     The Rollouter (a thread) submits prompts x ``rollout.n`` to the rollout backend, consumes its
-    stream one sample at a time, scores samples as they arrive and puts each complete group into
-    the queue. The Trainer takes ``require_batches`` mini-batches per step and pushes weights every
+    stream one sample at a time, hands them to a scoring stage (``scoring_workers`` threads; the
+    Rollouter keeps generating while a scorer runs) and puts each complete, scored group into the
+    queue. The Trainer takes ``require_batches`` mini-batches per step and pushes weights every
     ``trigger_parameter_sync_step`` steps. Staleness: per sync window the Rollouter may start at most
     ``floor((1 + staleness_threshold) * trigger_parameter_sync_step * require_batches * M)`` groups,
     counting the groups carried over from older weights; and no group whose oldest token is more
@@ -131,6 +132,13 @@ class FullyAsyncParams:
     wait_timeout_s: float = param(
         1800.0,
         help="seconds either side waits for the other without progress before failing with a TimeoutError",
+    )
+    scoring_workers: int = param(
+        2,
+        ge=1,
+        help="chunks of finished samples scored at once, on threads beside the Rollouter (which keeps "
+        "submitting prompts and reading the stream meanwhile); each chunk is scored by the reward manager, "
+        "itself parallel within a chunk",
     )
 
     def step_plan(self, cfg: Any) -> StepPlan:
