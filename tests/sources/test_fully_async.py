@@ -58,6 +58,42 @@ def test_zero_staleness_equals_sync_bit_for_bit(
     assert "rollout_corr/kl" in recs[-1]  # rollout / trainer mismatch metrics are logged
 
 
+def test_a_checkpoint_keeps_each_outstanding_prompts_attempt() -> None:
+    """A prompt whose group was dropped as too stale is generated again as a new attempt (new
+    seeds). Before: the checkpoint kept only (epoch, index, batch, position), so a resume generated
+    a regenerating prompt with its first attempt's seeds again: the very response that had been too
+    long to survive, where the uninterrupted run drew a new one."""
+    from rlzoo.data.dataset import PromptLoader
+    from rlzoo.sources.fully_async import Prompt, PromptSource
+
+    data = [{"prompt_ids": [i + 1]} for i in range(8)]
+
+    def source() -> PromptSource:
+        return PromptSource(data, PromptLoader(data, batch_size=4, seed=3), lambda p: p, limit=None)
+
+    first = source()
+    a, b, c = first.draw(), first.draw(), first.draw()
+    assert a is not None and b is not None and c is not None
+    first.dropped(a)  # dropped, waiting for regeneration
+    first.dropped(b)
+    first.dropped(b)  # dropped twice
+    first.trained([c])
+    state = first.state_dict()
+    resumed = source()
+    resumed.load_state_dict(state)
+    again: list[Prompt] = []
+    while (p := resumed.draw()) is not None and len(again) < 5:
+        again.append(p)
+    assert [(p.key, p.batch_no, p.j, p.attempt) for p in again[:2]] == [
+        (a.key, a.batch_no, a.j, 2),
+        (b.key, b.batch_no, b.j, 3),
+    ]
+    # then the rest of the loader batch (its 4th prompt), then the next batch; c is not drawn again
+    assert [p.attempt for p in again[2:]] == [1, 1, 1]
+    assert c.key not in [p.key for p in again]
+    assert [p.j for p in again[2:]] == [3, 0, 1] and [p.batch_no for p in again[2:]] == [1, 2, 2]
+
+
 def _sim_run(pm: PluginManager, quickstart_dir: Path, run_dir: Path, *extra: str, **objects: Any) -> Any:
     return build(
         pm,
@@ -93,7 +129,7 @@ def test_no_prompt_lost_or_trained_twice_across_syncs_and_resume(
     assert len(trained) == 8 * 16 and len(set(trained)) == len(trained)  # nothing trained twice
     # nothing lost: trained + still outstanding at the end == a prefix of the loader's epoch-0 order
     st = r2.source.prompts.state_dict()
-    left = [(e, i) for e, i, _, _ in st["pending"] + st["buffer"]]
+    left = [(e, i) for e, i, *_ in st["pending"] + st["buffer"]]
     order = r2.source.prompts.loader.order(0)
     assert sorted(trained + left) == sorted((0, i) for i in order[: len(trained) + len(left)])
     recs = read_metrics(out)

@@ -75,7 +75,7 @@ def _outstanding(run_dir: Path, step: int) -> tuple[set[tuple[int, int]], int]:
     data = json.loads((run_dir / "checkpoints" / f"step_{step}" / "rlzoo_checkpoint.json").read_text())
     state: dict[str, Any] = data["payload"]["data"]
     assert state["loader"]["epoch"] == 0
-    return {(b, j) for _, _, b, j in state["pending"] + state["buffer"]}, int(state["loader"]["position"])
+    return {(b, j) for _, _, b, j, _ in state["pending"] + state["buffer"]}, int(state["loader"]["position"])
 
 
 def _ks(a: list[int], b: list[int]) -> float:

@@ -60,15 +60,17 @@ class Prompt:
     batch_no: int  # loader batch it came from (1-based): seeds its requests like sync's step
     j: int  # position in that batch
     item: dict[str, Any] = field(repr=False)
-    attempt: int = 1  # 2, 3, ... when regenerated after a staleness drop
+    attempt: int = 1  # of its current or next generation: 2, 3, ... once dropped as too stale
 
 
 class PromptSource:
     """Draws prompts from a :class:`~rlzoo.data.dataset.PromptLoader` and tracks those not yet trained.
 
     ``state_dict()`` holds the loader state plus every outstanding prompt (drawn, not yet trained:
-    buffered, in flight, queued, dropped for regeneration); :meth:`load_state_dict` re-draws those
-    first, so across a checkpoint no prompt is lost or trained twice. Thread-safe.
+    buffered, in flight, queued, dropped for regeneration) with its loader batch, position and
+    attempt; :meth:`load_state_dict` re-draws those first, so across a checkpoint no prompt is lost
+    or trained twice, and each is generated with the seeds it would have had without the
+    interruption (a long response in flight at a kill is generated again, not replaced). Thread-safe.
     """
 
     def __init__(
@@ -122,6 +124,11 @@ class PromptSource:
         with self._lock:
             return not self._restored and self.limit is not None and self.drawn >= self.limit
 
+    def dropped(self, p: Prompt) -> None:
+        """``p``'s group was dropped as too stale: its next generation is a new attempt (new seeds)."""
+        with self._lock:
+            p.attempt += 1
+
     def trained(self, prompts: Sequence[Prompt]) -> None:
         with self._lock:
             for p in prompts:
@@ -130,7 +137,7 @@ class PromptSource:
 
     def state_dict(self) -> dict[str, Any]:
         def enc(ps: Sequence[Prompt]) -> list[list[int]]:
-            return [[p.key[0], p.key[1], p.batch_no, p.j] for p in ps]
+            return [[p.key[0], p.key[1], p.batch_no, p.j, p.attempt] for p in ps]
 
         with self._lock:
             pending = self._restored + sorted(self._outstanding.values(), key=lambda p: p.seq)
@@ -144,7 +151,10 @@ class PromptSource:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         def dec(rows: Sequence[Sequence[int]]) -> list[Prompt]:
-            return [Prompt((int(e), int(i)), 0, int(b), int(j), self.dataset[int(i)]) for e, i, b, j in rows]
+            return [
+                Prompt((int(e), int(i)), 0, int(b), int(j), self.dataset[int(i)], attempt=int(a))
+                for e, i, b, j, a in rows
+            ]
 
         with self._lock:
             self.loader.load_state_dict(state["loader"])
@@ -248,8 +258,7 @@ class Rollouter:
         while True:
             regen = q.acquire_regen()
             if regen is not None:  # the payload of a group dropped as too stale: generate it again
-                p: Prompt = regen[0]
-                p.attempt += 1
+                p: Prompt = regen[0]  # its attempt was counted at the drop (PromptSource.dropped)
             elif q.try_acquire():
                 drawn = self.prompts.draw()
                 if drawn is None:
@@ -389,6 +398,7 @@ class StreamFromQueue:
             param_version=int(payload.get("policy_version", 0)),
             backend_version=int(s.rollout.version),
         )
+        q.on_drop = lambda group, where: self.prompts.dropped(group.payload[0])
         keep = self._keep if s.reward.sample_filter is not None else None
         self.rollouter = Rollouter(s.rollout, q, self.prompts, s.score, keep, p.scoring_workers)
         print(

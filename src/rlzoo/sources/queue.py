@@ -110,7 +110,9 @@ class StalenessQueue:
             "max_window_started": 0,
         }
         self._stats: dict[str, float] = {}
-        self.on_drop: Callable[[Group, str], None] | None = None  # test hook
+        #: called under the queue's lock with each dropped group and where (put / sync / get): the
+        #: runner counts a new attempt for its prompt, so a checkpoint taken meanwhile records it
+        self.on_drop: Callable[[Group, str], None] | None = None
 
     # ------------------------------------------------------------------------------------------
     # versions
