@@ -317,7 +317,8 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     ACT + "freeze_vision_tower": Skip(
         "the vision tower trains with the rest",
         _off,
-        "rlzoo trains every weight: it cannot freeze the vision tower",
+        "rlzoo freezes a vision tower on the native train backend only (trainer.backend.freeze_vision_tower), "
+        "the one that trains vision-language models; fsdp2 and megatron load their text part",
     ),
     ACT + "calculate_sum_pi_squared": Skip(
         "off", _off, "rlzoo has no sum-of-pi-squared statistic (verl's optimal-baseline estimator input)"
