@@ -131,11 +131,11 @@ class SmolLM2CountParams:
     overwrite: bool = param(False, help="rewrite the data and convert the model again")
 
     def __post_init__(self) -> None:
-        if self.max_start < 2 or self.val_size > self.max_count * (self.max_start - 1):
+        if self.val_size > self.max_count * (self.max_start - 1):
             raise ValueError(
                 f"val_size={self.val_size} with max_count={self.max_count}, max_start={self.max_start} leaves "
                 "nothing to train on: every count keeps at least one start for training, so val_size must be "
-                "<= max_count * (max_start - 1) and max_start >= 2"
+                "<= max_count * (max_start - 1)"
             )
 
 
