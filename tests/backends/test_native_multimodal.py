@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from rlzoo.kernel.errors import ConfigError
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("PIL")
@@ -239,6 +241,56 @@ def test_update_policy_trains_the_vision_tower(vl: tuple[Any, Any], sampled: lis
     assert metrics["actor/skipped_steps"] == 0.0 and metrics["actor/num_micro_batches"] == 3.0
     after = dict(backend.actor.named_parameters())
     assert any(not torch.equal(after[n], v) for n, v in visual.items())  # the vision tower learned too
+
+
+def test_freeze_vision_tower_keeps_it_fixed_and_trains_the_rest(vl: tuple[Any, Any], sampled: list) -> None:
+    model, processor = vl
+    batch = samples_to_batch(sampled, None, processor.tokenizer.pad_token_id)
+    backend = NativeTrainBackend.from_module(
+        copy.deepcopy(model),
+        NativeTrainParams(device="cpu", freeze_vision_tower=True),
+        TrainSpec(
+            model_path="",
+            optim=OptimSettings(lr=1e-2),
+            micro_batch=MicroBatchSettings(size=3, log_prob_size=3),
+        ),
+    )
+    before = {n: p.detach().clone() for n, p in backend.actor.named_parameters()}
+    visual = {n for n in before if "visual" in n}
+    assert visual and all(not backend.actor.get_parameter(n).requires_grad for n in visual)
+    in_optimizer = {id(p) for g in backend.optimizer.param_groups for p in g["params"]}
+    assert not any(id(backend.actor.get_parameter(n)) in in_optimizer for n in visual)
+
+    class MeanLogProb:  # a declared rlzoo.kernel.protocols.Objective
+        needs_entropy = False
+
+        def __call__(self, mb: Any, log_probs: Any, entropy: Any) -> tuple[Any, dict]:
+            return -(log_probs * mb["response_mask"]).sum() / batch["response_mask"].sum(), {}
+
+    metrics = backend.update_policy(batch, MeanLogProb())
+    assert metrics["actor/skipped_steps"] == 0.0
+    after = dict(backend.actor.named_parameters())
+    assert all(torch.equal(after[n], before[n]) for n in visual)  # the tower did not move
+    assert any(not torch.equal(after[n], v) for n, v in before.items() if n not in visual)  # the rest learned
+
+
+def test_freeze_vision_tower_on_a_text_model_is_refused() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
+    with pytest.raises(
+        ConfigError, match=r"freeze_vision_tower=true needs a vision-language model.*LlamaForCausalLM"
+    ):
+        NativeTrainBackend.from_module(
+            LlamaForCausalLM(cfg), NativeTrainParams(device="cpu", freeze_vision_tower=True)
+        )
 
 
 def test_vl_critic_is_not_supported(vl: tuple[Any, Any]) -> None:

@@ -53,3 +53,27 @@ def test_fully_async_on_ray_split(ray_cluster: Any, tmp_path: Path) -> None:
     assert all(r["staleness/max"] <= 1 for r in recs)
     assert all("trainer/idle_ratio" in r for r in recs)
     assert free_cpus_after_release(ray_cluster) == 4.0  # the cluster as found, for the tests after this one
+
+
+def test_one_step_off_on_ray_split(ray_cluster: Any, tmp_path: Path) -> None:
+    """One-step-off with the engine and the trainer in separate Ray worker processes: the batch of step
+    k was generated with the weights of step k - 1 (staleness 1 after the first step)."""
+    import rlzoo
+    from rlzoo.report.metrics import read_metrics
+
+    run = rlzoo.build_run(
+        "quickstart",
+        ray_run_overrides(
+            tmp_path,
+            "placement.colocate=false",
+            "runner=one_step_off",
+            "trainer.total_steps=3",
+            "trainer.test_freq=0",
+        ),
+    )
+    summary = run.train()
+    assert summary["final"]["step"] == 3
+    recs = [r for r in read_metrics(run.run_dir) if r["step"] > 0]
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    assert [r["staleness/max"] for r in recs] == [0.0, 1.0, 1.0]
+    assert free_cpus_after_release(ray_cluster) == 4.0

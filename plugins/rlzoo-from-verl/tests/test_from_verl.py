@@ -877,3 +877,19 @@ def test_a_custom_dataset_class_and_sampler_map_to_data_custom_cls_and_data_samp
     assert off.get("data.custom_cls") is None
     with pytest.raises(RlzooError, match=r"a pkg:// module path is imported through sys\.path"):
         convert(ov("+data.sampler.class_path=pkg://tests.utils.x +data.sampler.class_name=S"))
+
+
+def test_over_sample_rate_is_read_as_verl_reads_it_now():
+    """verl 0.9 declares ``rollout.over_sample_rate`` but no code reads it (the SGLang SPMD rollout
+    that used it was retired): a script setting it converts, and the reason is listed."""
+    conv = convert(ov("algorithm.adv_estimator=grpo actor_rollout_ref.rollout.over_sample_rate=0.1"))
+    assert not conv.unmappable
+    (why,) = [w for k, _, w in conv.skipped if k.endswith("over_sample_rate")]
+    assert "no code reads it" in why and "#4422" in why
+
+
+def test_a_frozen_vision_tower_points_to_the_native_setting():
+    with pytest.raises(
+        RlzooError, match=r"freeze_vision_tower = True: .*trainer\.backend\.freeze_vision_tower"
+    ):
+        convert(ov("algorithm.adv_estimator=grpo actor_rollout_ref.actor.freeze_vision_tower=True"))

@@ -34,6 +34,9 @@ __all__ = ["RayPlacement", "init_ray"]
 
 logger = logging.getLogger("rlzoo.distributed")
 
+#: Ray's setting of its workers' niceness (read when a local cluster starts)
+WORKER_NICENESS = "RAY_worker_niceness"
+
 #: seconds to wait for a placement group before reporting that the cluster cannot host it
 PG_READY_TIMEOUT_S = 120.0
 
@@ -47,8 +50,18 @@ def init_ray(address: str | None) -> bool:
     if address:
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=True)
     else:
-        # a local, CPU-only by default single-node cluster; Ray counts the cores and GPUs itself
-        ray.init(include_dashboard=False, ignore_reinit_error=True, log_to_driver=True)
+        # a local, CPU-only by default single-node cluster; Ray counts the cores and GPUs itself. Its
+        # workers are this run's compute (the trainer, the engine), so they start at the driver's
+        # priority, not Ray's default nice 15 (Ray's job manager does the same for a submitted job):
+        # at nice 15 they lose every contest for the cores on a shared machine. RAY_worker_niceness
+        # set by the user wins.
+        saved = os.environ.get(WORKER_NICENESS)
+        os.environ[WORKER_NICENESS] = saved if saved is not None else "0"
+        try:
+            ray.init(include_dashboard=False, ignore_reinit_error=True, log_to_driver=True)
+        finally:
+            if saved is None:
+                del os.environ[WORKER_NICENESS]
     return True
 
 

@@ -37,8 +37,9 @@ class UnknownComponentError(RlzooError, KeyError):
 class ConfigError(RlzooError, ValueError):
     """A recipe has one or more problems. ``problems`` lists each with its key path."""
 
-    def __init__(self, problems: Sequence[str], header: str = "invalid recipe") -> None:
-        self.problems = list(problems)
+    def __init__(self, problems: Sequence[str] | str, header: str = "invalid recipe") -> None:
+        # one problem given as a string is one problem, not one per character
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
         lines = [f"{header}: {len(self.problems)} problem(s)"]
         lines += [f"  - {p}" for p in self.problems]
         super().__init__("\n".join(lines))

@@ -164,3 +164,85 @@ def prepare_code(out_dir: Path, params: Any) -> dict[str, Path]:
         return train, [row(e, "val", i, rng) for i, e in enumerate(val_exprs)]
 
     return {**build_splits(out, "smollm2_code", params, build), **model}
+
+
+COUNT_SOURCE = "rlzoo/count"
+
+
+def count_prompt(start: int, stop: int) -> str:
+    return f"Count from {start} to {stop}. Reply with only the numbers, separated by spaces."
+
+
+def count_lengths(max_count: int) -> list[float]:
+    """Sampling weights of the counts 1..max_count: ``1 / L`` (log-uniform), so most answers are a few
+    numbers long and a tail reaches ``max_count``: the long-tailed response lengths of issue 38."""
+    return [1.0 / n for n in range(1, max_count + 1)]
+
+
+def prepare_count(out_dir: Path, params: Any) -> dict[str, Path]:
+    """``train.parquet``, ``val.parquet`` ("Count from a to b", held-out (a, b) pairs) and ``model/``."""
+    import random
+
+    from rlzoo.tasks._stamp import build_splits
+
+    out = Path(out_dir)
+    model = prepare_model(out, params)  # the model first: a missing package fails before any file
+
+    def row(start: int, n: int, split: str, index: int) -> dict[str, Any]:
+        stop = start + n - 1
+        return {
+            "data_source": COUNT_SOURCE,
+            "prompt": [{"role": "user", "content": count_prompt(start, stop)}],
+            "ability": "counting",
+            "reward_model": {"style": "rule", "ground_truth": f"{start} {stop}"},
+            "extra_info": {"split": split, "index": index, "count": n},
+        }
+
+    def build() -> tuple[list[dict], list[dict]]:
+        rng = random.Random(params.seed)
+        weights = count_lengths(params.max_count)
+        lengths = range(1, params.max_count + 1)
+        starts = range(1, params.max_start + 1)
+
+        def draw_count() -> int:
+            return rng.choices(lengths, weights)[0]
+
+        # validation pairs drawn with the same law; every count keeps at least one start for training,
+        # and training draws the count first (the 1/L law, undistorted by the held-out pairs), then a start
+        val: set[tuple[int, int]] = set()
+        while len(val) < params.val_size:
+            n = draw_count()
+            free = [a for a in starts if (a, n) not in val]
+            if len(free) > 1:
+                val.add((rng.choice(free), n))
+        allowed = {n: [a for a in starts if (a, n) not in val] for n in lengths}
+        train = []
+        for _ in range(params.train_size):
+            n = draw_count()
+            train.append((rng.choice(allowed[n]), n))
+        return (
+            [row(a, n, "train", i) for i, (a, n) in enumerate(train)],
+            [row(a, n, "val", i) for i, (a, n) in enumerate(sorted(val))],
+        )
+
+    return {**build_splits(out, "smollm2_count", params, build), **model}
+
+
+def score_count(
+    response: str, ground_truth: Any, data_source: str, extra_info: Any, params: Any
+) -> dict[str, Any]:
+    """1.0 when the response's integers are exactly ``start..stop``; otherwise half the share of the
+    sequence it got right before its first mistake (so longer correct prefixes earn more)."""
+    import re
+
+    start, stop = (int(x) for x in str(ground_truth).split())
+    want = list(range(start, stop + 1))
+    got = [int(x) for x in re.findall(r"-?\d+", response)[: len(want) + 1]]
+    if got == want:
+        return {"score": 1.0, "acc": 1.0}
+    prefix = 0
+    for g, w in zip(got, want):
+        if g != w:
+            break
+        prefix += 1
+    return {"score": 0.5 * prefix / len(want), "acc": 0.0}

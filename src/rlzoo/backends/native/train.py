@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.kernel.batch import Batch
+from rlzoo.kernel.errors import ConfigError
 from rlzoo.kernel.protocols import Objective
 from rlzoo.kernel.settings import TrainSpec
 from rlzoo.train_kit import checkpoint as ckpt
@@ -86,10 +87,18 @@ class NativeTrainBackend:
         if model is None:
             model = models.load_causal_lm(spec.model_path, self._hf_kwargs())
         self.actor: Any = model.to(device=self.device, dtype=self.dtype)  # an HF PreTrainedModel
-        from rlzoo.backends.native.multimodal import is_multimodal_model
+        from rlzoo.backends.native.multimodal import is_multimodal_model, vision_tower
 
         # a vision-language model (Qwen2.5-VL style): images and M-RoPE positions in every forward
         self._vl = is_multimodal_model(self.actor)
+        if params.freeze_vision_tower:
+            tower = vision_tower(self.actor) if self._vl else None
+            if tower is None:
+                raise ConfigError(
+                    f"trainer.backend.freeze_vision_tower=true needs a vision-language model with a vision "
+                    f"tower (e.g. Qwen2.5-VL); {type(self.actor).__name__} has none: drop the setting"
+                )
+            tower.requires_grad_(False)  # no gradients, and the optimizer below takes trainable weights only
         if self._vl and params.use_remove_padding:
             logger.info(
                 "use_remove_padding: %s is a vision-language model; its forwards stay padded",

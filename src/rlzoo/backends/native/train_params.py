@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from rlzoo.kernel.params import param
 from rlzoo.train_kit.params import HFTrainParams
 
 __all__ = ["NativeTrainParams"]
@@ -38,3 +39,9 @@ class NativeTrainParams(HFTrainParams):
     """
 
     kind: ClassVar[str] = "native"
+
+    freeze_vision_tower: bool = param(
+        False,
+        help="vision-language models: keep the vision tower's weights fixed (no gradients, not in the "
+        "optimizer); the language model and the projector train (verl's actor.freeze_vision_tower)",
+    )
