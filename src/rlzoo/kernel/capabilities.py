@@ -68,6 +68,12 @@ class AdvantageCapabilities(Capabilities):
         "trainer asks the train backend for it in the old-log-prob forward; validate refuses a backend "
         "without supplies_sum_pi_squared",
     )
+    needs_teacher: bool = param(
+        False,
+        help="reads inputs.teacher_log_probs [B, T] (a teacher's log-probs of the sampled tokens): the trainer "
+        "asks the train backend for them; validate refuses it without algorithm.teacher, or on a train backend "
+        "without supports_teacher",
+    )
     needs_reward_components: bool = param(
         False,
         help="reads inputs.reward_components [B, K]: the scorers' per-sample info values named by its "
@@ -178,6 +184,11 @@ class TrainBackendCapabilities(Capabilities):
     )
     supports_lora: bool = param(
         False, help="trains LoRA adapters (trainer.lora); validate refuses trainer.lora without it"
+    )
+    supports_teacher: bool = param(
+        False,
+        help="loads a forward-only teacher (algorithm.teacher) and serves compute_log_probs(model='teacher'); "
+        "validate refuses a teacher without it",
     )
     requires: str | None = param(None, help="the optional distribution it needs (pip install rlzoo[EXTRA])")
     extra: str | None = param(None, help="the pip extra that installs `requires`")

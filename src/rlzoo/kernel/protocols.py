@@ -40,6 +40,8 @@ class AdvantageInputs:
     #: [B, T] long: the 0-based model turn of each response token, -1 off the model's turns
     #: (observations, padding); None for a batch without multi-turn trajectories
     turn_ids: Tensor | None = None
+    #: [B, T] a teacher's log-probs of the sampled tokens (needs_teacher), 0 where the mask is 0
+    teacher_log_probs: Tensor | None = None
 
 
 @dataclass

@@ -88,7 +88,8 @@ class _Accumulator:
 
 @dataclass
 class PolicyObjective:
-    """policy_loss ∘ loss_agg  (+ kl_coef · agg(kl(logp, ref)))  (− entropy_coeff · agg(entropy))."""
+    """policy_loss ∘ loss_agg  (+ kl_coef · agg(kl(logp, ref)))  (+ teacher_kl_coef · agg(kl(logp, teacher)))
+    (− entropy_coeff · agg(entropy))."""
 
     policy_loss: Selection
     loss_agg: Selection
@@ -96,6 +97,9 @@ class PolicyObjective:
     kl_loss: Selection | None = None
     kl_coef: float = 0.0
     entropy_coeff: float = 0.0
+    #: the teacher-KL loss term (RL + distillation): its estimator and coefficient; None / 0: off
+    teacher_kl_loss: Selection | None = None
+    teacher_kl_coef: float = 0.0
     #: ``fn(old, rollout, mask) -> metrics`` (rollout-vs-trainer drift), used when the micro-batch
     #: has no ``old_log_probs`` (an exactly on-policy update: they are this forward's, detached);
     #: measured once over all micro-batches, in :meth:`summary`
@@ -140,6 +144,11 @@ class PolicyObjective:
             kl_value = self.agg(kl, mask)
             self.acc.add("actor/kl_loss", kl_value.detach())
             loss = loss + self.kl_coef * kl_value
+        if self.teacher_kl_loss is not None and self.teacher_kl_coef:
+            tkl = self.teacher_kl_loss(log_probs, mb["teacher_log_probs"])  # [b, T]
+            tkl_value = self.agg(tkl, mask)
+            self.acc.add("actor/teacher_kl_loss", tkl_value.detach())
+            loss = loss + self.teacher_kl_coef * tkl_value
         self.acc.add("actor/loss", loss.detach())
         return loss, {}
 

@@ -119,6 +119,15 @@ class NativeTrainBackend:
             self.actor.to(device=self.device, dtype=self.dtype)
             if spec.need_reference:
                 self.ref = lora.AdaptersOff(self._lora)
+        # a forward-only teacher (algorithm.teacher), placed like the reference: on this device
+        self.teacher: nn.Module | None = None
+        if spec.teacher is not None:
+            if self._vl:
+                raise NotImplementedError(
+                    f"native train backend: a teacher for the vision-language model {type(self.actor).__name__} "
+                    "is not supported yet (algorithm.teacher works with text models)"
+                )
+            self.teacher = models.load_teacher(spec.teacher, params, spec, self.dtype).to(self.device)
 
         if params.gradient_checkpointing:
             m: Any
@@ -130,6 +139,7 @@ class NativeTrainBackend:
                 else:
                     m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self._keep_arg = models.takes_logits_to_keep(self.actor)
+        self._teacher_keep_arg = self.teacher is not None and models.takes_logits_to_keep(self.teacher)
         # the LM head applied per chunk inside the log-softmax (the ref model has the same architecture)
         self._fuse = params.fused_lm_head and not self._vl and models.fusable_lm_head(self.actor) is not None
         if params.fused_lm_head and not self._vl and not self._fuse:
@@ -197,7 +207,7 @@ class NativeTrainBackend:
             return actor_log_probs(
                 module,
                 mb,
-                keep_arg=self._keep_arg,
+                keep_arg=self._teacher_keep_arg if module is self.teacher else self._keep_arg,
                 temperature=temperature,
                 with_entropy=with_entropy,
                 chunk_tokens=chunk,
@@ -227,10 +237,10 @@ class NativeTrainBackend:
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs ``[B, T]`` (and entropy ``[B, T]`` if asked) of the responses, under no_grad.
 
-        fp32, on the input batch's device, zero where the response is padding. ``model``: "actor" or
-        "ref"; ``temperature`` defaults to ``params.temperature``.
+        fp32, on the input batch's device, zero where the response is padding. ``model``: "actor",
+        "ref" or "teacher"; ``temperature`` defaults to ``params.temperature``.
         """
-        module = models.select_model(model, self.actor, self.ref)
+        module = models.select_model(model, self.actor, self.ref, self.teacher)
         temp = self.temperature if temperature is None else temperature
         lps, ents = [], []
         with eval_mode(module):
@@ -405,7 +415,7 @@ class NativeTrainBackend:
         Returns the ``extra_state`` given to :meth:`save_checkpoint`. Raises
         :class:`~rlzoo.train_kit.checkpoint.IncompleteCheckpointError` when ``path`` has
         no ``COMPLETE`` marker. The reference model is not in the checkpoint: it is the initial
-        weights this backend was built from. With LoRA the checkpoint holds the adapter and its
+        weights this backend was built from (the teacher is not either: it is loaded from its folder). With LoRA the checkpoint holds the adapter and its
         optimizer state only: the base weights come from ``model_path`` again.
         """
         path = Path(path)
@@ -430,7 +440,7 @@ class NativeTrainBackend:
 
     def shutdown(self) -> None:
         """Drop the models and optimizer states (frees device memory)."""
-        for attr in ("actor", "ref", "critic", "optimizer", "critic_optimizer", "_lora"):
+        for attr in ("actor", "ref", "teacher", "critic", "optimizer", "critic_optimizer", "_lora"):
             setattr(self, attr, None)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
