@@ -47,7 +47,7 @@ def test_discount_skips_observation_tokens():
 def test_reverse_kl_advantage_without_teacher_names_what_is_missing():
     inputs = adv_inputs([[-1.0]], [[-1.0]], [[1]])
     inputs.teacher_log_probs = None
-    with pytest.raises(ValueError, match="teacher_log_probs.*algorithm.teacher"):
+    with pytest.raises(ValueError, match=r"teacher_log_probs.*algorithm\.teacher"):
         reverse_kl_advantage(inputs, ReverseKLAdvantageParams())
 
 

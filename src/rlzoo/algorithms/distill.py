@@ -9,12 +9,12 @@ policy does; these parts turn its log-probs into an advantage or a loss term. Se
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlzoo import hookimpl, param
 
 if TYPE_CHECKING:
-    from rlzoo.kernel.protocols import AdvantageFn, KLFn
+    from rlzoo.kernel.protocols import AdvantageFn, KLFn, PolicyLossFn
     from rlzoo.kernel.registry import Registrar
 
 _IMPL = "rlzoo.algorithms.functional.distill"
@@ -61,6 +61,42 @@ class ScoreFunctionK1Params:
     al. 2024, https://arxiv.org/abs/2306.13649, Sec. 3.2). Computed as sg(d) * exp(log p - sg(log p))
     with d = log p - log q: value d, gradient d * grad log p.
     """
+
+
+@dataclass(frozen=True)
+class GKDParams:
+    """gkd: generalized Jensen-Shannon divergence to the teacher's whole next-token distribution (GKD).
+
+    Per response token: JSD_beta = beta * KL(p_T || M) + (1 - beta) * KL(p_S || M), M = beta * p_T +
+    (1 - beta) * p_S, with p = softmax(logits / temperature) over the whole vocabulary; beta = 0 is
+    the forward KL(p_T || p_S), beta = 1 the reverse KL(p_S || p_T). The loss is its aggregation
+    (algorithm.loss_agg) over the student's own samples (GKD with on-policy fraction lambda = 1: no
+    advantage, no reward, no ratio). The train backend computes it chunk by chunk in the update's
+    forward (supplies_teacher_divergence), one teacher forward per micro-batch. TRL's
+    GKDTrainer.generalized_jsd_loss is its token-mean. Agarwal et al. 2024, "On-Policy Distillation
+    of Language Models: Learning from Self-Generated Mistakes", https://arxiv.org/abs/2306.13649.
+    """
+
+    beta: float = param(
+        0.5,
+        ge=0,
+        le=1,
+        help="interpolation: 0 forward KL(teacher || student), 1 reverse KL(student || teacher)",
+    )
+    temperature: float = param(1.0, gt=0, help="softmax temperature of both distributions in the divergence")
+
+    def divergence(self, student_logits: Any, teacher_logits: Any) -> Any:
+        """Per position: ``[..., V] x [..., V] -> [...]`` (rlzoo.kernel.protocols.TeacherDivergence)."""
+        from rlzoo.algorithms.functional.distill import generalized_jsd
+
+        return generalized_jsd(student_logits, teacher_logits, beta=self.beta, temperature=self.temperature)
+
+
+@hookimpl
+def rlzoo_register_policy_losses(registry: Registrar[PolicyLossFn]) -> None:
+    registry.register(
+        "gkd", f"{_IMPL}:gkd_loss", params=GKDParams, capabilities={"needs_teacher_distribution": True}
+    )
 
 
 @hookimpl

@@ -88,6 +88,19 @@ class PolicyLossInputs:
     agg: BoundAgg  # the selected aggregation, bound to the global counts
     rollout_is_weights: Tensor | None = None  # [B, T] off-policy correction weights (detached)
     entropy: Tensor | None = None  # [B, T] (losses with needs_entropy)
+    #: [B, T] the params' divergence (TeacherDivergence) between the student's and the teacher's
+    #: next-token distributions at each response token, with the student's gradient
+    #: (losses with needs_teacher_distribution)
+    teacher_divergence: Tensor | None = None
+
+
+@runtime_checkable
+class TeacherDivergence(Protocol):
+    """Params of a policy loss with ``needs_teacher_distribution``: the per-position divergence
+    ``divergence(student_logits [..., V], teacher_logits [..., V]) -> [...]`` the train backend
+    applies to the two models' logits, chunk by chunk, in the update's forward."""
+
+    def divergence(self, student_logits: Tensor, teacher_logits: Tensor) -> Tensor: ...
 
 
 @dataclass
@@ -413,6 +426,17 @@ class MetricAccumulator(Protocol):
     def mark(self) -> Any: ...
     def since(self, mark: Any) -> Any: ...
     def merge(self, mark: Any, added: Sequence[Any]) -> None: ...
+
+
+@runtime_checkable
+class DistillingObjective(Protocol):
+    """An objective that may want the teacher's whole distribution: ``teacher_divergence`` None, or
+    ``divergence(student_logits, teacher_logits) -> [...]`` (:class:`TeacherDivergence`); a backend
+    with ``supplies_teacher_divergence`` then puts ``micro_batch["teacher_divergence"]`` ``[b, T]``
+    (with the student's gradient) in each micro-batch before calling the objective. An objective
+    that is not one wants none."""
+
+    teacher_divergence: Callable[[Tensor, Tensor], Tensor] | None
 
 
 @runtime_checkable

@@ -120,25 +120,36 @@ def _advantage_needs_rule(cfg: RecipeConfig) -> list[str]:
 
 
 def _teacher_rule(cfg: RecipeConfig) -> list[str]:
-    """A part that reads a teacher's log-probs needs ``algorithm.teacher`` and a train backend that
-    loads one (``supports_teacher``)."""
+    """A part that reads the teacher needs ``algorithm.teacher`` and a train backend that loads one
+    (``supports_teacher``), and, for the teacher's whole distribution, computes the divergence in
+    its update (``supplies_teacher_divergence``)."""
     alg = cfg.algorithm
     if not uses_teacher(cfg):
         return []
-    adv = alg.advantage
-    who = (
-        f"advantage {adv.name!r} reads a teacher's log-probs (needs_teacher)"
-        if isinstance(adv, Selection) and adv.caps.needs_teacher
-        else f"algorithm.teacher_kl_coef: {alg.teacher_kl_coef} adds a teacher-KL loss term"
-    )
+    adv, pl, tb = alg.advantage, alg.policy_loss, cfg.trainer.backend
+    by_distribution = isinstance(pl, Selection) and pl.caps.needs_teacher_distribution
+    if isinstance(adv, Selection) and adv.caps.needs_teacher:
+        who = f"advantage {adv.name!r} reads a teacher's log-probs (needs_teacher)"
+    elif by_distribution:
+        who = f"policy loss {pl.name!r} reads the teacher's whole distribution (needs_teacher_distribution)"
+    else:
+        who = f"algorithm.teacher_kl_coef: {alg.teacher_kl_coef} adds a teacher-KL loss term"
     out = []
     if alg.teacher is None:
-        out.append(f"algorithm.teacher: {who}, but no teacher is set; give algorithm.teacher.model (a model folder)")
-    tb = cfg.trainer.backend
+        out.append(
+            f"algorithm.teacher: {who}, but no teacher is set; give algorithm.teacher.model (a model folder)"
+        )
     if isinstance(tb, Selection) and not tb.caps.supports_teacher:
         out.append(
             f"trainer.backend: {who}, but train backend {tb.name!r} cannot load a teacher (supports_teacher "
             f"is false); use one that can ({_names_with(tb, 'supports_teacher')})"
+        )
+    elif by_distribution and isinstance(tb, Selection) and not tb.caps.supplies_teacher_divergence:
+        out.append(
+            f"trainer.backend: policy loss {pl.name!r} needs the divergence to the teacher's whole "
+            f"distribution in the update, which train backend {tb.name!r} does not compute "
+            f"(supplies_teacher_divergence is false); use {_names_with(tb, 'supplies_teacher_divergence')}, "
+            "or the sampled-token objectives (advantage distill_reverse_kl, algorithm.teacher_kl_coef)"
         )
     return out
 
@@ -163,7 +174,9 @@ def _teacher_tokenizer_rule(cfg: RecipeConfig) -> list[str]:
         student = load_tokenizer(student_dir, trust_remote_code=cfg.model.trust_remote_code)
         teacher = load_tokenizer(teacher_dir, trust_remote_code=t.trust_remote_code)
     except Exception as exc:  # an unreadable tokenizer is the run's (or the teacher's) own error, later
-        return [f"algorithm.teacher.model: cannot compare the tokenizers of {student_path!r} and {t.model!r}: {exc}"]
+        return [
+            f"algorithm.teacher.model: cannot compare the tokenizers of {student_path!r} and {t.model!r}: {exc}"
+        ]
     diff = vocabulary_difference(student, teacher)
     if diff is None:
         return []

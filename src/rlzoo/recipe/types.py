@@ -234,7 +234,9 @@ class AlgorithmSection:
         "mixed; needs algorithm.teacher); 0: off",
     )
     teacher_kl_loss: Any = part(
-        "kl", "k1_sf", help="estimator of the teacher-KL loss term (k1_sf: the reverse KL's on-policy gradient)"
+        "kl",
+        "k1_sf",
+        help="estimator of the teacher-KL loss term (k1_sf: the reverse KL's on-policy gradient)",
     )
 
 
@@ -440,10 +442,13 @@ def optimizer_steps(cfg: RecipeConfig, trainer_steps: int) -> int:
 
 
 def uses_teacher(cfg: RecipeConfig) -> bool:
-    """Whether a part of the recipe reads the teacher's log-probs (a ``needs_teacher`` advantage, or
-    the teacher-KL loss term with ``algorithm.teacher_kl_coef`` above 0): then the train backend
-    loads ``algorithm.teacher``."""
+    """Whether a part of the recipe reads the teacher (a ``needs_teacher`` advantage, a
+    ``needs_teacher_distribution`` policy loss, or the teacher-KL loss term with
+    ``algorithm.teacher_kl_coef`` above 0): then the train backend loads ``algorithm.teacher``."""
     alg = cfg.algorithm
-    adv = alg.advantage
+    adv, pl = alg.advantage, alg.policy_loss
     needs = isinstance(adv, Selection) and bool(getattr(adv.caps, "needs_teacher", False))
+    needs = needs or (
+        isinstance(pl, Selection) and bool(getattr(pl.caps, "needs_teacher_distribution", False))
+    )
     return needs or alg.teacher_kl_coef > 0

@@ -192,7 +192,9 @@ def teacher_model(cfg: RecipeConfig, tokenizer: Any) -> TeacherModel | None:
         ) from exc
     diff = vocabulary_difference(tokenizer, teacher_tok)
     if diff is not None:
-        raise ConfigError([f"algorithm.teacher.model: the teacher's tokenizer differs from the student's: {diff}"])
+        raise ConfigError(
+            [f"algorithm.teacher.model: the teacher's tokenizer differs from the student's: {diff}"]
+        )
     return TeacherModel(path=path, dtype=t.dtype, trust_remote_code=t.trust_remote_code)
 
 

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from rlzoo.kernel.batch import Batch
-from rlzoo.kernel.protocols import AggContext, PolicyLossInputs
+from rlzoo.kernel.protocols import AggContext, PolicyLossInputs, TeacherDivergence
 from rlzoo.recipe.types import Selection
 from rlzoo.report.metrics import to_float
 from rlzoo.train_kit.formulas import make_agg_context, value_loss
@@ -108,6 +108,18 @@ class PolicyObjective:
     def __post_init__(self) -> None:
         self.agg = _bind(self.loss_agg, self.ctx)
         self.acc = _Accumulator()
+        #: the divergence to the teacher's whole distribution the backend computes in the update's
+        #: forward (rlzoo.kernel.protocols.DistillingObjective), for a needs_teacher_distribution loss
+        self.teacher_divergence: Any = None
+        if self.policy_loss.caps.needs_teacher_distribution:
+            params = self.policy_loss.params
+            if not isinstance(params, TeacherDivergence):
+                raise TypeError(
+                    f"policy loss {self.policy_loss.name!r} declares needs_teacher_distribution, but its params "
+                    f"{type(params).__name__} have no divergence(student_logits, teacher_logits) "
+                    "(rlzoo.kernel.protocols.TeacherDivergence)"
+                )
+            self.teacher_divergence = params.divergence
         self.needs_entropy = True  # entropy is always reported as a metric; cheap next to the forward
         self._drift: list[tuple[Tensor, Tensor, Tensor]] = []  # (old, rollout, mask) per micro-batch
 
@@ -128,6 +140,7 @@ class PolicyObjective:
             agg=self.agg,
             rollout_is_weights=mb.get("rollout_is_weights"),
             entropy=entropy,
+            teacher_divergence=mb.get("teacher_divergence"),
         )
         out = self.policy_loss(inputs)
         loss = out.loss

@@ -22,7 +22,7 @@ from rlzoo.kernel.protocols import (
     RewardComponentKeys,
     SumPiSquaredSource,
 )
-from rlzoo.recipe.types import KLControlSection, RecipeConfig, Selection, uses_teacher
+from rlzoo.recipe.types import KLControlSection, RecipeConfig, Selection
 from rlzoo.report.metrics import mean_metrics
 from rlzoo.train.objective import PolicyObjective, ValueObjective, agg_context
 from rlzoo.train.rewards import reward_components
@@ -118,7 +118,7 @@ def trainer_setup(cfg: RecipeConfig) -> TrainerSetup:
         advantage_reads_old_log_probs=adv_caps.needs_old_log_probs,
         needs_sum_pi_squared=adv_caps.needs_sum_pi_squared,
         reward_keys=reward_keys,
-        needs_teacher=uses_teacher(cfg),
+        needs_teacher=bool(adv_caps.needs_teacher) or alg.teacher_kl_coef > 0,
         teacher_kl_loss=alg.teacher_kl_loss if alg.teacher_kl_coef > 0 else None,
         teacher_kl_coef=alg.teacher_kl_coef,
     )

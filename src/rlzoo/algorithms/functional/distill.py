@@ -19,11 +19,11 @@ from einops import rearrange
 from torch import Tensor
 
 from rlzoo.algorithms.functional.advantage import masked_whiten
-from rlzoo.kernel.protocols import AdvantageInputs, AdvantageOutput
+from rlzoo.kernel.protocols import AdvantageInputs, AdvantageOutput, PolicyLossInputs, PolicyLossOutput
 
-from ..distill import ReverseKLAdvantageParams, ScoreFunctionK1Params
+from ..distill import GKDParams, ReverseKLAdvantageParams, ScoreFunctionK1Params
 
-__all__ = ["generalized_jsd", "k1_score_function", "reverse_kl_advantage"]
+__all__ = ["generalized_jsd", "gkd_loss", "k1_score_function", "reverse_kl_advantage"]
 
 
 @torch.no_grad()
@@ -100,6 +100,18 @@ def generalized_jsd(
         torch.stack([log_s + math.log1p(-beta), log_t + math.log(beta)]), dim=0
     )  # [..., V] log of the mixture
     return beta * _kl(log_t, log_m) + (1.0 - beta) * _kl(log_s, log_m)  # [...]
+
+
+def gkd_loss(inputs: PolicyLossInputs, params: GKDParams) -> PolicyLossOutput:
+    """``agg(JSD_beta)`` over the response tokens: the divergence ``[B, T]`` the train backend
+    computed with :meth:`GKDParams.divergence` (``inputs.teacher_divergence``), aggregated."""
+    if inputs.teacher_divergence is None:
+        raise ValueError(
+            "gkd: inputs.teacher_divergence is None; the train backend computes it when the policy loss "
+            "declares needs_teacher_distribution (a backend with supplies_teacher_divergence, and algorithm.teacher)"
+        )
+    loss = inputs.agg(inputs.teacher_divergence, inputs.response_mask)  # []
+    return PolicyLossOutput(loss=loss, metrics={"gkd_jsd": loss.detach()})
 
 
 def _kl(log_p: Tensor, log_q: Tensor) -> Tensor:

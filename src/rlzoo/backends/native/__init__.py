@@ -24,6 +24,7 @@ _TRAIN_CAPS = {
     "supplies_sum_pi_squared": True,
     "supports_lora": True,
     "supports_teacher": True,
+    "supplies_teacher_divergence": True,
 }
 
 

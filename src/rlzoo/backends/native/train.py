@@ -34,7 +34,12 @@ from rlzoo.kernel.protocols import Objective
 from rlzoo.kernel.settings import TrainSpec
 from rlzoo.train_kit import checkpoint as ckpt
 from rlzoo.train_kit import lora, models, update
-from rlzoo.train_kit.logprobs import actor_log_probs, actor_log_probs_and_sum_pi_squared, critic_values
+from rlzoo.train_kit.logprobs import (
+    actor_log_probs,
+    actor_log_probs_and_divergence,
+    actor_log_probs_and_sum_pi_squared,
+    critic_values,
+)
 from rlzoo.train_kit.modes import eval_mode
 from rlzoo.train_kit.update import Forward, LRSchedule, Target
 
@@ -216,6 +221,31 @@ class NativeTrainBackend:
                 matmul_dtype=torch.bfloat16 if self.params.autocast is not None else None,
             )
 
+    def _divergence_forward(
+        self, module: nn.Module, mb: Batch, divergence: Any, *, with_entropy: bool, temperature: float
+    ) -> tuple[Tensor, Tensor | None, Tensor]:
+        """Log-probs (+ entropy) and the divergence to the teacher ``[b, T]`` of one micro-batch
+        (:func:`rlzoo.train_kit.logprobs.actor_log_probs_and_divergence`); padded text forwards."""
+        if self.teacher is None:
+            raise ValueError(
+                "update_policy: the objective wants a divergence to the teacher (a needs_teacher_distribution "
+                "policy loss), but this backend has no teacher (spec.teacher is None)"
+            )
+        if self._vl:
+            raise NotImplementedError("native train backend: a teacher divergence for vision-language models")
+        with self._autocast():
+            return actor_log_probs_and_divergence(
+                module,
+                self.teacher,
+                mb,
+                divergence,
+                keep_arg=self._keep_arg,
+                teacher_keep_arg=self._teacher_keep_arg,
+                temperature=temperature,
+                with_entropy=with_entropy,
+                chunk_tokens=self.spec.micro_batch.log_prob_chunk,
+            )
+
     def _critic_forward(self, mb: Batch) -> Tensor:
         assert self.critic is not None
         with self._autocast():
@@ -318,8 +348,14 @@ class NativeTrainBackend:
         ``actor/num_micro_batches``."""
         with_entropy = update.needs_entropy(objective)
         actor, temperature = self.actor, self.temperature
+        divergence = update.teacher_divergence(objective)
 
         def forward(mb: Batch) -> tuple[Tensor, Tensor | None]:
+            if divergence is not None:  # the teacher's whole distribution: one more forward, no_grad
+                lp, ent, mb["teacher_divergence"] = self._divergence_forward(
+                    actor, mb, divergence, with_entropy=with_entropy, temperature=temperature
+                )
+                return lp, ent
             return self._actor_forward(actor, mb, with_entropy=with_entropy, temperature=temperature)
 
         target = Target.at_step("actor", actor, self.optimizer, self.schedule, self.version, self.spec.optim)
