@@ -181,6 +181,14 @@ def teacher_model(cfg: RecipeConfig, tokenizer: Any) -> TeacherModel | None:
     if t is None or not uses_teacher(cfg):
         return None
     path = expand(t.model)
+    if path.startswith(("/", ".")) and not Path(path).exists():
+        raise ConfigError(
+            [
+                f"algorithm.teacher.model: no folder at {path!r}; train the teacher first (e.g. `rlzoo train "
+                "quickstart run.output_dir=DIR` writes DIR/final; benchmarks/distill.py makes distill_quickstart's) "
+                "or give another model folder with the student's tokenizer"
+            ]
+        )
     try:
         teacher_tok = load_tokenizer(path, trust_remote_code=t.trust_remote_code)
     except Exception as exc:
