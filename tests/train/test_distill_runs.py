@@ -267,8 +267,11 @@ def test_distillation_under_every_runner(
     extra = [] if runner == "fully_async" else [f"runner={runner}"]
     run = rlzoo.build_run(
         recipe,
-        overrides(tmp_path, quickstart_dir, teacher_dir, **{"trainer.ppo_mini_batch_size": 4})
-        + ["algorithm.advantage=distill_reverse_kl", *extra],
+        [
+            *overrides(tmp_path, quickstart_dir, teacher_dir, **{"trainer.ppo_mini_batch_size": 4}),
+            "algorithm.advantage=distill_reverse_kl",
+            *extra,
+        ],
     )
     run.train()
     rows = [r for r in read_metrics(run.run_dir) if r["step"] > 0]
