@@ -9,7 +9,7 @@ policy does; these parts turn its log-probs into an advantage or a loss term. Se
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl, param
 
@@ -84,12 +84,6 @@ class GKDParams:
         help="interpolation: 0 forward KL(teacher || student), 1 reverse KL(student || teacher)",
     )
     temperature: float = param(1.0, gt=0, help="softmax temperature of both distributions in the divergence")
-
-    def divergence(self, student_logits: Any, teacher_logits: Any) -> Any:
-        """Per position: ``[..., V] x [..., V] -> [...]`` (rlzoo.kernel.protocols.TeacherDivergence)."""
-        from rlzoo.algorithms.functional.distill import generalized_jsd
-
-        return generalized_jsd(student_logits, teacher_logits, beta=self.beta, temperature=self.temperature)
 
 
 @hookimpl

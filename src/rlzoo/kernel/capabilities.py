@@ -89,8 +89,8 @@ class PolicyLossCapabilities(Capabilities):
     needs_entropy: bool = param(False, help="reads inputs.entropy (the conformance suite passes it)")
     needs_teacher_distribution: bool = param(
         False,
-        help="reads inputs.teacher_divergence [B, T]: its params' divergence (rlzoo.kernel.protocols."
-        "TeacherDivergence) between the student's and the teacher's whole next-token distributions, which the "
+        help="reads inputs.teacher_divergence [B, T]: its own divergence (rlzoo.kernel.protocols."
+        "TeacherDivergenceLoss) between the student's and the teacher's whole next-token distributions, which the "
         "train backend computes in the update's forward; validate refuses it without algorithm.teacher or on a "
         "train backend without supplies_teacher_divergence",
     )

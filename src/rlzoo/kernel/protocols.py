@@ -88,19 +88,22 @@ class PolicyLossInputs:
     agg: BoundAgg  # the selected aggregation, bound to the global counts
     rollout_is_weights: Tensor | None = None  # [B, T] off-policy correction weights (detached)
     entropy: Tensor | None = None  # [B, T] (losses with needs_entropy)
-    #: [B, T] the params' divergence (TeacherDivergence) between the student's and the teacher's
+    #: [B, T] the loss's divergence (TeacherDivergenceLoss) between the student's and the teacher's
     #: next-token distributions at each response token, with the student's gradient
     #: (losses with needs_teacher_distribution)
     teacher_divergence: Tensor | None = None
 
 
 @runtime_checkable
-class TeacherDivergence(Protocol):
-    """Params of a policy loss with ``needs_teacher_distribution``: the per-position divergence
-    ``divergence(student_logits [..., V], teacher_logits [..., V]) -> [...]`` the train backend
-    applies to the two models' logits, chunk by chunk, in the update's forward."""
+class TeacherDivergenceLoss(Protocol):
+    """A policy loss with ``needs_teacher_distribution``: besides the call, the per-position
+    ``divergence(student_logits [..., V], teacher_logits [..., V], params) -> [...]`` the train
+    backend applies to the two models' logits, chunk by chunk, in the update's forward (its result
+    reaches the call as ``inputs.teacher_divergence``)."""
 
-    def divergence(self, student_logits: Tensor, teacher_logits: Tensor) -> Tensor: ...
+    def __call__(self, inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput: ...
+
+    def divergence(self, student_logits: Tensor, teacher_logits: Tensor, params: Any) -> Tensor: ...
 
 
 @dataclass
@@ -431,7 +434,8 @@ class MetricAccumulator(Protocol):
 @runtime_checkable
 class DistillingObjective(Protocol):
     """An objective that may want the teacher's whole distribution: ``teacher_divergence`` None, or
-    ``divergence(student_logits, teacher_logits) -> [...]`` (:class:`TeacherDivergence`); a backend
+    ``divergence(student_logits, teacher_logits) -> [...]`` (:class:`TeacherDivergenceLoss`'s, bound to
+    its params); a backend
     with ``supplies_teacher_divergence`` then puts ``micro_batch["teacher_divergence"]`` ``[b, T]``
     (with the student's gradient) in each micro-batch before calling the objective. An objective
     that is not one wants none."""

@@ -9,6 +9,7 @@ the full-batch gradient. Loss-like metrics are accumulated here the same way and
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import torch
 from torch import Tensor
 
 from rlzoo.kernel.batch import Batch
-from rlzoo.kernel.protocols import AggContext, PolicyLossInputs, TeacherDivergence
+from rlzoo.kernel.protocols import AggContext, PolicyLossInputs, TeacherDivergenceLoss
 from rlzoo.recipe.types import Selection
 from rlzoo.report.metrics import to_float
 from rlzoo.train_kit.formulas import make_agg_context, value_loss
@@ -112,14 +113,14 @@ class PolicyObjective:
         #: forward (rlzoo.kernel.protocols.DistillingObjective), for a needs_teacher_distribution loss
         self.teacher_divergence: Any = None
         if self.policy_loss.caps.needs_teacher_distribution:
-            params = self.policy_loss.params
-            if not isinstance(params, TeacherDivergence):
+            fn = self.policy_loss.fn
+            if not isinstance(fn, TeacherDivergenceLoss):
                 raise TypeError(
-                    f"policy loss {self.policy_loss.name!r} declares needs_teacher_distribution, but its params "
-                    f"{type(params).__name__} have no divergence(student_logits, teacher_logits) "
-                    "(rlzoo.kernel.protocols.TeacherDivergence)"
+                    f"policy loss {self.policy_loss.name!r} declares needs_teacher_distribution, but "
+                    f"{type(fn).__name__} has no divergence(student_logits, teacher_logits, params) "
+                    "(rlzoo.kernel.protocols.TeacherDivergenceLoss)"
                 )
-            self.teacher_divergence = params.divergence
+            self.teacher_divergence = functools.partial(fn.divergence, params=self.policy_loss.params)
         self.needs_entropy = True  # entropy is always reported as a metric; cheap next to the forward
         self._drift: list[tuple[Tensor, Tensor, Tensor]] = []  # (old, rollout, mask) per micro-batch
 

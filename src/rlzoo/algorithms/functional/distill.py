@@ -102,16 +102,29 @@ def generalized_jsd(
     return beta * _kl(log_t, log_m) + (1.0 - beta) * _kl(log_s, log_m)  # [...]
 
 
-def gkd_loss(inputs: PolicyLossInputs, params: GKDParams) -> PolicyLossOutput:
-    """``agg(JSD_beta)`` over the response tokens: the divergence ``[B, T]`` the train backend
-    computed with :meth:`GKDParams.divergence` (``inputs.teacher_divergence``), aggregated."""
-    if inputs.teacher_divergence is None:
-        raise ValueError(
-            "gkd: inputs.teacher_divergence is None; the train backend computes it when the policy loss "
-            "declares needs_teacher_distribution (a backend with supplies_teacher_divergence, and algorithm.teacher)"
+class GKDLoss:
+    """GKD's loss (:class:`rlzoo.kernel.protocols.TeacherDivergenceLoss`): :meth:`divergence` is what
+    the train backend computes per position in the update's forward, the call aggregates it."""
+
+    def __call__(self, inputs: PolicyLossInputs, params: GKDParams) -> PolicyLossOutput:
+        """``agg(JSD_beta)`` over the response tokens (``inputs.teacher_divergence`` ``[B, T]``)."""
+        if inputs.teacher_divergence is None:
+            raise ValueError(
+                "gkd: inputs.teacher_divergence is None; the train backend computes it when the policy loss "
+                "declares needs_teacher_distribution (a backend with supplies_teacher_divergence, and "
+                "algorithm.teacher)"
+            )
+        loss = inputs.agg(inputs.teacher_divergence, inputs.response_mask)  # []
+        return PolicyLossOutput(loss=loss, metrics={"gkd_jsd": loss.detach()})
+
+    def divergence(self, student_logits: Tensor, teacher_logits: Tensor, params: GKDParams) -> Tensor:
+        """:func:`generalized_jsd` with the params' beta and temperature: ``[..., V] x [..., V] -> [...]``."""
+        return generalized_jsd(
+            student_logits, teacher_logits, beta=params.beta, temperature=params.temperature
         )
-    loss = inputs.agg(inputs.teacher_divergence, inputs.response_mask)  # []
-    return PolicyLossOutput(loss=loss, metrics={"gkd_jsd": loss.detach()})
+
+
+gkd_loss = GKDLoss()
 
 
 def _kl(log_p: Tensor, log_q: Tensor) -> Tensor:
