@@ -277,3 +277,28 @@ def test_distillation_under_every_runner(
     rows = [r for r in read_metrics(run.run_dir) if r["step"] > 0]
     assert len(rows) == 2
     assert all(r["distill/reverse_kl"] == r["distill/reverse_kl"] for r in rows)  # present, not NaN
+
+
+def test_multi_turn_distillation_runs(tmp_path: Path) -> None:
+    """quickstart_tools (a model turn, the calc tool's reply, a model turn) distilled from a teacher
+    equal to the student: the first step's reverse KL on the model's own tokens is exactly 0."""
+    run = rlzoo.build_run(
+        "quickstart_tools",
+        [
+            f"data.dir={tmp_path / 'data'}",
+            f"run.output_dir={tmp_path / 'run'}",
+            "run.loggers=[jsonl]",
+            "run.progress=false",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=-1",
+            "trainer.total_steps=2",
+            "data.train_batch_size=4",
+            "trainer.ppo_mini_batch_size=4",
+            "algorithm.advantage=distill_reverse_kl",
+            "+algorithm.teacher.model=${data.dir}/model",
+        ],
+    )
+    run.train()
+    rows = [r for r in read_metrics(run.run_dir) if r["step"] > 0]
+    assert rows[0]["distill/reverse_kl"] == pytest.approx(0.0, abs=1e-5)
+    assert rows[1]["distill/reverse_kl"] != pytest.approx(0.0, abs=1e-7)  # the student moved
