@@ -5,6 +5,8 @@ Trains the quickstart teacher first when it is missing (``$RLZOO_CACHE/quickstar
 names), then runs the ``quickstart`` recipe (GRPO from scratch) and ``distill_quickstart`` (a fresh
 student of the same size distilled from it) on the same prompts, validating often, and prints both
 curves against optimizer steps, when each first reached 0.9 held-out, and the ratio (target: <= 1/3).
+A control column runs GRPO with the distillation recipe's batch shape (64 prompts x n=4, mini-batches
+of 32): the gain is the teacher's, not the shape's.
 
     python benchmarks/distill.py [--grpo-steps 60] [--distill-steps 20]
 """
@@ -54,7 +56,7 @@ def ensure_teacher(tmp: Path) -> Path:
 
 
 def curve(
-    recipe: str, tmp: Path, steps: int, test_freq: int, extra: list[str]
+    recipe: str, tmp: Path, steps: int, test_freq: int, extra: list[str], name: str = ""
 ) -> tuple[dict[int, float], Any, float]:
     """{optimizer steps: held-out accuracy} of one run, its config and its wall time."""
     t0 = time.time()
@@ -62,7 +64,7 @@ def curve(
         recipe,
         [
             f"data.dir={tmp}/data",
-            f"run.output_dir={tmp}/{recipe}",
+            f"run.output_dir={tmp}/{name or recipe}",
             "run.progress=false",
             f"trainer.total_steps={steps}",
             f"trainer.test_freq={test_freq}",
@@ -92,23 +94,28 @@ def main() -> None:
         tmp = Path(tmp_name)
         teacher = ensure_teacher(tmp)
         grpo, gcfg, gwall = curve("quickstart", tmp, args.grpo_steps, 2, [])
+        shape = ["data.train_batch_size=64", "rollout.n=4", "trainer.ppo_mini_batch_size=32"]
+        ctrl, ccfg, cwall = curve("quickstart", tmp, args.grpo_steps, 2, shape, name="control")
         dist, dcfg, dwall = curve(
             "distill_quickstart", tmp, args.distill_steps, 1, [f"algorithm.teacher.model={teacher}"]
         )
     print()
-    for name, cfg, wall in (("grpo", gcfg, gwall), ("distill", dcfg, dwall)):
+    for name, cfg, wall in (("grpo", gcfg, gwall), ("control", ccfg, cwall), ("distill", dcfg, dwall)):
         print(
             f"{name:>8}: {cfg.data.train_batch_size} prompts x n={cfg.rollout.n} per trainer step, mini-batches of "
             f"{cfg.trainer.ppo_mini_batch_size} prompts, lr {cfg.trainer.optim.lr}, policy loss "
             f"{cfg.algorithm.policy_loss.name}; {wall:.0f} s wall (loaded 2-core machine)"
         )
-    print(f"\n{'opt step':>8} {'grpo val':>9} {'distill val':>12}")
-    for s in sorted(set(grpo) | set(dist)):
-        g = f"{grpo[s]:.3f}" if s in grpo else ""
-        d = f"{dist[s]:.3f}" if s in dist else ""
-        print(f"{s:>8} {g:>9} {d:>12}")
+    print(f"\n{'opt step':>8} {'grpo val':>9} {'control val':>12} {'distill val':>12}")
+    for s in sorted(set(grpo) | set(ctrl) | set(dist)):
+        g, c, d = (f"{v[s]:.3f}" if s in v else "" for v in (grpo, ctrl, dist))
+        print(f"{s:>8} {g:>9} {c:>12} {d:>12}")
     g_hit, d_hit = first_at(grpo), first_at(dist)
-    print(f"\nheld-out >= {TARGET}: GRPO at optimizer step {g_hit}, distillation at {d_hit}", end="")
+    print(
+        f"\nheld-out >= {TARGET}: GRPO at optimizer step {g_hit} (with distillation's shape: {first_at(ctrl)}), "
+        f"distillation at {d_hit}",
+        end="",
+    )
     if g_hit and d_hit:
         print(f" (ratio {d_hit / g_hit:.2f}; target <= 0.33)")
     else:
