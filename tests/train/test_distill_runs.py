@@ -302,3 +302,12 @@ def test_multi_turn_distillation_runs(tmp_path: Path) -> None:
     rows = [r for r in read_metrics(run.run_dir) if r["step"] > 0]
     assert rows[0]["distill/reverse_kl"] == pytest.approx(0.0, abs=1e-5)
     assert rows[1]["distill/reverse_kl"] != pytest.approx(0.0, abs=1e-7)  # the student moved
+
+
+def test_a_teacher_nobody_reads_is_noted_and_not_loaded(teacher_dir: Path) -> None:
+    from rlzoo.recipe.checks import check_notices
+    from rlzoo.recipe.types import uses_teacher
+
+    cfg = load_config("quickstart", [f"+algorithm.teacher.model={teacher_dir}"])
+    assert not uses_teacher(cfg)
+    assert any("algorithm.teacher: set, but no part reads it" in n for n in check_notices(cfg))
