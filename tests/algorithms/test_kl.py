@@ -110,9 +110,10 @@ def test_apply_kl_penalty_fully_masked_row_is_finite():
 
 def test_registration():
     reg = rlzoo.get_plugin_manager().registry("kl")
-    assert set(reg.names()) == {"k1", "abs", "k2", "k3", "k1+", "abs+", "k3+", "full"}
+    assert set(reg.names()) == {"k1", "abs", "k2", "k3", "k1+", "abs+", "k3+", "full", "k1_sf"}
     for comp in reg:
-        assert comp.capability("needs_reference") is True
+        # the estimators against the reference policy; k1_sf (rlzoo.algorithms.distill) is the teacher's term
+        assert comp.capability("needs_reference") is (comp.plugin == "rlzoo.algorithms.kl")
         assert comp.summary
         comp.load()
     assert reg.get("low_var_kl").name == "k3" and reg.get("low_var_kl+").name == "k3+"

@@ -100,6 +100,7 @@ def test_registered_as_train_backend() -> None:
         "supports_critic": True,
         "supplies_sum_pi_squared": True,
         "supports_lora": True,
+        "supports_teacher": True,
     }
     assert FSDP2Params.__doc__.splitlines()[0].strip()
 
@@ -136,6 +137,35 @@ def test_single_process_group_matches_native() -> None:
     finally:
         be.shutdown()
     assert not dist.is_initialized()  # the group it created is gone
+
+
+@pytest.mark.distributed
+def test_teacher_log_probs_equal_native(tmp_path: Path) -> None:
+    """The teacher (algorithm.teacher) sharded like the reference: its log-probs equal the native
+    backend's, and differ from the actor's."""
+    import dataclasses
+
+    import torch.distributed as dist
+
+    from rlzoo.backends.fsdp2.train import FSDP2TrainBackend
+    from rlzoo.kernel.settings import TeacherModel
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    tiny_model(1).save_pretrained(tmp_path / "teacher")
+    spec = dataclasses.replace(
+        TrainSpec(model_path="", **SETTINGS),
+        teacher=TeacherModel(path=str(tmp_path / "teacher"), dtype=None, trust_remote_code=False),
+    )
+    b = sample_batch(3)
+    be = FSDP2TrainBackend(FSDP2Params(**PARAMS), spec, model=tiny_model(0))
+    try:
+        native = NativeTrainBackend.from_module(tiny_model(0), NativeTrainParams(**PARAMS), spec)
+        got = be.compute_log_probs(b, model="teacher")[0]
+        torch.testing.assert_close(got, native.compute_log_probs(b, model="teacher")[0], atol=ATOL, rtol=0)
+        assert not torch.allclose(got, be.compute_log_probs(b)[0])
+    finally:
+        be.shutdown()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from rlzoo.recipe.files import list_recipes
 from rlzoo.recipe.types import RecipeConfig
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "src" / "rlzoo" / "recipes"
-ALL_RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+ALL_RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("[!_]*.yaml"))  # _name.yaml: pieces, not recipes
 SEED_RECIPES = ("dapo_math", "grpo_geo3k_vl", "ppo_gsm8k", "grpo_gsm8k")
 
 

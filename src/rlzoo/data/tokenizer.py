@@ -40,3 +40,22 @@ def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+
+
+def vocabulary_difference(student: Any, teacher: Any) -> str | None:
+    """Where two tokenizers' vocabularies first differ, in words (None: the same id for every token).
+
+    Compares ``get_vocab()`` (added tokens included) id by id, from 0 up: the first id whose token
+    differs, or that only one of them has, is named with both tokens.
+    """
+    by_id_s = {int(i): t for t, i in student.get_vocab().items()}
+    by_id_t = {int(i): t for t, i in teacher.get_vocab().items()}
+    last = max(max(by_id_s, default=-1), max(by_id_t, default=-1))
+    for i in range(last + 1):
+        s, t = by_id_s.get(i), by_id_t.get(i)
+        if s != t:
+            return (
+                f"token id {i} is {s!r} in the student's tokenizer but {t!r} in the teacher's "
+                f"(vocabularies of {len(by_id_s)} and {len(by_id_t)} tokens)"
+            )
+    return None

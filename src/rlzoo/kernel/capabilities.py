@@ -68,6 +68,12 @@ class AdvantageCapabilities(Capabilities):
         "trainer asks the train backend for it in the old-log-prob forward; validate refuses a backend "
         "without supplies_sum_pi_squared",
     )
+    needs_teacher: bool = param(
+        False,
+        help="reads inputs.teacher_log_probs [B, T] (a teacher's log-probs of the sampled tokens): the trainer "
+        "asks the train backend for them; validate refuses it without algorithm.teacher, or on a train backend "
+        "without supports_teacher",
+    )
     needs_reward_components: bool = param(
         False,
         help="reads inputs.reward_components [B, K]: the scorers' per-sample info values named by its "
@@ -81,6 +87,13 @@ class PolicyLossCapabilities(Capabilities):
         False, help="reads inputs.old_log_probs (the ratio; gpg declares False)"
     )
     needs_entropy: bool = param(False, help="reads inputs.entropy (the conformance suite passes it)")
+    needs_teacher_distribution: bool = param(
+        False,
+        help="reads inputs.teacher_divergence [B, T]: its own divergence (rlzoo.kernel.protocols."
+        "TeacherDivergenceLoss) between the student's and the teacher's whole next-token distributions, which the "
+        "train backend computes in the update's forward; validate refuses it without algorithm.teacher or on a "
+        "train backend without supplies_teacher_divergence",
+    )
     sequence_level: bool = param(
         False, help="ratios / weights per whole sequence (shown by rlzoo components)"
     )
@@ -178,6 +191,16 @@ class TrainBackendCapabilities(Capabilities):
     )
     supports_lora: bool = param(
         False, help="trains LoRA adapters (trainer.lora); validate refuses trainer.lora without it"
+    )
+    supports_teacher: bool = param(
+        False,
+        help="loads a forward-only teacher (algorithm.teacher) and serves compute_log_probs(model='teacher'); "
+        "validate refuses a teacher without it",
+    )
+    supplies_teacher_divergence: bool = param(
+        False,
+        help="computes the objective's teacher_divergence over the whole vocabulary in the update's forward, "
+        "chunk by chunk (a needs_teacher_distribution policy loss, e.g. gkd); validate refuses one without it",
     )
     requires: str | None = param(None, help="the optional distribution it needs (pip install rlzoo[EXTRA])")
     extra: str | None = param(None, help="the pip extra that installs `requires`")

@@ -50,6 +50,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlzoo.algorithms.reward",
     "rlzoo.algorithms.reward_model",
     "rlzoo.algorithms.judge",
+    "rlzoo.algorithms.distill",
     "rlzoo.tasks.datasets",
     "rlzoo.backends.native",
     "rlzoo.backends.fsdp2",

@@ -40,6 +40,8 @@ class AdvantageInputs:
     #: [B, T] long: the 0-based model turn of each response token, -1 off the model's turns
     #: (observations, padding); None for a batch without multi-turn trajectories
     turn_ids: Tensor | None = None
+    #: [B, T] a teacher's log-probs of the sampled tokens (needs_teacher), 0 where the mask is 0
+    teacher_log_probs: Tensor | None = None
 
 
 @dataclass
@@ -86,6 +88,22 @@ class PolicyLossInputs:
     agg: BoundAgg  # the selected aggregation, bound to the global counts
     rollout_is_weights: Tensor | None = None  # [B, T] off-policy correction weights (detached)
     entropy: Tensor | None = None  # [B, T] (losses with needs_entropy)
+    #: [B, T] the loss's divergence (TeacherDivergenceLoss) between the student's and the teacher's
+    #: next-token distributions at each response token, with the student's gradient
+    #: (losses with needs_teacher_distribution)
+    teacher_divergence: Tensor | None = None
+
+
+@runtime_checkable
+class TeacherDivergenceLoss(Protocol):
+    """A policy loss with ``needs_teacher_distribution``: besides the call, the per-position
+    ``divergence(student_logits [..., V], teacher_logits [..., V], params) -> [...]`` the train
+    backend applies to the two models' logits, chunk by chunk, in the update's forward (its result
+    reaches the call as ``inputs.teacher_divergence``)."""
+
+    def __call__(self, inputs: PolicyLossInputs, params: Any) -> PolicyLossOutput: ...
+
+    def divergence(self, student_logits: Tensor, teacher_logits: Tensor, params: Any) -> Tensor: ...
 
 
 @dataclass
@@ -411,6 +429,18 @@ class MetricAccumulator(Protocol):
     def mark(self) -> Any: ...
     def since(self, mark: Any) -> Any: ...
     def merge(self, mark: Any, added: Sequence[Any]) -> None: ...
+
+
+@runtime_checkable
+class DistillingObjective(Protocol):
+    """An objective that may want the teacher's whole distribution: ``teacher_divergence`` None, or
+    ``divergence(student_logits, teacher_logits) -> [...]`` (:class:`TeacherDivergenceLoss`'s, bound to
+    its params); a backend
+    with ``supplies_teacher_divergence`` then puts ``micro_batch["teacher_divergence"]`` ``[b, T]``
+    (with the student's gradient) in each micro-batch before calling the objective. An objective
+    that is not one wants none."""
+
+    teacher_divergence: Callable[[Tensor, Tensor], Tensor] | None
 
 
 @runtime_checkable

@@ -199,6 +199,16 @@ def model_width(config: Mapping[str, Any]) -> int | None:
 
 
 @dataclass(frozen=True)
+class TeacherModel:
+    """The teacher a train backend loads beside the actor, forward-only (from ``algorithm.teacher``,
+    whose section holds the defaults and the help)."""
+
+    path: str  # a model folder (HF, an rlzoo final/ or export/step_K) or a hub name
+    dtype: str | None  # "float32" / "bfloat16" / "float16"; None: the train backend's dtype
+    trust_remote_code: bool
+
+
+@dataclass(frozen=True)
 class TrainSpec:
     """What a train backend factory needs besides its own params: the run's models and the trainer
     settings every backend shares (``optim``, ``micro_batch``)."""
@@ -215,6 +225,7 @@ class TrainSpec:
     optim: OptimSettings = field(default_factory=OptimSettings)
     micro_batch: MicroBatchSettings = field(default_factory=MicroBatchSettings)
     lora: LoraSettings | None = None  # LoRA adapters on the actor; None: full fine-tuning
+    teacher: TeacherModel | None = None  # a forward-only teacher (compute_log_probs(model="teacher"))
 
 
 @dataclass(frozen=True)

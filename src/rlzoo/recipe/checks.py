@@ -14,7 +14,7 @@ from typing import Any
 from rlzoo.kernel.binding import tree_nodes
 from rlzoo.kernel.params import range_problems
 from rlzoo.kernel.protocols import ChecksRecipe, RunReadyParams
-from rlzoo.recipe.types import RecipeConfig, Selection
+from rlzoo.recipe.types import RecipeConfig, Selection, uses_teacher
 
 __all__ = [
     "CONSISTENCY_RULES",
@@ -117,6 +117,82 @@ _ADVANTAGE_NEEDS = (
 
 def _advantage_needs_rule(cfg: RecipeConfig) -> list[str]:
     return [p for need in _ADVANTAGE_NEEDS for p in _backend_serves_advantage(cfg, *need)]
+
+
+def _teacher_rule(cfg: RecipeConfig) -> list[str]:
+    """A part that reads the teacher needs ``algorithm.teacher`` and a train backend that loads one
+    (``supports_teacher``), and, for the teacher's whole distribution, computes the divergence in
+    its update (``supplies_teacher_divergence``)."""
+    alg = cfg.algorithm
+    if not uses_teacher(cfg):
+        return []
+    adv, pl, tb = alg.advantage, alg.policy_loss, cfg.trainer.backend
+    by_distribution = isinstance(pl, Selection) and pl.caps.needs_teacher_distribution
+    if isinstance(adv, Selection) and adv.caps.needs_teacher:
+        who = f"advantage {adv.name!r} reads a teacher's log-probs (needs_teacher)"
+    elif by_distribution:
+        who = f"policy loss {pl.name!r} reads the teacher's whole distribution (needs_teacher_distribution)"
+    else:
+        who = f"algorithm.teacher_kl_coef: {alg.teacher_kl_coef} adds a teacher-KL loss term"
+    out = []
+    if alg.teacher is None:
+        out.append(
+            f"algorithm.teacher: {who}, but no teacher is set; give algorithm.teacher.model (a model folder)"
+        )
+    if isinstance(tb, Selection) and not tb.caps.supports_teacher:
+        out.append(
+            f"trainer.backend: {who}, but train backend {tb.name!r} cannot load a teacher (supports_teacher "
+            f"is false); use one that can ({_names_with(tb, 'supports_teacher')})"
+        )
+    elif by_distribution and isinstance(tb, Selection) and not tb.caps.supplies_teacher_divergence:
+        out.append(
+            f"trainer.backend: policy loss {pl.name!r} needs the divergence to the teacher's whole "
+            f"distribution in the update, which train backend {tb.name!r} does not compute "
+            f"(supplies_teacher_divergence is false); use {_names_with(tb, 'supplies_teacher_divergence')}, "
+            "or the sampled-token objectives (advantage distill_reverse_kl, algorithm.teacher_kl_coef)"
+        )
+    return out
+
+
+def _teacher_tokenizer_rule(cfg: RecipeConfig) -> list[str]:
+    """The teacher shares the student's tokenizer, when both are local folders now (a hub name or a
+    folder made later is checked when the run is built, :func:`rlzoo.train.inputs.teacher_model`)."""
+    from pathlib import Path
+
+    t = cfg.algorithm.teacher
+    if t is None or not uses_teacher(cfg) or not isinstance(t.model, str):
+        return []
+    student_path = cfg.model.tokenizer_path or cfg.model.path
+    if not isinstance(student_path, str):
+        return []
+    student_dir, teacher_dir = Path(student_path).expanduser(), Path(t.model).expanduser()
+    if not (student_dir.is_dir() and teacher_dir.is_dir()):
+        return []
+    from rlzoo.data.tokenizer import load_tokenizer, vocabulary_difference
+
+    try:
+        student = load_tokenizer(student_dir, trust_remote_code=cfg.model.trust_remote_code)
+        teacher = load_tokenizer(teacher_dir, trust_remote_code=t.trust_remote_code)
+    except Exception as exc:  # an unreadable tokenizer is the run's (or the teacher's) own error, later
+        return [
+            f"algorithm.teacher.model: cannot compare the tokenizers of {student_path!r} and {t.model!r}: {exc}"
+        ]
+    diff = vocabulary_difference(student, teacher)
+    if diff is None:
+        return []
+    return [
+        f"algorithm.teacher.model: the teacher {t.model!r} does not share the student's tokenizer "
+        f"({student_path!r}): {diff}; distillation compares log-probs of the same token ids"
+    ]
+
+
+def _unused_teacher_notice(cfg: RecipeConfig) -> list[str]:
+    if cfg.algorithm.teacher is not None and not uses_teacher(cfg):
+        return [
+            "algorithm.teacher: set, but no part reads it (advantage without needs_teacher, "
+            "teacher_kl_coef 0); it is not loaded"
+        ]
+    return []
 
 
 def _lora_rule(cfg: RecipeConfig) -> list[str]:
@@ -302,6 +378,8 @@ CONSISTENCY_RULES: list[Any] = [
     _advantage_needs_rule,
     _lora_rule,
     _lora_width_rule,
+    _teacher_rule,
+    _teacher_tokenizer_rule,
     _placement_rule,
     _logger_rule,
     _agent_rule,
@@ -338,4 +416,4 @@ def missing_requirement(sel: Selection) -> list[str]:
 
 
 #: Rules whose findings are worth saying but not refusing (printed by ``bind_config``).
-NOTICE_RULES: list[Any] = [_aggregation_notice]
+NOTICE_RULES: list[Any] = [_aggregation_notice, _unused_teacher_notice]

@@ -176,6 +176,28 @@ class KLControlSection:
     horizon: int = param(10000, ge=1, help="adaptive: horizon")
 
 
+@dataclass(frozen=True)
+class TeacherSection:
+    """A teacher for distillation (``algorithm.teacher``): a frozen model that scores the student's
+    sampled tokens, forward-only, placed like the reference policy. Its log-probs feed a
+    distillation part (the ``distill_reverse_kl`` advantage, or the teacher-KL loss term
+    ``algorithm.teacher_kl_coef``). It must share the student's tokenizer (validate names the first
+    differing token). See docs/distillation.md."""
+
+    model: str = param(
+        help="the teacher's model folder (Hugging Face, an rlzoo run's final/ or export/step_K) or hub name"
+    )
+    backend: Literal["train"] = param(
+        "train",
+        help="where its forward runs: 'train' = on the run's train backend beside the reference policy "
+        "(native, fsdp2; colocated with the actor, or in the trainer's Ray pool), with the chunked log-prob path",
+    )
+    dtype: Literal["float32", "bfloat16"] | None = param(
+        None, help="the teacher's parameter dtype (null: the train backend's)"
+    )
+    trust_remote_code: bool = param(False, help="passed to from_pretrained for the teacher")
+
+
 @dataclass
 class AlgorithmSection:
     advantage: Any = part("advantage", "grpo", help="advantage estimator")
@@ -199,6 +221,22 @@ class AlgorithmSection:
     )
     sample_filter: Any = part(
         "sample_filter", None, help="group filter (DAPO dynamic sampling)", optional=True
+    )
+    teacher: TeacherSection | None = param(
+        None,
+        help="a teacher for distillation ({model, backend, dtype, trust_remote_code}); null: none. "
+        "docs/distillation.md",
+    )
+    teacher_kl_coef: float = param(
+        0.0,
+        ge=0,
+        help="coefficient of the teacher-KL loss term added to the policy loss (RL + distillation "
+        "mixed; needs algorithm.teacher); 0: off",
+    )
+    teacher_kl_loss: Any = part(
+        "kl",
+        "k1_sf",
+        help="estimator of the teacher-KL loss term (k1_sf: the reverse KL's on-policy gradient)",
     )
 
 
@@ -401,3 +439,16 @@ def optimizer_steps(cfg: RecipeConfig, trainer_steps: int) -> int:
     is one optimizer step; warmup_ratio is a fraction of this count too).
     """
     return max(1, trainer_steps) * mini_batches_per_step(cfg) * max(1, cfg.trainer.ppo_epochs)
+
+
+def uses_teacher(cfg: RecipeConfig) -> bool:
+    """Whether a part of the recipe reads the teacher (a ``needs_teacher`` advantage, a
+    ``needs_teacher_distribution`` policy loss, or the teacher-KL loss term with
+    ``algorithm.teacher_kl_coef`` above 0): then the train backend loads ``algorithm.teacher``."""
+    alg = cfg.algorithm
+    adv, pl = alg.advantage, alg.policy_loss
+    needs = isinstance(adv, Selection) and bool(getattr(adv.caps, "needs_teacher", False))
+    needs = needs or (
+        isinstance(pl, Selection) and bool(getattr(pl.caps, "needs_teacher_distribution", False))
+    )
+    return needs or alg.teacher_kl_coef > 0

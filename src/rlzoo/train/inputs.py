@@ -21,7 +21,7 @@ from rlzoo.agents.chat import ChatTemplate
 from rlzoo.agents.settings import MultiTurnSettings
 from rlzoo.kernel.errors import ConfigError, RlzooError
 from rlzoo.kernel.protocols import Environment, JudgedMetric, SamplingParams, Tool
-from rlzoo.kernel.settings import RolloutSpec, StepPlan, TrainSpec
+from rlzoo.kernel.settings import RolloutSpec, StepPlan, TeacherModel, TrainSpec
 from rlzoo.recipe.types import (
     PlacementSection,
     RecipeConfig,
@@ -29,6 +29,7 @@ from rlzoo.recipe.types import (
     Selection,
     optimizer_steps,
     step_plan,
+    uses_teacher,
 )
 from rlzoo.train.batching import sampling_params
 from rlzoo.train.failures import RewardFailures
@@ -165,7 +166,44 @@ def train_spec(cfg: RecipeConfig, total_steps: int, tokenizer: Any) -> TrainSpec
         optim=cfg.trainer.optim,
         micro_batch=cfg.trainer.micro_batch,
         lora=cfg.trainer.lora,
+        teacher=teacher_model(cfg, tokenizer),
     )
+
+
+def teacher_model(cfg: RecipeConfig, tokenizer: Any) -> TeacherModel | None:
+    """The teacher the train backend loads: ``algorithm.teacher`` when a part reads its log-probs.
+
+    Its tokenizer must be the student's (``tokenizer``), checked here before any model loads (a hub
+    name or a folder that did not exist at ``validate``): the first differing token is named."""
+    from rlzoo.data.tokenizer import load_tokenizer, vocabulary_difference
+
+    t = cfg.algorithm.teacher
+    if t is None or not uses_teacher(cfg):
+        return None
+    path = expand(t.model)
+    if path.startswith(("/", ".")) and not Path(path).exists():
+        raise ConfigError(
+            [
+                f"algorithm.teacher.model: no folder at {path!r}; train the teacher first (e.g. `rlzoo train "
+                "quickstart run.output_dir=DIR` writes DIR/final; benchmarks/distill.py makes distill_quickstart's) "
+                "or give another model folder with the student's tokenizer"
+            ]
+        )
+    try:
+        teacher_tok = load_tokenizer(path, trust_remote_code=t.trust_remote_code)
+    except Exception as exc:
+        raise ConfigError(
+            [
+                f"algorithm.teacher.model: no tokenizer at {path!r} ({exc}); the teacher is a model folder "
+                "(Hugging Face, an rlzoo run's final/ or export/step_K) with the student's tokenizer"
+            ]
+        ) from exc
+    diff = vocabulary_difference(tokenizer, teacher_tok)
+    if diff is not None:
+        raise ConfigError(
+            [f"algorithm.teacher.model: the teacher's tokenizer differs from the student's: {diff}"]
+        )
+    return TeacherModel(path=path, dtype=t.dtype, trust_remote_code=t.trust_remote_code)
 
 
 def rollout_spec(cfg: RecipeConfig, tokenizer: Any) -> RolloutSpec:

@@ -9,6 +9,7 @@ the full-batch gradient. Loss-like metrics are accumulated here the same way and
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import torch
 from torch import Tensor
 
 from rlzoo.kernel.batch import Batch
-from rlzoo.kernel.protocols import AggContext, PolicyLossInputs
+from rlzoo.kernel.protocols import AggContext, PolicyLossInputs, TeacherDivergenceLoss
 from rlzoo.recipe.types import Selection
 from rlzoo.report.metrics import to_float
 from rlzoo.train_kit.formulas import make_agg_context, value_loss
@@ -88,7 +89,8 @@ class _Accumulator:
 
 @dataclass
 class PolicyObjective:
-    """policy_loss ∘ loss_agg  (+ kl_coef · agg(kl(logp, ref)))  (− entropy_coeff · agg(entropy))."""
+    """policy_loss ∘ loss_agg  (+ kl_coef · agg(kl(logp, ref)))  (+ teacher_kl_coef · agg(kl(logp, teacher)))
+    (− entropy_coeff · agg(entropy))."""
 
     policy_loss: Selection
     loss_agg: Selection
@@ -96,6 +98,9 @@ class PolicyObjective:
     kl_loss: Selection | None = None
     kl_coef: float = 0.0
     entropy_coeff: float = 0.0
+    #: the teacher-KL loss term (RL + distillation): its estimator and coefficient; None / 0: off
+    teacher_kl_loss: Selection | None = None
+    teacher_kl_coef: float = 0.0
     #: ``fn(old, rollout, mask) -> metrics`` (rollout-vs-trainer drift), used when the micro-batch
     #: has no ``old_log_probs`` (an exactly on-policy update: they are this forward's, detached);
     #: measured once over all micro-batches, in :meth:`summary`
@@ -104,6 +109,18 @@ class PolicyObjective:
     def __post_init__(self) -> None:
         self.agg = _bind(self.loss_agg, self.ctx)
         self.acc = _Accumulator()
+        #: the divergence to the teacher's whole distribution the backend computes in the update's
+        #: forward (rlzoo.kernel.protocols.DistillingObjective), for a needs_teacher_distribution loss
+        self.teacher_divergence: Any = None
+        if self.policy_loss.caps.needs_teacher_distribution:
+            fn = self.policy_loss.fn
+            if not isinstance(fn, TeacherDivergenceLoss):
+                raise TypeError(
+                    f"policy loss {self.policy_loss.name!r} declares needs_teacher_distribution, but "
+                    f"{type(fn).__name__} has no divergence(student_logits, teacher_logits, params) "
+                    "(rlzoo.kernel.protocols.TeacherDivergenceLoss)"
+                )
+            self.teacher_divergence = functools.partial(fn.divergence, params=self.policy_loss.params)
         self.needs_entropy = True  # entropy is always reported as a metric; cheap next to the forward
         self._drift: list[tuple[Tensor, Tensor, Tensor]] = []  # (old, rollout, mask) per micro-batch
 
@@ -124,6 +141,7 @@ class PolicyObjective:
             agg=self.agg,
             rollout_is_weights=mb.get("rollout_is_weights"),
             entropy=entropy,
+            teacher_divergence=mb.get("teacher_divergence"),
         )
         out = self.policy_loss(inputs)
         loss = out.loss
@@ -140,6 +158,11 @@ class PolicyObjective:
             kl_value = self.agg(kl, mask)
             self.acc.add("actor/kl_loss", kl_value.detach())
             loss = loss + self.kl_coef * kl_value
+        if self.teacher_kl_loss is not None and self.teacher_kl_coef:
+            tkl = self.teacher_kl_loss(log_probs, mb["teacher_log_probs"])  # [b, T]
+            tkl_value = self.agg(tkl, mask)
+            self.acc.add("actor/teacher_kl_loss", tkl_value.detach())
+            loss = loss + self.teacher_kl_coef * tkl_value
         self.acc.add("actor/loss", loss.detach())
         return loss, {}
 

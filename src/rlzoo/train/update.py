@@ -65,6 +65,11 @@ class TrainerSetup:
     advantage_reads_old_log_probs: bool
     needs_sum_pi_squared: bool
     reward_keys: tuple[str, ...]
+    #: the teacher's log-probs are computed (``teacher_log_probs``): a needs_teacher advantage or the
+    #: teacher-KL loss term asks for them
+    needs_teacher: bool = False
+    teacher_kl_loss: Selection | None = None  # the teacher-KL loss term's estimator; None: off
+    teacher_kl_coef: float = 0.0
 
     def build(self, backend: Any, **parts: Any) -> PolicyTrainer:
         """The trainer over ``backend`` (``parts``: e.g. ``offpolicy_metrics``)."""
@@ -113,6 +118,9 @@ def trainer_setup(cfg: RecipeConfig) -> TrainerSetup:
         advantage_reads_old_log_probs=adv_caps.needs_old_log_probs,
         needs_sum_pi_squared=adv_caps.needs_sum_pi_squared,
         reward_keys=reward_keys,
+        needs_teacher=bool(adv_caps.needs_teacher) or alg.teacher_kl_coef > 0,
+        teacher_kl_loss=alg.teacher_kl_loss if alg.teacher_kl_coef > 0 else None,
+        teacher_kl_coef=alg.teacher_kl_coef,
     )
 
 
@@ -179,6 +187,12 @@ class PolicyTrainer:
         if self.setup.needs_reference:
             with timer("ref"):
                 batch["ref_log_probs"], _ = self.backend.compute_log_probs(batch, model="ref")
+        if self.setup.needs_teacher:
+            with timer("teacher"):
+                # the teacher scores only the trained tokens (a multi-turn trajectory's observations: 0)
+                teacher, _ = self.backend.compute_log_probs(batch, model="teacher")  # [B, T]
+                batch["teacher_log_probs"] = teacher * batch["response_mask"].to(teacher.dtype)
+            m.update(_teacher_metrics(batch))
         if self.setup.needs_critic:
             with timer("values"):
                 batch["values"] = self.backend.compute_values(batch)
@@ -218,6 +232,7 @@ class PolicyTrainer:
                 sum_pi_squared=batch.get("sum_pi_squared"),
                 rollout_is_weights=batch.get("rollout_is_weights"),
                 turn_ids=batch.get("turn_ids"),
+                teacher_log_probs=batch.get("teacher_log_probs"),
                 reward_components=(
                     reward_components(
                         batch, self.setup.reward_keys, f"advantage {self.setup.advantage.name!r}"
@@ -286,6 +301,8 @@ class PolicyTrainer:
                             ctx,
                             kl_loss=self.setup.kl_loss,
                             kl_coef=st.kl_loss_coef if self.setup.kl_loss is not None else 0.0,
+                            teacher_kl_loss=self.setup.teacher_kl_loss,
+                            teacher_kl_coef=self.setup.teacher_kl_coef,
                             entropy_coeff=st.entropy_coeff,
                             offpolicy_metrics=self.offpolicy_metrics,
                         )
@@ -309,6 +326,23 @@ class PolicyTrainer:
         self.step_count = int(state.get("step_count", 0))
         if self.kl_ctrl is not None and state.get("kl_coef") is not None:
             self.kl_ctrl.value = float(state["kl_coef"])
+
+
+def _teacher_metrics(batch: Batch) -> dict[str, float]:
+    """``distill/reverse_kl``: the mean over trained tokens of log pi_student - log pi_teacher (k1 of
+    the reverse KL, on the student's samples), with the student's log-probs at hand (the trainer's
+    old log-probs, else the rollout's); ``distill/teacher_log_prob``: the teacher's mean log-prob."""
+    valid = batch["response_mask"].bool()  # [B, T]
+    if not valid.any():
+        return {}
+    teacher = batch["teacher_log_probs"][valid]  # [N]
+    out = {"distill/teacher_log_prob": teacher.mean().item()}
+    student = batch.get("old_log_probs")
+    if student is None:
+        student = batch.get("rollout_log_probs")
+    if student is not None:
+        out["distill/reverse_kl"] = (student[valid] - teacher).mean().item()
+    return out
 
 
 def _corr_key(k: str) -> str:

@@ -35,7 +35,9 @@ __all__ = [
     "DEFAULT_LOG_PROB_CHUNK",
     "Packed",
     "actor_log_probs",
+    "actor_log_probs_and_divergence",
     "actor_log_probs_and_sum_pi_squared",
+    "chunked_divergence",
     "chunked_token_fn",
     "critic_values",
     "linear_token_log_probs",
@@ -421,6 +423,103 @@ def chunked_token_fn(
         return fn(logits, targets)
     lp, ent = _ChunkedTokenFn.apply(logits, targets, fn, bool(with_entropy), int(chunk_tokens))
     return lp, ent if with_entropy else None
+
+
+#: ``divergence(student_logits [..., V], teacher_logits [..., V]) -> [...]`` per position
+PairFn = Callable[[Tensor, Tensor], Tensor]
+
+
+class _ChunkedPairFn(torch.autograd.Function):
+    """A per-position ``fn(student_logits, teacher_logits)`` over chunks: forward under no_grad,
+    backward recomputes each chunk's ``fn`` with autograd (the student's gradient only; the
+    teacher's logits are constants) and writes it into one preallocated tensor."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        student: Tensor,
+        teacher: Tensor,
+        fn: PairFn,
+        chunk_tokens: int,
+    ) -> Tensor:
+        B, T = student.shape[:2]
+        out = torch.empty((B, T), dtype=torch.float32, device=student.device)  # [B, T]
+        with torch.no_grad():
+            for r, c in chunks(B, T, chunk_tokens):
+                out[r, c] = fn(student[r, c], teacher[r, c]).float()
+        ctx.save_for_backward(student, teacher)
+        ctx.fn = fn  # type: ignore[attr-defined]
+        ctx.chunk_tokens = chunk_tokens  # type: ignore[attr-defined]
+        return out
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, g_out: Tensor
+    ) -> tuple[Tensor | None, None, None, None]:
+        student, teacher = ctx.saved_tensors  # type: ignore[attr-defined]
+        if not ctx.needs_input_grad[0]:  # type: ignore[attr-defined]
+            return None, None, None, None
+        B, T = student.shape[:2]
+        grad = torch.empty(student.shape, dtype=student.dtype, device=student.device)  # [B, T, V]
+        for r, c in chunks(B, T, ctx.chunk_tokens):  # type: ignore[attr-defined]
+            x = student[r, c].detach().requires_grad_(True)
+            with torch.enable_grad():
+                y = ctx.fn(x, teacher[r, c])  # type: ignore[attr-defined]
+                (gx,) = torch.autograd.grad([y], [x], [g_out[r, c].to(y.dtype)], allow_unused=True)
+            grad[r, c] = 0.0 if gx is None else gx.to(grad.dtype)
+        return grad, None, None, None
+
+
+def chunked_divergence(
+    fn: PairFn, student_logits: Tensor, teacher_logits: Tensor, *, chunk_tokens: int = DEFAULT_LOG_PROB_CHUNK
+) -> Tensor:
+    """``fn(student_logits, teacher_logits)`` ``[B, T, V] x [B, T, V] -> [B, T]`` (fp32) chunk by chunk,
+    forward and backward: the fp32 temporaries of ``fn`` live for one chunk at a time; the gradient
+    flows to the student's logits only. ``chunk_tokens == 0``: ``fn`` on the whole tensors."""
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError(
+            f"chunked_divergence: the student's logits {tuple(student_logits.shape)} and the teacher's "
+            f"{tuple(teacher_logits.shape)} differ (a teacher with another vocabulary size?)"
+        )
+    if chunk_tokens < 0:
+        raise ValueError(f"chunk_tokens must be >= 0 (0: unchunked), got {chunk_tokens}")
+    if chunk_tokens == 0:
+        return fn(student_logits, teacher_logits.detach()).float()
+    out: Tensor = _ChunkedPairFn.apply(student_logits, teacher_logits.detach(), fn, int(chunk_tokens))
+    return out
+
+
+def actor_log_probs_and_divergence(
+    module: nn.Module,
+    teacher: nn.Module,
+    mb: Batch,
+    divergence: PairFn,
+    *,
+    keep_arg: bool,
+    teacher_keep_arg: bool,
+    temperature: float,
+    with_entropy: bool,
+    chunk_tokens: int = DEFAULT_LOG_PROB_CHUNK,
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """The student's log-probs (+ entropy) ``[b, T]`` and ``divergence(student, teacher)`` ``[b, T]``
+    of one text micro-batch already on the device, from one student forward (with autograd) and one
+    teacher forward (no_grad) over the same :func:`trim` columns; zero on padding.
+
+    Both models' logits ``[b, T_eff, V]`` of this micro-batch exist during its update (the student's
+    in its dtype, the teacher's in its own, never an fp32 copy); the log-softmaxes inside
+    ``divergence`` run chunk by chunk (:func:`chunked_divergence`)."""
+    logits, targets = response_logits(module, mb, keep_arg=keep_arg)  # [b, T_eff, V], [b, T_eff]
+    with torch.no_grad():
+        t_logits, _ = response_logits(teacher, mb, keep_arg=teacher_keep_arg)  # [b, T_eff, V]
+    lp, ent = token_log_probs(
+        logits, targets, temperature=temperature, with_entropy=with_entropy, chunk_tokens=chunk_tokens
+    )  # [b, T_eff]
+    div = chunked_divergence(divergence, logits, t_logits, chunk_tokens=chunk_tokens)  # [b, T_eff]
+    return (
+        pad_response(lp, mb),
+        None if ent is None else pad_response(ent, mb),
+        pad_response(div, mb),
+    )  # [b, T] each
 
 
 # ---------------------------------------------------------------------------------------------

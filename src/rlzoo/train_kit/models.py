@@ -3,7 +3,7 @@
 Every train backend that loads Hugging Face models composes these: the ``from_pretrained``
 keyword arguments, the actor (a causal LM, or an image-text-to-text model when the folder has a
 vision config), the critic's backbone and its zero-initialised value head, the temperature rule,
-and which module ``compute_log_probs(model=...)`` runs.
+the forward-only teacher, and which module ``compute_log_probs(model=...)`` runs.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rlzoo.kernel.settings import TrainSpec
+from rlzoo.kernel.settings import TeacherModel, TrainSpec
 from rlzoo.models.processor import has_vision_config
 from rlzoo.train_kit.params import HFTrainParams
 
@@ -29,6 +29,7 @@ __all__ = [
     "hf_kwargs",
     "load_backbone",
     "load_causal_lm",
+    "load_teacher",
     "resolve_temperature",
     "select_model",
     "takes_logits_to_keep",
@@ -87,15 +88,39 @@ def critic_backbone(
     return copy.deepcopy(actor.base_model)
 
 
-def select_model(model: str, actor: nn.Module, ref: nn.Module | None) -> nn.Module:
-    """The module ``compute_log_probs(model=...)`` runs: "actor" or "ref" (an error when absent)."""
+def select_model(
+    model: str, actor: nn.Module, ref: nn.Module | None, teacher: nn.Module | None = None
+) -> nn.Module:
+    """The module ``compute_log_probs(model=...)`` runs: "actor", "ref" or "teacher" (an error when absent)."""
     if model == "actor":
         return actor
     if model == "ref":
         if ref is None:
             raise ValueError("compute_log_probs(model='ref'): no reference model (spec.need_reference=False)")
         return ref
-    raise ValueError(f"compute_log_probs: model must be 'actor' or 'ref', got {model!r}")
+    if model == "teacher":
+        if teacher is None:
+            raise ValueError("compute_log_probs(model='teacher'): no teacher (spec.teacher is None)")
+        return teacher
+    raise ValueError(f"compute_log_probs: model must be 'actor', 'ref' or 'teacher', got {model!r}")
+
+
+def load_teacher(
+    teacher: TeacherModel, params: HFTrainParams, spec: TrainSpec, default_dtype: torch.dtype
+) -> Any:
+    """The teacher's causal LM from ``teacher.path``, frozen and in eval mode (on the CPU: the backend
+    places it as it places the reference)."""
+    dtype = DTYPES[teacher.dtype] if teacher.dtype is not None else default_dtype
+    kwargs = hf_kwargs(params, spec, dtype)
+    kwargs["trust_remote_code"] = teacher.trust_remote_code
+    try:
+        model = load_causal_lm(teacher.path, kwargs, vision=False)
+    except (OSError, ValueError) as exc:
+        raise ValueError(
+            f"algorithm.teacher.model: cannot load a causal LM from {teacher.path!r} ({exc}); give a model "
+            "folder (Hugging Face, an rlzoo run's final/ or export/step_K) that shares the student's tokenizer"
+        ) from exc
+    return model.to(dtype=dtype).eval().requires_grad_(False)
 
 
 def takes_logits_to_keep(model: nn.Module) -> bool:

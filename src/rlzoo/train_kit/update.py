@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from rlzoo.kernel.batch import Batch
-from rlzoo.kernel.protocols import Objective
+from rlzoo.kernel.protocols import DistillingObjective, Objective
 from rlzoo.kernel.settings import OptimSettings, TrainSpec
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "run_update",
     "set_lr",
     "step_metrics",
+    "teacher_divergence",
     "warn_skipped",
 ]
 
@@ -231,6 +232,14 @@ def needs_entropy(objective: Objective) -> bool:
             f"update_policy: {objective!r} is not an rlzoo.kernel.protocols.Objective: it declares no "
             "needs_entropy (a bool: whether the backend computes and passes the per-token entropy)"
         ) from None
+
+
+def teacher_divergence(objective: Objective) -> Callable[[Tensor, Tensor], Tensor] | None:
+    """The divergence to the teacher ``objective`` wants computed in the update's forward
+    (:class:`rlzoo.kernel.protocols.DistillingObjective`), or None."""
+    if isinstance(objective, DistillingObjective):
+        return objective.teacher_divergence
+    return None
 
 
 def accumulate(

@@ -27,6 +27,7 @@ _CAPABILITIES = {
     "supports_critic": True,
     "supplies_sum_pi_squared": True,
     "supports_lora": True,
+    "supports_teacher": True,
 }
 
 

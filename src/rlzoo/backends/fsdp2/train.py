@@ -141,6 +141,16 @@ class FSDP2TrainBackend:
             if spec.need_reference and spec.lora is None
             else None
         )
+        # a forward-only teacher (algorithm.teacher), sharded and offloaded like the reference
+        teacher: Any = None
+        self._teacher_keep_arg = False
+        if spec.teacher is not None:
+            teacher = models.load_teacher(spec.teacher, params, spec, self.dtype)
+            self._teacher_keep_arg = models.takes_logits_to_keep(teacher)
+            if params.use_remove_padding and not self._teacher_keep_arg:
+                raise ValueError(
+                    "fsdp2: use_remove_padding needs a teacher whose forward takes logits_to_keep"
+                )
         critic: models.CriticModel | None = None
         if spec.need_critic:
             backbone: Any = models.critic_backbone(
@@ -148,7 +158,11 @@ class FSDP2TrainBackend:
             )
             critic = models.CriticModel(backbone.to(self.dtype), int(backbone.config.hidden_size))
         if self.sp is not None:  # attention all-to-alls the SP group's pieces (after the deepcopies)
-            sp_models: list[tuple[str, Any]] = [("the actor", model), ("the reference", ref)]
+            sp_models: list[tuple[str, Any]] = [
+                ("the actor", model),
+                ("the reference", ref),
+                ("the teacher", teacher),
+            ]
             if critic is not None:
                 sp_models.append(("the critic", critic.backbone))
             for what, sp_model in sp_models:
@@ -170,6 +184,9 @@ class FSDP2TrainBackend:
         self.ref: nn.Module | None = None if ref is None else self._shard(ref, offload=params.ref_offload)
         if self._lora is not None and spec.need_reference:
             self.ref = lora.AdaptersOff(self._lora)
+        self.teacher: nn.Module | None = (
+            None if teacher is None else self._shard(teacher, offload=params.ref_offload)
+        )
         self.critic: nn.Module | None = None if critic is None else self._shard(critic, offload=self.offload)
 
         self.optimizer = self._adamw(self.actor, spec.optim.lr, spec.optim.weight_decay)
@@ -325,7 +342,7 @@ class FSDP2TrainBackend:
         return actor_log_probs(
             module,
             mb,
-            keep_arg=self._keep_arg,
+            keep_arg=self._teacher_keep_arg if module is self.teacher else self._keep_arg,
             temperature=temperature,
             with_entropy=with_entropy,
             chunk_tokens=self.spec.micro_batch.log_prob_chunk,
@@ -402,9 +419,9 @@ class FSDP2TrainBackend:
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs ``[B, T]`` (+ entropy) of the responses on every rank (collective, no_grad).
 
-        fp32, on this rank's device, zero on response padding; ``model``: "actor" or "ref".
+        fp32, on this rank's device, zero on response padding; ``model``: "actor", "ref" or "teacher".
         """
-        module = models.select_model(model, self.actor, self.ref)
+        module = models.select_model(model, self.actor, self.ref, self.teacher)
         temp = self.temperature if temperature is None else temperature
         with eval_mode(module):
             return self._inference(
@@ -612,7 +629,7 @@ class FSDP2TrainBackend:
 
     def shutdown(self) -> None:
         """Drop models and optimizer states; destroy the process group if this backend made it."""
-        for attr in ("actor", "ref", "critic", "optimizer", "critic_optimizer", "_lora"):
+        for attr in ("actor", "ref", "teacher", "critic", "optimizer", "critic_optimizer", "_lora"):
             setattr(self, attr, None)
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()

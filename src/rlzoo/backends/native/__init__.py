@@ -23,6 +23,8 @@ _TRAIN_CAPS = {
     "distributed": False,
     "supplies_sum_pi_squared": True,
     "supports_lora": True,
+    "supports_teacher": True,
+    "supplies_teacher_divergence": True,
 }
 
 

@@ -35,7 +35,12 @@ from rlzoo.kernel.protocols import Objective
 from rlzoo.kernel.settings import TrainSpec
 from rlzoo.train_kit import checkpoint as ckpt
 from rlzoo.train_kit import lora, models, update
-from rlzoo.train_kit.logprobs import actor_log_probs, actor_log_probs_and_sum_pi_squared, critic_values
+from rlzoo.train_kit.logprobs import (
+    actor_log_probs,
+    actor_log_probs_and_divergence,
+    actor_log_probs_and_sum_pi_squared,
+    critic_values,
+)
 from rlzoo.train_kit.modes import eval_mode
 from rlzoo.train_kit.update import Forward, LRSchedule, Target
 
@@ -128,6 +133,15 @@ class NativeTrainBackend:
             self.actor.to(device=self.device, dtype=self.dtype)
             if spec.need_reference:
                 self.ref = lora.AdaptersOff(self._lora)
+        # a forward-only teacher (algorithm.teacher), placed like the reference: on this device
+        self.teacher: nn.Module | None = None
+        if spec.teacher is not None:
+            if self._vl:
+                raise NotImplementedError(
+                    f"native train backend: a teacher for the vision-language model {type(self.actor).__name__} "
+                    "is not supported yet (algorithm.teacher works with text models)"
+                )
+            self.teacher = models.load_teacher(spec.teacher, params, spec, self.dtype).to(self.device)
 
         if params.gradient_checkpointing:
             m: Any
@@ -139,6 +153,7 @@ class NativeTrainBackend:
                 else:
                     m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self._keep_arg = models.takes_logits_to_keep(self.actor)
+        self._teacher_keep_arg = self.teacher is not None and models.takes_logits_to_keep(self.teacher)
         # the LM head applied per chunk inside the log-softmax (the ref model has the same architecture)
         self._fuse = params.fused_lm_head and not self._vl and models.fusable_lm_head(self.actor) is not None
         if params.fused_lm_head and not self._vl and not self._fuse:
@@ -206,13 +221,38 @@ class NativeTrainBackend:
             return actor_log_probs(
                 module,
                 mb,
-                keep_arg=self._keep_arg,
+                keep_arg=self._teacher_keep_arg if module is self.teacher else self._keep_arg,
                 temperature=temperature,
                 with_entropy=with_entropy,
                 chunk_tokens=chunk,
                 packed=self.params.use_remove_padding,
                 lm_head=models.fusable_lm_head(module) if self._fuse else None,  # actor's or ref's
                 matmul_dtype=torch.bfloat16 if self.params.autocast is not None else None,
+            )
+
+    def _divergence_forward(
+        self, module: nn.Module, mb: Batch, divergence: Any, *, with_entropy: bool, temperature: float
+    ) -> tuple[Tensor, Tensor | None, Tensor]:
+        """Log-probs (+ entropy) and the divergence to the teacher ``[b, T]`` of one micro-batch
+        (:func:`rlzoo.train_kit.logprobs.actor_log_probs_and_divergence`); padded text forwards."""
+        if self.teacher is None:
+            raise ValueError(
+                "update_policy: the objective wants a divergence to the teacher (a needs_teacher_distribution "
+                "policy loss), but this backend has no teacher (spec.teacher is None)"
+            )
+        if self._vl:
+            raise NotImplementedError("native train backend: a teacher divergence for vision-language models")
+        with self._autocast():
+            return actor_log_probs_and_divergence(
+                module,
+                self.teacher,
+                mb,
+                divergence,
+                keep_arg=self._keep_arg,
+                teacher_keep_arg=self._teacher_keep_arg,
+                temperature=temperature,
+                with_entropy=with_entropy,
+                chunk_tokens=self.spec.micro_batch.log_prob_chunk,
             )
 
     def _critic_forward(self, mb: Batch) -> Tensor:
@@ -236,10 +276,10 @@ class NativeTrainBackend:
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs ``[B, T]`` (and entropy ``[B, T]`` if asked) of the responses, under no_grad.
 
-        fp32, on the input batch's device, zero where the response is padding. ``model``: "actor" or
-        "ref"; ``temperature`` defaults to ``params.temperature``.
+        fp32, on the input batch's device, zero where the response is padding. ``model``: "actor",
+        "ref" or "teacher"; ``temperature`` defaults to ``params.temperature``.
         """
-        module = models.select_model(model, self.actor, self.ref)
+        module = models.select_model(model, self.actor, self.ref, self.teacher)
         temp = self.temperature if temperature is None else temperature
         lps, ents = [], []
         with eval_mode(module):
@@ -317,8 +357,14 @@ class NativeTrainBackend:
         ``actor/num_micro_batches``."""
         with_entropy = update.needs_entropy(objective)
         actor, temperature = self.actor, self.temperature
+        divergence = update.teacher_divergence(objective)
 
         def forward(mb: Batch) -> tuple[Tensor, Tensor | None]:
+            if divergence is not None:  # the teacher's whole distribution: one more forward, no_grad
+                lp, ent, mb["teacher_divergence"] = self._divergence_forward(
+                    actor, mb, divergence, with_entropy=with_entropy, temperature=temperature
+                )
+                return lp, ent
             return self._actor_forward(actor, mb, with_entropy=with_entropy, temperature=temperature)
 
         target = Target.at_step("actor", actor, self.optimizer, self.schedule, self.version, self.spec.optim)
@@ -414,7 +460,7 @@ class NativeTrainBackend:
         Returns the ``extra_state`` given to :meth:`save_checkpoint`. Raises
         :class:`~rlzoo.train_kit.checkpoint.IncompleteCheckpointError` when ``path`` has
         no ``COMPLETE`` marker. The reference model is not in the checkpoint: it is the initial
-        weights this backend was built from. With LoRA the checkpoint holds the adapter and its
+        weights this backend was built from (the teacher is not either: it is loaded from its folder). With LoRA the checkpoint holds the adapter and its
         optimizer state only: the base weights come from ``model_path`` again.
         """
         path = Path(path)
@@ -439,7 +485,7 @@ class NativeTrainBackend:
 
     def shutdown(self) -> None:
         """Drop the models and optimizer states (frees device memory)."""
-        for attr in ("actor", "ref", "critic", "optimizer", "critic_optimizer", "_lora"):
+        for attr in ("actor", "ref", "teacher", "critic", "optimizer", "critic_optimizer", "_lora"):
             setattr(self, attr, None)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
