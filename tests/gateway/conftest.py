@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-
 from agents.conftest import smollm2_tokenizer  # noqa: F401  (the fixture, shared)
 from agents.test_exactness_bpe import bpe_parts  # noqa: F401  (the fixture, shared)
+
 from rlzoo.kernel.protocols import Sample
 
 

@@ -119,7 +119,9 @@ def test_a_retokenizing_gateway_fails_both_checks(
     assert drift > 1e-3  # (b) fails
 
 
-def test_an_agent_that_edits_its_history_is_split_and_counted(make_gateway: Any, bpe_parts: dict[str, Any]) -> None:
+def test_an_agent_that_edits_its_history_is_split_and_counted(
+    make_gateway: Any, bpe_parts: dict[str, Any]
+) -> None:
     """The second call drops the first reply (a summary instead): two samples sharing the reward,
     counted as one split (history_edited); each sample is still exact."""
 
@@ -130,7 +132,7 @@ def test_an_agent_that_edits_its_history_is_split_and_counted(make_gateway: Any,
         api.chat.completions.create(model=client.model, messages=[{"role": "user", "content": summary}])
         return AgentResult(reward=0.5)
 
-    gw, rec = make_gateway(summariser)
+    gw, _rec = make_gateway(summariser)
     samples = gw.generate(requests(1, 1))
     assert len(samples) == 2
     assert [s.agent["reward"] for s in samples] == [0.5, 0.5]  # type: ignore[index]

@@ -58,7 +58,9 @@ class CommandAgent:
             raise
         tail = err.decode("utf-8", "replace")[-_TAIL:]
         if proc.returncode != 0:
-            raise RuntimeError(f"{self.argv[0]} exited with status {proc.returncode}; its stderr ends: {tail!r}")
+            raise RuntimeError(
+                f"{self.argv[0]} exited with status {proc.returncode}; its stderr ends: {tail!r}"
+            )
         if len(out) > self.max_result_bytes:
             raise ValueError(
                 f"{self.argv[0]} printed {len(out)} bytes on stdout, more than rollout.gateway.max_result_bytes="
@@ -88,7 +90,7 @@ def read_result(stdout: str, who: str = "the agent") -> AgentResult:
                 raise ValueError(f"{who} printed info {info!r}: it must be an object")
             return AgentResult(reward=obj.get("reward"), final_answer=obj.get("final_answer"), info=info)
     raise ValueError(
-        f"{who} printed no JSON object line on stdout (its result: {{\"reward\": ..., \"final_answer\": ...}}); "
+        f'{who} printed no JSON object line on stdout (its result: {{"reward": ..., "final_answer": ...}}); '
         f"stdout ends: {stdout[-_TAIL:]!r}"
     )
 

@@ -81,9 +81,9 @@ def _chains(calls: Sequence[Call], max_response_length: int) -> tuple[list[_Chai
         best: _Chain | None = None
         for ch in chains:
             full = ch.full
-            if len(call.prompt_ids) >= len(full) and call.prompt_ids[: len(full)] == full:
-                if best is None or len(full) > len(best.full):
-                    best = ch
+            extends = len(call.prompt_ids) >= len(full) and call.prompt_ids[: len(full)] == full
+            if extends and (best is None or len(full) > len(best.full)):
+                best = ch
         if best is not None:
             size = len(call.prompt_ids) - len(best.prompt) + len(call.response_ids)
             if size <= max_response_length:

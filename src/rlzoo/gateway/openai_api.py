@@ -244,7 +244,9 @@ def parse_chat(body: Any, *, max_tokens: int, max_n: int) -> ChatRequest:
         choice in ("auto", "none", "required")
         or (isinstance(choice, Mapping) and isinstance((choice.get("function") or {}).get("name"), str))
     ):
-        raise _bad(f"tool_choice must be 'auto', 'none', 'required' or a function, got {choice!r}", "tool_choice")
+        raise _bad(
+            f"tool_choice must be 'auto', 'none', 'required' or a function, got {choice!r}", "tool_choice"
+        )
     return ChatRequest(
         model=_model(body),
         messages=msgs,
@@ -346,12 +348,18 @@ def chat_reply(model: str, choices: Sequence[Choice], prompt_tokens: int, logpro
     }
 
 
-def completion_reply(model: str, choices: Sequence[Choice], prompt_tokens: int, logprobs: bool) -> dict[str, Any]:
+def completion_reply(
+    model: str, choices: Sequence[Choice], prompt_tokens: int, logprobs: bool
+) -> dict[str, Any]:
     out = []
     for i, c in enumerate(choices):
         lp = None
         if logprobs:
-            lp = {"tokens": list(c.tokens), "token_logprobs": [float(x) for x in c.log_probs], "top_logprobs": None}
+            lp = {
+                "tokens": list(c.tokens),
+                "token_logprobs": [float(x) for x in c.log_probs],
+                "top_logprobs": None,
+            }
         out.append({"index": i, "text": c.text, "finish_reason": c.finish_reason, "logprobs": lp})
     completion = sum(c.completion_tokens for c in choices)
     return {

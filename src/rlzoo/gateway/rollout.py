@@ -191,9 +191,7 @@ class GatewayRollout:
             on_event=self._handle_event,
             on_sample=self._on_sample,
         )
-        self.server = GatewayServer(
-            self, self.key, host=settings.host, max_bytes=settings.max_request_bytes
-        )
+        self.server = GatewayServer(self, self.key, host=settings.host, max_bytes=settings.max_request_bytes)
 
     # ------------------------------------------------------------------------------------------
     # RolloutBackend
@@ -210,9 +208,7 @@ class GatewayRollout:
         with self._lock:
             for req in requests:
                 for i in range(req.sampling.n):
-                    ep = _Episode(
-                        id=secrets.token_hex(8), request=req, index=i, row=jsonable(dict(req.data))
-                    )
+                    ep = _Episode(id=secrets.token_hex(8), request=req, index=i, row=jsonable(dict(req.data)))
                     self._episodes[ep.id] = ep
                     self._live += 1
                     self._side.spawn("episode", ep, self._run(ep))
@@ -297,7 +293,9 @@ class GatewayRollout:
             return
         ep: _Episode = subject
         if what == "error":
-            self._finish(ep, None, value if isinstance(value, Failure) else failure_of(value, self.part, "run"))
+            self._finish(
+                ep, None, value if isinstance(value, Failure) else failure_of(value, self.part, "run")
+            )
         else:
             self._finish(ep, value, None)
 
@@ -310,9 +308,13 @@ class GatewayRollout:
     async def _run(self, ep: _Episode) -> AgentResult:
         limit = f"{self.part} exceeded {{timeout}} ({_TIMEOUT})"
         t = self.settings.agent_timeout_s
-        agent = await self._side.call(self.make_agent, timeout=t, limit=f"{self.part} factory exceeded {{timeout}}")
+        agent = await self._side.call(
+            self.make_agent, timeout=t, limit=f"{self.part} factory exceeded {{timeout}}"
+        )
         if not isinstance(agent, Agent):
-            raise Failure("bad_value", self.part, f"{self.part}: the factory must return an Agent (run), got {agent!r}")
+            raise Failure(
+                "bad_value", self.part, f"{self.part}: the factory must return an Agent (run), got {agent!r}"
+            )
         out = await self._side.call(agent.run, self.client(ep.id), ep.row, timeout=t, limit=limit)
         return self._checked(out)
 
@@ -320,10 +322,14 @@ class GatewayRollout:
         """The agent's result if usable, else a :class:`Failure` saying what is wrong."""
         if isinstance(out, Mapping):
             out = AgentResult(
-                reward=out.get("reward"), final_answer=out.get("final_answer"), info=dict(out.get("info") or {})
+                reward=out.get("reward"),
+                final_answer=out.get("final_answer"),
+                info=dict(out.get("info") or {}),
             )
         if not isinstance(out, AgentResult):
-            raise Failure("bad_value", self.part, f"{self.part} run returned {type(out).__name__}, not AgentResult")
+            raise Failure(
+                "bad_value", self.part, f"{self.part} run returned {type(out).__name__}, not AgentResult"
+            )
         r = out.reward
         if r is not None and (
             isinstance(r, bool)
@@ -339,7 +345,9 @@ class GatewayRollout:
             )
         if out.final_answer is not None and not isinstance(out.final_answer, str):
             raise Failure(
-                "bad_value", self.part, f"{self.part} returned final_answer {out.final_answer!r}, not text or None"
+                "bad_value",
+                self.part,
+                f"{self.part} returned final_answer {out.final_answer!r}, not text or None",
             )
         if not isinstance(out.info, Mapping):
             raise Failure("bad_value", self.part, f"{self.part} returned info {out.info!r}, not a mapping")
@@ -357,19 +365,24 @@ class GatewayRollout:
             for k, v in (result.info if result is not None else {}).items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
         }
-        kw = dict(
-            max_response_length=self.max_response_length,
-            reward=None if result is None or result.reward is None else float(result.reward),
-            final_text=None if result is None else result.final_answer,
-            info=info,
-            late_calls=late,
-            refused_calls=ep.refused_calls,
-            agent_time_s=time.perf_counter() - ep.started,
-        )
+        kw = {
+            "max_response_length": self.max_response_length,
+            "reward": None if result is None or result.reward is None else float(result.reward),
+            "final_text": None if result is None else result.final_answer,
+            "info": info,
+            "late_calls": late,
+            "refused_calls": ep.refused_calls,
+            "agent_time_s": time.perf_counter() - ep.started,
+        }
         record = None if failure is None else failure.record()
         try:
             samples = episode_samples(
-                ep.request, ep.index, calls, failure=record, refuse_splits=self.settings.split == "refuse", **kw
+                ep.request,
+                ep.index,
+                calls,
+                failure=record,
+                refuse_splits=self.settings.split == "refuse",
+                **kw,
             )
         except SplitRefused as exc:
             record = Failure("bad_value", self.part, f"{self.part}: {exc}").record()
@@ -434,12 +447,15 @@ class GatewayRollout:
                 raise self._refuse(ep, exc) from None
             except Exception as exc:  # the template refused the messages
                 raise self._refuse(
-                    ep, ApiError(400, f"the chat template cannot render these messages: {type(exc).__name__}: {exc}")
+                    ep,
+                    ApiError(
+                        400, f"the chat template cannot render these messages: {type(exc).__name__}: {exc}"
+                    ),
                 ) from None
         samples = self._sample(ep, prompt, why, req.sampling)
         fmt = self.multi_turn.tool_call_format
         choices: list[Choice] = []
-        for k, (s, call) in enumerate(samples):
+        for _k, (s, call) in enumerate(samples):
             text = call.text
             content: str | None = text
             parsed: list[Any] = []
@@ -478,20 +494,38 @@ class GatewayRollout:
         else:
             vocab = len(self.tokenizer)
             if max(req.prompt) >= vocab:
-                raise self._refuse(ep, ApiError(400, f"prompt token id {max(req.prompt)} is past the vocabulary ({vocab})", param="prompt"))
+                raise self._refuse(
+                    ep,
+                    ApiError(
+                        400,
+                        f"prompt token id {max(req.prompt)} is past the vocabulary ({vocab})",
+                        param="prompt",
+                    ),
+                )
             prompt, why = list(req.prompt), "token_prompt"
         samples = self._sample(ep, prompt, why, req.sampling)
         choices = [
-            self._choice(s, call.text, "stop" if s.finish_reason == "stop" else "length", [], call.text, req.sampling.logprobs)
+            self._choice(
+                s,
+                call.text,
+                "stop" if s.finish_reason == "stop" else "length",
+                [],
+                call.text,
+                req.sampling.logprobs,
+            )
             for s, call in samples
         ]
         return completion_reply(self.settings.model_name, choices, len(prompt), req.sampling.logprobs)
 
-    def _choice(self, s: Sample, text: str, finish: str, calls: list[Any], content: str | None, logprobs: bool) -> Choice:
+    def _choice(
+        self, s: Sample, text: str, finish: str, calls: list[Any], content: str | None, logprobs: bool
+    ) -> Choice:
         tokens: list[str] = []
         if logprobs:
             with self._tok_lock:
-                tokens = list(self.tokenizer.batch_decode([[i] for i in s.response_ids], skip_special_tokens=False))
+                tokens = list(
+                    self.tokenizer.batch_decode([[i] for i in s.response_ids], skip_special_tokens=False)
+                )
         return Choice(
             text=text,
             finish_reason=finish,
@@ -565,7 +599,10 @@ class GatewayRollout:
             roots[i] = len(c.prompt_ids)
             for j in range(i):
                 full = len(calls[j].prompt_ids) + len(calls[j].response_ids)
-                if c.prompt_ids[:full] == [*calls[j].prompt_ids, *calls[j].response_ids] and len(c.prompt_ids) >= full:
+                if (
+                    c.prompt_ids[:full] == [*calls[j].prompt_ids, *calls[j].response_ids]
+                    and len(c.prompt_ids) >= full
+                ):
                     roots[i] = roots[j]
         for i, c in enumerate(calls):
             full = [*c.prompt_ids, *c.response_ids]
@@ -612,7 +649,11 @@ class GatewayRollout:
         base = ep.request.sampling
         pendings = []
         for k in range(sp.n):
-            seed = None if base.seed is None else (base.seed * 1_000_003 + ep.index * 7_919 + no * 31 + k) % (2**31)
+            seed = (
+                None
+                if base.seed is None
+                else (base.seed * 1_000_003 + ep.index * 7_919 + no * 31 + k) % (2**31)
+            )
             sampling = dataclasses.replace(base, n=1, max_new_tokens=budget, seed=seed)
             rid = f"{ep.request.request_id}/{ep.index}#g{no}.{k}"
             p = _Pending(GenerationRequest(rid, list(prompt), sampling, data=ep.request.data))
@@ -623,7 +664,9 @@ class GatewayRollout:
             try:
                 s = p.future.result(timeout=self.settings.agent_timeout_s)
             except (concurrent.futures.CancelledError, concurrent.futures.TimeoutError):
-                raise ApiError(503, "the run stopped before this call was sampled", type="server_error") from None
+                raise ApiError(
+                    503, "the run stopped before this call was sampled", type="server_error"
+                ) from None
             ids = list(s.response_ids)
             stopped = bool(ids) and ids[-1] in self.stop_ids and s.finish_reason == "stop"
             ids, lps, vers, finish = ids, list(s.rollout_log_probs), list(s.versions), s.finish_reason
@@ -634,7 +677,8 @@ class GatewayRollout:
                 if at >= 0:
                     with self._tok_lock:
                         cut = next(
-                            j for j in range(1, len(ids) + 1)
+                            j
+                            for j in range(1, len(ids) + 1)
                             if stop in self.tokenizer.decode(ids[:j], skip_special_tokens=False)
                         )
                         ids, lps, vers, finish = ids[:cut], lps[:cut], vers[:cut], "stop_string"
@@ -655,7 +699,11 @@ class GatewayRollout:
                 if not ep.done:
                     ep.calls.append(call)
             if s.finish_reason == "abort":
-                raise ApiError(503, "the run stopped this call (a weight sync without partial rollout)", type="server_error")
+                raise ApiError(
+                    503,
+                    "the run stopped this call (a weight sync without partial rollout)",
+                    type="server_error",
+                )
             view = dataclasses.replace(s, response_ids=ids, rollout_log_probs=lps, versions=vers)
             view.finish_reason = "stop" if finish in ("stop", "stop_string") else "length"
             out.append((view, call))

@@ -85,7 +85,7 @@ class _Handler(BaseHTTPRequestHandler):
             return parts[2], parts[3][2:]
         return None, ""
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         if not self._authorized():
             return
         _, route = self._route()
@@ -94,7 +94,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, ApiError(404, f"no route GET {self.path}", code="not_found").body())
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         length = self.headers.get("Content-Length")
         if length is None or not length.isdigit():
             self.close_connection = True
@@ -136,7 +136,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(exc.status, exc.body())
         except Exception as exc:  # a gateway bug: loud, and the agent sees a 500
             logger.exception("gateway: %s failed", self.path)
-            self._send(500, ApiError(500, f"gateway error: {type(exc).__name__}: {exc}", type="server_error").body())
+            self._send(
+                500, ApiError(500, f"gateway error: {type(exc).__name__}: {exc}", type="server_error").body()
+            )
 
 
 class GatewayServer:
