@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,7 +36,9 @@ class CommandAgent:
     ) -> None:
         if not argv or not all(isinstance(a, str) and a for a in argv):
             raise ValueError(f"rollout.agent.argv must be a non-empty list of strings, got {list(argv)!r}")
-        self.argv, self.cwd, self.max_result_bytes = list(argv), cwd, int(max_result_bytes)
+        # "python" is the run's own interpreter (its packages, its virtual environment)
+        self.argv = [sys.executable if argv[0] == "python" else argv[0], *argv[1:]]
+        self.cwd, self.max_result_bytes = cwd, int(max_result_bytes)
 
     async def run(self, client: ClientConfig, row: Mapping[str, Any]) -> AgentResult:
         env = {**os.environ, **client.env()}

@@ -28,7 +28,9 @@ class CommandAgentParams:
     ``rollout.gateway.agent_timeout_s`` fails the episode (counted; a streak aborts the run).
     """
 
-    argv: list[str] = param([], help="the command and its arguments (no shell)")
+    argv: list[str] = param(
+        [], help="the command and its arguments (no shell); a first word 'python' is the run's own interpreter"
+    )
     cwd: str | None = param(None, help="working directory of the command (None: the run's)")
     max_result_bytes: int = param(
         1_000_000, ge=1, help="bytes the command may print on stdout at most (more fails the episode)"
