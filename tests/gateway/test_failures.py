@@ -61,7 +61,9 @@ def test_bad_requests_get_openai_errors_and_are_counted(make_gateway: Any) -> No
     assert seen["malformed_tools"][0] == 400 and seen["malformed_tools"][1]["error"]["param"] == "tools"
     assert seen["max_tokens"][0] == 400 and seen["max_tokens"][1]["error"]["param"] == "max_tokens"
     assert seen["not_json"][0] == 400
-    assert seen["too_large"][0] == 413 and "max_request_bytes=4096" in seen["too_large"][1]["error"]["message"]
+    assert (
+        seen["too_large"][0] == 413 and "max_request_bytes=4096" in seen["too_large"][1]["error"]["message"]
+    )
     assert seen["ok"][0] == 200 and seen["ok"][1]["choices"][0]["message"]["role"] == "assistant"
     # refused: unknown model, malformed tools, max_tokens, not JSON is refused before the episode is read
     assert s.agent["gateway"]["refused_calls"] == 3  # type: ignore[index]

@@ -29,7 +29,8 @@ class CommandAgentParams:
     """
 
     argv: list[str] = param(
-        [], help="the command and its arguments (no shell); a first word 'python' is the run's own interpreter"
+        [],
+        help="the command and its arguments (no shell); a first word 'python' is the run's own interpreter",
     )
     cwd: str | None = param(None, help="working directory of the command (None: the run's)")
     max_result_bytes: int = param(

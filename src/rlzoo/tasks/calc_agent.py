@@ -32,7 +32,7 @@ def calc(expression: str) -> str:
     if not flat or any(c not in "0123456789+-*()" for c in flat) or len(flat) > 64:
         return f"error: cannot evaluate {expression!r}"
     try:
-        value = eval(flat, {"__builtins__": {}}, {})  # noqa: S307  (digits and + - * ( ) only)
+        value = eval(flat, {"__builtins__": {}}, {})
     except Exception as exc:  # a malformed expression: the model reads the error
         return f"error: {type(exc).__name__}"
     return f"{' '.join(spaced(flat).split())} = {spaced(str(value))}"
