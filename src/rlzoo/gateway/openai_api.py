@@ -56,7 +56,7 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-@dataclass(frozen=True)
+@dataclass
 class SchemaTool:
     """A tool the agent declared in ``tools``: its schema only (the agent runs it, not the gateway)."""
 
@@ -107,7 +107,12 @@ def _number(body: Mapping[str, Any], key: str, lo: float, hi: float) -> float | 
     v = body.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(float(v)) or not lo <= v <= hi:
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, Real)
+        or not math.isfinite(float(v))
+        or not lo <= float(v) <= hi
+    ):
         raise _bad(f"{key} must be a number in [{lo:g}, {hi:g}], got {v!r}", key)
     return float(v)
 

@@ -365,28 +365,28 @@ class GatewayRollout:
             for k, v in (result.info if result is not None else {}).items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
         }
-        kw = {
-            "max_response_length": self.max_response_length,
-            "reward": None if result is None or result.reward is None else float(result.reward),
-            "final_text": None if result is None else result.final_answer,
-            "info": info,
-            "late_calls": late,
-            "refused_calls": ep.refused_calls,
-            "agent_time_s": time.perf_counter() - ep.started,
-        }
-        record = None if failure is None else failure.record()
-        try:
-            samples = episode_samples(
+        took = time.perf_counter() - ep.started
+
+        def make(record: Mapping[str, Any] | None, refuse: bool) -> list[Sample]:
+            return episode_samples(
                 ep.request,
                 ep.index,
                 calls,
+                max_response_length=self.max_response_length,
+                reward=None if result is None or result.reward is None else float(result.reward),
+                final_text=None if result is None else result.final_answer,
                 failure=record,
-                refuse_splits=self.settings.split == "refuse",
-                **kw,
+                info=info,
+                refuse_splits=refuse,
+                late_calls=late,
+                refused_calls=ep.refused_calls,
+                agent_time_s=took,
             )
+
+        try:
+            samples = make(None if failure is None else failure.record(), self.settings.split == "refuse")
         except SplitRefused as exc:
-            record = Failure("bad_value", self.part, f"{self.part}: {exc}").record()
-            samples = episode_samples(ep.request, ep.index, calls, failure=record, **kw)
+            samples = make(Failure("bad_value", self.part, f"{self.part}: {exc}").record(), False)
         if ep.aborted:
             for s in samples:
                 s.finish_reason = "abort"
@@ -598,10 +598,10 @@ class GatewayRollout:
         for i, c in enumerate(calls):  # the chains, by ids (episodes.py's rule)
             roots[i] = len(c.prompt_ids)
             for j in range(i):
-                full = len(calls[j].prompt_ids) + len(calls[j].response_ids)
+                size = len(calls[j].prompt_ids) + len(calls[j].response_ids)
                 if (
-                    c.prompt_ids[:full] == [*calls[j].prompt_ids, *calls[j].response_ids]
-                    and len(c.prompt_ids) >= full
+                    c.prompt_ids[:size] == [*calls[j].prompt_ids, *calls[j].response_ids]
+                    and len(c.prompt_ids) >= size
                 ):
                     roots[i] = roots[j]
         for i, c in enumerate(calls):
