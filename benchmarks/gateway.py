@@ -26,7 +26,6 @@ from typing import Any
 import rlzoo
 from rlzoo.kernel.protocols import AgentResult, GenerationRequest, SamplingParams
 
-
 _HTTP: list[Any] = []  # one connection pool for every episode, as a long-lived agent process keeps
 
 
