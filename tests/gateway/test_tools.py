@@ -139,3 +139,35 @@ def test_hermes_tool_calls_come_back_as_openai_tool_calls(smollm2_tokenizer: Any
     assert tc.function.name == "calc" and tc.function.arguments == '{"expression": "1+2"}'
     assert got["second"].choices[0].message.content == "It is 3."
     assert s.agent["turns"] == 2 and s.agent["tool_calls"] == 1 and s.agent["gateway"]["splits"] == {}  # type: ignore[index]
+
+
+def test_a_batch_of_episodes_connecting_at_once_is_served() -> None:
+    """256 episodes open their connections at once (one new connection per call): none is reset
+    (the server's accept queue holds them; the default of 5 did not)."""
+    import http.client
+    import json
+
+    from rlzoo.kernel.protocols import AgentResult
+    from rlzoo.tasks._tools import build_tokenizer
+
+    class Raw:
+        def run(self, client: Any, row: Any) -> AgentResult:
+            host, rest = client.base_url[len("http://") :].split("/", 1)
+            name, port = host.split(":")
+            conn = http.client.HTTPConnection(name, int(port), timeout=60)
+            body = {"model": client.model, "messages": [{"role": "user", "content": "1 2 3"}]}
+            headers = {"Authorization": f"Bearer {client.api_key}", "Content-Type": "application/json"}
+            conn.request("POST", f"/{rest}/chat/completions", json.dumps(body), headers)
+            assert conn.getresponse().status == 200
+            return AgentResult(reward=0.0)
+
+    tok = build_tokenizer()
+    eos = int(tok.eos_token_id)
+    gw, _ = _gateway(tok, eos, ["1 2"], "plain", Raw())
+    try:
+        sp = SamplingParams(n=16, max_new_tokens=16, seed=1)
+        out = gw.generate([GenerationRequest(f"p{i}", [0], sp, data={}) for i in range(16)])
+    finally:
+        gw.shutdown()
+    assert len(out) == 256
+    assert [s.agent["error"] for s in out if s.agent["error"]] == []  # type: ignore[index]

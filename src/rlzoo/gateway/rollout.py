@@ -357,6 +357,8 @@ class GatewayRollout:
         with ep.lock:
             ep.done = True
             calls = list(ep.calls)
+        if ep.aborted:  # the run stopped a call (a push without partial rollout): not the agent's failure
+            failure = None
         with self._lock:
             self._episodes.pop(ep.id, None)
             late, self._late_calls = self._late_calls, 0

@@ -38,6 +38,9 @@ class App(Protocol):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = False
+    #: connections waiting to be accepted: every episode of a batch may connect at once (the default 5
+    #: overflows, and a client then sees its connection reset)
+    request_queue_size = 4096
     app: App
     key: str
     max_bytes: int
