@@ -9,7 +9,7 @@ from rlzoo.kernel.errors import ConfigError
 
 
 def test_an_agent_and_an_environment_together_are_refused() -> None:
-    with pytest.raises(ConfigError, match="set one of rollout.environment and rollout.agent"):
+    with pytest.raises(ConfigError, match=r"set one of rollout\.environment and rollout\.agent"):
         rlzoo.build_run("quickstart_gateway", ["rollout.environment=tool_arithmetic"])
 
 
