@@ -60,6 +60,10 @@ class EveryHook:
         registry.register("every_tool", _part)
 
     @rlzoo.hookimpl
+    def rlzoo_register_agents(self, registry):  # type: ignore[no-untyped-def]
+        registry.register("every_agent", _part)
+
+    @rlzoo.hookimpl
     def rlzoo_register_datasets(self, registry):  # type: ignore[no-untyped-def]
         registry.register("every_dataset", _part)
 

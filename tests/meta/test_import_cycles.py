@@ -127,7 +127,11 @@ LAYERS: list[tuple[str, ...]] = [
     ),  # contracts: hooks, kinds, registry, params, Protocols, settings, Batch
     ("rlzoo.system", "rlzoo.data", "rlzoo.rollout_kit"),  # the OS, the data schema, the sample stream
     ("rlzoo.sandbox",),  # untrusted code in a box: scorers, environments and tools run code through it
-    ("rlzoo.models", "rlzoo.agents"),  # model files and tokenizers; the multi-turn rollout
+    (
+        "rlzoo.models",
+        "rlzoo.agents",
+        "rlzoo.gateway",
+    ),  # model files and tokenizers; the multi-turn rollout; the gateway
     ("rlzoo.train_kit", "rlzoo.recipe"),  # what train backends share; the recipe language (not compose)
     ("rlzoo.report", "rlzoo.loggers", "rlzoo.distributed", "rlzoo.placement"),  # metrics out; where parts run
     ("rlzoo.train",),  # the run: session, one loop, checkpoints, export

@@ -626,6 +626,16 @@ def agent_metrics(records: Sequence[Mapping[str, Any] | None]) -> dict[str, floa
         "agent/model_tokens/mean": mean("model_tokens"),
         "agent/env_tokens/mean": mean("env_tokens"),
     }
+    gw = [r["gateway"] for r in recs if r.get("gateway")]
+    if gw:  # episodes through the gateway (rlzoo.gateway): counts per episode, summed over the batch
+        out["agent/gateway/calls"] = float(sum(g["calls"] for g in gw))
+        out["agent/gateway/samples_per_episode"] = len(gw) / max(1, sum(1 for g in gw if g["segment"] == 0))
+        out["agent/gateway/refused_calls"] = float(sum(g["refused_calls"] for g in gw))
+        out["agent/gateway/late_calls"] = float(sum(g["late_calls"] for g in gw))
+        reasons = sorted({k for g in gw for k in g["splits"]})
+        out["agent/gateway/splits"] = float(sum(sum(g["splits"].values()) for g in gw))
+        for why in reasons:
+            out[f"agent/gateway/splits/{why}"] = float(sum(g["splits"].get(why, 0) for g in gw))
     keys = sorted({k for r in recs for k in r.get("env_info", {})})
     for k in keys:
         vals = [r["env_info"][k] for r in recs if k in r.get("env_info", {})]

@@ -167,6 +167,22 @@ def rlzoo_register_tools(registry: Registrar) -> None:
     """
 
 
+@hookspec
+def rlzoo_register_agents(registry: Registrar) -> None:
+    """Register agents (kind ``agent``): a user's own agent program, trained unchanged.
+
+    An agent is a factory ``factory(params) -> Agent`` (see :class:`rlzoo.kernel.protocols.Agent`)
+    called once per episode. ``agent.run(client, row)`` (sync or ``async``) plays one episode of a
+    dataset row: it talks to the run's OpenAI-compatible gateway at ``client.base_url`` with
+    ``client.api_key`` and ``client.model`` and returns an :class:`rlzoo.kernel.protocols.AgentResult`
+    (a reward, or a final answer the recipe's scorer judges). Every call it makes is recorded as
+    the ids the engine sampled; calls that extend the previous call's ids merge into one exact
+    trajectory (:mod:`rlzoo.gateway`). Selected by ``rollout.agent``; its limits are
+    ``rollout.gateway``. The built-in ``command`` agent runs any program (``OPENAI_BASE_URL`` /
+    ``OPENAI_API_KEY`` in its environment, the row as JSON on stdin, a JSON result on stdout).
+    """
+
+
 # ---------------------------------------------------------------------------------------------
 # Data
 # ---------------------------------------------------------------------------------------------

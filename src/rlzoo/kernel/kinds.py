@@ -83,6 +83,13 @@ KINDS: tuple[Kind, ...] = (
         "rollout.tools",
     ),
     Kind(
+        "agent",
+        "rlzoo_register_agents",
+        "a user's own agent (Python callable or command) playing one episode through the run's "
+        "OpenAI-compatible gateway",
+        "rollout.agent",
+    ),
+    Kind(
         "dataset",
         "rlzoo_register_datasets",
         "prepares a named dataset (hub name or local path) into rlzoo's parquet schema",

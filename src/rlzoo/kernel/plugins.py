@@ -60,6 +60,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlzoo.loggers",
     "rlzoo.tasks.quickstart",
     "rlzoo.tasks.tools",
+    "rlzoo.tasks.agents",
     "rlzoo.tasks.python_functions",
     "rlzoo.tasks.smollm2",
     "rlzoo.tasks.smollm2_calc",

@@ -293,6 +293,42 @@ class EnvironmentFactory(Protocol):
     def __call__(self, params: Any) -> Environment: ...
 
 
+@dataclass(frozen=True)
+class ClientConfig:
+    """Where an agent's OpenAI client points for one episode (the run's gateway)."""
+
+    base_url: str  # http://127.0.0.1:PORT/e/EPISODE/v1 (the episode is in the path)
+    api_key: str  # the run's random key; a request without it gets 401
+    model: str  # the model name the gateway serves
+
+    def env(self) -> dict[str, str]:
+        """The variables the OpenAI SDKs read (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``), and the model."""
+        return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key, "OPENAI_MODEL": self.model}
+
+
+@dataclass
+class AgentResult:
+    """What an agent's episode returns. With ``reward`` None the recipe's scorer judges
+    ``final_answer`` (else the text of the last call's reply)."""
+
+    reward: float | None = None
+    final_answer: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)  # numbers become agent/env/<key> metrics
+
+
+@runtime_checkable
+class Agent(Protocol):
+    """A user's agent: ``run(client, row)`` plays one episode (the factory is called once per episode)
+    through the OpenAI-compatible gateway at ``client``; ``row`` is the dataset row (JSON values).
+    May be ``async``."""
+
+    def run(self, client: ClientConfig, row: Mapping[str, Any]) -> AgentResult | Awaitable[AgentResult]: ...
+
+
+class AgentFactory(Protocol):
+    def __call__(self, params: Any) -> Agent: ...
+
+
 # ---------------------------------------------------------------------------------------------
 # rollout
 # ---------------------------------------------------------------------------------------------

@@ -280,6 +280,11 @@ def _logger_rule(cfg: RecipeConfig) -> list[str]:
 def _agent_rule(cfg: RecipeConfig) -> list[str]:
     """Tools and multi-turn settings act only in a multi-turn rollout; tool names must not repeat."""
     out = []
+    if cfg.rollout.environment is not None and cfg.rollout.agent is not None:
+        out.append(
+            "rollout.agent: an agent plays its episodes through the gateway instead of an environment; "
+            "set one of rollout.environment and rollout.agent (the other null)"
+        )
     if cfg.rollout.environment is None and cfg.rollout.tools:
         out.append(
             "rollout.tools: tools are called from a multi-turn rollout; set rollout.environment "
@@ -297,7 +302,7 @@ def _agent_rule(cfg: RecipeConfig) -> list[str]:
         return out
     per_turn = mt.per_turn_max_tokens
     if (
-        cfg.rollout.environment is not None
+        (cfg.rollout.environment is not None or cfg.rollout.agent is not None)
         and per_turn is not None
         and per_turn > cfg.data.max_response_length
     ):

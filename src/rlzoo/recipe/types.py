@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from rlzoo.agents.settings import MultiTurnSettings
 from rlzoo.data.user_file import UserDatasetSettings, UserSamplerSettings
+from rlzoo.gateway.settings import GatewaySettings
 from rlzoo.kernel.binding import to_plain, tree_nodes
 from rlzoo.kernel.params import MAX_SEED, param
 from rlzoo.kernel.protocols import PlansSteps
@@ -289,6 +290,16 @@ class RolloutSection:
     tools: list[Any] = parts("tool", [], help="tools the model may call, on top of the environment's")
     multi_turn: MultiTurnSettings = param(
         MultiTurnSettings(), help="limits and formats of multi-turn rollouts (when environment is set)"
+    )
+    agent: Any = part(
+        "agent",
+        None,
+        help="your own agent, playing each episode through the run's OpenAI-compatible gateway (None: "
+        "no agent); instead of an environment. docs/agents.md, bring your own agent",
+        optional=True,
+    )
+    gateway: GatewaySettings = param(
+        GatewaySettings(), help="the OpenAI-compatible gateway an agent talks to (when agent is set)"
     )
 
 

@@ -189,6 +189,13 @@ class _Engine:
         dataset = data.train if split == "train" or data.val is None else data.val
         self.items = [dataset[i] for i in range(len(dataset))]
         setup = inputs.backends
+        if setup.gateway is not None:  # refused before any model loads
+            from rlzoo.kernel.errors import RlzooError
+
+            raise RlzooError(
+                "rlzoo eval does not run a gateway agent (rollout.agent) yet: an episode may make several "
+                "samples, which pass@k does not count; the run's own validation (trainer.test_freq) runs it"
+            )
         self.placement = make_placement(setup.placement)
         self.engine = self.placement.rollout_backend(setup.rollout, setup.rollout_spec)
         self.rollout = self.engine

@@ -19,8 +19,9 @@ import torch
 
 from rlzoo.agents.chat import ChatTemplate
 from rlzoo.agents.settings import MultiTurnSettings
+from rlzoo.gateway.settings import GatewaySettings
 from rlzoo.kernel.errors import ConfigError, RlzooError
-from rlzoo.kernel.protocols import Environment, JudgedMetric, SamplingParams, Tool
+from rlzoo.kernel.protocols import Agent, Environment, JudgedMetric, SamplingParams, Tool
 from rlzoo.kernel.settings import RolloutSpec, StepPlan, TeacherModel, TrainSpec
 from rlzoo.recipe.types import (
     PlacementSection,
@@ -216,7 +217,7 @@ def rollout_spec(cfg: RecipeConfig, tokenizer: Any) -> RolloutSpec:
         trust_remote_code=cfg.model.trust_remote_code,
         # multi-turn: each turn's prompt is the trajectory so far (prompt + earlier turns)
         max_prompt_length=cfg.data.max_prompt_length
-        + (cfg.data.max_response_length if cfg.rollout.environment is not None else 0),
+        + (cfg.data.max_response_length if _multi_turn(cfg) else 0),
         max_response_length=cfg.data.max_response_length,
         eos_token_ids=eos_ids(tokenizer, expand(cfg.model.path)),
         pad_token_id=int(tokenizer.pad_token_id),
@@ -396,6 +397,17 @@ class AgentSetup:
 
 
 @dataclass(frozen=True)
+class GatewaySetup:
+    """A user's agent (``rollout.agent``) playing episodes through the gateway over the engine."""
+
+    make_agent: Callable[[], Agent]  # one agent per episode
+    settings: GatewaySettings
+    multi_turn: MultiTurnSettings
+    agent_name: str
+    max_prompt_length: int
+
+
+@dataclass(frozen=True)
 class BackendSetup:
     """What the placement builds, and the trainer over the train backend."""
 
@@ -405,6 +417,7 @@ class BackendSetup:
     rollout: Selection
     rollout_spec: RolloutSpec
     agent: AgentSetup | None  # None: single-turn
+    gateway: GatewaySetup | None  # rollout.agent: episodes through the gateway (None: no agent)
     trainer: TrainerSetup
 
 
@@ -458,7 +471,10 @@ def run_inputs(cfg: RecipeConfig, resume_info: Any = None) -> RunInputs:
     )
     spec = rollout_spec(cfg, tokenizer)
     agent = agent_setup(cfg)
-    if agent is not None:  # a template that cannot do multi-turn fails before any model loads
+    gateway = gateway_setup(cfg)
+    if (
+        agent is not None or gateway is not None
+    ):  # a template that cannot do multi-turn fails before any model loads
         ChatTemplate(tokenizer, stop_ids=spec.eos_token_ids).probe()
     runner = cfg.runner
     return RunInputs(
@@ -500,8 +516,28 @@ def run_inputs(cfg: RecipeConfig, resume_info: Any = None) -> RunInputs:
             rollout=cfg.rollout.backend,
             rollout_spec=spec,
             agent=agent,
+            gateway=gateway,
             trainer=trainer_setup(cfg),
         ),
+    )
+
+
+def _multi_turn(cfg: RecipeConfig) -> bool:
+    """Whether a response holds several turns (an environment's, or a gateway agent's calls)."""
+    return cfg.rollout.environment is not None or cfg.rollout.agent is not None
+
+
+def gateway_setup(cfg: RecipeConfig) -> GatewaySetup | None:
+    """``rollout.agent`` through ``rollout.gateway``; None without an agent."""
+    agent: Selection | None = cfg.rollout.agent
+    if agent is None:
+        return None
+    return GatewaySetup(
+        make_agent=partial(agent.fn, agent.params),
+        settings=cfg.rollout.gateway,
+        multi_turn=cfg.rollout.multi_turn,
+        agent_name=agent.name,
+        max_prompt_length=cfg.data.max_prompt_length,
     )
 
 

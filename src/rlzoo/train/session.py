@@ -38,7 +38,16 @@ from rlzoo.train.export import (
     step_dir,
     writable_export_dir,
 )
-from rlzoo.train.inputs import AgentSetup, Data, Reward, RunInputs, Sampling, Schedule, run_inputs
+from rlzoo.train.inputs import (
+    AgentSetup,
+    Data,
+    GatewaySetup,
+    Reward,
+    RunInputs,
+    Sampling,
+    Schedule,
+    run_inputs,
+)
 from rlzoo.train.rewards import keep_mask, score_samples, validation_metrics
 from rlzoo.train.rundir import record_resume
 from rlzoo.train.samples import SampleWriter
@@ -201,6 +210,8 @@ class Session:
             rollout = engine
             if setup.agent is not None:  # multi-turn: trajectories composed over the engine
                 rollout = self._multi_turn(engine, setup.agent, setup.rollout_spec.eos_token_ids)
+            elif setup.gateway is not None:  # a user's agent through the gateway, over the engine
+                rollout = self._gateway(engine, setup.gateway, setup.rollout_spec.eos_token_ids)
         except BaseException:
             _shut_down(*built)
             placement.shutdown()
@@ -224,6 +235,23 @@ class Session:
             template_kwargs=self.data.chat_template_kwargs,
             max_prompt_length=agent.max_prompt_length,
             env_name=agent.env_name,
+        )
+
+    def _gateway(self, engine: RolloutBackend, gw: GatewaySetup, stop_ids: Sequence[int]) -> RolloutBackend:
+        """Every batch source generates through the agent's episodes; weights still go to ``engine``."""
+        from rlzoo.gateway.rollout import GatewayRollout
+
+        return GatewayRollout(
+            engine,
+            gw.make_agent,
+            self.data.tokenizer,
+            gw.settings,
+            gw.multi_turn,
+            max_response_length=self.data.max_response_length,
+            max_prompt_length=gw.max_prompt_length,
+            stop_ids=stop_ids,
+            agent_name=gw.agent_name,
+            template_kwargs=self.data.chat_template_kwargs,
         )
 
     # -- what the runner API reads ----------------------------------------------------------------

@@ -20,7 +20,8 @@ The suites live in modules per kind family and are all re-exported here:
 :mod:`~rlzoo.testing.conformance.advantage` (``advantage``, ``sample_filter``),
 :mod:`~rlzoo.testing.conformance.losses` (``policy_loss``, ``loss_agg``, ``kl``,
 ``rollout_correction``), :mod:`~rlzoo.testing.conformance.rewards` (``scorer``,
-``reward_manager``), :mod:`~rlzoo.testing.conformance.agents` (``tool``, ``environment``) and
+``reward_manager``), :mod:`~rlzoo.testing.conformance.agents` (``tool``, ``environment``),
+:mod:`~rlzoo.testing.conformance.gateway_agents` (``agent``) and
 :mod:`~rlzoo.testing.conformance.loggers` (``logger``).
 """
 
@@ -30,6 +31,7 @@ from rlzoo.kernel.kinds import KIND_BY_NAME
 from rlzoo.testing.conformance.advantage import AdvantageConformance, SampleFilterConformance
 from rlzoo.testing.conformance.agents import EnvironmentConformance, ToolConformance, tool_problems
 from rlzoo.testing.conformance.base import ComponentConformance, check_component, component_problems
+from rlzoo.testing.conformance.gateway_agents import AgentConformance, StubOpenAI
 from rlzoo.testing.conformance.loggers import LoggerConformance
 from rlzoo.testing.conformance.losses import (
     KLConformance,
@@ -50,6 +52,7 @@ from rlzoo.testing.conformance.rewards import (
 __all__ = [
     "SUITES",
     "AdvantageConformance",
+    "AgentConformance",
     "ComponentConformance",
     "EnvironmentConformance",
     "KLConformance",
@@ -60,6 +63,7 @@ __all__ = [
     "RolloutCorrectionConformance",
     "SampleFilterConformance",
     "ScorerConformance",
+    "StubOpenAI",
     "ToolConformance",
     "check_component",
     "component_problems",
@@ -90,6 +94,7 @@ SUITES: dict[str, type[ComponentConformance]] = {
     "logger": LoggerConformance,
     "environment": EnvironmentConformance,
     "tool": ToolConformance,
+    "agent": AgentConformance,
 }
 
 

@@ -1,0 +1,180 @@
+"""Gateway overhead per episode against the native environment path, on the same task and engine.
+
+The tool arithmetic task (quickstart_tools / quickstart_gateway, its tiny model) is rolled out three
+ways over a fresh native engine each: the native multi-turn rollout with the ``tool_arithmetic``
+environment (``calc`` run in-process); the gateway with the calc agent's OpenAI SDK loop as an
+in-process Python agent; and the gateway with the same agent as a command (``python -m
+rlzoo.tasks.calc_agent``, one process per episode). The first turn of every trajectory is sampled
+with the same seed on every path; later turns differ only by their seeds. Prints ms per trajectory,
+model turns and tokens per trajectory, and the overhead against the native path.
+
+    python benchmarks/gateway.py                     # 4 rounds of 32 rows x 8 episodes
+    python benchmarks/gateway.py --rows 16 --n 4 --rounds 2 --no-command
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import rlzoo
+from rlzoo.kernel.protocols import AgentResult, GenerationRequest, SamplingParams
+
+_HTTP: list[Any] = []  # one connection pool for every episode, as a long-lived agent process keeps
+
+
+class SdkCalcAgent:
+    """``rlzoo.tasks.calc_agent``'s loop, in process (the openai SDK: a client per episode over one
+    shared ``httpx.Client``; building a fresh one per episode costs ~0.1 s of CPU, an SSL context)."""
+
+    def run(self, client: Any, row: Any) -> AgentResult:
+        import httpx
+        import openai
+
+        from rlzoo.tasks.calc_agent import CALC, calc, spaced
+
+        if not _HTTP:
+            _HTTP.append(httpx.Client())
+        a, b = int(row["extra_info"]["a"]), int(row["extra_info"]["b"])
+        api = openai.OpenAI(
+            base_url=client.base_url, api_key=client.api_key, max_retries=0, http_client=_HTTP[0]
+        )
+        q = f"{spaced(str(a))} + {spaced(str(b))} = " + " ".join("?" * len(str(a + b)))
+        messages: list[Any] = [{"role": "user", "content": q}]
+        answer = ""
+        for _ in range(2):
+            msg = (
+                api.chat.completions.create(model=client.model, messages=messages, tools=[CALC])
+                .choices[0]
+                .message
+            )  # type: ignore[list-item]
+            messages.append(msg.model_dump(exclude_none=True))
+            answer = msg.content or ""
+            if not msg.tool_calls:
+                break
+            for c in msg.tool_calls:
+                expr = json.loads(c.function.arguments)["expression"]  # type: ignore[union-attr]
+                messages.append({"role": "tool", "tool_call_id": c.id, "content": calc(expr)})
+        return AgentResult(final_answer=answer)
+
+
+def engine(model_dir: Path, tok: Any, eos: int) -> Any:
+    from rlzoo.backends.native.rollout import NativeRolloutBackend
+    from rlzoo.backends.native.rollout_params import NativeRolloutParams
+    from rlzoo.kernel.settings import RolloutSpec
+
+    spec = RolloutSpec(
+        model_path=str(model_dir),
+        tokenizer_path=str(model_dir),
+        max_prompt_length=16 + 48,
+        max_response_length=48,
+        eos_token_ids=(eos,),
+        pad_token_id=int(tok.pad_token_id),
+    )
+    return NativeRolloutBackend(NativeRolloutParams(max_num_seqs=256), spec)
+
+
+def measure(rollout: Any, batches: list[list[GenerationRequest]]) -> dict[str, float]:
+    rollout.generate(batches[0][:2])  # warm-up (not counted)
+    t0 = time.perf_counter()
+    samples = [s for reqs in batches for s in rollout.generate(reqs)]
+    wall = time.perf_counter() - t0
+    rollout.shutdown()
+    n = len(samples)
+    return {
+        "ms": wall / n * 1000,
+        "turns": sum(s.agent["turns"] for s in samples) / n,
+        "tokens": sum(sum(s.loss_mask or []) for s in samples) / n,
+        "n": float(n),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=32, help="rows per round")
+    ap.add_argument("--n", type=int, default=8, help="episodes per row")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument(
+        "--no-command", action="store_true", help="skip the command agent (slow: a process per episode)"
+    )
+    args = ap.parse_args()
+
+    from rlzoo.agents.rollout import MultiTurnRollout
+    from rlzoo.agents.settings import MultiTurnSettings
+    from rlzoo.data.tokenizer import load_tokenizer
+    from rlzoo.gateway.command import CommandAgent
+    from rlzoo.gateway.rollout import GatewayRollout
+    from rlzoo.gateway.settings import GatewaySettings
+    from rlzoo.tasks._tools import make_tool_arithmetic
+    from rlzoo.tasks.tools import ToolArithmeticParams
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp)
+        comp = rlzoo.get_plugin_manager().get("dataset", "tool_arithmetic")
+        comp.load()(data, type(comp.default_params())(sum_digits=4))
+        model_dir = data / "model"
+        tok = load_tokenizer(model_dir)
+        eos = int(tok.eos_token_id)
+        rng = random.Random(0)
+        mt = MultiTurnSettings(
+            max_turns=2, max_tool_calls=1, per_turn_max_tokens=16, tool_call_format="plain"
+        )
+        batches = []
+        for r in range(args.rounds):
+            sp = SamplingParams(n=args.n, temperature=1.0, max_new_tokens=48, seed=r)
+            rows = [(rng.randint(500, 999), rng.randint(500, 999)) for _ in range(args.rows)]
+            batches.append(
+                [
+                    GenerationRequest(f"r{r}p{i}", [eos], sp, data={"extra_info": {"a": a, "b": b}})
+                    for i, (a, b) in enumerate(rows)
+                ]
+            )
+        env = ToolArithmeticParams(with_tool=True, spaced_digits=True, echo=True, blanks=True)
+        paths: dict[str, Any] = {
+            "native environment": lambda: MultiTurnRollout(
+                engine(model_dir, tok, eos),
+                partial(make_tool_arithmetic, env),
+                tok,
+                mt,
+                max_response_length=48,
+                stop_ids=(eos,),
+            ),
+            "gateway, SDK agent in process": lambda: GatewayRollout(
+                engine(model_dir, tok, eos),
+                SdkCalcAgent,
+                tok,
+                GatewaySettings(),
+                mt,
+                max_response_length=48,
+                max_prompt_length=16,
+                stop_ids=(eos,),
+            ),
+        }
+        if not args.no_command:
+            paths["gateway, SDK agent as a command"] = lambda: GatewayRollout(
+                engine(model_dir, tok, eos),
+                lambda: CommandAgent(["python", "-m", "rlzoo.tasks.calc_agent"]),
+                tok,
+                GatewaySettings(concurrency=8),
+                mt,
+                max_response_length=48,
+                max_prompt_length=16,
+                stop_ids=(eos,),
+            )
+        rows_out = {name: measure(make(), batches) for name, make in paths.items()}
+    base = rows_out["native environment"]["ms"]
+    print(f"{args.rounds} rounds x {args.rows} rows x {args.n} episodes, tiny tool_arithmetic model, CPU")
+    print(f"{'path':<34}{'ms/trajectory':>14}{'turns':>8}{'model tokens':>14}{'overhead':>10}")
+    for name, r in rows_out.items():
+        over = (r["ms"] / base - 1) * 100
+        print(f"{name:<34}{r['ms']:>14.2f}{r['turns']:>8.2f}{r['tokens']:>14.2f}{over:>9.0f}%")
+
+
+if __name__ == "__main__":
+    main()

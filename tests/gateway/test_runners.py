@@ -1,0 +1,98 @@
+"""A few steps of ``quickstart_gateway`` on every runner, the agent an in-process OpenAI SDK loop (the
+recipe's command agent, ``python -m rlzoo.tasks.calc_agent``, is the same loop in a process of its
+own: tests/gateway/test_failures.py runs a command agent; benchmarks/gateway.py measures both).
+
+The gateway is each runner's batch source's rollout: episodes are played, their calls merged into
+one trajectory each (no split), and a push never aborts a call (fully_async with partial rollout).
+The tool's round trip is tests/gateway/test_tools.py's (a scripted engine: deterministic)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import rlzoo
+from rlzoo.kernel.protocols import AgentResult
+from rlzoo.report.metrics import read_metrics
+from rlzoo.tasks.calc_agent import CALC, calc, spaced
+
+openai = pytest.importorskip("openai")
+
+STEPS = 2
+RUNNERS = {
+    "sync": [],
+    "one_step_off": ["runner=one_step_off"],
+    "fully_async": [
+        "runner={name:fully_async,staleness_threshold:0.5,trigger_parameter_sync_step:1,"
+        "require_batches:1,partial_rollout:true}"
+    ],
+}
+
+
+class CalcAgent:
+    """The calc agent's loop (rlzoo.tasks.calc_agent), in process."""
+
+    def run(self, client: Any, row: Any) -> AgentResult:
+        a, b = int(row["extra_info"]["a"]), int(row["extra_info"]["b"])
+        api = openai.OpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0)
+        messages: list[Any] = [
+            {
+                "role": "user",
+                "content": f"{spaced(str(a))} + {spaced(str(b))} = " + " ".join("?" * len(str(a + b))),
+            }
+        ]
+        answer = ""
+        for _ in range(2):
+            msg = (
+                api.chat.completions.create(model=client.model, messages=messages, tools=[CALC])
+                .choices[0]
+                .message
+            )  # type: ignore[list-item]
+            messages.append(msg.model_dump(exclude_none=True))
+            answer = msg.content or ""
+            if not msg.tool_calls:
+                break
+            for c in msg.tool_calls:
+                expr = json.loads(c.function.arguments)["expression"]  # type: ignore[union-attr]
+                messages.append({"role": "tool", "tool_call_id": c.id, "content": calc(expr)})
+        return AgentResult(final_answer=answer)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("quickstart_tools")
+
+
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+def test_quickstart_gateway_trains_on_every_runner(runner: str, data_dir: Path, tmp_path: Path) -> None:
+    run = rlzoo.build_run(
+        "quickstart_gateway",
+        [
+            f"data.dir={data_dir}",
+            f"run.output_dir={tmp_path}",
+            "run.progress=false",
+            "run.loggers=[jsonl]",
+            f"trainer.total_steps={STEPS}",
+            "trainer.save_freq=-1",
+            "trainer.test_freq=-1",
+            "trainer.val_before_train=false",
+            "data.train_batch_size=4",
+            "trainer.ppo_mini_batch_size=4",
+            "rollout.n=4",
+            *RUNNERS[runner],
+        ],
+        agent=lambda params: CalcAgent(),
+    )
+    run.train()
+    assert run.run_dir is not None
+    recs = [r for r in read_metrics(run.run_dir) if r["step"] > 0]
+    assert [r["step"] for r in recs] == list(range(1, STEPS + 1))
+    for r in recs:
+        assert r["reward/failed"] == 0
+        assert r["agent/gateway/samples_per_episode"] == 1.0 and r["agent/gateway/splits"] == 0
+        assert 1.0 <= r["agent/turns/mean"] <= 2.0
+        assert r["agent/gateway/calls"] >= 16  # 16 episodes, one or two calls each
+        assert r["agent/model_tokens/mean"] > 0

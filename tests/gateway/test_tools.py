@@ -1,0 +1,173 @@
+"""Tool calls through the gateway, deterministic: a scripted engine "samples" the calc call and then
+the answer, in the plain protocol of the task's tiny word-level model (and the Hermes JSON form).
+
+The agent is the shipped one (``rlzoo.tasks.calc_agent``), run as a command: the SDK gets the call
+as an OpenAI ``tool_calls`` entry, the agent runs calc and sends a ``role: tool`` message, which the
+gateway renders through the chat template as the delta after the model's stop token (mask 0); the
+scorer then judges the final answer.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from rlzoo.kernel.protocols import GenerationRequest, Sample, SamplingParams
+
+pytest.importorskip("openai")
+
+CALL = "calc 4 5 6 + 7 8 9"
+ANSWER = "Answer: 4 5 6 + 7 8 9 = 1 2 4 5"
+TOOL_REPLY = "4 5 6 + 7 8 9 = 1 2 4 5"
+
+
+class Scripted:
+    """An engine that answers call k of an episode with ``script[k]`` (+ EOS), log-prob -0.5 a token."""
+
+    def __init__(self, tok: Any, eos: int, script: Sequence[str]) -> None:
+        self.tok, self.eos, self.script = tok, eos, list(script)
+        self.version = 0
+        self.queue: list[Sample] = []
+        self.seen: list[GenerationRequest] = []
+
+    def submit(self, requests: Sequence[GenerationRequest]) -> None:
+        for r in requests:
+            self.seen.append(r)
+            k = int(r.request_id.rsplit("#g", 1)[1].split(".")[0])
+            ids = [*self.tok(self.script[k], add_special_tokens=False)["input_ids"], self.eos]
+            self.queue.append(Sample.of_request(r, 0, ids, [-0.5] * len(ids), [0] * len(ids), "stop"))
+
+    def stream(self, timeout: float | None = None) -> Iterator[Sample]:
+        while self.queue:
+            yield self.queue.pop(0)
+
+    def pause(self) -> None: ...
+    def resume(self) -> None: ...
+    def shutdown(self) -> None: ...
+
+
+def _gateway(
+    tok: Any, eos: int, script: Sequence[str], fmt: str, agent: Any, prompt: int = 16, response: int = 48
+) -> tuple[Any, Scripted]:
+    from rlzoo.agents.settings import MultiTurnSettings
+    from rlzoo.gateway.rollout import GatewayRollout
+    from rlzoo.gateway.settings import GatewaySettings
+
+    eng = Scripted(tok, eos, script)
+    gw = GatewayRollout(
+        eng,  # type: ignore[arg-type]
+        lambda: agent,
+        tok,
+        GatewaySettings(agent_timeout_s=60.0),
+        MultiTurnSettings(max_turns=2, per_turn_max_tokens=16, tool_call_format=fmt),
+        max_response_length=response,
+        max_prompt_length=prompt,
+        stop_ids=(eos,),
+        agent_name="calc",
+    )
+    return gw, eng
+
+
+def test_the_calc_agent_command_calls_calc_through_the_plain_protocol() -> None:
+    from rlzoo.gateway.command import CommandAgent
+    from rlzoo.tasks._tools import build_tokenizer, score
+    from rlzoo.tasks.tools import ToolArithmeticScorerParams
+
+    tok = build_tokenizer()
+    eos = int(tok.eos_token_id)
+    agent = CommandAgent([sys.executable, "-m", "rlzoo.tasks.calc_agent"])
+    gw, eng = _gateway(tok, eos, [CALL, ANSWER], "plain", agent)
+    try:
+        sp = SamplingParams(n=1, max_new_tokens=48, seed=1)
+        (s,) = gw.generate([GenerationRequest("p0", [0], sp, data={"extra_info": {"a": 456, "b": 789}})])
+    finally:
+        gw.shutdown()
+    rec = s.agent
+    assert rec["error"] is None, rec["error"]  # type: ignore[index]
+    assert rec["turns"] == 2 and rec["tool_calls"] == 1 and rec["final_text"] == ANSWER  # type: ignore[index]
+    assert rec["gateway"]["splits"] == {}  # type: ignore[index]
+    call_ids = tok(CALL, add_special_tokens=False)["input_ids"]
+    answer_ids = tok(ANSWER, add_special_tokens=False)["input_ids"]
+    # [call, EOS] (mask 1), the template's rendering of calc's reply (mask 0), [answer, EOS] (mask 1)
+    mask = s.loss_mask or []
+    assert s.response_ids[: len(call_ids) + 1] == [*call_ids, eos]
+    assert s.response_ids[-len(answer_ids) - 1 :] == [*answer_ids, eos]
+    delta = s.response_ids[len(call_ids) + 1 : -len(answer_ids) - 1]
+    assert mask == [1] * (len(call_ids) + 1) + [0] * len(delta) + [1] * (len(answer_ids) + 1)
+    assert TOOL_REPLY in tok.decode(delta)  # the agent's calc result, through the template
+    assert eng.seen[1].prompt_ids == [*s.prompt_ids, *s.response_ids[: -len(answer_ids) - 1]]
+    assert s.rollout_log_probs == [-0.5 if m else 0.0 for m in mask]
+    verdict = score(rec["final_text"], "1245", "rlzoo/tool_arithmetic", {}, ToolArithmeticScorerParams())  # type: ignore[index]
+    assert verdict["score"] == 1.0  # type: ignore[index]
+
+
+def test_hermes_tool_calls_come_back_as_openai_tool_calls(smollm2_tokenizer: Any) -> None:
+    import openai
+
+    from rlzoo.kernel.protocols import AgentResult
+
+    tok = smollm2_tokenizer
+    eos = int(tok.convert_tokens_to_ids("<|im_end|>"))
+    got: dict[str, Any] = {}
+    call = '<tool_call>{"name": "calc", "arguments": {"expression": "1+2"}}</tool_call>'
+
+    class Agent:
+        def run(self, client: Any, row: Any) -> AgentResult:
+            from rlzoo.tasks.calc_agent import CALC
+
+            api = openai.OpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0)
+            msgs: list[Any] = [{"role": "user", "content": "1+2?"}]
+            m = api.chat.completions.create(model=client.model, messages=msgs, tools=[CALC]).choices[0]  # type: ignore[list-item]
+            got["first"] = m
+            msgs += [m.message.model_dump(exclude_none=True)]
+            msgs += [{"role": "tool", "tool_call_id": m.message.tool_calls[0].id, "content": "3"}]  # type: ignore[index]
+            got["second"] = api.chat.completions.create(model=client.model, messages=msgs, tools=[CALC])  # type: ignore[list-item]
+            return AgentResult(reward=1.0)
+
+    gw, _ = _gateway(tok, eos, [call, "It is 3."], "hermes", Agent(), prompt=512, response=200)
+    try:
+        (s,) = gw.generate([GenerationRequest("p0", [0], SamplingParams(n=1, max_new_tokens=48), data={})])
+    finally:
+        gw.shutdown()
+    assert s.agent["error"] is None, s.agent["error"]  # type: ignore[index]
+    first = got["first"]
+    assert first.finish_reason == "tool_calls" and first.message.content is None
+    (tc,) = first.message.tool_calls
+    assert tc.function.name == "calc" and tc.function.arguments == '{"expression": "1+2"}'
+    assert got["second"].choices[0].message.content == "It is 3."
+    assert s.agent["turns"] == 2 and s.agent["tool_calls"] == 1 and s.agent["gateway"]["splits"] == {}  # type: ignore[index]
+
+
+def test_a_batch_of_episodes_connecting_at_once_is_served() -> None:
+    """256 episodes open their connections at once (one new connection per call): none is reset
+    (the server's accept queue holds them; the default of 5 did not)."""
+    import http.client
+    import json
+
+    from rlzoo.kernel.protocols import AgentResult
+    from rlzoo.tasks._tools import build_tokenizer
+
+    class Raw:
+        def run(self, client: Any, row: Any) -> AgentResult:
+            host, rest = client.base_url[len("http://") :].split("/", 1)
+            name, port = host.split(":")
+            conn = http.client.HTTPConnection(name, int(port), timeout=60)
+            body = {"model": client.model, "messages": [{"role": "user", "content": "1 2 3"}]}
+            headers = {"Authorization": f"Bearer {client.api_key}", "Content-Type": "application/json"}
+            conn.request("POST", f"/{rest}/chat/completions", json.dumps(body), headers)
+            assert conn.getresponse().status == 200
+            return AgentResult(reward=0.0)
+
+    tok = build_tokenizer()
+    eos = int(tok.eos_token_id)
+    gw, _ = _gateway(tok, eos, ["1 2"], "plain", Raw())
+    try:
+        sp = SamplingParams(n=16, max_new_tokens=16, seed=1)
+        out = gw.generate([GenerationRequest(f"p{i}", [0], sp, data={}) for i in range(16)])
+    finally:
+        gw.shutdown()
+    assert len(out) == 256
+    assert [s.agent["error"] for s in out if s.agent["error"]] == []  # type: ignore[index]
