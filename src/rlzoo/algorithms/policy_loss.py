@@ -248,7 +248,12 @@ def rlzoo_register_policy_losses(registry: Registrar[PolicyLossFn]) -> None:
         capabilities={**_OLD, **_SEQ_MEAN, "sequence_level": True},
         aliases=("gmpo",),
     )
-    registry.register("nll", f"{_IMPL}:nll", params=NLLParams, capabilities={"needs_old_log_probs": False})
+    registry.register(
+        "nll",
+        f"{_IMPL}:nll",
+        params=NLLParams,
+        capabilities={"needs_old_log_probs": False, "reads_advantages": False},
+    )
     registry.register("reinforce_is", f"{_IMPL}:reinforce_is", params=ReinforceISParams, capabilities=_OLD)
     registry.register("dppo_tv", f"{_IMPL}:dppo_tv", params=DPPOTVParams, capabilities=_OLD)
     registry.register("dppo_kl", f"{_IMPL}:dppo_kl", params=DPPOKLParams, capabilities=_OLD)

@@ -81,6 +81,11 @@ class PolicyLossCapabilities(Capabilities):
         False, help="reads inputs.old_log_probs (the ratio; gpg declares False)"
     )
     needs_entropy: bool = param(False, help="reads inputs.entropy (the conformance suite passes it)")
+    reads_advantages: bool = param(
+        True,
+        help="reads inputs.advantages; False (nll): the trainer skips the advantage estimator and "
+        "validate its group rule",
+    )
     sequence_level: bool = param(
         False, help="ratios / weights per whole sequence (shown by rlzoo components)"
     )
