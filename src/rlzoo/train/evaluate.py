@@ -121,7 +121,7 @@ def resolve_target(
     """A TARGET argument as a model folder and the recipe that evaluates it."""
     from rlzoo.recipe.config import load_config
     from rlzoo.train.export import export_step
-    from rlzoo.train.rundir import strip_plugin_notes
+    from rlzoo.recipe.config import strip_plugin_notes
 
     path_s, _, which = spec.partition("@")
     path = Path(path_s).expanduser()
@@ -353,7 +353,7 @@ def evaluate(
         ]
         t2 = targets[1]
         from rlzoo.recipe.config import load_config
-        from rlzoo.train.rundir import strip_plugin_notes
+        from rlzoo.recipe.config import strip_plugin_notes
 
         raw = strip_plugin_notes(t2.config.to_dict())
         targets[1] = dataclasses.replace(t2, config=load_config(raw, same, pm))
