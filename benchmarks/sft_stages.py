@@ -22,7 +22,9 @@ TARGET = 0.8
 
 def curve(run_dir: Path) -> list[tuple[int, str, float]]:
     rows = read_metrics(run_dir)
-    return [(int(r["step"]), str(r.get("stage", "grpo")), float(r["val/mean"])) for r in rows if "val/mean" in r]
+    return [
+        (int(r["step"]), str(r.get("stage", "grpo")), float(r["val/mean"])) for r in rows if "val/mean" in r
+    ]
 
 
 def reached(points: list[tuple[int, str, float]]) -> int | None:

@@ -275,7 +275,9 @@ def test_nll_equals_trl_sft_loss():
     theirs = ForCausalLMLoss(logits, labels, vocab_size=V)
     (g_theirs,) = torch.autograd.grad(theirs, logits)
     # rlzoo's layout: log-probs of the response tokens, predicted from the position before each
-    logp = torch.log_softmax(logits.float(), -1)[:, P_len - 1 : L - 1].gather(-1, ids[:, P_len:, None])[..., 0]
+    logp = torch.log_softmax(logits.float(), -1)[:, P_len - 1 : L - 1].gather(-1, ids[:, P_len:, None])[
+        ..., 0
+    ]
     ctx = make_agg_context(mask)
     inputs = PolicyLossInputs(
         log_probs=logp,

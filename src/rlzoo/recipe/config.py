@@ -406,4 +406,11 @@ def apply_overrides(
     return out  # type: ignore[return-value]
 
 
-__all__ = ["apply_overrides", "bind_config", "bind_part", "compose_recipe", "load_config", "strip_plugin_notes"]
+__all__ = [
+    "apply_overrides",
+    "bind_config",
+    "bind_part",
+    "compose_recipe",
+    "load_config",
+    "strip_plugin_notes",
+]

@@ -44,7 +44,11 @@ def stage_config(
     try:
         raw = apply_overrides(raw, list(stage.overrides), pm)
         if run_dir is not None:
-            raw["run"] = {**raw["run"], "output_dir": str(stage_dir(run_dir, config, k)), "overwrite": overwrite}
+            raw["run"] = {
+                **raw["run"],
+                "output_dir": str(stage_dir(run_dir, config, k)),
+                "overwrite": overwrite,
+            }
         if start_from is not None:
             raw["model"] = {**raw["model"], "path": str(start_from), "tokenizer_path": tokenizer}
         cfg = bind_config(raw, pm)

@@ -311,7 +311,8 @@ class StageSection:
 
     name: str = param(help="the stage's name: its folder and the metrics rows' stage field")
     overrides: list[str] = param(
-        [], help="key=value overrides of the recipe for this stage (e.g. runner=sft, algorithm.policy_loss=nll)"
+        [],
+        help="key=value overrides of the recipe for this stage (e.g. runner=sft, algorithm.policy_loss=nll)",
     )
 
 

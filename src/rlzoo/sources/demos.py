@@ -18,6 +18,7 @@ prompt, then one assistant turn).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,7 +50,9 @@ def render(template: ChatTemplate, messages: Sequence[Message]) -> tuple[list[in
     if first is None:
         raise DemoError("a demonstration needs at least one assistant message (the tokens it trains)")
     if first == 0:
-        raise DemoError("a demonstration needs a prompt: at least one message before the first assistant turn")
+        raise DemoError(
+            "a demonstration needs a prompt: at least one message before the first assistant turn"
+        )
     conversation: list[Message] = list(messages[:first])
     prompt = template.prompt_ids(conversation)
     response: list[int] = []
@@ -126,10 +129,8 @@ def _tool_call(call: Mapping[str, Any]) -> dict[str, Any]:
     call = {k: v for k, v in call.items() if v is not None}
     fn = dict(call.get("function") or {})
     if isinstance(fn.get("arguments"), str):
-        try:
+        with contextlib.suppress(ValueError):
             fn["arguments"] = json.loads(fn["arguments"])
-        except ValueError:
-            pass
     call["function"] = fn
     return call
 
@@ -161,7 +162,9 @@ def read_conversations(
                 if not isinstance(reply, str):
                     raise DemoError(f"{where}: {response_key!r} must be text, got {type(reply).__name__}")
                 head = (
-                    [{"role": "user", "content": prompt}] if isinstance(prompt, str) else _clean(prompt, where)
+                    [{"role": "user", "content": prompt}]
+                    if isinstance(prompt, str)
+                    else _clean(prompt, where)
                 )
                 messages = [*head, {"role": "assistant", "content": reply}]
             data = {
@@ -186,7 +189,9 @@ def write_conversations(path: Path, conversations: Sequence[tuple[list[Message],
         raise DemoError(f"{path} exists; rlzoo writes demonstrations into a new file only")
     rows = [
         {
-            "messages": [{"role": m["role"], "content": m.get("content", ""), "name": m.get("name")} for m in msgs],
+            "messages": [
+                {"role": m["role"], "content": m.get("content", ""), "name": m.get("name")} for m in msgs
+            ],
             "data_source": str(data.get("data_source") or "demonstrations"),
             "extra_info": json.dumps(data.get("extra_info"), default=str),
         }
@@ -211,7 +216,9 @@ def build_demos(
     dropped = 0
     for messages, data in conversations:
         prompt, response, mask = render(template, messages)
-        if len(response) > max_response_length or (max_prompt_length is not None and len(prompt) > max_prompt_length):
+        if len(response) > max_response_length or (
+            max_prompt_length is not None and len(prompt) > max_prompt_length
+        ):
             dropped += 1
             continue
         demos.append(Demo(prompt, response, mask, data))

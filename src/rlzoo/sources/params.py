@@ -249,7 +249,9 @@ class SFTParams:
         help="Parquet files of demonstrations (a messages column, or prompt + response columns)",
     )
     messages_key: str = param("messages", help="column of chat messages (loss on the assistant turns)")
-    prompt_key: str = param("prompt", help="column of the prompt (chat messages or text) without messages_key")
+    prompt_key: str = param(
+        "prompt", help="column of the prompt (chat messages or text) without messages_key"
+    )
     response_key: str = param("response", help="column of the reply to prompt without messages_key")
     generate: int = param(
         0,

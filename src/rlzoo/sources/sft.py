@@ -13,13 +13,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rlzoo.agents.chat import ChatTemplate
 from rlzoo.data.dataset import PromptLoader
 from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.protocols import Demonstrates, Message, Sample, Tool
-from rlzoo.sources.demos import DemoError, DemoSet, build_demos, read_conversations, write_conversations
+from rlzoo.sources.demos import Demo, DemoError, DemoSet, build_demos, read_conversations, write_conversations
 from rlzoo.sources.params import SFTParams
 from rlzoo.train.batching import samples_to_batch
 from rlzoo.train.loop import StepTimer
@@ -48,7 +48,9 @@ def generate_demos(session: Session, count: int) -> list[tuple[list[Message], di
         )
     train = session.data.train
     if len(train) < count:
-        raise DemoError(f"runner.generate: {count} demonstrations asked, the training data has {len(train)} rows")
+        raise DemoError(
+            f"runner.generate: {count} demonstrations asked, the training data has {len(train)} rows"
+        )
     out = []
     for i in range(count):
         item = train[i]
@@ -56,7 +58,9 @@ def generate_demos(session: Session, count: int) -> list[tuple[list[Message], di
         row["prompt_ids"] = list(item["prompt_ids"])
         env = agent.make_env() if agent is not None else env  # one environment per episode
         assert isinstance(env, Demonstrates)
-        out.append((list(env.solve(row)), {"data_source": row["data_source"], "extra_info": row["extra_info"]}))
+        out.append(
+            (list(env.solve(row)), {"data_source": row["data_source"], "extra_info": row["extra_info"]})
+        )
     return out
 
 
@@ -110,7 +114,7 @@ class FromDemonstrations:
 
     def next_batch(self, step: int, timer: StepTimer) -> Batch | None:
         with timer("data"):
-            demos = next(self.loader)
+            demos = [cast(Demo, d) for d in next(self.loader)]  # the loader serves DemoSet's items
             version = int(self.s.rollout.version)
             samples = [
                 Sample(
