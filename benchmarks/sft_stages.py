@@ -3,6 +3,7 @@
     python benchmarks/sft_stages.py                 # both runs (GRPO alone: up to 200 steps)
     python benchmarks/sft_stages.py --staged-only   # only quickstart_tools_sft (RL alone: 130 steps
                                                     # this round, docs/agents.md)
+    python benchmarks/sft_stages.py --out DIR       # a run already complete in DIR is read, not rerun
 
 Prints one table: the held-out accuracy (val/mean, greedy) at every validation of each run, steps
 counted across stages (the SFT stage's steps count), and the first step at which it reached the target.
@@ -35,16 +36,22 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None, help="folder of the runs (default: a temporary one)")
     ap.add_argument("--staged-only", action="store_true")
+    ap.add_argument(
+        "--grpo-only", action="store_true", help="only GRPO alone (e.g. beside a --staged-only run)"
+    )
     ap.add_argument("--grpo-steps", type=int, default=200)
     ap.add_argument("--test-freq", type=int, default=10)
     args = ap.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="sft_stages-"))
     common = ["run.progress=false", "run.loggers=[jsonl]", f"trainer.test_freq={args.test_freq}"]
-    runs = {"sft -> grpo": ("quickstart_tools_sft", out / "staged")}
+    runs = {} if args.grpo_only else {"sft -> grpo": ("quickstart_tools_sft", out / "staged")}
     if not args.staged_only:
         runs["grpo alone"] = ("quickstart_tools", out / "grpo")
     curves = {}
     for label, (recipe, run_dir) in runs.items():
+        if (run_dir / "summary.json").is_file() and '"completed"' in (run_dir / "summary.json").read_text():
+            curves[label] = curve(run_dir)
+            continue
         run = rlzoo.build_run(
             recipe, [*common, f"run.output_dir={run_dir}", f"trainer.total_steps={args.grpo_steps}"]
         )

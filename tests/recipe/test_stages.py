@@ -69,3 +69,20 @@ def test_staged_run_killed_in_each_stage_equals_an_uninterrupted_one(tmp_path: P
             if not same:
                 off.append((a["stage"], a["stage_step"], k, a[k], b[k]))
     assert not off, off
+
+
+def test_every_stage_is_checked_before_anything_runs(tmp_path: Path) -> None:
+    import rlzoo
+    from rlzoo.kernel.errors import ConfigError
+    from rlzoo.recipe.config import load_config
+
+    cfg = load_config("quickstart_tools_sft", [f"data.dir={tmp_path}", f"run.output_dir={tmp_path / 'run'}"])
+    cfg.stages[0].overrides = [*cfg.stages[0].overrides, "trainer.no_such_key=1", "rollout.n=8"]
+    cfg.stages[1].name = cfg.stages[0].name
+    with pytest.raises(ConfigError) as err:
+        rlzoo.build_run(cfg)
+    text = str(err.value)
+    assert "stages[0] ('sft'): trainer.no_such_key" in text
+    assert "stages[0] ('sft'): rollout.n: 8" in text  # the sft runner's own rule, in that stage
+    assert "names ['sft'] are used more than once" in text
+    assert not (tmp_path / "run").exists()  # nothing written
