@@ -65,7 +65,7 @@ def main() -> None:
         cells = []
         for c in curves.values():
             hit = [f"{v:.2f} ({st})" for x, st, v in c if x == s]
-            cells.append(hit[-1] if hit else "")
+            cells.append(hit[0] if hit else "")  # a stage's last validation, not the next one's first
         print(f"| {s} | " + " | ".join(cells) + " |")
     for label, c in curves.items():
         print(f"{label}: steps to >= {TARGET}: {reached(c)}")

@@ -242,7 +242,15 @@ def train_stages(run: Run) -> dict[str, Any]:
                     resume=resume,
                     overwrite=folder.is_dir() and not resume,
                 )
-                summaries.append(Run(cfg, run.pm).train())
+                try:
+                    summaries.append(Run(cfg, run.pm).train())
+                except BaseException:  # the stage printed its own folder's resume; the run's is this one
+                    print(
+                        f"rlzoo: the staged run stopped in stage {k + 1} ({stage.name}); resume the whole run "
+                        f"(from that stage) with:\n  rlzoo train resume=latest run.output_dir={run_dir}",
+                        flush=True,
+                    )
+                    raise
                 if summaries[-1].get("ended") != "completed":
                     break
             _join_metrics(run_dir, config, summaries)
