@@ -119,6 +119,15 @@ def cmd_validate(ns: argparse.Namespace) -> int:
     if recipe is None:
         raise RlzooError("validate needs a recipe name or path, e.g. `rlzoo validate quickstart`")
     cfg = load_config(recipe, overrides)
+    if cfg.stages:  # each stage's recipe too (its overrides, its own rules)
+        from rlzoo.kernel.errors import ConfigError
+        from rlzoo.kernel.plugins import get_plugin_manager
+        from rlzoo.recipe.stages import check_stages
+
+        problems = check_stages(cfg, get_plugin_manager())
+        if problems:
+            raise ConfigError(problems, header="invalid stages")
+        print(f"stages: {', '.join(s.name for s in cfg.stages)} (each checked)")
     print(f"recipe {recipe!r} is valid")
     rows = [[s.key, s.kind, s.name, s.component.plugin] for s in cfg.selections()]
     print(_table(rows, ["key", "kind", "name", "plugin"]))

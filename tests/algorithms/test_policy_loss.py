@@ -30,9 +30,10 @@ LOSSES = {
     "dppo_kl": (F.dppo_kl, P.DPPOKLParams()),
     "clip_cov": (F.clip_cov, P.ClipCovParams()),
     "kl_cov": (F.kl_cov, P.KLCovParams()),
+    "nll": (F.nll, P.NLLParams()),
 }
 #: losses whose value is a sum of per-token terms with no micro-batch statistics
-SPLIT_INVARIANT = ["ppo_clip", "gspo", "cispo", "sapo", "gpg", "geo_mean", "dppo_tv", "dppo_kl"]
+SPLIT_INVARIANT = ["ppo_clip", "gspo", "cispo", "sapo", "gpg", "geo_mean", "dppo_tv", "dppo_kl", "nll"]
 LN = math.log
 
 
@@ -241,6 +242,56 @@ def test_gpg_hand_values():
     torch.testing.assert_close(grad(out, lp), t([[-0.2, -0.2, -0.2], [0.2, 0.2, 0.0]]))
 
 
+def test_nll_hand_values_and_gradient():
+    # l = -log pi on the 5 trained tokens, advantages ignored (PPO_ADV is not all 1):
+    # token-mean: -(log 1.1 + log 1.5 + log 0.5 + log 0.5 + log 4) / 5 = -log(1.65) / 5;
+    # d l / d log pi = -1/5 on every trained token, 0 on the masked one
+    inputs, lp = make(PPO_LP, ZEROS, PPO_ADV, PPO_MASK)
+    out = F.nll(inputs, P.NLLParams())
+    assert out.loss.item() == pytest.approx(-LN(1.1 * 1.5 * 0.5 * 0.5 * 4.0) / 5)
+    torch.testing.assert_close(grad(out, lp), t([[-0.2, -0.2, -0.2], [-0.2, -0.2, 0.0]]))
+    assert out.metrics["nll"].item() == pytest.approx(-LN(1.65) / 5)
+    # seq-mean-token-mean: row 0 -log(0.825) / 3, row 1 -log(2) / 2, their mean;
+    # gradient -1/(2*3) on row 0's tokens, -1/(2*2) on row 1's
+    inputs, lp = make(PPO_LP, ZEROS, PPO_ADV, PPO_MASK, agg="seq-mean-token-mean")
+    out = F.nll(inputs, P.NLLParams())
+    assert out.loss.item() == pytest.approx((-LN(0.825) / 3 - LN(2.0) / 2) / 2)
+    torch.testing.assert_close(grad(out, lp), t([[-1 / 6, -1 / 6, -1 / 6], [-0.25, -0.25, 0.0]]))
+
+
+def test_nll_equals_trl_sft_loss():
+    """TRL's SFTTrainer (loss_type "nll") takes the model's causal-LM loss with labels -100 outside
+    the completion / assistant mask, transformers' ForCausalLMLoss: mean cross-entropy over the
+    labelled tokens. nll with token-mean on the same tokens is the same number and gradient."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    g = torch.Generator().manual_seed(0)
+    B, L, V, P_len = 2, 7, 11, 3  # sequences of L tokens; the response is the last L - P_len
+    logits = torch.randn(B, L, V, generator=g, dtype=torch.float32, requires_grad=True)
+    ids = torch.randint(0, V, (B, L), generator=g)
+    mask = torch.tensor([[1, 1, 0, 1], [1, 1, 1, 0]])  # [B, T] trained response tokens
+    labels = torch.full((B, L), -100)
+    labels[:, P_len:] = torch.where(mask.bool(), ids[:, P_len:], torch.tensor(-100))
+    theirs = ForCausalLMLoss(logits, labels, vocab_size=V)
+    (g_theirs,) = torch.autograd.grad(theirs, logits)
+    # rlzoo's layout: log-probs of the response tokens, predicted from the position before each
+    logp = torch.log_softmax(logits.float(), -1)[:, P_len - 1 : L - 1].gather(-1, ids[:, P_len:, None])[
+        ..., 0
+    ]
+    ctx = make_agg_context(mask)
+    inputs = PolicyLossInputs(
+        log_probs=logp,
+        old_log_probs=logp.detach(),
+        advantages=torch.zeros_like(logp),
+        response_mask=mask,
+        agg=A.bind_agg(A.token_mean, ctx, None),
+    )
+    ours = F.nll(inputs, P.NLLParams()).loss
+    (g_ours,) = torch.autograd.grad(ours, logits)
+    assert abs(ours.item() - theirs.item()) <= 1e-6
+    torch.testing.assert_close(g_ours, g_theirs, atol=1e-7, rtol=1e-6)
+
+
 # ---------------------------------------------------------------------------------------------
 # geo_mean (GMPO)
 # ---------------------------------------------------------------------------------------------
@@ -439,6 +490,7 @@ def test_registration():
     assert reg.get("sapo").capability("fixed_aggregation") == "seq-mean-token-mean"
     assert reg.get("geo_mean").capability("fixed_aggregation") == "seq-mean-token-mean"
     assert reg.get("gpg").capability("needs_old_log_probs") is False
+    assert reg.get("nll").capability("needs_old_log_probs") is False
 
 
 def test_dro_hand_worked():

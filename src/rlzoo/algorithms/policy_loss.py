@@ -104,6 +104,17 @@ class GPGParams:
 
 
 @dataclass(frozen=True)
+class NLLParams:
+    """NLL: supervised fine-tuning on demonstrations, l = -log pi (the advantages are not read).
+
+    The per-token negative log-likelihood of the batch's response tokens, reduced with the selected
+    aggregation: ``token-mean`` is TRL's ``SFTTrainer`` loss (the mean over every trained token of
+    the mini-batch), ``seq-mean-token-mean`` weighs each demonstration equally. Train on
+    demonstrations with ``runner: sft`` (docs/distillation.md, "SFT and stages").
+    """
+
+
+@dataclass(frozen=True)
 class ReinforceISParams:
     """REINFORCE with explicit, truncated importance weights, l = -A w log pi, w = stopgrad(min(pi / pi_old, c)).
 
@@ -236,6 +247,12 @@ def rlzoo_register_policy_losses(registry: Registrar[PolicyLossFn]) -> None:
         params=GeoMeanParams,
         capabilities={**_OLD, **_SEQ_MEAN, "sequence_level": True},
         aliases=("gmpo",),
+    )
+    registry.register(
+        "nll",
+        f"{_IMPL}:nll",
+        params=NLLParams,
+        capabilities={"needs_old_log_probs": False, "reads_advantages": False},
     )
     registry.register("reinforce_is", f"{_IMPL}:reinforce_is", params=ReinforceISParams, capabilities=_OLD)
     registry.register("dppo_tv", f"{_IMPL}:dppo_tv", params=DPPOTVParams, capabilities=_OLD)

@@ -94,6 +94,11 @@ class PolicyLossCapabilities(Capabilities):
         "train backend computes in the update's forward; validate refuses it without algorithm.teacher or on a "
         "train backend without supplies_teacher_divergence",
     )
+    reads_advantages: bool = param(
+        True,
+        help="reads inputs.advantages; False (nll): the trainer skips the advantage estimator and "
+        "validate its group rule",
+    )
     sequence_level: bool = param(
         False, help="ratios / weights per whole sequence (shown by rlzoo components)"
     )

@@ -285,6 +285,20 @@ class Environment(Protocol):
     def tools(self) -> Sequence[Tool]: ...
 
 
+@runtime_checkable
+class Demonstrates(Protocol):
+    """An environment that can solve a dataset row: its demonstration for supervised fine-tuning.
+
+    ``solve(row)`` gets the row ``reset`` gets and returns the whole conversation of a correct
+    episode: ``reset``'s messages, then the assistant turns (tool calls written as the recipe's
+    ``rollout.multi_turn.tool_call_format`` parses them) with the tool results or replies between
+    them. ``runner: sft`` with ``generate: N`` writes N of them as a demonstrations file
+    (docs/distillation.md, "SFT and stages").
+    """
+
+    def solve(self, row: Mapping[str, Any]) -> list[Message]: ...
+
+
 class ToolFactory(Protocol):
     def __call__(self, params: Any) -> Tool: ...
 

@@ -62,7 +62,11 @@ def check_consistency(cfg: RecipeConfig) -> list[str]:
 
 def _group_rule(cfg: RecipeConfig) -> list[str]:
     out = []
+    loss = cfg.algorithm.policy_loss
+    unread = isinstance(loss, Selection) and not loss.caps.reads_advantages  # nll: no advantage computed
     for what, sel in (("advantage", cfg.algorithm.advantage), ("sample filter", cfg.algorithm.sample_filter)):
+        if what == "advantage" and unread:
+            continue
         if isinstance(sel, Selection) and sel.caps.needs_group and cfg.rollout.n < 2:
             out.append(
                 f"rollout.n: {what} {sel.name!r} is group-relative (needs_group) and needs rollout.n >= 2, "

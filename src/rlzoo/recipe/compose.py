@@ -188,8 +188,108 @@ class Run:
 
     def train(self) -> dict[str, Any]:
         """Train to the end with the selected runner's batch source (the core's one loop,
-        :class:`rlzoo.train.loop.TrainLoop`); returns the run's summary."""
+        :class:`rlzoo.train.loop.TrainLoop`); returns the run's summary. A recipe with ``stages``
+        trains them one after the other (:func:`train_stages`)."""
+        if self.config.stages:
+            return train_stages(self)
         return self.loop().run()
+
+
+def train_stages(run: Run) -> dict[str, Any]:
+    """Train a staged recipe's stages in order, each a run of its own in ``RUN_DIR/stages/<k>-<name>/``
+    (checkpoints, samples, ``final/``), stage k+1 from stage k's ``final/``.
+
+    Resumable in any stage: a stage whose ``summary.json`` says it completed is not trained again;
+    one with a checkpoint resumes from its latest; one stopped before its first checkpoint starts
+    again (its attempt moved aside). ``RUN_DIR/metrics.jsonl`` holds every stage's rows in order,
+    each with ``stage`` and ``stage_step`` and ``step`` counted across the stages (rewritten as each
+    stage ends); ``RUN_DIR/final/`` is the last stage's; ``summary.json`` lists the stages'.
+    """
+    from rlzoo.recipe.stages import stage_config, stage_dir
+    from rlzoo.train.checkpoint import CheckpointManager, read_summary, write_summary
+    from rlzoo.train.export import copy_export, final_dir
+
+    config = run.config
+    run_dir = run.make_run_dir()
+    if run.lock is not None:  # the staged run's own folder: held while its stages run
+        lock, run.lock = run.lock, None
+    else:
+        from rlzoo.train.checkpoint import RunLock
+
+        lock = RunLock(run_dir).acquire()
+    summaries: list[dict[str, Any]] = []
+    try:
+        start_from: Path | None = None
+        for k, stage in enumerate(config.stages):
+            folder = stage_dir(run_dir, config, k)
+            done = read_summary(folder) if folder.is_dir() else None
+            if done is not None and done.get("ended") == "completed" and final_dir(folder).is_dir():
+                print(f"rlzoo: stage {k + 1} ({stage.name}) completed earlier: {folder}", flush=True)
+                summaries.append(done)
+            else:
+                resume = folder.is_dir() and CheckpointManager(folder).latest() is not None
+                print(
+                    f"rlzoo: stage {k + 1}/{len(config.stages)} ({stage.name}) "
+                    f"{'resumes' if resume else 'starts'} in {folder}",
+                    flush=True,
+                )
+                cfg = stage_config(
+                    config,
+                    k,
+                    run.pm,
+                    run_dir=run_dir,
+                    start_from=start_from,
+                    resume=resume,
+                    overwrite=folder.is_dir() and not resume,
+                )
+                try:
+                    summaries.append(Run(cfg, run.pm).train())
+                except BaseException:  # the stage printed its own folder's resume; the run's is this one
+                    print(
+                        f"rlzoo: the staged run stopped in stage {k + 1} ({stage.name}); resume the whole run "
+                        f"(from that stage) with:\n  rlzoo train resume=latest run.output_dir={run_dir}",
+                        flush=True,
+                    )
+                    raise
+                if summaries[-1].get("ended") != "completed":
+                    break
+            _join_metrics(run_dir, config, summaries)
+            start_from = final_dir(folder)
+        last = summaries[-1]
+        if last.get("ended") == "completed" and len(summaries) == len(config.stages):
+            copy_export(final_dir(stage_dir(run_dir, config, len(summaries) - 1)), final_dir(run_dir))
+        summary = {
+            **last,
+            "run_dir": str(run_dir),
+            "stages": [{"name": s.name, **sm} for s, sm in zip(config.stages, summaries)],
+            "resume_command": f"rlzoo train resume=latest run.output_dir={run_dir}",
+        }
+        write_summary(run_dir, summary)
+        return summary
+    finally:
+        lock.release()
+
+
+def _join_metrics(run_dir: Path, config: RecipeConfig, summaries: Sequence[Mapping[str, Any]]) -> None:
+    """``RUN_DIR/metrics.jsonl``: the stages' rows so far, in order, with ``stage``, ``stage_step``
+    and ``step`` counted across stages (written aside, then renamed)."""
+    from rlzoo.recipe.stages import stage_dir
+    from rlzoo.report.metrics import read_metrics
+
+    lines: list[str] = []
+    offset = 0
+    for k in range(len(summaries)):
+        stage = config.stages[k]
+        for row in read_metrics(stage_dir(run_dir, config, k)):
+            lines.append(
+                json.dumps(
+                    {**row, "step": offset + int(row["step"]), "stage": stage.name, "stage_step": row["step"]}
+                )
+            )
+        offset += int(summaries[k].get("steps") or 0)
+    tmp = run_dir / "metrics.jsonl.tmp"
+    tmp.write_text("".join(line + "\n" for line in lines))
+    tmp.replace(run_dir / "metrics.jsonl")
 
 
 def _library_versions() -> dict[str, str]:
@@ -245,6 +345,12 @@ def build_run(
         problems = every_own_rule(cfg)
         if problems:
             raise ConfigError(problems)
+    if cfg.stages:  # every stage's recipe binds, before anything runs
+        from rlzoo.recipe.stages import check_stages
+
+        problems = check_stages(cfg, pm)
+        if problems:
+            raise ConfigError(problems, header="invalid stages")
     run = Run(cfg, pm)
     run.resume_info = resumed[1] if resumed is not None else None
     return run

@@ -373,6 +373,16 @@ def load_config(
     return bind_config(compose_recipe(recipe, overrides, pm), pm)
 
 
+def strip_plugin_notes(obj: Any) -> Any:
+    """A saved config (:meth:`RecipeConfig.to_dict`) records each part's plugin; binding takes only
+    ``name`` + params."""
+    if isinstance(obj, Mapping):
+        return {k: strip_plugin_notes(v) for k, v in obj.items() if not (k == "plugin" and "name" in obj)}
+    if isinstance(obj, list):
+        return [strip_plugin_notes(v) for v in obj]
+    return obj
+
+
 def apply_overrides(
     raw: Mapping[str, Any], overrides: Sequence[str], pm: PluginManager | None = None
 ) -> dict[str, Any]:
@@ -396,4 +406,11 @@ def apply_overrides(
     return out  # type: ignore[return-value]
 
 
-__all__ = ["apply_overrides", "bind_config", "bind_part", "compose_recipe", "load_config"]
+__all__ = [
+    "apply_overrides",
+    "bind_config",
+    "bind_part",
+    "compose_recipe",
+    "load_config",
+    "strip_plugin_notes",
+]

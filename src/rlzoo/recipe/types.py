@@ -353,6 +353,19 @@ class PlacementSection:
 
 
 @dataclass
+class StageSection:
+    """One stage of a staged recipe: the recipe changed by ``overrides``, run in its own folder
+    ``RUN_DIR/stages/<k>-<name>/``; a stage after the first starts from the weights the one before
+    it ended with (its ``final/``). docs/distillation.md, "SFT and stages"."""
+
+    name: str = param(help="the stage's name: its folder and the metrics rows' stage field")
+    overrides: list[str] = param(
+        [],
+        help="key=value overrides of the recipe for this stage (e.g. runner=sft, algorithm.policy_loss=nll)",
+    )
+
+
+@dataclass
 class RecipeConfig:
     """A whole run, bound and resolved."""
 
@@ -365,6 +378,11 @@ class RecipeConfig:
     trainer: TrainerSection = param(TrainerSection(), help="training loop")
     runner: Any = part("runner", "sync", help="the loop: sync, one_step_off, fully_async")
     placement: PlacementSection = param(PlacementSection(), help="where the parts run")
+    stages: list[StageSection] = param(
+        [],
+        help="train in stages, one after the other in one run directory ({name, overrides} each, e.g. an "
+        "sft stage, then grpo); each starts from the weights the stage before ended with; []: one stage",
+    )
     resume: bool | int | Literal["latest"] = param(
         False,
         help="continue the run in run.output_dir from a checkpoint: true / latest (the newest complete one) "

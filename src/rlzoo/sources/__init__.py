@@ -1,4 +1,4 @@
-"""Built-in runners (kind ``runner``): the batch sources that feed the core's one loop (:mod:`rlzoo.train.loop`).
+"""Built-in runners (kind ``runner``): the batch sources (and ``sft``, demonstrations) that feed the core's one loop (:mod:`rlzoo.train.loop`).
 
 A runner is registered as its batch-source factory ``(params, session) -> BatchSource``; here the
 source classes themselves. Import-light: a source's code is imported only when a run uses it.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl
-from rlzoo.sources.params import FullyAsyncParams, OneStepOffParams, SyncParams
+from rlzoo.sources.params import FullyAsyncParams, OneStepOffParams, SFTParams, SyncParams
 
 if TYPE_CHECKING:
     from rlzoo.kernel.registry import PartFactory, Registrar
@@ -28,3 +28,4 @@ def rlzoo_register_runners(registry: Registrar[PartFactory]) -> None:
     registry.register(
         "fully_async", "rlzoo.sources.fully_async:StreamFromQueue", params=FullyAsyncParams, capabilities=both
     )
+    registry.register("sft", "rlzoo.sources.sft:FromDemonstrations", params=SFTParams, capabilities=both)

@@ -237,3 +237,68 @@ class OneStepOffParams:
         if self.wait_timeout_s <= 0:
             problems.append(f"runner.wait_timeout_s: must be > 0, got {self.wait_timeout_s}")
         return problems
+
+
+@dataclass(frozen=True)
+class SFTParams:
+    """Supervised fine-tuning: each step trains on data.train_batch_size demonstrations (policy_loss: nll).
+
+    A demonstrations file is Parquet with a ``messages`` column (a chat: the loss is on the
+    assistant turns only, multi-turn and tool calls included) or ``prompt`` + ``response`` columns
+    (a chat or text prompt and the assistant's reply). Conversations are rendered with the chat
+    template code the multi-turn rollout uses (:mod:`rlzoo.agents.chat`), so the trained ids are
+    the ids the policy sees and samples. The same loop as every runner: validation, checkpoints,
+    resume, export, LoRA and every train backend; a demonstration is one sample (rollout.n: 1).
+    Chain it before RL with ``stages`` (docs/distillation.md, "SFT and stages").
+    """
+
+    files: list[str] = param(
+        [],
+        help="Parquet files of demonstrations (a messages column, or prompt + response columns)",
+    )
+    messages_key: str = param("messages", help="column of chat messages (loss on the assistant turns)")
+    prompt_key: str = param(
+        "prompt", help="column of the prompt (chat messages or text) without messages_key"
+    )
+    response_key: str = param("response", help="column of the reply to prompt without messages_key")
+    generate: int = param(
+        0,
+        ge=0,
+        help="when files[0] does not exist, write this many demonstrations there first: the environment's "
+        "own solutions (its solve(row), rlzoo.kernel.protocols.Demonstrates) of the first training rows; "
+        "0: the files must exist",
+    )
+
+    def check(self, cfg: Any) -> list[str]:
+        key = "runner"
+        problems: list[str] = []
+        if not self.files:
+            problems.append(f"{key}.files: the sft runner needs at least one demonstrations file (Parquet)")
+        if cfg.rollout.n != 1:
+            problems.append(
+                f"rollout.n: {cfg.rollout.n}, but the sft runner trains on one sample per demonstration (mini-batches "
+                "count prompts x rollout.n); set rollout.n=1"
+            )
+        loss = cfg.algorithm.policy_loss
+        if loss is not None and loss.caps.reads_advantages:
+            problems.append(
+                f"algorithm.policy_loss: {loss.name!r} reads advantages, which demonstrations do not have (the "
+                "sft runner trains the likelihood of their tokens); select a loss that reads none, e.g. "
+                "algorithm.policy_loss=nll"
+            )
+        if self.generate:
+            if cfg.rollout.environment is None:
+                problems.append(
+                    f"{key}.generate: {self.generate} demonstrations are written by the environment's solve(row); "
+                    "set rollout.environment (or give existing files and generate=0)"
+                )
+            if len(self.files) != 1:
+                problems.append(f"{key}.generate: writes one file; give exactly one in {key}.files")
+        elif cfg.data.prepare is None:
+            missing = [f for f in self.files if not Path(f).expanduser().exists()]
+            if missing:
+                problems.append(
+                    f"{key}.files: {', '.join(missing)} not found (set {key}.generate=N to have the environment "
+                    "write N demonstrations there)"
+                )
+        return problems

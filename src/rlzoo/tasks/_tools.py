@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlzoo.kernel.errors import RlzooError
-from rlzoo.kernel.protocols import AgentTurn, EnvStep, Tool
+from rlzoo.kernel.protocols import AgentTurn, EnvStep, Message, Tool
 from rlzoo.tasks._stamp import build_task_folder
 from rlzoo.tasks.tools import CalcParams, ToolArithmeticParams
 
@@ -193,6 +193,24 @@ class ToolArithmetic:
             dense = self._dense(turn, results) if turn.turn_tokens else None
             return EnvStep(messages=[], reward=float(ok), done=True, info=info, token_rewards=dense)
         return EnvStep(messages=[], reward=reward, done=True, info=info)
+
+    def solve(self, row: Mapping[str, Any]) -> list[Message]:
+        """The task's own solution of ``row`` (:class:`rlzoo.kernel.protocols.Demonstrates`): the
+        question, ``calc <question>`` (the plain tool-call format), calc's reply, then the answer as
+        the dense shaping wants it (``Answer:`` and calc's line with ``echo``, else the sum); without
+        the tool, the answer at once."""
+        messages: list[Message] = list(self.reset(row).messages)
+        assert self.answer is not None
+        if not self._tools:
+            return [*messages, {"role": "assistant", "content": f"Answer: {self._number(self.answer)}"}]
+        reply = self._tools[0].call({"expression": self.question})
+        answer = reply if self.params.echo else self._number(self.answer)
+        return [
+            *messages,
+            {"role": "assistant", "content": f"calc {self.question}"},
+            {"role": "tool", "name": "calc", "content": reply},
+            {"role": "assistant", "content": f"Answer: {answer}"},
+        ]
 
     def _dense(self, turn: AgentTurn, results: list[str]) -> list[list[float]]:
         """Per-token shaping: the calc turn's words (and its stop token) scored in place against

@@ -119,9 +119,8 @@ def resolve_target(
     spec: str, *, recipe: str | None, overrides: Sequence[str], cache: Path, pm: Any = None
 ) -> Target:
     """A TARGET argument as a model folder and the recipe that evaluates it."""
-    from rlzoo.recipe.config import load_config
+    from rlzoo.recipe.config import load_config, strip_plugin_notes
     from rlzoo.train.export import export_step
-    from rlzoo.train.rundir import strip_plugin_notes
 
     path_s, _, which = spec.partition("@")
     path = Path(path_s).expanduser()
@@ -359,8 +358,7 @@ def evaluate(
             f"data.train_files=[{','.join(first.train_files)}]",
         ]
         t2 = targets[1]
-        from rlzoo.recipe.config import load_config
-        from rlzoo.train.rundir import strip_plugin_notes
+        from rlzoo.recipe.config import load_config, strip_plugin_notes
 
         raw = strip_plugin_notes(t2.config.to_dict())
         targets[1] = dataclasses.replace(t2, config=load_config(raw, same, pm))

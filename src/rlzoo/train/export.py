@@ -400,8 +400,7 @@ def load_run_config(run_dir: str | Path) -> Any:
     """
     import yaml
 
-    from rlzoo.recipe.config import load_config
-    from rlzoo.train.rundir import strip_plugin_notes
+    from rlzoo.recipe.config import load_config, strip_plugin_notes
 
     return load_config(strip_plugin_notes(yaml.safe_load((Path(run_dir) / "config.yaml").read_text())))
 

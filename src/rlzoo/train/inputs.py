@@ -362,6 +362,7 @@ class Data:
     max_response_length: int  # tokens after the prompt (a multi-turn trajectory's whole budget)
     pad_token_id: int
     chat_template_kwargs: Mapping[str, Any]  # extra arguments of every apply_chat_template call
+    max_prompt_length: int = 0  # data.max_prompt_length (0: unknown); a demonstration's prompt limit
 
 
 @dataclass(frozen=True)
@@ -506,6 +507,7 @@ def run_inputs(cfg: RecipeConfig, resume_info: Any = None) -> RunInputs:
             max_response_length=cfg.data.max_response_length,
             pad_token_id=int(tokenizer.pad_token_id),
             chat_template_kwargs=dict(cfg.data.chat_template_kwargs),
+            max_prompt_length=cfg.data.max_prompt_length,
         ),
         sampling=Sampling(train=sampling_params(cfg), val=sampling_params(cfg, val=True), seed=cfg.run.seed),
         reward=reward,

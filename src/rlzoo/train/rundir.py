@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rlzoo.kernel.errors import ConfigError
-from rlzoo.recipe.config import load_config
+from rlzoo.recipe.config import load_config, strip_plugin_notes
 from rlzoo.recipe.types import RecipeConfig
 from rlzoo.train.checkpoint import LOCK_FILE
 
@@ -59,15 +59,6 @@ def resume_request(overrides: Sequence[str]) -> tuple[bool, str | None]:
         elif key == "run.output_dir":
             out = value
     return resume, out
-
-
-def strip_plugin_notes(obj: Any) -> Any:
-    """A saved config records each part's plugin; binding takes only ``name`` + params."""
-    if isinstance(obj, Mapping):
-        return {k: strip_plugin_notes(v) for k, v in obj.items() if not (k == "plugin" and "name" in obj)}
-    if isinstance(obj, list):
-        return [strip_plugin_notes(v) for v in obj]
-    return obj
 
 
 def _apply(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:

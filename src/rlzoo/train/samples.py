@@ -106,6 +106,7 @@ class SampleWriter:
             tok_r = batch["token_level_scores"]
         infos = batch.get("reward_info") or [{}] * len(batch)
         agents = batch.get("agent") or [None] * len(batch)
+        rollout_lp = batch.get("rollout_log_probs")  # [B, T]; None for demonstrations (runner sft)
         rows = []
         for i in range(n_rows):
             prompt = [int(t) for t, a in zip(batch["input_ids"][i, :P].tolist(), attn[i, :P].tolist()) if a]
@@ -124,7 +125,7 @@ class SampleWriter:
                     prompt_ids=prompt,
                     response_ids=response,
                     model_mask=mask,
-                    logprobs=[float(x) for x in batch["rollout_log_probs"][i, :n].tolist()],
+                    logprobs=[float(x) for x in rollout_lp[i, :n].tolist()] if rollout_lp is not None else [],
                     versions=[policy_version(int(v)) for v in batch["versions"][i][:n]],
                     advantages=advs,
                     token_rewards=[float(x) for x in tok_r[i, :n].tolist()],

@@ -129,6 +129,10 @@ class Session:
 
     def _build(self, inputs: RunInputs) -> None:
         setup = inputs.backends
+        #: the ids that end a model's turn, and the multi-turn setup (None: single-turn): what a
+        #: source that renders conversations itself (runner sft) needs to lay them out as a rollout does
+        self.stop_ids: tuple[int, ...] = tuple(setup.rollout_spec.eos_token_ids)
+        self.agent: AgentSetup | None = setup.agent
         self.backends = self._build_backends(inputs)
         train = self.backends.train
         self.trainer: PolicyTrainer = setup.trainer.build(train, offpolicy_metrics=offpolicy_metrics)

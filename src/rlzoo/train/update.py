@@ -217,11 +217,16 @@ class PolicyTrainer:
                     batch["rollout_is_weights"] = out.weights.detach()
                 batch["response_mask"] = out.mask.to(batch["response_mask"].dtype)
                 m.update({_corr_key(k): v for k, v in out.metrics.items()})
-            elif self.offpolicy_metrics is not None and not reuse:  # reuse: measured in the update
+            elif self.offpolicy_metrics is not None and not reuse and "rollout_log_probs" in batch:
+                # reuse: measured in the update; no rollout log-probs (demonstrations): nothing to measure
                 diag = self.offpolicy_metrics(
                     batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"]
                 )
                 m.update({_corr_key(k): v for k, v in diag.items()})
+            if not self.setup.policy_loss.caps.reads_advantages:  # nll (demonstrations): none computed
+                zeros = torch.zeros_like(batch["token_level_rewards"])  # [B, T]
+                batch["advantages"], batch["returns"] = zeros, zeros
+                return m
             inputs = AdvantageInputs(
                 token_level_rewards=batch["token_level_rewards"],
                 response_mask=batch["response_mask"],

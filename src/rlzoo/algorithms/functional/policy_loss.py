@@ -30,6 +30,7 @@ from ..policy_loss import (
     GPGParams,
     GSPOParams,
     KLCovParams,
+    NLLParams,
     PPOClipParams,
     ReinforceISParams,
     SAPOParams,
@@ -45,6 +46,7 @@ __all__ = [
     "gpg",
     "gspo",
     "kl_cov",
+    "nll",
     "ppo_clip",
     "sapo",
 ]
@@ -208,6 +210,19 @@ def gpg(inputs: PolicyLossInputs, params: GPGParams) -> PolicyLossOutput:
     loss = _reduce(pg_losses, inputs)
     ppo_kl = _masked_mean(-(inputs.log_probs - inputs.old_log_probs), mask)
     return PolicyLossOutput(loss, _metrics(0.0, ppo_kl, 0.0))
+
+
+def nll(inputs: PolicyLossInputs, params: NLLParams) -> PolicyLossOutput:
+    """Supervised fine-tuning: l = -log pi on every trained token (advantages not read).
+
+    With ``token-mean`` the loss is sum_t m_t (-log pi_t) / sum_t m_t over the mini-batch, TRL's
+    ``SFTTrainer`` loss; ``ppo_kl`` is reported as for every loss (0 on-policy).
+    """
+    mask = _float_mask(inputs)
+    pg_losses = -inputs.log_probs  # [B, T]
+    loss = _reduce(pg_losses, inputs)
+    ppo_kl = _masked_mean(-(inputs.log_probs - inputs.old_log_probs), mask)
+    return PolicyLossOutput(loss, _metrics(0.0, ppo_kl, 0.0, nll=_masked_mean(pg_losses.detach(), mask)))
 
 
 def reinforce_is(inputs: PolicyLossInputs, params: ReinforceISParams) -> PolicyLossOutput:
