@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from rlzoo import hookimpl
 from rlzoo.kernel.errors import raise_problems
-from rlzoo.kernel.params import param
+from rlzoo.kernel.params import check_ranges, param
 
 if TYPE_CHECKING:
     from rlzoo.kernel.registry import PartFactory, Registrar
@@ -42,7 +42,8 @@ def _have_transformer_engine() -> bool:
 
 @dataclass(frozen=True)
 class MegatronParams:
-    """megatron-core trainer: GPTModel built from an HF Qwen2 / Qwen2.5 config, TP / PP / DP, CPU offload.
+    """megatron-core trainer: GPTModel built from an HF Qwen2 / Qwen2.5 / Qwen3 or Qwen2-MoE / Qwen3-MoE
+    config, TP / PP / DP / EP (experts), CPU offload.
 
     Needs the ``[megatron]`` extra and CUDA GPUs (NCCL); ``device: cpu`` runs it on a gloo group on
     the CPU (tests, debugging; see :mod:`rlzoo.backends.megatron.cpu`). Runs SPMD in every rank of a
@@ -68,6 +69,12 @@ class MegatronParams:
     )
     tensor_model_parallel_size: int = param(1, help="TP: ranks each layer's matrices are split over")
     pipeline_model_parallel_size: int = param(1, help="PP: stages the layers are split over (equal split)")
+    expert_parallel_size: int = param(
+        1,
+        ge=1,
+        help="EP: ranks a MoE model's experts are split over (E/EP whole experts each; divides the expert "
+        "count and the world size; the experts' tensor-parallel size is the TP size)",
+    )
     sequence_parallel: bool = param(
         False, help="shard activations of norms / dropout over the TP ranks (TP > 1)"
     )
@@ -99,7 +106,7 @@ class MegatronParams:
     ref_offload: bool = param(True, help="keep the frozen reference's weights on the CPU between forwards")
 
     def __post_init__(self) -> None:
-        problems = []
+        problems = check_ranges(self)
         if self.tensor_model_parallel_size < 1 or self.pipeline_model_parallel_size < 1:
             problems.append("tensor_model_parallel_size and pipeline_model_parallel_size must be >= 1")
         if self.layer_spec not in ("local", "te"):

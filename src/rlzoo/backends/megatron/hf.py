@@ -11,12 +11,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rlzoo.backends.megatron.convert import ModelDims, mcore_to_hf, merge_tp, stage_layers
+from rlzoo.backends.megatron.convert import ModelDims, mcore_to_hf, merge_ep, merge_tp, stage_layers
 from rlzoo.backends.megatron.parallel import Layout
 from rlzoo.kernel.settings import TrainSpec
 from rlzoo.train_kit import checkpoint as ckpt
 
-__all__ = ["export_hf", "export_tensors", "gather_tp", "hf_model", "load_hf_state_dict"]
+__all__ = ["export_hf", "export_tensors", "gather_ep", "gather_tp", "hf_model", "load_hf_state_dict"]
 
 
 def load_hf_state_dict(path: str) -> dict[str, Tensor]:
@@ -41,15 +41,41 @@ def gather_tp(module: nn.Module, tp: int) -> dict[str, Tensor]:
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
 
-    group = mpu.get_tensor_model_parallel_group()
     local = {k: v for k, v in module.state_dict().items() if not k.endswith("_extra_state")}
     shards: list[dict[str, Tensor]] = [{} for _ in range(tp)]
     for name, t in local.items():
+        # experts are split over the expert tensor-parallel group (the TP size, its own group)
+        group = (
+            mpu.get_expert_tensor_parallel_group()
+            if ".local_experts." in name
+            else mpu.get_tensor_model_parallel_group()
+        )
         parts = [torch.empty_like(t) for _ in range(tp)]
         dist.all_gather(parts, t.contiguous(), group=group)
         for r in range(tp):
             shards[r][name] = parts[r]
     return merge_tp(shards)
+
+
+def gather_ep(stage: Mapping[str, Tensor], ep: int, num_experts: int) -> dict[str, Tensor]:
+    """This PP stage's tensors (TP gathered) with every EP rank's experts, in global expert numbers
+    (on every EP rank); the other tensors are the same on every EP rank and kept as they are."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+
+    if ep == 1:
+        return dict(stage)
+    group = mpu.get_expert_model_parallel_group()
+    shards: list[dict[str, Tensor]] = [{} for _ in range(ep)]
+    for name, t in stage.items():
+        if ".local_experts." not in name:
+            shards[0][name] = t
+            continue
+        parts = [torch.empty_like(t) for _ in range(ep)]
+        dist.all_gather(parts, t.contiguous(), group=group)
+        for r in range(ep):
+            shards[r][name] = parts[r]
+    return merge_ep(shards, num_experts)
 
 
 def export_tensors(
@@ -66,7 +92,7 @@ def export_tensors(
     from megatron.core import parallel_state as mpu
 
     pp, pp_rank = layout.pp, layout.pp_rank
-    mine = gather_tp(actor, layout.tp)
+    mine = gather_ep(gather_tp(actor, layout.tp), layout.ep, dims.num_experts)
     spans = stage_layers(dims.num_layers, pp)
     full: dict[str, Tensor] = {}
     for s in range(pp):

@@ -19,7 +19,9 @@ _OWNED: dict[str, Any] = {"group": False, "model_parallel": False, "users": 0}
 
 @dataclass(frozen=True)
 class Layout:
-    """This rank's place in the ``tp × pp × dp`` world: each size and this rank's index in it."""
+    """This rank's place in the ``tp × pp × dp`` world: each size and this rank's index in it; ``ep``
+    / ``ep_rank``: the expert-parallel group the MoE experts are split over (a split of the
+    ``tp × dp`` ranks of one stage; 1 / 0 for a dense model)."""
 
     tp: int
     tp_rank: int
@@ -27,6 +29,8 @@ class Layout:
     pp_rank: int
     dp: int
     dp_rank: int
+    ep: int = 1
+    ep_rank: int = 0
 
 
 def _init_distributed(device: str) -> None:
@@ -80,11 +84,44 @@ def _require_psutil() -> None:
     )
 
 
-def claim_owned(mpu: Any, tp: int, pp: int) -> None:
-    """Initialise megatron's model-parallel state unless present (then owned here); count a user."""
+def check_expert_parallel(ep: int, *, tp: int, pp: int, world: int, num_experts: int) -> None:
+    """A clear error, before megatron builds anything, when ``ep`` does not fit the model or the world.
+
+    megatron splits the ``world / pp`` ranks of a stage into ``tp × dp`` (attention) and, for the
+    experts, ``tp × ep × (expert data parallel)`` (expert tensor parallel = TP here): ``ep`` must
+    divide the expert count and ``world / (tp × pp)``."""
+    if ep == 1:
+        return
+    problems = []
+    if not num_experts:
+        problems.append(f"expert_parallel_size {ep} needs a MoE model; this one has no experts: set it to 1")
+    elif num_experts % ep:
+        problems.append(
+            f"expert_parallel_size {ep} does not divide the model's {num_experts} experts: use a divisor of "
+            f"{num_experts}"
+        )
+    if world % (tp * pp) or (world // (tp * pp)) % ep:
+        problems.append(
+            f"expert_parallel_size {ep} does not divide the {world} ranks / (tensor {tp} × pipeline {pp}) "
+            "parallel sizes: EP splits the data-parallel ranks of a stage"
+        )
+    if problems:
+        raise ValueError("megatron train backend: " + "; ".join(problems))
+
+
+def claim_owned(mpu: Any, tp: int, pp: int, ep: int = 1) -> None:
+    """Initialise megatron's model-parallel state unless present (then owned here); count a user.
+    Present state with other sizes is an error (a second backend cannot change them)."""
     if not mpu.model_parallel_is_initialized():
-        mpu.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        mpu.initialize_model_parallel(
+            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep
+        )
         _OWNED["model_parallel"] = True
+    elif mpu.get_expert_model_parallel_world_size() != ep:
+        raise ValueError(
+            f"megatron's model-parallel state is already set up with expert parallel size "
+            f"{mpu.get_expert_model_parallel_world_size()}, this backend asks for {ep}"
+        )
     _OWNED["users"] += 1
 
 
