@@ -11,6 +11,7 @@ checkpoints, gradient accumulation) on a tiny Qwen3-MoE and a tiny Qwen2-MoE.
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ from rlzoo.backends.megatron.convert import (
 )
 from rlzoo.testing.backends import TrainBackendContract
 
+from .conftest import torchrun
 from .megatron_moe_models import EXPERTS, moe_config, save_tiny_moe
 
 HAVE_MCORE = (
@@ -200,3 +202,16 @@ class TestMegatronQwen2MoeCPU(TestMegatronQwen3MoeCPU):
     """The train contract on a tiny Qwen2-MoE (4 experts, top-2 not renormalised, gated shared expert)."""
 
     family = "qwen2_moe"
+
+
+@pytest.mark.slow  # ~1 min on 2 busy cores (two backends built in each of two processes)
+@pytest.mark.distributed
+@pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core not installed")
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])
+def test_expert_parallel_2_equals_1_in_the_backend(family: str, tmp_path: Path) -> None:
+    """``expert_parallel_size: 2`` over 2 gloo ranks: one update gives the same loss, log-probs and
+    exported parameters (all experts gathered) as ``1`` (fp32, 1e-5); expert 3, held by rank 1
+    only under EP=2, moved (``megatron_moe_ep_dist.py``)."""
+    worker = Path(__file__).with_name("megatron_moe_ep_dist.py")
+    out = torchrun(str(worker), str(tmp_path), family, timeout=600, what=f"MoE backend EP=2 vs 1 ({family})")
+    assert len(re.findall(rf"MOE BACKEND EP2 == EP1 \({family}\) rank \d", out)) == 2, out[-3000:]

@@ -111,17 +111,28 @@ def check_expert_parallel(ep: int, *, tp: int, pp: int, world: int, num_experts:
 
 def claim_owned(mpu: Any, tp: int, pp: int, ep: int = 1) -> None:
     """Initialise megatron's model-parallel state unless present (then owned here); count a user.
-    Present state with other sizes is an error (a second backend cannot change them)."""
+
+    State present with other sizes is set up again when no backend of this process uses it (a
+    launcher's world keeps it after the last one shut down), and an error while one does."""
+    sizes = (tp, pp, ep)
+    if mpu.model_parallel_is_initialized():
+        have = (
+            mpu.get_tensor_model_parallel_world_size(),
+            mpu.get_pipeline_model_parallel_world_size(),
+            mpu.get_expert_model_parallel_world_size(),
+        )
+        if have != sizes and _OWNED["users"] > 0:
+            raise ValueError(
+                f"megatron's model-parallel state (tensor, pipeline, expert) = {have} is in use by another "
+                f"backend of this process; this one asks for {sizes}"
+            )
+        if have != sizes:
+            mpu.destroy_model_parallel()
     if not mpu.model_parallel_is_initialized():
         mpu.initialize_model_parallel(
             tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep
         )
         _OWNED["model_parallel"] = True
-    elif mpu.get_expert_model_parallel_world_size() != ep:
-        raise ValueError(
-            f"megatron's model-parallel state is already set up with expert parallel size "
-            f"{mpu.get_expert_model_parallel_world_size()}, this backend asks for {ep}"
-        )
     _OWNED["users"] += 1
 
 
