@@ -1,13 +1,13 @@
-"""Worker for ``test_megatron_moe.py``: the megatron backend on a tiny MoE with
-``expert_parallel_size: 2`` against ``1``, in a 2-process gloo world (``torchrun
---nproc_per_node=2 megatron_moe_ep_dist.py DIR FAMILY``).
+"""Worker for ``test_megatron_moe.py``: the megatron backend on a tiny MoE split by LAYOUT against
+the unsplit model, in a 2-process gloo world (``torchrun --nproc_per_node=2 megatron_moe_ep_dist.py
+DIR FAMILY LAYOUT``).
 
-Both runs are data parallel over the 2 ranks with the same rows per rank (the backend's contiguous
-DP slices); only where the experts live differs (EP=1: every rank all 4; EP=2: rank r experts
-2r, 2r+1, tokens sent to them by the alltoall dispatcher). One ``update_policy`` step each, then
-the loss (each rank's), the log-probs after the step and every parameter after the step gathered
-by ``export_weights`` (HF names, all experts) are compared on each rank. Prints
-``MOE BACKEND EP2 == EP1`` with the largest differences on success.
+The unsplit run: TP = EP = 1, data parallel over the 2 ranks (each its contiguous half of the
+batch), every rank all 4 experts. LAYOUT ``ep2``: the same data parallelism, rank r holding
+experts 2r, 2r+1 (tokens sent to them by the alltoall dispatcher). One ``update_policy`` step each, then the total
+loss (summed over data-parallel ranks), the log-probs after the step and every parameter after the
+step gathered by ``export_weights`` (HF names, all experts) are compared on each rank. Prints
+``MOE BACKEND LAYOUT == unsplit`` with the largest differences on success.
 """
 
 from __future__ import annotations
@@ -28,34 +28,41 @@ from megatron_moe_models import save_tiny_moe
 
 #: tolerance of every comparison (fp32)
 ATOL = 1e-5
+LAYOUTS = {
+    "unsplit": {},
+    "ep2": {"expert_parallel_size": 2},
+}
 
 
-def run(model: Path, ep: int) -> dict[str, object]:
+def run(model: Path, layout: str) -> dict[str, object]:
+    import torch.distributed as dist
+
     spec = TrainSpec(
         model_path=str(model), total_steps=10, temperature=0.9, optim=OptimSettings(lr=1e-2, grad_clip=0.0)
     )
-    params = MegatronParams(
-        device="cpu", dtype="float32", use_distributed_optimizer=False, expert_parallel_size=ep
-    )
+    params = MegatronParams(device="cpu", dtype="float32", use_distributed_optimizer=False, **LAYOUTS[layout])
     b = MegatronTrainBackend(params, spec)
     try:
-        assert b.layout.ep == ep and b.layout.dp == 2, b.layout
+        lay = b.layout
+        assert lay.ep == params.expert_parallel_size and lay.tp * lay.dp == 2, lay
         local = sum(1 for n, _ in b.actor.named_parameters() if ".local_experts." in n and "fc1" in n)
-        assert local == 2 * 4 // ep, f"EP={ep}: {local} expert fc1 weights on this rank"  # 2 layers
+        assert local == 2 * 4 // lay.ep, f"{layout}: {local} expert fc1 weights on this rank"  # 2 layers
         batch = _random_batch(3, B=6)
         metrics = b.update_policy(batch, TokenMeanObjective(batch))
         assert not metrics["actor/skipped_steps"], metrics
+        loss = torch.tensor([metrics["actor/loss"]])
+        dist.all_reduce(loss)  # each DP rank's share once, counted by each of its TP ranks
         lp, _ = b.compute_log_probs(batch)
         weights = {k: v.detach().clone() for k, v in b.export_weights()}
     finally:
         b.shutdown()
-    return {"loss": metrics["actor/loss"], "lp": lp, "weights": weights}
+    return {"loss": float(loss) / lay.tp, "lp": lp, "weights": weights}
 
 
 def main() -> None:
-    out, family = Path(sys.argv[1]), sys.argv[2]
+    out, family, layout = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     model = save_tiny_moe(out / f"rank{os.environ['RANK']}", family)  # the same weights on each rank
-    one, two = run(model, 1), run(model, 2)
+    one, two = run(model, "unsplit"), run(model, layout)
     from safetensors.torch import load_file
 
     w1, w2 = one["weights"], two["weights"]
@@ -78,7 +85,7 @@ def main() -> None:
     assert moved > 1e-3, f"the step did not move expert 3 ({moved})"
     assert all(d < ATOL for d in diffs.values()), diffs
     print(
-        f"MOE BACKEND EP2 == EP1 ({family}) rank {os.environ['RANK']}: max|diff| {diffs}, expert 3 moved {moved:.3g}"
+        f"MOE BACKEND {layout} == unsplit ({family}) rank {os.environ['RANK']}: max|diff| {diffs}, expert 3 moved {moved:.3g}"
     )
 
 

@@ -144,18 +144,30 @@ def test_expert_weights_and_ep_shards_by_hand() -> None:
         shard_ep(full, EXPERTS, 3)
 
 
-def test_expert_parallel_size_validated() -> None:
+def test_expert_parallel_sizes_validated() -> None:
     from rlzoo.backends.megatron.parallel import check_expert_parallel
 
     with pytest.raises(ValueError, match="expert_parallel_size must be >= 1"):
         MegatronParams(expert_parallel_size=0)
-    check_expert_parallel(2, tp=1, pp=1, world=2, num_experts=4)  # fits
+    with pytest.raises(
+        ValueError, match="expert_tensor_parallel_size 1 differs from tensor_model_parallel_size 2"
+    ):
+        MegatronParams(tensor_model_parallel_size=2, expert_tensor_parallel_size=1)
+    with pytest.raises(ValueError, match="needs sequence_parallel"):
+        MegatronParams(tensor_model_parallel_size=2, expert_parallel_size=2)
+    MegatronParams(expert_parallel_size=8, expert_tensor_parallel_size=1)  # verl's TP 1 layout
+    check_expert_parallel(2, 1, tp=1, pp=1, world=2, num_experts=4)  # fits
+    check_expert_parallel(1, 1, tp=1, pp=1, world=1, num_experts=0)  # dense, nothing asked
     with pytest.raises(ValueError, match="does not divide the model's 6 experts"):
-        check_expert_parallel(4, tp=1, pp=1, world=4, num_experts=6)
-    with pytest.raises(ValueError, match=r"does not divide the 4 ranks / \(tensor 2 × pipeline 1\)"):
-        check_expert_parallel(4, tp=2, pp=1, world=4, num_experts=8)
-    with pytest.raises(ValueError, match="needs a MoE model"):
-        check_expert_parallel(2, tp=1, pp=1, world=2, num_experts=0)
+        check_expert_parallel(4, 1, tp=1, pp=1, world=4, num_experts=6)
+    with pytest.raises(
+        ValueError, match=r"expert_parallel_size 4 × expert_tensor_parallel_size 1 does not divide"
+    ):
+        check_expert_parallel(4, 1, tp=1, pp=1, world=2, num_experts=8)
+    with pytest.raises(ValueError, match="need a MoE model"):
+        check_expert_parallel(2, 1, tp=1, pp=1, world=2, num_experts=0)
+    with pytest.raises(ValueError, match="tensor_model_parallel_size 2 needs sequence_parallel"):
+        check_expert_parallel(1, 2, tp=2, pp=1, world=2, num_experts=4)  # EP 1: known once the model is
 
 
 # -- against megatron-core ------------------------------------------------------------------------
@@ -204,14 +216,15 @@ class TestMegatronQwen2MoeCPU(TestMegatronQwen3MoeCPU):
     family = "qwen2_moe"
 
 
-@pytest.mark.slow  # ~1 min on 2 busy cores (two backends built in each of two processes)
+@pytest.mark.slow  # ~1 min each on 2 busy cores (two backends built in each of two processes)
 @pytest.mark.distributed
 @pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core not installed")
-@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])
-def test_expert_parallel_2_equals_1_in_the_backend(family: str, tmp_path: Path) -> None:
-    """``expert_parallel_size: 2`` over 2 gloo ranks: one update gives the same loss, log-probs and
-    exported parameters (all experts gathered) as ``1`` (fp32, 1e-5); expert 3, held by rank 1
-    only under EP=2, moved (``megatron_moe_ep_dist.py``)."""
+@pytest.mark.parametrize(("family", "layout"), [("qwen3_moe", "ep2"), ("qwen2_moe", "ep2")])
+def test_expert_parallel_equals_unsplit_in_the_backend(family: str, layout: str, tmp_path: Path) -> None:
+    """Over 2 gloo ranks, ``expert_parallel_size: 2`` (data parallel 2): one update gives the same
+    total loss, log-probs and exported parameters (all experts gathered) as the unsplit model
+    (EP 1, data parallel 2; fp32, 1e-5); expert 3, on EP rank 1 only, moved
+    (``megatron_moe_ep_dist.py``)."""
     worker = Path(__file__).with_name("megatron_moe_ep_dist.py")
-    out = torchrun(str(worker), str(tmp_path), family, timeout=600, what=f"MoE backend EP=2 vs 1 ({family})")
-    assert len(re.findall(rf"MOE BACKEND EP2 == EP1 \({family}\) rank \d", out)) == 2, out[-3000:]
+    out = torchrun(str(worker), str(tmp_path), family, layout, timeout=600, what=f"MoE {layout} ({family})")
+    assert len(re.findall(rf"MOE BACKEND {layout} == unsplit \({family}\) rank \d", out)) == 2, out[-3000:]

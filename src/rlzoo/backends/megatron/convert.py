@@ -31,7 +31,8 @@ megatron's ``SequentialMLP``, its experts one module each) has instead of ``mlp.
 
 ``pre_mlp_layernorm`` stays a module of its own in a MoE layer in both specs. Expert parallelism
 (:func:`shard_ep`) gives EP rank r the experts ``r*E/ep … (r+1)*E/ep - 1``, numbered from 0 there;
-the expert tensor-parallel size is the TP size, so :func:`shard_tp` slices experts like dense MLPs.
+within an EP rank :func:`shard_tp` slices experts like dense MLPs over the expert tensor-parallel
+size (megatron's default: the TP size).
 On the HF side, transformers >= 5 holds the experts of a layer fused (``mlp.experts.gate_up_proj``
 ``[E, 2F, H]``, ``mlp.experts.down_proj`` ``[E, H, F]``, ``mlp.gate.weight`` the router) and writes
 them per expert in its safetensors (``mlp.experts.{e}.gate_proj.weight`` ...): :func:`hf_to_mcore`
@@ -61,6 +62,7 @@ __all__ = [
     "ModelDims",
     "gpt_model_kwargs",
     "hf_to_mcore",
+    "is_expert",
     "mcore_to_hf",
     "merge_ep",
     "merge_pp",
@@ -495,6 +497,11 @@ def merge_tp(shards: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
 # expert parallel (expert numbering is local to each EP rank in megatron's state dicts)
 # ---------------------------------------------------------------------------------------------
 _EXPERT = re.compile(r"^(.*\.local_experts\.)(\d+)(\..*)$")
+
+
+def is_expert(name: str) -> bool:
+    """Whether ``name`` is a routed expert's tensor (split over EP, and over ETP within a rank)."""
+    return _EXPERT.match(name) is not None
 
 
 def shard_ep(full: Mapping[str, Tensor], num_experts: int, ep: int) -> list[dict[str, Tensor]]:

@@ -46,6 +46,7 @@ from rlzoo.backends.megatron.convert import (
     ModelDims,
     gpt_model_kwargs,
     hf_to_mcore,
+    is_expert,
     padded_vocab_size,
     shard_ep,
     shard_tp,
@@ -198,10 +199,17 @@ class MegatronTrainBackend:
         _init_distributed(params.device)
         tp, pp = params.tensor_model_parallel_size, params.pipeline_model_parallel_size
         ep = params.expert_parallel_size
+        etp = tp if params.expert_tensor_parallel_size is None else params.expert_tensor_parallel_size
         import torch.distributed as dist
 
         parallel.check_expert_parallel(
-            ep, tp=tp, pp=pp, world=dist.get_world_size(), num_experts=self.dims.num_experts
+            ep,
+            etp,
+            tp=tp,
+            pp=pp,
+            world=dist.get_world_size(),
+            num_experts=self.dims.num_experts,
+            sequence_parallel=params.sequence_parallel,
         )
         if self.dims.num_experts:
             import megatron.core.transformer.moe.moe_utils as moe_utils
@@ -210,7 +218,7 @@ class MegatronTrainBackend:
             from rlzoo.backends.megatron.cpu import patch_moe
 
             patch_moe(moe_utils, token_dispatcher)  # no TE: the router's gemm; CPU: split sizes
-        parallel.claim_owned(mpu, tp, pp, ep)
+        parallel.claim_owned(mpu, tp, pp, ep, etp)
         self._uses_owned_state = True
         _seed(spec.seed, params.device)
         self.mpu = mpu
@@ -223,6 +231,8 @@ class MegatronTrainBackend:
             dp_rank=mpu.get_data_parallel_rank(),
             ep=ep,
             ep_rank=mpu.get_expert_model_parallel_rank(),
+            etp=etp,
+            etp_rank=mpu.get_expert_tensor_parallel_rank(),
         )
         self.dtype = torch.bfloat16 if params.dtype == "bfloat16" else torch.float32
         self.device = (
@@ -284,6 +294,7 @@ class MegatronTrainBackend:
             "tensor_model_parallel_size": p.tensor_model_parallel_size,
             "pipeline_model_parallel_size": p.pipeline_model_parallel_size,
             "expert_model_parallel_size": p.expert_parallel_size,
+            "expert_tensor_parallel_size": self.layout.etp,
             "sequence_parallel": p.sequence_parallel,
             "params_dtype": self.dtype,
             "pipeline_dtype": self.dtype,
@@ -310,9 +321,12 @@ class MegatronTrainBackend:
     def _my_shard(self, full: Mapping[str, Tensor]) -> dict[str, Tensor]:
         lay = self.layout
         stage = split_pp(full, self.dims.num_layers, lay.pp)[lay.pp_rank]
-        if self.dims.num_experts:
-            stage = shard_ep(stage, self.dims.num_experts, lay.ep)[lay.ep_rank]
-        return shard_tp(stage, lay.tp)[lay.tp_rank]
+        if not self.dims.num_experts:
+            return shard_tp(stage, lay.tp)[lay.tp_rank]
+        stage = shard_ep(stage, self.dims.num_experts, lay.ep)[lay.ep_rank]
+        experts = {k: v for k, v in stage.items() if is_expert(k)}  # split over ETP, the rest over TP
+        rest = {k: v for k, v in stage.items() if not is_expert(k)}
+        return shard_tp(rest, lay.tp)[lay.tp_rank] | shard_tp(experts, lay.etp)[lay.etp_rank]
 
     def _build(self, state: Mapping[str, Tensor], *, value_head: bool = False) -> nn.Module:
         from megatron.core.models.gpt import GPTModel
