@@ -83,8 +83,12 @@ def test_moe_layouts_megatron_cannot_hold_are_refused_by_name() -> None:
         ModelDims.from_hf(moe_config("qwen3_moe", mlp_only_layers=[1]))
     with pytest.raises(ValueError, match="decoder_sparse_step=2"):
         ModelDims.from_hf(moe_config("qwen2_moe", decoder_sparse_step=2))
-    from transformers import MixtralConfig
+    from transformers import DeepseekV3Config, MixtralConfig
 
+    with pytest.raises(ValueError, match=r"model_type 'deepseek_v3' \(with 8 experts\) is not one of them"):
+        ModelDims.from_hf(
+            DeepseekV3Config(n_routed_experts=8, hidden_size=32, num_attention_heads=4, num_key_value_heads=4)
+        )
     with pytest.raises(ValueError, match=r"model_type 'mixtral'.*not one of them"):
         ModelDims.from_hf(
             MixtralConfig(num_local_experts=4, hidden_size=32, num_attention_heads=4, num_key_value_heads=2)

@@ -148,6 +148,10 @@ class ModelDims:
         )
 
 
+#: where HF configs keep their expert count (Qwen-MoE, Mixtral, DeepSeek-V2/V3 and Moonlight, others)
+_EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
 def _moe_fields(c: Any, model_type: str) -> dict[str, Any]:
     """The MoE fields of :class:`ModelDims` from a HF config (none for a dense model).
 
@@ -155,7 +159,8 @@ def _moe_fields(c: Any, model_type: str) -> dict[str, Any]:
     with its ``router_aux_loss_coef``; layers without experts (``mlp_only_layers``,
     ``decoder_sparse_step`` > 1) and other MoE families are refused by name.
     """
-    experts = int(getattr(c, "num_experts", 0) or getattr(c, "num_local_experts", 0) or 0)
+    counts = (getattr(c, k, None) for k in _EXPERT_COUNT_KEYS)
+    experts = next((int(n) for n in counts if isinstance(n, int) and n > 0), 0)
     if not experts:
         return {}
     if model_type not in MOE_MODEL_TYPES:
