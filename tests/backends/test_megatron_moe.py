@@ -157,8 +157,6 @@ def test_expert_parallel_sizes_validated() -> None:
         ValueError, match="expert_tensor_parallel_size 1 differs from tensor_model_parallel_size 2"
     ):
         MegatronParams(tensor_model_parallel_size=2, expert_tensor_parallel_size=1)
-    with pytest.raises(ValueError, match="needs sequence_parallel"):
-        MegatronParams(tensor_model_parallel_size=2, expert_parallel_size=2)
     MegatronParams(expert_parallel_size=8, expert_tensor_parallel_size=1)  # verl's TP 1 layout
     check_expert_parallel(2, 1, tp=1, pp=1, world=2, num_experts=4)  # fits
     check_expert_parallel(1, 1, tp=1, pp=1, world=1, num_experts=0)  # dense, nothing asked
@@ -171,7 +169,7 @@ def test_expert_parallel_sizes_validated() -> None:
     with pytest.raises(ValueError, match="need a MoE model"):
         check_expert_parallel(2, 1, tp=1, pp=1, world=2, num_experts=0)
     with pytest.raises(ValueError, match="tensor_model_parallel_size 2 needs sequence_parallel"):
-        check_expert_parallel(1, 2, tp=2, pp=1, world=2, num_experts=4)  # EP 1: known once the model is
+        check_expert_parallel(1, 2, tp=2, pp=1, world=2, num_experts=4)  # known once the model is
 
 
 # -- against megatron-core ------------------------------------------------------------------------

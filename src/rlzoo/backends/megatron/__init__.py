@@ -42,8 +42,7 @@ def _have_transformer_engine() -> bool:
 
 @dataclass(frozen=True)
 class MegatronParams:
-    """megatron-core trainer: GPTModel built from an HF Qwen2 / Qwen2.5 / Qwen3 or Qwen2-MoE / Qwen3-MoE
-    config, TP / PP / DP / EP (experts), CPU offload.
+    """megatron-core trainer: GPTModel from HF Qwen2 / Qwen3, dense or MoE, TP / PP / DP / EP, CPU offload.
 
     Needs the ``[megatron]`` extra and CUDA GPUs (NCCL); ``device: cpu`` runs it on a gloo group on
     the CPU (tests, debugging; see :mod:`rlzoo.backends.megatron.cpu`). Runs SPMD in every rank of a
@@ -135,17 +134,6 @@ class MegatronParams:
                 f"{self.tensor_model_parallel_size}: not supported (on a gloo group megatron-core 0.16's update "
                 "of experts split 2-way with TP 1 differs from the unsplit model's, measured; not yet checked "
                 "on GPUs); set it to null (the TP size)"
-            )
-        if (
-            self.expert_parallel_size > 1
-            and self.tensor_model_parallel_size > 1
-            and not self.sequence_parallel
-        ):
-            problems.append(
-                "expert_parallel_size > 1 with tensor_model_parallel_size > 1 needs sequence_parallel: "
-                "megatron-core refuses to train a MoE layer under tensor parallelism without it ('During "
-                "training, performance may degrade if MoE and tensor parallelism are enabled without also "
-                "enabling sequence parallelism'), and sequence_parallel needs layer_spec 'te'"
             )
         if self.optimizer_offload and not self.use_distributed_optimizer:
             problems.append(
