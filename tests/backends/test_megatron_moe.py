@@ -230,3 +230,22 @@ def test_expert_parallel_equals_unsplit_in_the_backend(family: str, layout: str,
     worker = Path(__file__).with_name("megatron_moe_ep_dist.py")
     out = torchrun(str(worker), str(tmp_path), family, layout, timeout=600, what=f"MoE {layout} ({family})")
     assert len(re.findall(rf"MOE BACKEND {layout} == unsplit \({family}\) rank \d", out)) == 2, out[-3000:]
+
+
+@pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core not installed")
+def test_expert_parallel_on_a_dense_model_refused_before_a_group_starts(tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    from rlzoo.backends.megatron.train import MegatronTrainBackend
+    from rlzoo.kernel.settings import TrainSpec
+    from rlzoo.testing.backends import save_tiny_qwen2
+
+    if dist.is_initialized():
+        pytest.skip("a process group was started outside this test")
+    spec = TrainSpec(model_path=str(save_tiny_qwen2(tmp_path / "dense")), total_steps=1)
+    params = MegatronParams(device="cpu", dtype="float32", expert_parallel_size=2)
+    with pytest.raises(
+        ValueError, match="expert_parallel_size 2 / expert_tensor_parallel_size 1 need a MoE model"
+    ):
+        MegatronTrainBackend(params, spec)
+    assert not dist.is_initialized()

@@ -36,6 +36,16 @@ class Layout:
     etp_rank: int = 0
 
 
+def world_size() -> int:
+    """The world this process is in or will join: the started group's, else the launcher's
+    ``WORLD_SIZE``, else 1 (the one-process group :func:`_init_distributed` starts)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return int(dist.get_world_size())
+    return int(os.environ.get("WORLD_SIZE", "1")) if "RANK" in os.environ else 1
+
+
 def _init_distributed(device: str) -> None:
     """A process group of the device's kind: NCCL on ``cuda`` (one GPU per rank), gloo on ``cpu``.
 

@@ -196,21 +196,19 @@ class MegatronTrainBackend:
         self.schedule = LRSchedule.from_spec(spec)
         hf_cfg = AutoConfig.from_pretrained(spec.model_path, trust_remote_code=spec.trust_remote_code)
         self.dims = ModelDims.from_hf(hf_cfg)
-        _init_distributed(params.device)
         tp, pp = params.tensor_model_parallel_size, params.pipeline_model_parallel_size
         ep = params.expert_parallel_size
         etp = tp if params.expert_tensor_parallel_size is None else params.expert_tensor_parallel_size
-        import torch.distributed as dist
-
-        parallel.check_expert_parallel(
+        parallel.check_expert_parallel(  # before a process group is started
             ep,
             etp,
             tp=tp,
             pp=pp,
-            world=dist.get_world_size(),
+            world=parallel.world_size(),
             num_experts=self.dims.num_experts,
             sequence_parallel=params.sequence_parallel,
         )
+        _init_distributed(params.device)
         if self.dims.num_experts:
             import megatron.core.transformer.moe.moe_utils as moe_utils
             import megatron.core.transformer.moe.token_dispatcher as token_dispatcher
