@@ -249,3 +249,35 @@ def test_expert_parallel_on_a_dense_model_refused_before_a_group_starts(tmp_path
     ):
         MegatronTrainBackend(params, spec)
     assert not dist.is_initialized()
+
+
+@pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core not installed")
+def test_dense_qwen3_log_probs_equal_transformers(tmp_path: Path) -> None:
+    """Qwen3's query / key norms on a dense model too (before, a Qwen3 config converted without
+    them): the backend's log-probs equal a plain transformers forward (fp32)."""
+    from transformers import Qwen3Config
+
+    from rlzoo.backends.megatron.train import MegatronTrainBackend
+    from rlzoo.kernel.settings import TrainSpec
+    from rlzoo.testing.backends import _random_batch, reference_batch_log_probs, save_tiny_qwen2
+
+    path = save_tiny_qwen2(tmp_path / "m")  # the tokenizer; the model is replaced below
+    cfg = Qwen3Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=512, tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.normal_(1.0, 0.3)  # visible q / k norms (HF starts them at 1)
+    model.save_pretrained(str(path))
+    batch = _random_batch(0)
+    params = MegatronParams(device="cpu", dtype="float32", use_distributed_optimizer=False)
+    b = MegatronTrainBackend(params, TrainSpec(model_path=str(path), total_steps=1, temperature=0.9))
+    try:
+        lp, _ = b.compute_log_probs(batch)
+    finally:
+        b.shutdown()
+    torch.testing.assert_close(lp, reference_batch_log_probs(model.eval(), batch, 0.9), atol=1e-4, rtol=0)
