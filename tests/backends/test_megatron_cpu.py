@@ -49,7 +49,7 @@ DIST_MODULE = Path(__file__).with_name("megatron_contract_dist.py")
 
 @pytest.mark.distributed
 @pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core not installed")
-@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2"])
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2", "ep2"])
 def test_contract_in_two_processes(layout: str, tmp_path: Path) -> None:
     node = f"{DIST_MODULE}::TestMegatronTrainDist"  # the contract, not the critic's test beside it
     pytest_args = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore", node)

@@ -45,17 +45,13 @@ class Rule:
     what: str
 
 
-#: why megatron's context / expert parallelism are refused (docs/backends/megatron.md, "Expert and
-#: context parallelism")
+#: why megatron's context parallelism is refused (docs/backends/megatron.md, "Expert and context
+#: parallelism")
 _NO_CP = (
     "rlzoo's megatron backend has no context parallelism: megatron-core's local attention refuses it "
     "('Context parallelism is only supported by TEDotProductAttention!'), it needs Transformer "
     "Engine on CUDA GPUs; use tensor parallelism (trainer.backend.tensor_model_parallel_size) for "
     "long sequences"
-)
-_NO_EP = (
-    "rlzoo's megatron backend has no expert parallelism: it converts dense Qwen2 checkpoints only "
-    "(no MoE weight conversion); megatron-core's own MoE layer does run expert-parallel, on CPU too"
 )
 
 
@@ -333,8 +329,8 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
         _one,
         _NO_CP,
     ),
-    ACT + "megatron.expert_model_parallel_size": Skip("1: no expert parallelism", _one, _NO_EP),
-    ACT + "megatron.expert_tensor_parallel_size": Skip("1: no expert parallelism", _one, _NO_EP),
+    ACT + "megatron.expert_model_parallel_size": To("trainer.backend.expert_parallel_size"),
+    ACT + "megatron.expert_tensor_parallel_size": To("trainer.backend.expert_tensor_parallel_size"),
     ACT + "megatron.virtual_pipeline_model_parallel_size": Skip(_PERF + "interleaved pipeline schedule"),
     ACT + "megatron.use_dist_checkpointing": Skip("rlzoo converts HF <-> Megatron weights itself"),
     ACT + "megatron.vanilla_mbridge": Skip("rlzoo converts HF <-> Megatron weights itself"),

@@ -11,12 +11,19 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rlzoo.backends.megatron.convert import ModelDims, mcore_to_hf, merge_tp, stage_layers
+from rlzoo.backends.megatron.convert import (
+    ModelDims,
+    is_expert,
+    mcore_to_hf,
+    merge_ep,
+    merge_tp,
+    stage_layers,
+)
 from rlzoo.backends.megatron.parallel import Layout
 from rlzoo.kernel.settings import TrainSpec
 from rlzoo.train_kit import checkpoint as ckpt
 
-__all__ = ["export_hf", "export_tensors", "gather_tp", "hf_model", "load_hf_state_dict"]
+__all__ = ["export_hf", "export_tensors", "gather_ep", "gather_tp", "hf_model", "load_hf_state_dict"]
 
 
 def load_hf_state_dict(path: str) -> dict[str, Tensor]:
@@ -36,20 +43,49 @@ def load_hf_state_dict(path: str) -> dict[str, Tensor]:
     }
 
 
-def gather_tp(module: nn.Module, tp: int) -> dict[str, Tensor]:
-    """This PP stage's tensors of ``module``, its ``tp`` TP shards gathered (on every TP rank)."""
+def gather_tp(module: nn.Module, tp: int, etp: int | None = None) -> dict[str, Tensor]:
+    """This PP stage's tensors of ``module``, its TP shards gathered (on every TP rank): a routed
+    expert's over its ``etp`` expert tensor-parallel ranks (default: ``tp``), the rest over ``tp``."""
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
 
-    group = mpu.get_tensor_model_parallel_group()
+    etp = tp if etp is None else etp
     local = {k: v for k, v in module.state_dict().items() if not k.endswith("_extra_state")}
-    shards: list[dict[str, Tensor]] = [{} for _ in range(tp)]
-    for name, t in local.items():
-        parts = [torch.empty_like(t) for _ in range(tp)]
+    merged: dict[str, Tensor] = {}
+    for experts, size in ((False, tp), (True, etp)):
+        group = mpu.get_expert_tensor_parallel_group() if experts else mpu.get_tensor_model_parallel_group()
+        shards: list[dict[str, Tensor]] = [{} for _ in range(size)]
+        for name, t in local.items():
+            if is_expert(name) != experts:
+                continue
+            parts = [torch.empty_like(t) for _ in range(size)]
+            dist.all_gather(parts, t.contiguous(), group=group)
+            for r in range(size):
+                shards[r][name] = parts[r]
+        if shards[0]:
+            merged.update(merge_tp(shards))
+    return merged
+
+
+def gather_ep(stage: Mapping[str, Tensor], ep: int, num_experts: int) -> dict[str, Tensor]:
+    """This PP stage's tensors (TP gathered) with every EP rank's experts, in global expert numbers
+    (on every EP rank); the other tensors are the same on every EP rank and kept as they are."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+
+    if ep == 1:
+        return dict(stage)
+    group = mpu.get_expert_model_parallel_group()
+    shards: list[dict[str, Tensor]] = [{} for _ in range(ep)]
+    for name, t in stage.items():
+        if not is_expert(name):
+            shards[0][name] = t
+            continue
+        parts = [torch.empty_like(t) for _ in range(ep)]
         dist.all_gather(parts, t.contiguous(), group=group)
-        for r in range(tp):
+        for r in range(ep):
             shards[r][name] = parts[r]
-    return merge_tp(shards)
+    return merge_ep(shards, num_experts)
 
 
 def export_tensors(
@@ -66,7 +102,7 @@ def export_tensors(
     from megatron.core import parallel_state as mpu
 
     pp, pp_rank = layout.pp, layout.pp_rank
-    mine = gather_tp(actor, layout.tp)
+    mine = gather_ep(gather_tp(actor, layout.tp, layout.etp), layout.ep, dims.num_experts)
     spans = stage_layers(dims.num_layers, pp)
     full: dict[str, Tensor] = {}
     for s in range(pp):

@@ -19,7 +19,10 @@ _OWNED: dict[str, Any] = {"group": False, "model_parallel": False, "users": 0}
 
 @dataclass(frozen=True)
 class Layout:
-    """This rank's place in the ``tp × pp × dp`` world: each size and this rank's index in it."""
+    """This rank's place in the ``tp × pp × dp`` world: each size and this rank's index in it; ``ep``
+    / ``ep_rank``: the expert-parallel group the MoE experts are split over (a split of the
+    ``tp × dp`` ranks of one stage; 1 / 0 for a dense model); ``etp`` / ``etp_rank``: the expert
+    tensor-parallel group each expert's matrices are split over."""
 
     tp: int
     tp_rank: int
@@ -27,6 +30,20 @@ class Layout:
     pp_rank: int
     dp: int
     dp_rank: int
+    ep: int = 1
+    ep_rank: int = 0
+    etp: int = 1
+    etp_rank: int = 0
+
+
+def world_size() -> int:
+    """The world this process is in or will join: the started group's, else the launcher's
+    ``WORLD_SIZE``, else 1 (the one-process group :func:`_init_distributed` starts)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return int(dist.get_world_size())
+    return int(os.environ.get("WORLD_SIZE", "1")) if "RANK" in os.environ else 1
 
 
 def _init_distributed(device: str) -> None:
@@ -80,10 +97,71 @@ def _require_psutil() -> None:
     )
 
 
-def claim_owned(mpu: Any, tp: int, pp: int) -> None:
-    """Initialise megatron's model-parallel state unless present (then owned here); count a user."""
+def check_expert_parallel(
+    ep: int, etp: int, *, tp: int, pp: int, world: int, num_experts: int, sequence_parallel: bool = False
+) -> None:
+    """A clear error, before megatron builds anything, when the expert layout does not fit the model
+    or the world.
+
+    megatron splits the ``world / pp`` ranks of a stage into ``tp × dp`` for attention and into
+    ``etp × ep × (expert data parallel)`` for the experts: ``ep × etp`` must divide ``world / pp``,
+    and ``ep`` the expert count. A MoE model under TP > 1 needs sequence parallelism (megatron-core
+    refuses to train its MoE layer otherwise, at the first update)."""
+    problems = []
+    if not num_experts:
+        if ep != 1 or etp != tp:
+            problems.append(
+                f"expert_parallel_size {ep} / expert_tensor_parallel_size {etp} need a MoE model; this one "
+                "has no experts: leave them at 1 / null"
+            )
+    else:
+        if num_experts % ep:
+            problems.append(
+                f"expert_parallel_size {ep} does not divide the model's {num_experts} experts: use a divisor "
+                f"of {num_experts}"
+            )
+        if tp > 1 and not sequence_parallel:
+            problems.append(
+                f"a MoE model with tensor_model_parallel_size {tp} needs sequence_parallel (megatron-core "
+                "refuses to train its MoE layer under TP without it), and that needs layer_spec 'te'; "
+                "on CPU use tensor_model_parallel_size 1 (and expert_parallel_size for the experts)"
+            )
+    if world % pp or (world // pp) % (ep * etp):
+        problems.append(
+            f"expert_parallel_size {ep} × expert_tensor_parallel_size {etp} does not divide the {world} "
+            f"ranks / pipeline {pp}: the experts of a stage are split over its ranks"
+        )
+    if problems:
+        raise ValueError("megatron train backend: " + "; ".join(problems))
+
+
+def claim_owned(mpu: Any, tp: int, pp: int, ep: int = 1, etp: int | None = None) -> None:
+    """Initialise megatron's model-parallel state unless present (then owned here); count a user.
+
+    State present with other sizes is set up again when no backend of this process uses it (a
+    launcher's world keeps it after the last one shut down), and an error while one does."""
+    sizes = (tp, pp, ep, tp if etp is None else etp)
+    if mpu.model_parallel_is_initialized():
+        have = (
+            mpu.get_tensor_model_parallel_world_size(),
+            mpu.get_pipeline_model_parallel_world_size(),
+            mpu.get_expert_model_parallel_world_size(),
+            mpu.get_expert_tensor_parallel_world_size(),
+        )
+        if have != sizes and _OWNED["users"] > 0:
+            raise ValueError(
+                f"megatron's model-parallel state (tensor, pipeline, expert, expert tensor) = {have} is in use by another "
+                f"backend of this process; this one asks for {sizes}"
+            )
+        if have != sizes:
+            mpu.destroy_model_parallel()
     if not mpu.model_parallel_is_initialized():
-        mpu.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        mpu.initialize_model_parallel(
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            expert_model_parallel_size=ep,
+            expert_tensor_parallel_size=etp,
+        )
         _OWNED["model_parallel"] = True
     _OWNED["users"] += 1
 

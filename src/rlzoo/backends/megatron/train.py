@@ -46,7 +46,9 @@ from rlzoo.backends.megatron.convert import (
     ModelDims,
     gpt_model_kwargs,
     hf_to_mcore,
+    is_expert,
     padded_vocab_size,
+    shard_ep,
     shard_tp,
     split_pp,
     transformer_config_kwargs,
@@ -192,9 +194,29 @@ class MegatronTrainBackend:
         self.version = 0
         self.critic_steps = 0
         self.schedule = LRSchedule.from_spec(spec)
-        _init_distributed(params.device)
+        hf_cfg = AutoConfig.from_pretrained(spec.model_path, trust_remote_code=spec.trust_remote_code)
+        self.dims = ModelDims.from_hf(hf_cfg)
         tp, pp = params.tensor_model_parallel_size, params.pipeline_model_parallel_size
-        parallel.claim_owned(mpu, tp, pp)
+        ep = params.expert_parallel_size
+        etp = tp if params.expert_tensor_parallel_size is None else params.expert_tensor_parallel_size
+        parallel.check_expert_parallel(  # before a process group is started
+            ep,
+            etp,
+            tp=tp,
+            pp=pp,
+            world=parallel.world_size(),
+            num_experts=self.dims.num_experts,
+            sequence_parallel=params.sequence_parallel,
+        )
+        _init_distributed(params.device)
+        if self.dims.num_experts:
+            import megatron.core.transformer.moe.moe_utils as moe_utils
+            import megatron.core.transformer.moe.token_dispatcher as token_dispatcher
+
+            from rlzoo.backends.megatron.cpu import patch_moe
+
+            patch_moe(moe_utils, token_dispatcher)  # no TE: the router's gemm; CPU: split sizes
+        parallel.claim_owned(mpu, tp, pp, ep, etp)
         self._uses_owned_state = True
         _seed(spec.seed, params.device)
         self.mpu = mpu
@@ -205,6 +227,10 @@ class MegatronTrainBackend:
             pp_rank=mpu.get_pipeline_model_parallel_rank(),
             dp=mpu.get_data_parallel_world_size(),
             dp_rank=mpu.get_data_parallel_rank(),
+            ep=ep,
+            ep_rank=mpu.get_expert_model_parallel_rank(),
+            etp=etp,
+            etp_rank=mpu.get_expert_tensor_parallel_rank(),
         )
         self.dtype = torch.bfloat16 if params.dtype == "bfloat16" else torch.float32
         self.device = (
@@ -213,8 +239,6 @@ class MegatronTrainBackend:
             else torch.device("cpu")
         )
 
-        hf_cfg = AutoConfig.from_pretrained(spec.model_path, trust_remote_code=spec.trust_remote_code)
-        self.dims = ModelDims.from_hf(hf_cfg)
         self.vocab_padded = padded_vocab_size(self.dims.vocab_size, tp, params.make_vocab_size_divisible_by)
         self.config = self._transformer_config()
         full = hf_to_mcore(
@@ -267,6 +291,8 @@ class MegatronTrainBackend:
         extra: dict[str, Any] = {
             "tensor_model_parallel_size": p.tensor_model_parallel_size,
             "pipeline_model_parallel_size": p.pipeline_model_parallel_size,
+            "expert_model_parallel_size": p.expert_parallel_size,
+            "expert_tensor_parallel_size": self.layout.etp,
             "sequence_parallel": p.sequence_parallel,
             "params_dtype": self.dtype,
             "pipeline_dtype": self.dtype,
@@ -285,14 +311,20 @@ class MegatronTrainBackend:
             get_gpt_layer_with_transformer_engine_spec,
         )
 
+        moe = {"num_experts": self.dims.num_experts or None, "qk_layernorm": self.dims.qk_layernorm}
         if self.params.layer_spec == "te":
-            return get_gpt_layer_with_transformer_engine_spec()
-        return get_gpt_layer_local_spec(normalization="RMSNorm")
+            return get_gpt_layer_with_transformer_engine_spec(**moe)
+        return get_gpt_layer_local_spec(normalization="RMSNorm", **moe)
 
     def _my_shard(self, full: Mapping[str, Tensor]) -> dict[str, Tensor]:
         lay = self.layout
         stage = split_pp(full, self.dims.num_layers, lay.pp)[lay.pp_rank]
-        return shard_tp(stage, lay.tp)[lay.tp_rank]
+        if not self.dims.num_experts:
+            return shard_tp(stage, lay.tp)[lay.tp_rank]
+        stage = shard_ep(stage, self.dims.num_experts, lay.ep)[lay.ep_rank]
+        experts = {k: v for k, v in stage.items() if is_expert(k)}  # split over ETP, the rest over TP
+        rest = {k: v for k, v in stage.items() if not is_expert(k)}
+        return shard_tp(rest, lay.tp)[lay.tp_rank] | shard_tp(experts, lay.etp)[lay.etp_rank]
 
     def _build(self, state: Mapping[str, Tensor], *, value_head: bool = False) -> nn.Module:
         from megatron.core.models.gpt import GPTModel
