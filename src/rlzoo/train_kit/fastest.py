@@ -136,7 +136,7 @@ def choose_micro_batch(
     log_prob_size = min(lp_rows, LOG_PROB_FACTOR * size)
     reason = (
         f"{memory_bytes / gib:.1f} GiB available, an update may use {budget / gib:.1f}; "
-        f"{shape.params / 1e6:.0f}M params take {fixed / gib:.1f} GiB, each sample of <= {seq_len} tokens "
+        f"{shape.params / 1e6:.3g}M params take {fixed / gib:.1f} GiB, each sample of <= {seq_len} tokens "
         f"{per_token * seq_len / gib:.2f} GiB"
         + (f"; capped at the {rows} samples of a mini-batch" if size == rows and fits >= 2 * rows else "")
         + ("; even one sample exceeds the budget" if fits < 1 else "")
