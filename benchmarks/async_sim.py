@@ -1,6 +1,7 @@
-"""Sync vs one-step-off vs fully-async on the simulated backends, same resources. Prints a table.
+"""Sync vs one-step-off vs fully-async on the simulated backends, same resources. Prints tables.
 
-    python benchmarks/async_sim.py [--steps 12] [--devices 8] [--configs sync,fa_s0.1_k4]
+    python benchmarks/async_sim.py [--preset seed|small] [--steps 16] [--configs sync,one_step_off]
+    python benchmarks/async_sim.py --sweep [--plot docs/images/async_sweep.png]   # staleness x device split
 
 The **real** runners, queue, Session and PolicyTrainer run; only the two backends are simulated
 (:mod:`rlzoo.backends.simulated.backend`), with wall-clock costs:
@@ -11,21 +12,46 @@ The **real** runners, queue, Session and PolicyTrainer run; only the two backend
   batch until its longest response is done.
 - train: log-probs and updates cost time proportional to tokens, divided by the pool's devices.
 
+**Presets.** ``seed`` (the default) has the costs of the seed's DAPO run (4 + 4 devices, mean
+response ~850 tokens, max 8,192) scaled down in time; ``small`` the earlier laptop-sized workload
+(mean 64, cap 512). The seed's numbers fix three ratios, which the preset keeps:
+
+1. *rollout vs training throughput*: the seed's training devices are 91-94% busy at 2,994
+   tokens/GPU/s, so the rollout half produces tokens about as fast as the training half consumes
+   them; here 16 slots x 4 devices / 2 ms = 32,000 tokens/s against the trainer's
+   4 / (35 + 103) us = 29,000 tokens/s: the rollout half is 1.1x the training half.
+2. *concurrency vs a step*: the seed's rollout holds 4 x 256 (vLLM's default max_num_seqs) = 1,024
+   sequences against 2,048 responses per trainer step (128 prompts x n=16): half a step in flight;
+   here 64 slots against 128 responses per step (32 prompts x n=4).
+3. *the longest response vs a trainer step*: a trainer step of the seed is ~2,048 x ~1,000 tokens
+   / (4 x 2,994 tokens/s) = 171 s; a 8,192-token response at 1,024 sequences / (4 x 2,994 x 1.1
+   tokens/s) = 78 ms per decode step takes 640 s = 3.7 steps. Here 8,192 x 2 ms = 16.4 s against
+   a step of 128 x ~850 x 138 us / 4 = 3.75 s: 4.4 steps.
+
+Time runs ~46x faster than in the seed: trainer-side Python work (collation, metrics: ~0.3 s a
+step on a loaded 2-core machine) is real and not scaled, so it weighs ~46x more than it would next
+to GPU steps; the samples writer is off (``run.samples.every=0``: 1.9 s a step here for 64
+responses of 850 tokens -- real work, a candidate for a background thread, not a simulated cost).
+
 Resources are the same for every config: ``--devices`` in all. **sync** is colocated: rollout and
-training alternate on all devices. The asynchronous runners split them half / half (e.g. 4 + 4),
-as in the seed runs. The default costs balance the split: the rollout half produces tokens about
-10% faster than the training half consumes them.
+training alternate on all devices. The asynchronous runners split them (``--split R+T``, default
+half / half, as in the seed runs).
 
 Columns: throughput in trained samples/s and tokens/s (steady state: after the first step),
-trainer idle ratio (share of the trainer's wall-clock spent waiting for samples; for colocated
-sync, the share spent generating), staleness (policy versions), dropped samples, partial ratio.
-The quickstart task only provides prompts, a tokenizer and a scorer; nothing learns here.
+trainer idle ratio (the seed's: the share of the trainer's wall-clock spent waiting for samples,
+summed over the steady steps; for colocated sync, the share spent generating), staleness (policy
+versions), dropped samples, partial ratio; then where the trainer's wall-clock goes: training, the
+wait for samples at a window's first step (just after a push) and at other steps, the drain before
+a push (no partial rollout), the push itself, and the rest (collation, metrics). The quickstart
+task only provides prompts, a tokenizer and a scorer; nothing learns here.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import statistics
 import tempfile
 import time
@@ -35,43 +61,137 @@ from typing import Any
 STEP_PROMPTS = 32  # prompts per trainer step (R x M for the async runners)
 N = 4  # responses per prompt
 
+PRESETS: dict[str, dict[str, float]] = {
+    # the seed's DAPO run, scaled in time (module docstring); one simulated token stands for 8
+    "seed": {
+        "mean_len": 850.0,
+        "max_len": 8192,
+        "sigma": 1.0,
+        "decode_ms": 2.0,
+        "slots": 16,
+        "token_scale": 8,
+    },
+    # the earlier laptop-sized workload
+    "small": {
+        "mean_len": 64.0,
+        "max_len": 512,
+        "sigma": 1.0,
+        "decode_ms": 2.0,
+        "slots": 16,
+        "token_scale": 1,
+    },
+}
+SWEEP_STALENESS = (0.0, 0.1, 0.25, 0.5, 1.0)
+SWEEP_SPLITS = ("3+5", "4+4", "5+3")
 
-def configs(args: argparse.Namespace) -> dict[str, list[str]]:
+
+def sim_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The costs the simulated backends get: lengths divided by ``--token-scale``, per-token costs
+    (a decode step produces one token per sequence) multiplied by it."""
+    k = max(1, int(args.token_scale))
+    sim = argparse.Namespace(**vars(args))
+    sim.mean_len, sim.max_len = args.mean_len / k, max(1, args.max_len // k)
+    sim.decode_ms, sim.fwd_us, sim.upd_us = args.decode_ms * k, args.fwd_us * k, args.upd_us * k
+    return sim
+
+
+def split_of(args: argparse.Namespace, split: str | None = None) -> tuple[int, int]:
+    """(rollout devices, training devices) of the asynchronous runners."""
+    text = split or args.split
+    if text:
+        r, t = (int(x) for x in text.split("+"))
+        return r, t
     half = max(1, args.devices // 2)
+    return half, max(1, args.devices - half)
+
+
+def backends(args: argparse.Namespace, roll_d: int, train_d: int) -> list[str]:
+    args = args.sim
     roll = (
-        f"{{name:simulated,devices:{{d}},slots_per_device:{args.slots},decode_step_s:{args.decode_ms / 1000},"
+        f"{{name:simulated,devices:{roll_d},slots_per_device:{args.slots},decode_step_s:{args.decode_ms / 1000},"
         f"mean_response_length:{args.mean_len},sigma:{args.sigma}}}"
     )
-    train = f"{{name:simulated,devices:{{d}},forward_s_per_token:{args.fwd_us * 1e-6},update_s_per_token:{args.upd_us * 1e-6}}}"
+    train = (
+        f"{{name:simulated,devices:{train_d},forward_s_per_token:{args.fwd_us * 1e-6},"
+        f"update_s_per_token:{args.upd_us * 1e-6}}}"
+    )
+    return ["~rollout.backend", "+rollout.backend=" + roll, "~trainer.backend", "+trainer.backend=" + train]
 
-    def backends(d: int) -> list[str]:
-        return [
-            "~rollout.backend",
-            "+rollout.backend=" + roll.replace("{d}", str(d)),
-            "~trainer.backend",
-            "+trainer.backend=" + train.replace("{d}", str(d)),
-        ]
 
-    def fa(s: float, k: int, r: int, partial: bool) -> list[str]:
-        return [
-            *backends(half),
-            "~runner",
-            f"+runner={{name:fully_async,staleness_threshold:{s},trigger_parameter_sync_step:{k},"
-            f"require_batches:{r},partial_rollout:{str(partial).lower()}}}",
-            f"trainer.ppo_mini_batch_size={STEP_PROMPTS // r}",
-        ]
+def fully_async(
+    args: argparse.Namespace, s: float, k: int, r: int, partial: bool, split: str | None = None
+) -> list[str]:
+    roll_d, train_d = split_of(args, split)
+    return [
+        *backends(args, roll_d, train_d),
+        "~runner",
+        f"+runner={{name:fully_async,staleness_threshold:{s},trigger_parameter_sync_step:{k},"
+        f"require_batches:{r},partial_rollout:{str(partial).lower()}}}",
+        f"trainer.ppo_mini_batch_size={STEP_PROMPTS // r}",
+    ]
 
+
+def configs(args: argparse.Namespace) -> dict[str, list[str]]:
+    roll_d, train_d = split_of(args)
+    sp = f"({roll_d}+{train_d})"
+    fa = lambda s, k, r, p: fully_async(args, s, k, r, p)  # noqa: E731
     return {
-        f"sync (colocated, {args.devices} dev)": [*backends(args.devices), "runner=sync"],
-        f"one_step_off ({half}+{half})": [*backends(half), "runner=one_step_off"],
-        f"fully_async s=0 K=1 ({half}+{half})": fa(0.0, 1, 1, False),
-        f"fully_async s=0.1 K=4 R=2 partial ({half}+{half})": fa(0.1, 4, 2, True),
-        f"fully_async s=0.1 K=4 R=2 no-partial ({half}+{half})": fa(0.1, 4, 2, False),
-        f"fully_async s=0.5 K=1 partial ({half}+{half})": fa(0.5, 1, 1, True),
-        f"fully_async s=0.25 K=4 R=2 partial ({half}+{half})": fa(0.25, 4, 2, True),
-        f"fully_async s=0.5 K=2 R=2 partial ({half}+{half})": fa(0.5, 2, 2, True),
-        f"fully_async s=0.5 K=4 R=2 partial ({half}+{half})": fa(0.5, 4, 2, True),
+        f"sync (colocated, {args.devices} dev)": [*backends(args, args.devices, args.devices), "runner=sync"],
+        f"one_step_off {sp}": [*backends(args, roll_d, train_d), "runner=one_step_off"],
+        f"fully_async s=0 K=1 {sp}": fa(0.0, 1, 1, False),
+        f"fully_async s=0.1 K=4 R=2 partial {sp}": fa(0.1, 4, 2, True),
+        f"fully_async s=0.1 K=4 R=2 no-partial {sp}": fa(0.1, 4, 2, False),
+        f"fully_async s=0.5 K=1 partial {sp}": fa(0.5, 1, 1, True),
+        f"fully_async s=0.25 K=4 R=2 partial {sp}": fa(0.25, 4, 2, True),
+        f"fully_async s=0.5 K=2 R=2 partial {sp}": fa(0.5, 2, 2, True),
+        f"fully_async s=0.5 K=4 R=2 partial {sp}": fa(0.5, 4, 2, True),
     }
+
+
+def sweep_configs(args: argparse.Namespace) -> dict[str, list[str]]:
+    """The seed's K=4, R=2, partial rollout over staleness x device split, and the sync baseline."""
+    out = {
+        f"sync (colocated, {args.devices} dev)": [*backends(args, args.devices, args.devices), "runner=sync"]
+    }
+    for split in args.splits.split(",") if args.splits else SWEEP_SPLITS:
+        for s in SWEEP_STALENESS:
+            out[f"fully_async s={s:g} K=4 R=2 partial ({split})"] = fully_async(args, s, 4, 2, True, split)
+    return out
+
+
+def args_k(name: str) -> int:
+    """K (steps per weight push) of a config, from its name (1 for sync / one-step-off)."""
+    m = re.search(r"K=(\d+)", name)
+    return int(m.group(1)) if m else 1
+
+
+def patch_early_push() -> None:
+    """EXPERIMENT (``--early-push``; not rlzoo's behaviour): at a window's last step, push the weights
+    right after that step's batch is taken, before its update, so the next window's first groups
+    generate while the trainer trains (the pushed weights miss that one update). Mirrors a proposed
+    change of the loop's order (docs/runners.md, "Idle trainer at window starts"); the loop's own
+    staleness metric then reads one version high (the queue's accounting is exact)."""
+    from rlzoo.sources.fully_async import StreamFromQueue
+
+    take, push = StreamFromQueue.next_batch, StreamFromQueue.push_weights
+
+    def next_batch(self: Any, step: int, timer: Any) -> Any:
+        batch = take(self, step, timer)
+        k = self.params.trigger_parameter_sync_step
+        if step % k == 0 and step < self.s.schedule.total_steps:
+            with timer("sync_weights"):
+                push(self, timer)
+            self._early_pushed = True
+        return batch
+
+    def push_weights(self: Any, timer: Any) -> dict[str, float]:
+        if getattr(self, "_early_pushed", False):
+            self._early_pushed = False
+            return {}
+        return push(self, timer)
+
+    StreamFromQueue.next_batch = next_batch  # type: ignore[method-assign]
+    StreamFromQueue.push_weights = push_weights  # type: ignore[method-assign]
 
 
 def plugin_manager() -> Any:
@@ -93,6 +213,7 @@ def run_one(
         "run.progress=false",
         "run.loggers=[jsonl]",
         "trainer.val_before_train=false",
+        "run.samples.every=0",  # the samples writer is real trainer-side work, not a simulated cost
         "data.val_files=[]",
         "trainer.test_freq=1000000",
         "trainer.save_freq=1000000",
@@ -100,7 +221,7 @@ def run_one(
         f"data.train_batch_size={STEP_PROMPTS}",
         "trainer.ppo_mini_batch_size=16",
         f"rollout.n={N}",
-        f"data.max_response_length={args.max_len}",
+        f"data.max_response_length={args.sim.max_len}",
     ]
     run = rlzoo.build_run("quickstart", [*common, *extra], pm=pm)
     t0 = time.perf_counter()
@@ -110,13 +231,27 @@ def run_one(
     steady = recs[1:]
     span = steady[-1]["time"] - recs[0]["time"]
     samples = sum(STEP_PROMPTS * N for _ in steady)
-    tokens = sum(r["perf/total_num_tokens"] for r in steady)
-    if "trainer/idle_ratio" in steady[0]:
-        idle = statistics.mean(r["trainer/idle_ratio"] for r in steady)
-    else:  # colocated sync: the training devices wait while generating (and scoring)
-        idle = statistics.mean(
-            (r.get("timing_s/gen", 0.0) + r.get("timing_s/reward", 0.0)) / r["timing_s/step"] for r in steady
-        )
+    tokens = args.token_scale * sum(r["perf/total_num_tokens"] for r in steady)  # seed tokens
+    walls = sum(r["trainer/step_wall_s"] for r in steady)
+    push_every = args_k(name)
+
+    def total(key: str, rows: list[dict[str, Any]] = steady) -> float:
+        return sum(r.get(key, 0.0) for r in rows)
+
+    # where the trainer's wall-clock goes; a window's first step follows a push (steps count from 1)
+    first = [r for r in steady if (r["step"] - 1) % push_every == 0]
+    win_start = total("timing_s/wait_queue", first)
+    waits = total("timing_s/wait_queue") + total("timing_s/wait_gen")
+    drain = total("timing_s/sync_drain")
+    # the push (one_step_off waits for its generation inside it: that wait is counted as idle)
+    sync = max(0.0, total("timing_s/sync_weights") - drain - total("timing_s/wait_gen"))
+    compute = sum(
+        total(f"timing_s/{p}") for p in ("old_log_prob", "ref", "values", "update_actor", "update_critic")
+    )
+    if "runner=sync" in extra:  # colocated: the training devices wait while generating (and scoring)
+        idle = (total("timing_s/gen") + total("timing_s/reward")) / total("timing_s/step")
+    else:
+        idle = (waits + drain) / walls
     return {
         "name": name,
         "samples_s": samples / span,
@@ -127,32 +262,163 @@ def run_one(
         "dropped": steady[-1].get("rollouter/dropped_samples", 0.0),
         "partial": statistics.mean(r.get("rollout/partial_ratio", 0.0) for r in steady),
         "wall": wall,
+        "train": compute / walls,
+        "idle_window_start": win_start / walls,
+        "idle_mid_window": (waits - win_start) / walls,
+        "idle_drain": drain / walls,
+        "sync": sync / walls,
     }
+
+
+def print_tables(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    base = next((r for r in rows if r["name"].startswith("sync")), None)
+    print()
+    print(
+        f"simulated workload ({args.preset}): {STEP_PROMPTS} prompts x n={N} per step, lengths log-normal mean "
+        f"{args.mean_len:g} sigma {args.sigma:g} cap {args.max_len}, decode {args.decode_ms:g} ms/step x {args.slots} "
+        f"slots/device, train {args.fwd_us:g}+{args.upd_us:g} us/token/device, {args.devices} devices, {args.steps} steps; "
+        f"one simulated token = {args.token_scale} (tokens/s in these tokens)"
+    )
+    print(
+        "| config | samples/s | tokens/s | vs sync | trainer idle | staleness mean / max | dropped | partial | wall s |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        speed = f"{r['tokens_s'] / base['tokens_s']:.2f}x" if base else "-"
+        print(
+            f"| {r['name']} | {r['samples_s']:.1f} | {r['tokens_s']:.0f} | {speed} | {100 * r['idle']:.1f}% | "
+            f"{r['stale_mean']:.2f} / {r['stale_max']:.0f} | {r['dropped']:.0f} | {r['partial']:.2f} | {r['wall']:.1f} |"
+        )
+    print()
+    print("where the trainer's wall-clock goes (trainer idle = the three waits):")
+    print("| config | train | wait, window's first step | wait, other steps | drain at push | push | other |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        if r["name"].startswith("sync"):
+            continue
+        parts = [r[k] for k in ("train", "idle_window_start", "idle_mid_window", "idle_drain", "sync")]
+        cells = " | ".join(f"{100 * v:.1f}%" for v in parts)
+        print(f"| {r['name']} | {cells} | {100 * (1 - sum(parts)):.1f}% |")
+
+
+def print_sweep(rows: list[dict[str, Any]]) -> None:
+    base = next((r for r in rows if r["name"].startswith("sync")), None)
+    print()
+    print(
+        "sweep: fully_async K=4 R=2 partial rollout; cells: speed vs colocated sync / trainer idle / mean staleness"
+    )
+    print("| staleness_threshold | " + " | ".join(f"rollout+train {s}" for s in SWEEP_SPLITS) + " |")
+    print("|---:|" + "---:|" * len(SWEEP_SPLITS))
+    for s in SWEEP_STALENESS:
+        cells = []
+        for split in SWEEP_SPLITS:
+            r = next((r for r in rows if r["name"] == f"fully_async s={s:g} K=4 R=2 partial ({split})"), None)
+            if r is None:
+                cells.append("-")
+                continue
+            speed = f"{r['tokens_s'] / base['tokens_s']:.2f}x" if base else "-"
+            cells.append(f"{speed} / {100 * r['idle']:.0f}% / {r['stale_mean']:.2f}")
+        print(f"| {s:g} | " + " | ".join(cells) + " |")
+
+
+def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base = next((r for r in rows if r["name"].startswith("sync")), None)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for split in SWEEP_SPLITS:
+        pts = [
+            (s, r)
+            for s in SWEEP_STALENESS
+            for r in rows
+            if r["name"] == f"fully_async s={s:g} K=4 R=2 partial ({split})"
+        ]
+        if not pts:
+            continue
+        xs = [s for s, _ in pts]
+        speed = [r["tokens_s"] / base["tokens_s"] if base else r["tokens_s"] for _, r in pts]
+        ax1.plot(xs, speed, marker="o", label=f"rollout + train = {split}")
+        ax2.plot(xs, [100 * r["idle"] for _, r in pts], marker="o", label=f"rollout + train = {split}")
+    ax1.set_xlabel("staleness_threshold")
+    ax1.set_ylabel("throughput vs colocated sync (x)" if base else "tokens/s")
+    ax1.axhline(1.0, color="grey", lw=0.5)
+    ax2.set_xlabel("staleness_threshold")
+    ax2.set_ylabel("trainer idle (%)")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("fully_async, K=4, R=2, partial rollout, 8 simulated devices (seed-scaled costs)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=12, help="trainer steps per config")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="seed", help="workload (module docstring)")
+    ap.add_argument("--steps", type=int, default=16, help="trainer steps per config")
+    ap.add_argument("--devices", type=int, default=8, help="devices in all (sync: all of them, colocated)")
     ap.add_argument(
-        "--devices", type=int, default=8, help="devices in all (async: half rollout, half training)"
+        "--split", default="", help="rollout+train devices of the async runners (default: half / half)"
     )
-    ap.add_argument("--slots", type=int, default=16, help="decode slots per rollout device")
-    ap.add_argument("--decode-ms", type=float, default=2.0, help="ms per decode step of the running batch")
-    ap.add_argument("--mean-len", type=float, default=64.0, help="mean response length (log-normal)")
-    ap.add_argument("--sigma", type=float, default=1.0, help="log-normal shape (tail)")
-    ap.add_argument("--max-len", type=int, default=512, help="max_response_length")
+    ap.add_argument("--slots", type=int, default=None, help="decode slots per rollout device")
+    ap.add_argument("--decode-ms", type=float, default=None, help="ms per decode step of the running batch")
+    ap.add_argument("--mean-len", type=float, default=None, help="mean response length (log-normal)")
+    ap.add_argument("--sigma", type=float, default=None, help="log-normal shape (tail)")
+    ap.add_argument("--max-len", type=int, default=None, help="max_response_length")
+    ap.add_argument(
+        "--token-scale",
+        type=int,
+        default=None,
+        help="one simulated token stands for this many (lengths / it, per-token costs x it): the same "
+        "ratios with less per-token Python work, so a loaded machine distorts less",
+    )
     ap.add_argument("--fwd-us", type=float, default=35.0, help="train forward, us per token on one device")
     ap.add_argument(
         "--upd-us", type=float, default=103.0, help="train forward+backward, us per token on one device"
     )
     ap.add_argument("--configs", default="", help="comma-separated name prefixes to run (default: all)")
+    ap.add_argument(
+        "--sweep", action="store_true", help="staleness x device split at K=4, R=2, partial rollout"
+    )
+    ap.add_argument("--splits", default="", help="with --sweep: these splits only (e.g. 3+5,4+4)")
+    ap.add_argument("--plot", default="", help="with --sweep: write the sweep's plot here (PNG)")
+    ap.add_argument("--json", default="", help="write the rows here (JSON)")
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        default=[],
+        help="print the tables (and --plot) of these --json files; run nothing",
+    )
+    ap.add_argument(
+        "--early-push",
+        action="store_true",
+        help="EXPERIMENT: push before a window's last update (patch_early_push)",
+    )
     args = ap.parse_args()
+    for k, v in PRESETS[args.preset].items():
+        if getattr(args, k) is None:
+            setattr(args, k, type(v)(v))
+    args.sim = sim_args(args)
+    if args.merge:
+        rows = [r for f in args.merge for r in json.loads(Path(f).read_text())]
+        print_tables(rows, args)
+        print_sweep(rows)
+        if args.plot:
+            plot_sweep(rows, Path(args.plot))
+        return
 
     import logging
 
     import torch
 
     torch.set_num_threads(1)  # the simulated costs are sleeps; keep torch's own threads out of the way
+    if args.early_push:
+        patch_early_push()
     logging.getLogger("rlzoo").setLevel(logging.WARNING)
     cache = os.environ.get("RLZOO_CACHE", os.path.join(tempfile.gettempdir(), "rlzoo-bench"))
     data_dir = os.path.join(cache, "quickstart")
@@ -160,26 +426,22 @@ def main() -> None:
     out = Path(tempfile.mkdtemp(prefix="rlzoo-async-sim-"))
     wanted = [w.strip() for w in args.configs.split(",") if w.strip()]
     rows = []
-    for name, extra in configs(args).items():
+    load = [os.getloadavg()[0]]
+    for name, extra in (sweep_configs(args) if args.sweep else configs(args)).items():
         if wanted and not any(name.startswith(w) for w in wanted):
             continue
         rows.append(run_one(name, extra, args, pm, data_dir, out))
-    base = next((r for r in rows if r["name"].startswith("sync")), None)
-    print()
+        load.append(os.getloadavg()[0])
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+    print_tables(rows, args)
+    if args.sweep:
+        print_sweep(rows)
+        if args.plot:
+            plot_sweep(rows, Path(args.plot))
     print(
-        f"simulated workload: {STEP_PROMPTS} prompts x n={N} per step, lengths log-normal mean {args.mean_len} "
-        f"sigma {args.sigma} cap {args.max_len}, decode {args.decode_ms} ms/step x {args.slots} slots/device, "
-        f"train {args.fwd_us}+{args.upd_us} us/token/device, {args.devices} devices, {args.steps} steps"
+        f"load average (1 min) at each config's start and at the end: {', '.join(f'{x:.1f}' for x in load)}"
     )
-    header = "| config | samples/s | tokens/s | vs sync | trainer idle | staleness mean / max | dropped | partial | wall s |"
-    print(header)
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        speed = f"{r['tokens_s'] / base['tokens_s']:.2f}x" if base else "-"
-        print(
-            f"| {r['name']} | {r['samples_s']:.0f} | {r['tokens_s']:.0f} | {speed} | {100 * r['idle']:.1f}% | "
-            f"{r['stale_mean']:.2f} / {r['stale_max']:.0f} | {r['dropped']:.0f} | {r['partial']:.2f} | {r['wall']:.1f} |"
-        )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,9 @@ What each side may choose (a *configuration*, ``side:precision:micro[:packed][:o
 - micro: samples per forward/backward. TRL: ``per_device_train_batch_size`` with gradient
   accumulation up to the 64 samples of the batch (64: no accumulation). rlzoo:
   ``trainer.micro_batch.size`` (gradients accumulate within the one optimizer step either way).
+- ``auto`` (rlzoo, precision and / or micro): rlzoo's defaults -- the recipe's ``model.dtype: auto`` /
+  ``trainer.backend.autocast: auto`` (bf16 where the CPU has avx512_bf16 / AMX) and micro-batch
+  sizes chosen from the machine's memory (:mod:`rlzoo.train_kit.fastest`; the run prints its choice).
 - ``packed`` (rlzoo): ``trainer.backend.use_remove_padding=true`` (padding-free micro-batches).
 - ``omp=<policy>``: how the child's OpenMP threads wait (:data:`rlzoo.system.threads.WAIT_POLICIES`:
   ``keep`` = libgomp's own 300,000-spin waiting, ``short``, ``passive``). Default: each side's own
@@ -65,9 +68,11 @@ from rlzoo.report.metrics import read_metrics
 from rlzoo.system.threads import DEFAULT_WAIT_POLICY, WAIT_POLICIES
 
 PROMPTS, N, MICRO, LR = 8, 8, 16, 1e-5
-# the configurations run by default: each side's candidates for its fastest (docs/performance.md);
+# the configurations run by default: each side's candidates for its fastest (docs/performance.md), and
+# rlzoo's defaults (``rlzoo:auto:auto``);
 # TRL with libgomp's waiting (what a TRL program gets) and with rlzoo's short spin
 DEFAULT_CONFIGS = (
+    "rlzoo:auto:auto",  # rlzoo's defaults: micro-batch chosen from memory, bf16 where the CPU has it
     "rlzoo:bf16:64",
     "rlzoo:bf16:16",
     "rlzoo:fp32:16",
@@ -140,8 +145,6 @@ def rlzoo_overrides(
         "rollout.temperature=1.0",
         f"trainer.ppo_mini_batch_size={PROMPTS}",
         "trainer.ppo_epochs=1",
-        f"trainer.micro_batch.size={micro}",
-        f"trainer.micro_batch.log_prob_size={micro}",
         f"trainer.optim.lr={s['lr']}",
         f"trainer.total_steps={steps}",
         "trainer.val_before_train=false",
@@ -153,8 +156,13 @@ def rlzoo_overrides(
         "algorithm.policy_loss.clip_ratio_low=0.2",
         "algorithm.policy_loss.clip_ratio_high=0.28",
     ]
+    if micro:  # 0: rlzoo's default, chosen from the machine's memory (printed by the run)
+        o += [f"trainer.micro_batch.size={micro}", f"trainer.micro_batch.log_prob_size={micro}"]
     if precision == "bf16":
         o += ["model.dtype=bfloat16", "trainer.backend.autocast=bfloat16"]
+    elif precision == "fp32":
+        o += ["model.dtype=float32", "trainer.backend.autocast=null"]
+    # "auto": the recipe's defaults (bf16 where the CPU has it)
     if packed:
         o += ["trainer.backend.use_remove_padding=true"]
     return o
@@ -325,21 +333,26 @@ def parse_config(spec: str) -> dict[str, Any]:
     parts = spec.split(":")
     tags = parts[3:]
     omp = [t.removeprefix("omp=") for t in tags if t.startswith("omp=")]
-    ok = len(parts) >= 3 and parts[0] in ("rlzoo", "trl") and parts[1] in ("fp32", "bf16")
-    ok = ok and parts[2].isdigit() and (PROMPTS * N) % max(int(parts[2]), 1) == 0
+    auto = parts[0] == "rlzoo" and len(parts) >= 3 and "auto" in parts[1:3]
+    ok = len(parts) >= 3 and parts[0] in ("rlzoo", "trl") and parts[1] in ("fp32", "bf16", "auto")
+    ok = ok and (parts[1] != "auto" or parts[0] == "rlzoo")
+    ok = ok and (
+        (parts[2] == "auto" and auto) or (parts[2].isdigit() and (PROMPTS * N) % max(int(parts[2]), 1) == 0)
+    )
     ok = ok and all(t.startswith("omp=") or (t == "packed" and parts[0] == "rlzoo") for t in tags)
     ok = ok and len(set(tags)) == len(tags) and len(omp) <= 1 and all(p in WAIT_POLICIES for p in omp)
     if not ok:
         raise SystemExit(
             f"configuration {spec!r}: expected side:precision:micro[:packed][:omp=POLICY] with side rlzoo|trl, "
-            f"precision fp32|bf16, micro a divisor of {PROMPTS * N}, 'packed' for rlzoo only, POLICY one of "
-            f"{', '.join(WAIT_POLICIES)} (e.g. rlzoo:bf16:16:packed, trl:bf16:64:omp=short)"
+            f"precision fp32|bf16 (rlzoo also auto: its default), micro a divisor of {PROMPTS * N} (rlzoo also "
+            f"auto: chosen from memory), 'packed' for rlzoo only, POLICY one of "
+            f"{', '.join(WAIT_POLICIES)} (e.g. rlzoo:auto:auto, rlzoo:bf16:16:packed, trl:bf16:64:omp=short)"
         )
     default_omp = DEFAULT_WAIT_POLICY if parts[0] == "rlzoo" else "keep"
     return {
         "side": parts[0],
         "precision": parts[1],
-        "micro": int(parts[2]),
+        "micro": 0 if parts[2] == "auto" else int(parts[2]),
         "packed": "packed" in tags,
         "omp": omp[0] if omp else default_omp,
     }
@@ -378,13 +391,16 @@ def run_config(cfg: dict[str, Any]) -> dict[str, Any]:
         res["error"] = f"exit {code}" + (" (killed: out of memory?)" if code < 0 else "")
         return res
     res.update(json.loads(out.strip().splitlines()[-1]))
+    # what rlzoo chose for itself (micro-batch sizes, precision), as the run printed it
+    res["chosen"] = [
+        ln for ln in out.splitlines() if (ln.startswith("rlzoo: ") and "auto" in ln) or "micro_batch:" in ln
+    ]
     return res
 
 
 def name(r: dict[str, Any]) -> str:
-    return (
-        f"{r['side']}:{r['precision']}:{r['micro']}" + (":packed" if r["packed"] else "") + f":omp={r['omp']}"
-    )
+    micro = r["micro"] or "auto"
+    return f"{r['side']}:{r['precision']}:{micro}" + (":packed" if r["packed"] else "") + f":omp={r['omp']}"
 
 
 def print_table(rows: list[dict[str, Any]], title: str) -> None:
@@ -402,6 +418,9 @@ def print_table(rows: list[dict[str, Any]], title: str) -> None:
             f"{name(r):<31} {r['sec']:>8.2f} {r['tok_s']:>7.0f} {r['completion']:>10.1f} "
             f"{r['peak_rss_mb']:>11.0f} {r['load']:>5.1f}  {ph}"
         )
+    for r in rows:
+        for line in r.get("chosen", []):
+            print(f"  {name(r)}: {line}")
     best = {}
     for side in ("rlzoo", "trl"):
         ok = [r for r in rows if r["side"] == side and "error" not in r]

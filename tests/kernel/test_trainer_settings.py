@@ -24,8 +24,9 @@ TOKENIZER = SimpleNamespace(pad_token_id=0)
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("switch", ["trainer.backend=fsdp2", "trainer.backend.name=fsdp2"])
 def test_switching_the_train_backend_keeps_the_recipes_optimizer(switch: str) -> None:
-    # quickstart trains with lr 3e-3 and micro-batches of 256; fsdp2's own default would be 1e-6 / 4
-    cfg = load_config("quickstart", [switch])
+    # quickstart trains with lr 3e-3, here micro-batches of 256; fsdp2's own default would be 1e-6 / chosen
+    mb = ["trainer.micro_batch.size=256", "trainer.micro_batch.log_prob_size=256"]
+    cfg = load_config("quickstart", [switch, *mb])
     assert cfg.trainer.backend.name == "fsdp2"
     spec = train_spec(cfg, 6, TOKENIZER)  # what the backend factory receives
     assert spec.optim.lr == 3e-3

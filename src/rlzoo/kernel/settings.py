@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from rlzoo.kernel.params import check_ranges, param
 
@@ -93,14 +93,24 @@ class OptimSettings:
 class MicroBatchSettings:
     """How a train backend splits work into forwards (``trainer.micro_batch``), per device / rank."""
 
-    size: int = param(4, ge=1, help="samples per forward/backward in updates (>= 1)")
+    size: int | None = param(
+        None,
+        ge=1,
+        help="samples per forward/backward in updates (>= 1); null: the largest that fits the machine's "
+        "memory, chosen and printed when the run starts (docs/performance.md), 4 where it cannot tell",
+    )
     max_tokens: int | None = param(
         None,
         ge=1,
         help="if set, updates pack consecutive samples into micro-batches of at most this many real "
         "tokens (prompt + response; a longer sample goes alone) instead of `size`",
     )
-    log_prob_size: int = param(8, ge=1, help="samples per forward in log-prob / value computations (>= 1)")
+    log_prob_size: int | None = param(
+        None,
+        ge=1,
+        help="samples per forward in log-prob / value computations (>= 1); null: chosen with size "
+        "(twice it), 8 where it cannot tell",
+    )
     log_prob_chunk: int = param(
         256,
         ge=0,
@@ -108,10 +118,24 @@ class MicroBatchSettings:
         "backward (no fp32 [rows, T, vocab] copy is built whole; see docs/performance.md); 0: unchunked",
     )
 
+    #: the sizes used when a size is null and nothing chose one (no memory / model information)
+    FALLBACK_SIZE: ClassVar[int] = 4
+    FALLBACK_LOG_PROB_SIZE: ClassVar[int] = 8
+
     def __post_init__(self) -> None:
         problems = check_ranges(self)
         if problems:
             raise ValueError("; ".join(problems))
+
+    @property
+    def update_rows(self) -> int:
+        """Samples per forward/backward of an update: ``size``, or the fallback when unset."""
+        return self.size if self.size is not None else self.FALLBACK_SIZE
+
+    @property
+    def log_prob_rows(self) -> int:
+        """Samples per log-prob / value forward: ``log_prob_size``, or the fallback when unset."""
+        return self.log_prob_size if self.log_prob_size is not None else self.FALLBACK_LOG_PROB_SIZE
 
 
 #: ``target_modules`` entry that selects every linear layer except the LM head (peft's meaning).

@@ -128,7 +128,11 @@ class ModelSection:
     critic_path: str | None = param(
         None, help="model the critic is initialised from (defaults to model.path)"
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = param("float32", help="parameter dtype")
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = param(
+        "float32",
+        help="parameter dtype of the rollout model; auto: bfloat16 on CUDA and on CPUs with avx512_bf16 / "
+        "amx_bf16, float32 elsewhere (printed at start)",
+    )
     device: str = param("auto", help="'cpu', 'cuda' or 'auto' (cuda when available)")
     trust_remote_code: bool = param(False, help="passed to from_pretrained")
 

@@ -436,7 +436,7 @@ def export_checkpoint(
     cfg = load_run_config(run_dir)
     tokenizer = load_tokenizer(cfg)
     sel = cfg.trainer.backend
-    backend = sel.fn(sel.params, train_spec(cfg, cfg.trainer.total_steps or 1, tokenizer))
+    backend = sel.fn(sel.params, train_spec(cfg, cfg.trainer.total_steps or 1, tokenizer, announce=False))
     try:
         # verified against its manifest; without a step: the newest good one
         state = checkpoints.load(backend, step) or {}

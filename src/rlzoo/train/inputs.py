@@ -8,6 +8,7 @@ built; nothing after that reads the recipe.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from rlzoo.agents.settings import MultiTurnSettings
 from rlzoo.gateway.settings import GatewaySettings
 from rlzoo.kernel.errors import ConfigError, RlzooError
 from rlzoo.kernel.protocols import Agent, Environment, JudgedMetric, SamplingParams, Tool
-from rlzoo.kernel.settings import RolloutSpec, StepPlan, TeacherModel, TrainSpec
+from rlzoo.kernel.settings import MicroBatchSettings, RolloutSpec, StepPlan, TeacherModel, TrainSpec
 from rlzoo.recipe.types import (
     PlacementSection,
     RecipeConfig,
@@ -36,6 +37,7 @@ from rlzoo.train.batching import sampling_params
 from rlzoo.train.failures import RewardFailures
 from rlzoo.train.rewards import PartNames, build_reward_manager
 from rlzoo.train.update import TrainerSetup, trainer_setup
+from rlzoo.train_kit.fastest import MicroBatchChoice, choose_bf16, machine_micro_batch
 
 logger = logging.getLogger("rlzoo")
 
@@ -152,7 +154,59 @@ def resolve_device(name: str) -> str:
     return name
 
 
-def train_spec(cfg: RecipeConfig, total_steps: int, tokenizer: Any) -> TrainSpec:
+def micro_batch_settings(cfg: RecipeConfig, announce: bool = True) -> MicroBatchSettings:
+    """``trainer.micro_batch`` with its null sizes chosen for this machine
+    (:func:`rlzoo.train_kit.fastest.choose_micro_batch`); sizes the recipe sets are kept. The choice
+    and its reason are printed (``announce``)."""
+    mb = cfg.trainer.micro_batch
+    if mb.size is not None and mb.log_prob_size is not None:
+        return mb
+    device = resolve_device(cfg.model.device)
+    seq_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if cfg.rollout.environment is not None:  # multi-turn: earlier turns ride in the prompt
+        seq_len += cfg.data.max_response_length
+    rows = (cfg.trainer.ppo_mini_batch_size or cfg.data.train_batch_size) * cfg.rollout.n  # an update's
+    batch_rows = cfg.data.train_batch_size * cfg.rollout.n  # a log-prob pass's
+    if device == "cpu":
+        choice = machine_micro_batch(expand(cfg.model.path), seq_len, rows, batch_rows, mb.log_prob_chunk)
+    else:
+        choice = MicroBatchChoice(
+            mb.FALLBACK_SIZE,
+            mb.FALLBACK_LOG_PROB_SIZE,
+            f"sizes are chosen from host memory for CPU training only (device {device}): the fallback",
+        )
+    out = dataclasses.replace(
+        mb,
+        size=mb.size if mb.size is not None else choice.size,
+        log_prob_size=mb.log_prob_size if mb.log_prob_size is not None else choice.log_prob_size,
+    )
+    if announce:
+        chosen = [
+            f"{k} {v}{'' if getattr(mb, k) is None else ' (set)'}"
+            for k, v in (("size", out.size), ("log_prob_size", out.log_prob_size))
+        ]
+        print(
+            f"rlzoo: trainer.micro_batch: {', '.join(chosen)} -- chosen: {choice.reason} "
+            "(set trainer.micro_batch.size / log_prob_size to choose yourself)",
+            flush=True,
+        )
+    return out
+
+
+def rollout_dtype(cfg: RecipeConfig, announce: bool = True) -> str:
+    """``model.dtype``, with ``auto`` resolved: bfloat16 where the device computes it natively
+    (:func:`rlzoo.train_kit.fastest.choose_bf16`), float32 elsewhere; printed (``announce``)."""
+    if cfg.model.dtype != "auto":
+        return cfg.model.dtype
+    device = resolve_device(cfg.model.device)
+    bf16, why = choose_bf16(device)
+    dtype = "bfloat16" if bf16 else "float32"
+    if announce:
+        print(f"rlzoo: model.dtype: auto -> {dtype} ({why})", flush=True)
+    return dtype
+
+
+def train_spec(cfg: RecipeConfig, total_steps: int, tokenizer: Any, announce: bool = True) -> TrainSpec:
     adv = cfg.algorithm.advantage
     return TrainSpec(
         model_path=expand(cfg.model.path),
@@ -165,7 +219,7 @@ def train_spec(cfg: RecipeConfig, total_steps: int, tokenizer: Any) -> TrainSpec
         pad_token_id=int(tokenizer.pad_token_id),
         temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
         optim=cfg.trainer.optim,
-        micro_batch=cfg.trainer.micro_batch,
+        micro_batch=micro_batch_settings(cfg, announce),
         lora=cfg.trainer.lora,
         teacher=teacher_model(cfg, tokenizer),
     )
@@ -212,7 +266,7 @@ def rollout_spec(cfg: RecipeConfig, tokenizer: Any) -> RolloutSpec:
         model_path=expand(cfg.model.path),
         tokenizer_path=expand(cfg.model.tokenizer_path or cfg.model.path),
         seed=cfg.run.seed,
-        dtype=cfg.model.dtype,
+        dtype=rollout_dtype(cfg),
         device=resolve_device(cfg.model.device),
         trust_remote_code=cfg.model.trust_remote_code,
         # multi-turn: each turn's prompt is the trajectory so far (prompt + earlier turns)

@@ -29,7 +29,8 @@ class HFTrainParams:
     autocast: str | None = param(
         None,
         help="'bfloat16': mixed precision, forwards and backwards under torch.autocast in bf16 while the "
-        "weights and AdamW state stay in fp32 (needs dtype float32; fast on CPUs with avx512_bf16 / AMX)",
+        "weights and AdamW state stay in fp32 (needs dtype float32; fast on CPUs with avx512_bf16 / AMX); "
+        "'auto': bfloat16 on CUDA and on such CPUs, none elsewhere (printed when the backend starts)",
     )
     attn_implementation: str | None = param(
         None, help="HF attention implementation ('sdpa', 'eager', 'flash_attention_2'); None: HF's default"
@@ -57,8 +58,8 @@ class HFTrainParams:
         problems = []
         if self.dtype not in ("float32", "bfloat16"):
             problems.append(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
-        if self.autocast not in (None, "bfloat16"):
-            problems.append(f"autocast must be null or 'bfloat16', got {self.autocast!r}")
+        if self.autocast not in (None, "bfloat16", "auto"):
+            problems.append(f"autocast must be null, 'bfloat16' or 'auto', got {self.autocast!r}")
         elif self.autocast is not None and self.dtype != "float32":
             problems.append(
                 f"autocast keeps fp32 master weights: it needs dtype 'float32', got {self.dtype!r}"

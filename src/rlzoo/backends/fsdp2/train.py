@@ -309,8 +309,8 @@ class FSDP2TrainBackend:
         """This batch's shards and micro-batches (identical on every rank)."""
         mb = self.spec.micro_batch
         if update:
-            return plan_shards(batch, self.dp_world, rows=mb.size, max_tokens=mb.max_tokens)
-        return plan_shards(batch, self.dp_world, rows=mb.log_prob_size, max_tokens=None)
+            return plan_shards(batch, self.dp_world, rows=mb.update_rows, max_tokens=mb.max_tokens)
+        return plan_shards(batch, self.dp_world, rows=mb.log_prob_rows, max_tokens=None)
 
     def _my_micro_batches(self, batch: Batch, plan: ShardPlan) -> list[Batch | None]:
         """This rank's micro-batches on the device, ``None`` for the dummy passes that pad them

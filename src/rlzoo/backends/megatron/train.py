@@ -419,7 +419,7 @@ class MegatronTrainBackend:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         forward_only = objective is None
-        mb_size = self.spec.micro_batch.log_prob_size if forward_only else self.spec.micro_batch.size
+        mb_size = self.spec.micro_batch.log_prob_rows if forward_only else self.spec.micro_batch.update_rows
         batch, bounds = self._dp_slice(batch)
         T = batch["responses"].shape[1]
         S = batch["input_ids"].shape[1]

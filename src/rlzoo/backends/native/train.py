@@ -35,6 +35,7 @@ from rlzoo.kernel.protocols import Objective
 from rlzoo.kernel.settings import TrainSpec
 from rlzoo.train_kit import checkpoint as ckpt
 from rlzoo.train_kit import lora, models, update
+from rlzoo.train_kit.fastest import resolve_autocast
 from rlzoo.train_kit.logprobs import (
     actor_log_probs,
     actor_log_probs_and_divergence,
@@ -86,6 +87,7 @@ class NativeTrainBackend:
             ("cuda" if torch.cuda.is_available() else "cpu") if params.device == "auto" else params.device
         )
         self.dtype = models.DTYPES[params.dtype]
+        self._bf16_autocast = resolve_autocast(params.autocast, self.device.type)
         self._tokenizer = tokenizer
 
         given_model = model is not None
@@ -227,7 +229,7 @@ class NativeTrainBackend:
                 chunk_tokens=chunk,
                 packed=self.params.use_remove_padding,
                 lm_head=models.fusable_lm_head(module) if self._fuse else None,  # actor's or ref's
-                matmul_dtype=torch.bfloat16 if self.params.autocast is not None else None,
+                matmul_dtype=torch.bfloat16 if self._bf16_autocast else None,
             )
 
     def _divergence_forward(
@@ -262,8 +264,7 @@ class NativeTrainBackend:
 
     def _autocast(self) -> Any:
         """``torch.autocast`` in bf16 when ``params.autocast`` asks for it (log-softmax stays fp32)."""
-        enabled = self.params.autocast is not None
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._bf16_autocast)
 
     @torch.no_grad()
     def compute_log_probs(
@@ -283,7 +284,7 @@ class NativeTrainBackend:
         temp = self.temperature if temperature is None else temperature
         lps, ents = [], []
         with eval_mode(module):
-            for mb in batch.split(self.spec.micro_batch.log_prob_size):
+            for mb in batch.split(self.spec.micro_batch.log_prob_rows):
                 lp, ent = self._actor_forward(
                     module, mb.to(self.device), with_entropy=with_entropy, temperature=temp
                 )
@@ -302,7 +303,7 @@ class NativeTrainBackend:
         was_training = module.training
         module.eval()
         lps, spss = [], []
-        for mb in batch.split(self.spec.micro_batch.log_prob_size):
+        for mb in batch.split(self.spec.micro_batch.log_prob_rows):
             with self._autocast():
                 lp, sps = actor_log_probs_and_sum_pi_squared(
                     module,
@@ -330,7 +331,7 @@ class NativeTrainBackend:
         with eval_mode(self.critic):
             out = [
                 self._critic_forward(mb.to(self.device))
-                for mb in batch.split(self.spec.micro_batch.log_prob_size)
+                for mb in batch.split(self.spec.micro_batch.log_prob_rows)
             ]
         return torch.cat(out).to(batch["input_ids"].device)
 
@@ -339,7 +340,7 @@ class NativeTrainBackend:
         """The update's micro-batches: ``micro_batch_size`` rows, or packed by real-token count."""
         limit = self.spec.micro_batch.max_tokens
         if limit is None:
-            return mini_batch.split(self.spec.micro_batch.size)
+            return mini_batch.split(self.spec.micro_batch.update_rows)
         tokens = mini_batch["attention_mask"].sum(-1).tolist()  # [B]
         out, start, used = [], 0, 0
         for i, n in enumerate(tokens):  # scheduling over B ints, not tensor math
