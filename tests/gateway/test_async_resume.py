@@ -82,7 +82,7 @@ def test_kill_9_mid_episodes_then_resume_loses_and_repeats_nothing(tmp_path: Pat
     saved: dict[str, Any] = json.loads((ckpt / "rlzoo_checkpoint.json").read_text())["payload"]
     step = int(saved["step"])
     data = saved["data"]
-    outstanding = {(e, i) for e, i, _, _ in data["pending"] + data["buffer"]}
+    outstanding = {(e, i) for e, i, *_ in data["pending"] + data["buffer"]}
 
     run = rlzoo.build_run(
         "quickstart_gateway", ["resume=latest", f"run.output_dir={out}", f"trainer.total_steps={step + 3}"]
@@ -97,7 +97,7 @@ def test_kill_9_mid_episodes_then_resume_loses_and_repeats_nothing(tmp_path: Pat
     assert len(after) == 3 * BATCH and len(set(after)) == len(after)
     assert not set(before) & set(after)  # nothing trained twice across the crash
     st = runner.source.prompts.state_dict()
-    left = [(e, i) for e, i, _, _ in st["pending"] + st["buffer"]]
+    left = [(e, i) for e, i, *_ in st["pending"] + st["buffer"]]
     assert st["loader"]["epoch"] == 0
     # nothing lost: trained before + after + still outstanding == the loader's order so far
     assert sorted(before + after + left) == sorted((0, i) for i in order[: st["loader"]["position"]])

@@ -132,6 +132,7 @@ def test_suite_for_every_kind() -> None:
         "tool",
         "reward_manager",
         "logger",
+        "agent",
     }
     with pytest.raises(KeyError, match="unknown kind"):
         suite_for("advantages")

@@ -31,7 +31,7 @@ logger = logging.getLogger("rlzoo")
 def _tools(session: Session) -> list[Tool]:
     """The tools a trajectory offers (the environment's own, then rollout.tools): their schemas go
     to the template as the rollout gives them."""
-    agent = session.agent
+    agent = session.backends.agent
     if agent is None:
         return []
     return [*agent.make_env().tools(), *agent.tools]
@@ -39,7 +39,7 @@ def _tools(session: Session) -> list[Tool]:
 
 def generate_demos(session: Session, count: int) -> list[tuple[list[Message], dict[str, Any]]]:
     """``count`` demonstrations: the environment's solutions of the first training rows, in order."""
-    agent = session.agent
+    agent = session.backends.agent
     env = agent.make_env() if agent is not None else None
     if not isinstance(env, Demonstrates):
         raise DemoError(
@@ -80,7 +80,10 @@ class FromDemonstrations:
             response_key=params.response_key,
         )
         template = ChatTemplate(
-            session.data.tokenizer, _tools(session), session.stop_ids, session.data.chat_template_kwargs
+            session.data.tokenizer,
+            _tools(session),
+            session.backends.stop_ids,
+            session.data.chat_template_kwargs,
         )
         data = session.data
         demos, stats = build_demos(

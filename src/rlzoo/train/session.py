@@ -85,6 +85,10 @@ class Backends:
     engine: RolloutBackend  # the rollout backend: it takes the weights
     rollout: RolloutBackend  # what the batch sources generate with: the engine, or trajectories over it
     model_path: str  # the model they were built from (an HF export copies its other files)
+    #: the ids that end a model's turn, and the multi-turn setup the rollout composes over the engine
+    #: (None: single-turn): what a source that renders conversations itself (runner sft) lays them out with
+    stop_ids: tuple[int, ...] = ()
+    agent: AgentSetup | None = None
 
 
 @dataclass(frozen=True)
@@ -129,10 +133,6 @@ class Session:
 
     def _build(self, inputs: RunInputs) -> None:
         setup = inputs.backends
-        #: the ids that end a model's turn, and the multi-turn setup (None: single-turn): what a
-        #: source that renders conversations itself (runner sft) needs to lay them out as a rollout does
-        self.stop_ids: tuple[int, ...] = tuple(setup.rollout_spec.eos_token_ids)
-        self.agent: AgentSetup | None = setup.agent
         self.backends = self._build_backends(inputs)
         train = self.backends.train
         self.trainer: PolicyTrainer = setup.trainer.build(train, offpolicy_metrics=offpolicy_metrics)
@@ -220,7 +220,15 @@ class Session:
             _shut_down(*built)
             placement.shutdown()
             raise
-        return Backends(placement, train, engine, rollout, setup.rollout_spec.model_path)
+        return Backends(
+            placement,
+            train,
+            engine,
+            rollout,
+            setup.rollout_spec.model_path,
+            stop_ids=tuple(setup.rollout_spec.eos_token_ids),
+            agent=setup.agent,
+        )
 
     def _multi_turn(
         self, engine: RolloutBackend, agent: AgentSetup, stop_ids: Sequence[int]
