@@ -10,7 +10,7 @@ It reads the row on stdin, asks ``a + b = ? ? ? ?`` (digits as words, for the ta
 word-level model), offers a ``calc`` function and runs it itself when the model calls it, and
 prints ``{"final_answer": <the model's last reply>}`` (the recipe's scorer judges it). Flags:
 ``--no-tool`` offers no function (the tool-less variant); ``--turns N`` bounds the model's replies.
-It needs the ``openai`` package (``pip install openai``).
+It needs the ``openai`` package (``pip install openai``, or rlzoo's ``agents`` extra).
 """
 
 from __future__ import annotations
