@@ -43,5 +43,5 @@ def test_autocast_update_follows_the_fp32_update() -> None:
 def test_autocast_params_are_validated() -> None:
     with pytest.raises(ValueError, match="needs dtype 'float32'"):
         NativeTrainParams(dtype="bfloat16", autocast="bfloat16")
-    with pytest.raises(ValueError, match="autocast must be null or 'bfloat16'"):
+    with pytest.raises(ValueError, match="autocast must be null, 'bfloat16' or 'auto'"):
         NativeTrainParams(autocast="float16")
