@@ -5,7 +5,6 @@ SmolLM2; ``benchmarks/smollm2_agent.py`` measures the real model)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -83,31 +82,14 @@ def test_params_refuse_bad_values() -> None:
         SmolLM2CalcDataParams(lo=50, hi=50)
 
 
-def _tiny_gguf(path: Path) -> Path:
-    spec = importlib.util.spec_from_file_location(
-        "gguf_files", Path(__file__).parents[1] / "models" / "gguf_files.py"
-    )
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.write_tiny_gguf(path)
-    return path
-
-
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("gguf", reason="the gguf package is not installed (pip install gguf accelerate)")
-    pytest.importorskip(
-        "accelerate", reason="the accelerate package is not installed (pip install accelerate)"
-    )
+def data_dir(tmp_path_factory: pytest.TempPathFactory, gguf_file: Path) -> Path:
     out = tmp_path_factory.mktemp("smollm2_calc")
     return out
 
 
-def test_dataset_holds_out_validation_pairs(data_dir: Path) -> None:
-    params = SmolLM2CalcDataParams(
-        train_size=500, val_size=40, lo=10, hi=30, gguf_file=str(_tiny_gguf(data_dir / "t.gguf"))
-    )
+def test_dataset_holds_out_validation_pairs(data_dir: Path, gguf_file: Path) -> None:
+    params = SmolLM2CalcDataParams(train_size=500, val_size=40, lo=10, hi=30, gguf_file=str(gguf_file))
     files = prepare(data_dir / "split", params)
     train = pq.read_table(files["train"]).to_pylist()
     val = pq.read_table(files["val"]).to_pylist()
@@ -144,10 +126,10 @@ def test_first_observation_renders_with_smollm2s_template(smollm2_tokenizer: Any
     ],
     ids=["sync", "fully_async"],
 )
-def test_recipe_runs_two_steps_on_a_tiny_gguf(runner: list[str], data_dir: Path, tmp_path: Path) -> None:
-    gguf = data_dir / "tiny.gguf"
-    if not gguf.exists():
-        _tiny_gguf(gguf)
+def test_recipe_runs_two_steps_on_a_tiny_gguf(
+    runner: list[str], data_dir: Path, tmp_path: Path, gguf_file: Path
+) -> None:
+    gguf = gguf_file
     run = rlzoo.build_run(
         "smollm2_calc_agent",
         [

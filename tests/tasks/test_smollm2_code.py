@@ -4,7 +4,6 @@ the ``smollm2_code`` recipe for two steps on a tiny GGUF standing in for SmolLM2
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -45,26 +44,6 @@ def test_params_name_the_bad_knob() -> None:
         SmolLM2CodeParams(style="prose")
     with pytest.raises(ValueError, match="ops must be a non-empty subset"):
         SmolLM2CodeParams(ops="/")
-
-
-def _tiny_gguf(path: Path) -> Path:
-    spec = importlib.util.spec_from_file_location(
-        "gguf_files", Path(__file__).parents[1] / "models" / "gguf_files.py"
-    )
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.write_tiny_gguf(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def gguf_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("gguf", reason="the gguf package is not installed (pip install gguf accelerate)")
-    pytest.importorskip(
-        "accelerate", reason="the accelerate package is not installed (pip install accelerate)"
-    )
-    return _tiny_gguf(tmp_path_factory.mktemp("smollm2_code") / "tiny.gguf")
 
 
 def test_dataset_holds_out_validation_and_tests_follow_the_style(tmp_path: Path, gguf_file: Path) -> None:

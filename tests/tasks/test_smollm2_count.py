@@ -4,7 +4,6 @@ tiny GGUF standing in for SmolLM2, sync and fully_async."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections import Counter
 from pathlib import Path
 
@@ -40,26 +39,6 @@ def test_counting_scores_by_hand(response: str, score: float, acc: float) -> Non
 def test_params_refuse_a_split_with_nothing_left_to_train_on() -> None:
     with pytest.raises(ValueError, match="leaves nothing to train on"):
         SmolLM2CountParams(max_count=4, max_start=2, val_size=5)
-
-
-def _tiny_gguf(path: Path) -> Path:
-    spec = importlib.util.spec_from_file_location(
-        "gguf_files", Path(__file__).parents[1] / "models" / "gguf_files.py"
-    )
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.write_tiny_gguf(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def gguf_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("gguf", reason="the gguf package is not installed (pip install gguf accelerate)")
-    pytest.importorskip(
-        "accelerate", reason="the accelerate package is not installed (pip install accelerate)"
-    )
-    return _tiny_gguf(tmp_path_factory.mktemp("smollm2_count") / "tiny.gguf")
 
 
 def test_dataset_holds_out_validation_and_lengths_are_long_tailed(tmp_path: Path, gguf_file: Path) -> None:
