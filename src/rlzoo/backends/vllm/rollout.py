@@ -171,6 +171,14 @@ class VLLMRolloutBackend:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         kw = engine_args(self.params, self.spec, multimodal=self._multimodal, cpu=current_platform.is_cpu())
+        if kw["dtype"] != self.spec.dtype:
+            logger.warning(
+                "vllm computes in %s while the run's model is %s (model.dtype): the trainer's and vLLM's "
+                "log-probs differ by the precision gap (rollout_corr/*); set rollout.backend.dtype=auto "
+                "to follow model.dtype",
+                kw["dtype"],
+                self.spec.dtype,
+            )
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**kw))
 
     # -- protocol -------------------------------------------------------------------------------
