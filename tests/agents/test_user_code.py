@@ -149,22 +149,35 @@ def test_an_environment_raising_system_exit_fails_its_trajectory() -> None:
     mt.shutdown()
 
 
+STEP_STARTED = threading.Event()
+
+
 class SlowAsyncEnv(Env):
     async def step(self, turn: AgentTurn) -> EnvStep:
+        STEP_STARTED.set()
         await asyncio.sleep(20)
         return EnvStep(messages=[], reward=1.0, done=True)
 
 
 def test_a_real_ctrl_c_still_stops_the_rollout() -> None:
-    """A KeyboardInterrupt of the caller's thread (Ctrl-C) is not a tool's: it propagates."""
+    """A KeyboardInterrupt of the caller's thread (Ctrl-C) is not a tool's: it propagates.
+
+    The Ctrl-C comes once the environment's step is running (not after a fixed delay: on a loaded
+    machine the rollout may not have reached the step yet, or a fast one may have ended before)."""
     SCRIPT_WORD["word"] = "2"
+    STEP_STARTED.clear()
     mt = rollout(SlowAsyncEnv, env_timeout_s=30)
-    timer = threading.Timer(0.5, _thread.interrupt_main)
-    timer.start()
+
+    def ctrl_c_during_the_step() -> None:
+        if STEP_STARTED.wait(timeout=60):
+            _thread.interrupt_main()
+
+    threading.Thread(target=ctrl_c_during_the_step, daemon=True).start()
     t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         mt.generate(requests(n_prompts=1, n=1))
-    assert time.monotonic() - t0 < 10
+    assert STEP_STARTED.is_set()
+    assert time.monotonic() - t0 < 20  # the step's 20 s sleep was not waited for
     mt.shutdown()
 
 

@@ -183,7 +183,10 @@ def _cli(quickstart_dir: Path, out: Path, *extra: str) -> list[str]:
 def _start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "RLZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONUNBUFFERED": "1"}
     fh = open(log, "wb")  # noqa: SIM115 (closed with the process)
-    return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+    # its own session, as a job a shell starts: the signals these tests send reach the run alone, and
+    # none sent to pytest's process group reaches the run (in a full session one SIGTERMed a run
+    # started here before its first step; a run of its own is what a user's terminal starts)
+    return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
 def _wait_for(cond: Any, proc: subprocess.Popen[bytes], log: Path, timeout: float = 120.0) -> None:
@@ -240,7 +243,12 @@ def test_ctrl_c_prints_the_resume_command(runner: str, quickstart_dir: Path, tmp
     )
     _wait_for(lambda: len(_steps(out)) >= 2, proc, log)
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=60) == 130
+    try:
+        code = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"no exit 60 s after SIGINT:\n{log.read_text()[-3000:]}") from None
+    assert code == 130, log.read_text()[-3000:]
     text = log.read_text()
     assert "Resume with:" in text, text[-2000:]
     assert f"resume=latest run.output_dir={out.resolve()}" in text
