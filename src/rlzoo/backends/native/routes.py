@@ -11,6 +11,8 @@ model's last forward; the engine stores them per sequence position
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -41,7 +43,7 @@ class RouteRecorder:
     def num_layers(self) -> int:
         return len(self._last)
 
-    def _hook(self, layer: int):  # type: ignore[no-untyped-def]
+    def _hook(self, layer: int) -> Callable[[nn.Module, object, object], None]:
         def hook(module: nn.Module, args: object, output: object) -> None:
             indices = output[2] if isinstance(output, tuple) and len(output) == 3 else None
             if not isinstance(indices, Tensor) or indices.is_floating_point():
