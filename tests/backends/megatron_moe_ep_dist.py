@@ -31,7 +31,20 @@ ATOL = 1e-5
 LAYOUTS = {
     "unsplit": {},
     "ep2": {"expert_parallel_size": 2},
+    # router replay: every token routed to the recorded experts (drawn at random, the same on each rank)
+    "unsplit_replay": {"router_replay": True},
+    "ep2_replay": {"expert_parallel_size": 2, "router_replay": True},
 }
+
+
+def with_routes(batch: object, layers: int = 2, experts: int = 4, top_k: int = 2) -> object:
+    """``batch`` with ``routed_experts`` [B, S, layers, top_k]: distinct random experts, -1 on padding."""
+    B, S = batch["input_ids"].shape  # type: ignore[index]
+    g = torch.Generator().manual_seed(7)
+    routes = torch.rand(B, S, layers, experts, generator=g).argsort(-1)[..., :top_k]
+    real = batch["attention_mask"][..., None, None].bool()  # type: ignore[index]
+    batch["routed_experts"] = torch.where(real, routes, -1).short()  # type: ignore[index]
+    return batch
 
 
 def run(model: Path, layout: str) -> dict[str, object]:
@@ -48,6 +61,8 @@ def run(model: Path, layout: str) -> dict[str, object]:
         local = sum(1 for n, _ in b.actor.named_parameters() if ".local_experts." in n and "fc1" in n)
         assert local == 2 * 4 // lay.ep, f"{layout}: {local} expert fc1 weights on this rank"  # 2 layers
         batch = _random_batch(3, B=6)
+        if params.router_replay:
+            batch = with_routes(batch)
         metrics = b.update_policy(batch, TokenMeanObjective(batch))
         assert not metrics["actor/skipped_steps"], metrics
         loss = torch.tensor([metrics["actor/loss"]])
@@ -62,7 +77,8 @@ def run(model: Path, layout: str) -> dict[str, object]:
 def main() -> None:
     out, family, layout = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     model = save_tiny_moe(out / f"rank{os.environ['RANK']}", family)  # the same weights on each rank
-    one, two = run(model, "unsplit"), run(model, layout)
+    base = "unsplit_replay" if layout.endswith("_replay") else "unsplit"
+    one, two = run(model, base), run(model, layout)
     from safetensors.torch import load_file
 
     w1, w2 = one["weights"], two["weights"]
@@ -85,7 +101,7 @@ def main() -> None:
     assert moved > 1e-3, f"the step did not move expert 3 ({moved})"
     assert all(d < ATOL for d in diffs.values()), diffs
     print(
-        f"MOE BACKEND {layout} == unsplit ({family}) rank {os.environ['RANK']}: max|diff| {diffs}, expert 3 moved {moved:.3g}"
+        f"MOE BACKEND {layout} == {base} ({family}) rank {os.environ['RANK']}: max|diff| {diffs}, expert 3 moved {moved:.3g}"
     )
 
 

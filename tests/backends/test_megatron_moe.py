@@ -221,15 +221,19 @@ class TestMegatronQwen2MoeCPU(TestMegatronQwen3MoeCPU):
 @pytest.mark.slow  # ~1 min each on 2 busy cores (two backends built in each of two processes)
 @pytest.mark.distributed
 @pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core not installed")
-@pytest.mark.parametrize(("family", "layout"), [("qwen3_moe", "ep2"), ("qwen2_moe", "ep2")])
+@pytest.mark.parametrize(
+    ("family", "layout"), [("qwen3_moe", "ep2"), ("qwen2_moe", "ep2"), ("qwen3_moe", "ep2_replay")]
+)
 def test_expert_parallel_equals_unsplit_in_the_backend(family: str, layout: str, tmp_path: Path) -> None:
     """Over 2 gloo ranks, ``expert_parallel_size: 2`` (data parallel 2): one update gives the same
     total loss, log-probs and exported parameters (all experts gathered) as the unsplit model
     (EP 1, data parallel 2; fp32, 1e-5); expert 3, on EP rank 1 only, moved
-    (``megatron_moe_ep_dist.py``)."""
+    (``megatron_moe_ep_dist.py``). ``ep2_replay``: both with ``router_replay`` and the batch's
+    recorded experts (the tokens reach the experts of the other EP rank the record names)."""
     worker = Path(__file__).with_name("megatron_moe_ep_dist.py")
     out = torchrun(str(worker), str(tmp_path), family, layout, timeout=600, what=f"MoE {layout} ({family})")
-    assert len(re.findall(rf"MOE BACKEND {layout} == unsplit \({family}\) rank \d", out)) == 2, out[-3000:]
+    base = "unsplit_replay" if layout.endswith("_replay") else "unsplit"
+    assert len(re.findall(rf"MOE BACKEND {layout} == {base} \({family}\) rank \d", out)) == 2, out[-3000:]
 
 
 @pytest.mark.skipif(not HAVE_MCORE, reason="megatron-core not installed")

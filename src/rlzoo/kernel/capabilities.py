@@ -221,6 +221,11 @@ class RolloutBackendCapabilities(Capabilities):
         False,
         help="applies LoRA adapter pushes (RolloutSpec.lora); validate refuses trainer.lora without it",
     )
+    records_routes: bool = param(
+        False,
+        help="can record a MoE model's experts per token (params record_routes; Sample.routed_experts): "
+        "what a trainer's router replay needs",
+    )
     devices: tuple[str, ...] = param((), help="devices it generates on (shown by rlzoo components)")
     distributed: bool = param(False, help="spans processes")
     requires: str | None = param(None, help="the optional distribution it needs")

@@ -386,6 +386,10 @@ class Sample:
     #: a multi-turn trajectory's record (turns, tool calls, errors, rewards, env time; see
     #: :class:`rlzoo.agents.TrajectoryStats`); None for a single-turn sample.
     agent: dict[str, Any] | None = None
+    #: a MoE model's routing at sampling time (router replay): the top-k expert indices of every MoE
+    #: layer at each position the rollout fed to the model, ``[P + R - 1, layers, top_k]`` int (the
+    #: prompt and all but the last response token); None when the rollout did not record them.
+    routed_experts: Tensor | None = None
 
     @classmethod
     def of_request(

@@ -146,6 +146,9 @@ def samples_to_batch(
         batch["agent"] = [s.agent for s in samples]
         # each response token's model turn (-1: observation / padding), for per-turn advantages
         batch["turn_ids"] = torch.tensor(turn_rows, dtype=torch.long).reshape(B, T)
+    routes = _routed_experts(samples, P, T)
+    if routes is not None:  # a MoE rollout's routing, for a trainer that replays it
+        batch["routed_experts"] = routes
     if any(s.multi_modal for s in samples):  # a VL trainer's pixel inputs, row by row (None: text)
         batch["multi_modal"] = [s.multi_modal for s in samples]
     if results is not None:
@@ -155,6 +158,36 @@ def samples_to_batch(
         # what each scorer returned (its dict, with its score): advantages read reward components here
         batch["reward_info"] = [{"score": float(r.score), **r.info} for r in results]
     return batch
+
+
+def _routed_experts(samples: Sequence[Sample], P: int, T: int) -> torch.Tensor | None:
+    """``[B, P+T, layers, top_k]`` int16: each sample's recorded experts at its positions in the
+    training layout (prompt left-padded to P), -1 where none was recorded (padding, the last
+    response token, tokens past ``T``); None when no sample carries routes."""
+    have = [s.routed_experts is not None for s in samples]
+    if not any(have):
+        return None
+    if not all(have):
+        bad = next(s for s, h in zip(samples, have) if not h)
+        raise ValueError(
+            f"sample {bad.request_id}/{bad.index} has no routed_experts while others of the batch do: "
+            "every sample of a router-replay batch must come from a rollout that records routes"
+        )
+    first = samples[0].routed_experts
+    assert first is not None
+    out = torch.full((len(samples), P + T, *first.shape[1:]), -1, dtype=torch.int16)  # [B, S, L, k]
+    for i, s in enumerate(samples):
+        r = s.routed_experts
+        assert r is not None
+        if tuple(r.shape[1:]) != tuple(first.shape[1:]):
+            raise ValueError(
+                f"sample {s.request_id}/{s.index}: routed_experts of shape {tuple(r.shape)}, others have "
+                f"[positions, {', '.join(map(str, first.shape[1:]))}] (one model's layers and top_k)"
+            )
+        p = len(s.prompt_ids)
+        m = min(r.shape[0], p + min(len(s.response_ids), T))
+        out[i, P - p : P - p + m] = r[:m].to(torch.int16)
+    return out
 
 
 def _turn_ids(mask: Sequence[int]) -> list[int]:

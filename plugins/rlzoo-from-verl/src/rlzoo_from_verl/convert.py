@@ -260,6 +260,7 @@ def _assemble(
             "fsdp2 offloads both together",
         )
     _ulysses(conv, v, given, backend, bad)
+    _router_replay(conv, v, given, backend, bad)
     _feature_groups(conv, v, given, bad)
     _critic_schedule(conv, v, keys_all, bad)
     crit = take(CRIT + "strategy", None)
@@ -688,6 +689,74 @@ def _custom_data(conv: Conversion, v: dict[str, Any]) -> None:
             "" if full == path else f"resolved from {os.getcwd()}",
         )
         conv.set(f"{to}.name", str(name), prefix + name_key, name, "your class, built as verl builds it")
+
+
+def _router_replay(
+    conv: Conversion,
+    v: dict[str, Any],
+    given: Mapping[str, Any],
+    backend: str,
+    bad: Callable[[str, Any, str], None],
+) -> None:
+    """verl's ``actor.router_replay.mode`` with ``rollout.enable_rollout_routing_replay``: R3 (the
+    trainer replays the rollout's experts) -> ``trainer.backend.router_replay`` on megatron, and
+    ``rollout.backend.record_routes`` where the rollout backend declares it. R2 (the updates replay
+    the trainer's own log-prob pass) is refused by name."""
+    mode_key, roll_key = ACT + "router_replay.mode", ROLL + "enable_rollout_routing_replay"
+    mode = str(v.pop(mode_key, None) or "disabled")
+    record = v.pop(roll_key, None)
+    if mode == "disabled":
+        if mode_key in given:
+            conv.skipped.append(
+                (mode_key, given[mode_key], "no MoE router replay (trainer.backend.router_replay off)")
+            )
+        if roll_key in given:
+            conv.skipped.append(
+                (roll_key, given[roll_key], "read with router_replay.mode R3 only (here disabled)")
+            )
+        return
+    if mode == "R2":
+        bad(
+            mode_key,
+            mode,
+            "R2 (the updates replay the routing of the trainer's own old-log-prob forward) is not in rlzoo; "
+            "R3 is (router_replay.mode=R3 with rollout.enable_rollout_routing_replay=True: the megatron "
+            "trainer replays the experts the rollout recorded, trainer.backend.router_replay)",
+        )
+        return
+    if mode != "R3":
+        bad(mode_key, mode, "verl's router replay modes are disabled, R2 and R3")
+        return
+    if backend != "megatron":
+        bad(
+            mode_key, mode, f"router replay runs on rlzoo's megatron train backend (as verl's), not {backend}"
+        )
+        return
+    if not record:
+        bad(
+            roll_key,
+            record,
+            "router_replay.mode R3 replays the rollout's routing: set enable_rollout_routing_replay=True "
+            "(verl's R3 fails without it too)",
+        )
+        return
+    conv.set(
+        "trainer.backend.router_replay",
+        True,
+        f"{mode_key} + {roll_key}",
+        [mode, record],
+        "R3: the actor routes each token to the experts the rollout recorded",
+    )
+    rollout = conv.get("rollout.backend.name", "vllm")
+    declared = _declared("rollout_backend", str(rollout))
+    if declared is not None and "record_routes" in declared:
+        conv.set("rollout.backend.record_routes", True, roll_key, record)
+    else:
+        conv.notes.append(
+            f"router replay: rollout backend {rollout!r} does not record the experts it routes to (only the "
+            "native backend does: rollout.backend.name native, record_routes true); rlzoo validate refuses "
+            "the recipe until it does"
+        )
 
 
 def _ulysses(

@@ -319,10 +319,15 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
     ACT + "calculate_sum_pi_squared": Skip(
         "off", _off, "rlzoo has no sum-of-pi-squared statistic (verl's optimal-baseline estimator input)"
     ),
+    ACT + "router_replay.mode": Rule(
+        "`trainer.backend.router_replay` (megatron; R3, read with rollout.enable_rollout_routing_replay: the "
+        "actor replays the experts the rollout recorded); R2 is refused"
+    ),
     ACT + "router_replay.*": Skip(
-        "MoE router replay is off",
-        lambda v: _off(v) or str(v) == "disabled",
-        "rlzoo has no MoE router replay (the trainer re-routes tokens itself)",
+        "no routing file (verl's record_file / replay_file)",
+        lambda v: _off(v) or str(v) in ("disabled", "null", "None"),
+        "rlzoo writes and reads no routing files (verl's router_replay.record_file / replay_file); "
+        "the routes travel with the batch",
     ),
     ACT + "megatron.context_parallel_size": Skip(
         "1: no context parallelism",
@@ -403,8 +408,9 @@ TABLE: dict[str, To | Skip | Manual | Rule] = {
         "verl 0.9 declares it but no code reads it: the SGLang SPMD rollout that aborted a batch's slowest "
         "requests was retired (verl PR #4422), so every request is kept there as here"
     ),
-    ROLL + "enable_rollout_routing_replay": Skip(
-        "off", _off, "rlzoo has no MoE router replay (rollout routing is not sent to the trainer)"
+    ROLL + "enable_rollout_routing_replay": Rule(
+        "read with actor.router_replay.mode (R3): the rollout records each token's experts "
+        "(`rollout.backend.record_routes` on the native backend)"
     ),
     ROLL + "update_weights_bucket_megabytes": To("placement.bucket_size_mb"),
     ROLL + "agent.*": Skip(_PERF + "verl's agent-loop worker settings"),

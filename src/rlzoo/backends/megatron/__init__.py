@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlzoo import hookimpl
 from rlzoo.kernel.errors import raise_problems
@@ -93,6 +93,12 @@ class MegatronParams:
     recompute_activations: bool = param(
         False, help="full activation recomputation of every layer in backward"
     )
+    router_replay: bool = param(
+        False,
+        help="MoE: the actor routes each token to the experts the rollout chose (batch routed_experts, "
+        "recorded by a rollout backend with records_routes; verl's R3), routing weights from its own "
+        "router logits; the reference and critic route themselves. docs/backends/megatron.md",
+    )
     temperature: float | None = param(
         None,
         help="logits are divided by this before log-softmax (None: the rollout temperature, from the spec)",
@@ -156,11 +162,38 @@ class MegatronParams:
                 "in the [megatron] extra); without it use layer_spec 'local', optimizer_offload false, "
                 "sequence_parallel false"
             )
+        if self.router_replay and self.recompute_activations and self.pipeline_model_parallel_size > 1:
+            problems.append(
+                "router_replay with recompute_activations and pipeline_model_parallel_size > 1 is not "
+                "supported (the recomputed forward of a micro-batch would replay another micro-batch's "
+                "experts under the 1F1B schedule); set recompute_activations false or "
+                "pipeline_model_parallel_size 1"
+            )
         if self.temperature is not None and self.temperature <= 0:
             problems.append(f"temperature must be > 0, got {self.temperature}")
         if self.make_vocab_size_divisible_by < 1:
             problems.append("make_vocab_size_divisible_by must be >= 1")
         raise_problems("invalid megatron train params", problems)
+
+    def check(self, cfg: Any) -> list[str]:
+        """``router_replay`` needs a rollout backend that records the experts it routes to, set to."""
+        if not self.router_replay:
+            return []
+        rb = cfg.rollout.backend
+        if not hasattr(rb, "caps"):  # did not bind (reported already)
+            return []
+        if not rb.caps.records_routes:
+            return [
+                f"trainer.backend.router_replay: rollout backend {rb.name!r} does not record the experts a "
+                "MoE model routes each token to (records_routes is false), which the megatron trainer would "
+                "replay; use one that does (native, with record_routes: true) or set router_replay false"
+            ]
+        if not getattr(rb.params, "record_routes", False):
+            return [
+                f"trainer.backend.router_replay: set rollout.backend.record_routes: true (rollout backend "
+                f"{rb.name!r} records the experts per token only when asked)"
+            ]
+        return []
 
 
 @hookimpl

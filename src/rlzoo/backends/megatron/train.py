@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rlzoo.backends.megatron import MegatronParams, checkpoint, hf, parallel
+from rlzoo.backends.megatron import MegatronParams, checkpoint, hf, parallel, replay
 from rlzoo.backends.megatron.convert import (
     ModelDims,
     gpt_model_kwargs,
@@ -208,6 +208,11 @@ class MegatronTrainBackend:
             num_experts=self.dims.num_experts,
             sequence_parallel=params.sequence_parallel,
         )
+        if params.router_replay and not self.dims.num_experts:
+            raise ValueError(
+                f"trainer.backend.router_replay needs a MoE model; model.path {spec.model_path} is dense "
+                f"(model_type {getattr(hf_cfg, 'model_type', '?')!r}, no experts): set router_replay false"
+            )
         _init_distributed(params.device)
         if self.dims.num_experts:
             import megatron.core.transformer.moe.moe_utils as moe_utils
@@ -250,7 +255,8 @@ class MegatronTrainBackend:
         self._init_state = self._my_shard(full)
         del full
 
-        self.actor = self._build(self._init_state)
+        self.actor = self._build(self._init_state, router_replay=params.router_replay)
+        self._replays = replay.routers_of(self.actor) if params.router_replay else []
         self.actor_ddp, self.optimizer = self._wrap(
             self.actor, spec.optim.lr, spec.optim.weight_decay, spec.optim.grad_clip
         )
@@ -326,13 +332,18 @@ class MegatronTrainBackend:
         rest = {k: v for k, v in stage.items() if not is_expert(k)}
         return shard_tp(rest, lay.tp)[lay.tp_rank] | shard_tp(experts, lay.etp)[lay.etp_rank]
 
-    def _build(self, state: Mapping[str, Tensor], *, value_head: bool = False) -> nn.Module:
+    def _build(
+        self, state: Mapping[str, Tensor], *, value_head: bool = False, router_replay: bool = False
+    ) -> nn.Module:
         from megatron.core.models.gpt import GPTModel
 
         kw = gpt_model_kwargs(self.dims, self.layout.tp, self.params.make_vocab_size_divisible_by)
+        # a copy per model: _wrap sets this model's own no_sync / finalize hooks on its config; only
+        # the actor's routers get a RouterReplay (:mod:`.replay`)
+        config = copy.copy(self.config)
+        config.moe_enable_routing_replay = router_replay
         model = (_critic_model_class() if value_head else GPTModel)(
-            # a copy per model: _wrap sets this model's own no_sync / finalize hooks on its config
-            config=copy.copy(self.config),
+            config=config,
             transformer_layer_spec=self._layer_spec(),
             pre_process=self.mpu.is_pipeline_first_stage(),
             post_process=self.mpu.is_pipeline_last_stage(),
@@ -420,6 +431,9 @@ class MegatronTrainBackend:
 
         forward_only = objective is None
         mb_size = self.spec.micro_batch.log_prob_rows if forward_only else self.spec.micro_batch.update_rows
+        replays = self._replays if module is self.actor_ddp else []  # the actor replays the rollout's routes
+        if replays:
+            replay.check_routes(batch, num_layers=self.dims.num_layers, top_k=self.dims.moe_topk)
         batch, bounds = self._dp_slice(batch)
         T = batch["responses"].shape[1]
         S = batch["input_ids"].shape[1]
@@ -447,6 +461,18 @@ class MegatronTrainBackend:
             mb = next(data_iter)
             ids, attn = mb["input_ids"], mb["attention_mask"]  # [b, S]
             pos = mb["position_ids"] if "position_ids" in mb else (attn.long().cumsum(-1) - 1).clamp(min=0)
+            if replays:  # this micro-batch's experts on this stage's routers, for this forward
+                per_layer = replay.replay_indices(
+                    mb["routed_experts"],
+                    first_layer=self.layout.pp_rank * (self.dims.num_layers // self.layout.pp),
+                    num_layers=len(replays),
+                    num_experts=self.dims.num_experts,
+                    tp=self.layout.tp,
+                    tp_rank=self.layout.tp_rank,
+                    sequence_parallel=self.params.sequence_parallel,
+                )
+                for r, idx in zip(replays, per_layer):
+                    r.set_target_indices(idx)
             output = model(input_ids=ids, position_ids=pos, attention_mask=attention_mask(attn))
 
             def loss_func(out: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
@@ -474,15 +500,16 @@ class MegatronTrainBackend:
             return output, loss_func
 
         if mbs:
-            get_forward_backward_func()(
-                forward_step_func=step,
-                data_iterator=iter(mbs),
-                model=[module],
-                num_microbatches=len(mbs),
-                seq_length=S,
-                micro_batch_size=mb_size,
-                forward_only=forward_only,
-            )
+            with replay.replaying(replays):
+                get_forward_backward_func()(
+                    forward_step_func=step,
+                    data_iterator=iter(mbs),
+                    model=[module],
+                    num_microbatches=len(mbs),
+                    seq_length=S,
+                    micro_batch_size=mb_size,
+                    forward_only=forward_only,
+                )
         return outs, ents, {"loss": sum(losses), "num_micro_batches": float(len(mbs))}, bounds
 
     def _gather(self, local: list[Tensor], bounds: list[int], T: int) -> Tensor:
@@ -684,6 +711,9 @@ class MegatronTrainBackend:
 
     @_on_device
     def shutdown(self) -> None:
+        if getattr(self, "_replays", None):
+            replay.forget(self._replays)
+            self._replays = []
         for attr in ("actor", "actor_ddp", "ref", "critic", "critic_ddp", "optimizer", "critic_optimizer"):
             setattr(self, attr, None)
         if getattr(self, "_uses_owned_state", False):  # set once construction reached the group

@@ -38,6 +38,7 @@ _ROLLOUT_CAPS = {
     "supports_partial_rollout": True,
     "supports_streaming": True,
     "supports_lora": True,
+    "records_routes": True,
     "devices": ["cpu", "cuda"],
 }
 

@@ -35,6 +35,8 @@ class _Seq:
     top_p: float
     greedy: bool
     generator: torch.Generator | None  # None for greedy rows
+    #: with route recording: the experts chosen at each position fed so far [positions, layers, top_k]
+    routes: Tensor | None = None
 
 
 class _Batch:
@@ -122,7 +124,30 @@ class BatchSurgery:
     def to_sample(
         s: _Seq, response: list[int], log_probs: list[float], versions: list[int], reason: str
     ) -> Sample:
-        return Sample.of_request(s.request, s.index, response, log_probs, versions, reason)
+        sample = Sample.of_request(s.request, s.index, response, log_probs, versions, reason)
+        if s.routes is not None:  # the positions fed: the prompt and all but the last response token
+            sample.routed_experts = s.routes[: max(len(s.request.prompt_ids) + len(response) - 1, 0)].cpu()
+        return sample
+
+    def store_routes(self, seqs: list[_Seq], ends: list[int]) -> None:
+        """Keep the last forward's expert choices (``calls.routes`` ``[R, W, layers, top_k]``) on its
+        rows' sequences: row ``r``'s real tokens are right-aligned and end before position
+        ``ends[r]``, so its last ``min(W, ends[r])`` columns are the positions up to there (earlier
+        choices of those positions are replaced: a re-prefill's or a recompute's are the latest)."""
+        routes = self.calls.routes
+        if self.calls.recorder is None or routes is None:
+            return
+        W = routes.shape[1]
+        for r, (s, end) in enumerate(zip(seqs, ends)):
+            n = min(W, end)
+            kept = s.routes[: end - n] if s.routes is not None else routes.new_zeros(0, *routes.shape[2:])
+            if kept.shape[0] != end - n:
+                raise RuntimeError(
+                    f"router replay: sequence {s.request.request_id}/{s.index} has routes for "
+                    f"{kept.shape[0]} positions, expected {end - n}"
+                )
+            s.routes = torch.cat([kept, routes[r, W - n :]])  # [end, layers, top_k]
+        self.calls.routes = None
 
     def admit(self, joiners: list[_Seq]) -> None:
         """Prefill ``joiners`` (identical contexts once) and append them to the running batch."""
@@ -178,6 +203,12 @@ class BatchSurgery:
                 ids, mask = ids.index_select(0, expand), mask.index_select(0, expand)
                 if deltas is not None:
                     deltas = deltas.index_select(0, expand)
+                if self.calls.routes is not None:
+                    self.calls.routes = self.calls.routes.index_select(0, expand)
+            if self.calls.routes is not None:  # the prefill's forward ran: positions of the contexts
+                self.store_routes(
+                    [joiners[i] for i in members], [len(joiners[i].tokens) - 1 for i in members]
+                )
             self.append_rows([joiners[i] for i in members], ids, mask, cache, deltas)
 
     def append_rows(
@@ -292,3 +323,4 @@ class BatchSurgery:
         b.cache, _ = self.calls.prefill(
             b.ctx_ids, b.ctx_mask, [self.calls.images(s.request) for s in b.seqs] if self.calls.vl else None
         )
+        self.store_routes(b.seqs, b.pos.tolist())  # the contexts: positions before last_tok

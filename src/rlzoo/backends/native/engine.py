@@ -128,6 +128,8 @@ class NativeEngine:
         max_prompt_length: longer prompts are rejected at submit (None: no check).
         recompute_kv_on_update: re-prefill in-flight sequences after ``update_weights``.
         use_kv_cache: False recomputes the whole context every step.
+        record_routes: keep a MoE model's top-k expert indices of every position fed, per layer, in
+            each sample's ``routed_experts`` (router replay; :mod:`rlzoo.backends.native.routes`).
     """
 
     def __init__(
@@ -143,6 +145,7 @@ class NativeEngine:
         max_prompt_length: int | None = None,
         recompute_kv_on_update: bool = True,
         use_kv_cache: bool = True,
+        record_routes: bool = False,
     ) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
@@ -158,7 +161,9 @@ class NativeEngine:
         self.version = 0
 
         self.stats = {"steps": 0, "decode_forwards": 0, "prefill_forwards": 0, "tokens": 0, "recomputes": 0}
-        self._calls = ModelCalls(model, use_kv_cache=use_kv_cache, stats=self.stats)
+        self._calls = ModelCalls(
+            model, use_kv_cache=use_kv_cache, stats=self.stats, record_routes=record_routes
+        )
         self.device = self._calls.device
         self._vl = self._calls.vl
         self._banned: Tensor | None = None  # tokens never sampled (a VL model's placeholders)
@@ -530,6 +535,7 @@ class NativeEngine:
         else:
             logits, cache = self._recompute_logits(ids, mask)
         b.cache, b.ctx_ids, b.ctx_mask = cache, ids, mask
+        self._rows.store_routes(b.seqs, (b.pos + 1).tolist())  # up to last_tok (all of them without a cache)
 
         tok, lp = self._sample(logits)  # [B], [B]
         rows = torch.arange(n, device=self.device)

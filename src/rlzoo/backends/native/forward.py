@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from rlzoo.backends.native.routes import RouteRecorder, moe_gates
+
 if TYPE_CHECKING:
     from rlzoo.kernel.protocols import GenerationRequest
 
@@ -22,11 +24,26 @@ class ModelCalls:
 
     ``use_cache`` turns False for good the first time the model returns a cache whose layers cannot
     be sliced per row (:meth:`cache_ok`); ``stats`` is the engine's counter dict (prefills counted here).
+    With ``record_routes`` (a MoE model) every forward leaves its routers' top-k expert indices
+    ``[B, L, layers, top_k]`` in ``routes`` (:class:`~rlzoo.backends.native.routes.RouteRecorder`).
     """
 
-    def __init__(self, model: nn.Module, *, use_kv_cache: bool, stats: dict[str, int]) -> None:
+    def __init__(
+        self, model: nn.Module, *, use_kv_cache: bool, stats: dict[str, int], record_routes: bool = False
+    ) -> None:
         self.model = model
         self.stats = stats
+        self.recorder: RouteRecorder | None = None
+        self.routes: Tensor | None = None  # [B, L, layers, top_k] of the last forward (record_routes)
+        if record_routes:
+            gates = moe_gates(model)
+            if not gates:
+                raise ValueError(
+                    f"record_routes: the model ({type(model).__name__}) has no MoE router (no '*.mlp.gate' "
+                    "module with top_k / num_experts, as Qwen3-MoE / Qwen2-MoE have); router replay needs a "
+                    "MoE model: set record_routes false for a dense one"
+                )
+            self.recorder = RouteRecorder(gates)
         first_param = next(iter(model.parameters()), None)
         self.device = first_param.device if first_param is not None else torch.device("cpu")
         sig = inspect.signature(model.forward).parameters
@@ -65,6 +82,8 @@ class ModelCalls:
         if self.keep_kw is not None:
             kw[self.keep_kw] = 1
         out = self.model(**kw)
+        if self.recorder is not None:
+            self.routes = self.recorder.take(ids.shape[0], ids.shape[1])  # [B, L, layers, top_k]
         if isinstance(out, Tensor):
             logits, new_cache = out, None
         elif isinstance(out, tuple):

@@ -103,6 +103,7 @@ class NativeRolloutBackend:
             max_prompt_length=spec.max_prompt_length,
             recompute_kv_on_update=params.recompute_kv_on_update,
             use_kv_cache=params.use_kv_cache,
+            record_routes=params.record_routes,
         )
         if params.background_thread:
             self.engine.start()

@@ -42,6 +42,11 @@ class NativeRolloutParams:
         help="run the engine loop in a background thread (submit/stream from any thread); False: the "
         "caller drives it from generate()/stream()",
     )
+    record_routes: bool = param(
+        False,
+        help="record a MoE model's top-k experts per token and layer in each sample (router replay: the "
+        "megatron trainer's router_replay); refused for a dense model",
+    )
     attn_implementation: str | None = param(
         None,
         help="attention kernel passed to from_pretrained ('sdpa', 'eager', ...); None: transformers' default",
