@@ -3,7 +3,7 @@
 Makes the teacher first when it is missing (``$RLZOO_CACHE/smollm2_arith_teacher``, default
 ``~/.cache/rlzoo``: ``grpo_smollm2_arith`` for ``--teacher-steps`` steps, the folder the
 ``distill_smollm2_arith`` recipe's ``algorithm.teacher.model`` names; never overwritten), then runs,
-one after the other, each for the same wall-clock budget (``--minutes``, from the process start: model
+one after the other (``--together``: both at once), each for the same wall-clock budget (``--minutes``, from the process start: model
 loading and validations included, the run stopped by SIGTERM when the budget is spent):
 
 - ``distill_smollm2_arith``: the fresh student (``data.dir/student``, random weights) distilled from
@@ -39,20 +39,33 @@ def cache_dir() -> Path:
     return Path(os.environ.get("RLZOO_CACHE", "~/.cache/rlzoo")).expanduser()
 
 
-def train(recipe: str, overrides: list[str], budget_s: float | None = None) -> float:
-    """``rlzoo train recipe overrides`` in a child process, stopped by SIGTERM after ``budget_s``
-    (a clean stop: the loop finishes its step and writes its rows); returns the wall seconds."""
-    cmd = [sys.executable, "-m", "rlzoo.cli", "train", recipe, "run.progress=false", *overrides]
+def start(recipe: str, overrides: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlzoo.cli", "train", recipe, "run.progress=false", *overrides]
+    )
+
+
+def stop_after(procs: list[subprocess.Popen], budget_s: float | None) -> float:
+    """Wait for ``procs``; those still running after ``budget_s`` get SIGTERM (a clean stop: the loop
+    writes its rows); returns the wall seconds."""
     t0 = time.time()
-    proc = subprocess.Popen(cmd)
-    try:
-        proc.wait(timeout=budget_s)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait()
-    if proc.returncode not in (0, 130, 143, -signal.SIGTERM) and budget_s is None:
-        raise SystemExit(f"{' '.join(cmd)} failed with exit code {proc.returncode}")
+    for proc in procs:
+        left = None if budget_s is None else max(0.0, budget_s - (time.time() - t0))
+        try:
+            proc.wait(timeout=left)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait()
     return time.time() - t0
+
+
+def train(recipe: str, overrides: list[str], budget_s: float | None = None) -> float:
+    """``rlzoo train recipe overrides`` in a child process, stopped after ``budget_s``."""
+    proc = start(recipe, overrides)
+    wall = stop_after([proc], budget_s)
+    if budget_s is None and proc.returncode != 0:
+        raise SystemExit(f"rlzoo train {recipe} failed with exit code {proc.returncode}")
+    return wall
 
 
 def ensure_teacher(steps: int) -> Path:
@@ -86,6 +99,11 @@ def main() -> None:
     ap.add_argument("--teacher-steps", type=int, default=10, help="GRPO steps of the teacher when it is made")
     ap.add_argument("--test-freq", type=int, default=5, help="validate the students every N steps")
     ap.add_argument("--out", default=None, help="folder of the student runs (default: a temporary one)")
+    ap.add_argument(
+        "--together",
+        action="store_true",
+        help="run both students at the same time (each gets half the machine)",
+    )
     args = ap.parse_args()
     load0 = os.getloadavg()
     teacher = ensure_teacher(args.teacher_steps)
@@ -113,8 +131,14 @@ def main() -> None:
         ),
     }
     curves = {}
-    for label, (recipe, extra) in runs.items():
-        cfg[label] = train(recipe, [*common, *extra], budget_s=args.minutes * 60)
+    if args.together:  # both at once: the same machine, the same load, the same minutes
+        procs = [start(recipe, [*common, *extra]) for recipe, extra in runs.values()]
+        wall = stop_after(procs, args.minutes * 60)
+        cfg = dict.fromkeys(runs, wall)
+    else:
+        for label, (recipe, extra) in runs.items():
+            cfg[label] = train(recipe, [*common, *extra], budget_s=args.minutes * 60)
+    for label, (recipe, _) in runs.items():
         curves[label] = val_curve(out / ("distill" if recipe == DISTILL else "grpo"))
     load1 = os.getloadavg()
     print(
