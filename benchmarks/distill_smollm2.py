@@ -54,9 +54,14 @@ def stop_after(procs: list[subprocess.Popen], budget_s: float | None) -> float:
         try:
             proc.wait(timeout=left)
         except subprocess.TimeoutExpired:
+            break  # the budget is spent: every run still going is stopped now, together
+    wall = time.time() - t0
+    for proc in procs:
+        if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-            proc.wait()
-    return time.time() - t0
+    for proc in procs:
+        proc.wait()
+    return wall
 
 
 def train(recipe: str, overrides: list[str], budget_s: float | None = None) -> float:
