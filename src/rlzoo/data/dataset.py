@@ -21,6 +21,7 @@ from typing import Any, Literal
 from rlzoo.data.schema import (
     IMAGE_PLACEHOLDER,
     OPTIONAL_COLUMNS,
+    RESPONSE_COLUMN,
     ground_truth_column,
     row_ground_truth,
     validate_files,
@@ -180,7 +181,8 @@ class PromptDataset:
     Each item (``dataset[i]``) is a dict: ``prompt_ids`` (list[int]), ``prompt_text`` (the
     rendered prompt), ``messages``, ``ground_truth``, ``data_source``, ``ability``, ``extra_info``
     (dict), ``images`` (decoded PIL images; the raw cells when PIL is missing; None without
-    images) and ``index`` (position in this dataset, 0..len-1, stable for given files).
+    images), ``response`` (the row's own reply, None without the column) and ``index`` (position
+    in this dataset, 0..len-1, stable for given files).
     ``filter_stats`` (:class:`FilterStats`) says what was read, kept and dropped and why.
     """
 
@@ -330,6 +332,7 @@ class PromptDataset:
                         "ability": row.get("ability"),
                         "extra_info": dict(row.get("extra_info") or {}),
                         "images": images,
+                        "response": row.get(RESPONSE_COLUMN),
                         "_where": where,
                         "_base": base,
                     }
@@ -370,6 +373,7 @@ class PromptDataset:
                     "ability": p["ability"],
                     "extra_info": p["extra_info"],
                     "images": p["images"],
+                    "response": p["response"],
                     "_base": p["_base"],
                 }
             )

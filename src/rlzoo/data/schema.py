@@ -42,8 +42,10 @@ if TYPE_CHECKING:
 REQUIRED_COLUMNS: tuple[str, ...] = ("data_source", "prompt")
 #: A file must have at least one of these; the first present wins when reading.
 GROUND_TRUTH_COLUMNS: tuple[str, ...] = ("ground_truth", "reward_model")
+#: A row's own reply (text: one assistant turn): what ``runner.on_policy_fraction < 1`` trains on.
+RESPONSE_COLUMN = "response"
 #: Columns a file may have; read when present.
-OPTIONAL_COLUMNS: tuple[str, ...] = ("images", "ability", "extra_info")
+OPTIONAL_COLUMNS: tuple[str, ...] = ("images", "ability", "extra_info", RESPONSE_COLUMN)
 #: Every column of the schema, in the order preparers write them.
 SCHEMA_COLUMNS: tuple[str, ...] = (
     "data_source",

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlzoo.data.schema import RESPONSE_COLUMN
 from rlzoo.kernel.params import param
 from rlzoo.kernel.settings import StepPlan
 
@@ -87,7 +88,58 @@ class SyncParams:
     The slowest response of a batch gates the step (see ``fully_async`` for overlap). Validation
     runs before training (``trainer.val_before_train``) and every ``trainer.test_freq`` steps;
     checkpoints every ``trainer.save_freq`` steps.
+
+    ``on_policy_fraction`` is TRL's GKD ``lmbda``: each step draws ``u`` uniform in [0, 1) and
+    generates the batch (the policy's own samples) when ``u <= lmbda``; otherwise the step's prompts
+    are trained with the training rows' own ``response`` column (one assistant turn, rendered with
+    the chat template as the sft runner renders a demonstration, each repeated ``rollout.n`` times so
+    the mini-batches keep their shape), scored as samples are. 1 (the default) draws nothing: every
+    batch is generated, as before the setting existed. 0: only the dataset's responses.
     """
+
+    on_policy_fraction: float = param(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        help="lambda of TRL's GKD: the probability that a step trains on the policy's own samples; otherwise "
+        "on the training rows' 'response' column (every row must have one)",
+    )
+
+    def check(self, cfg: Any) -> list[str]:
+        if self.on_policy_fraction >= 1.0:
+            return []
+        problems: list[str] = []
+        if cfg.rollout.environment is not None:
+            problems.append(
+                f"runner.on_policy_fraction: {self.on_policy_fraction} takes a dataset response as one assistant "
+                "turn, which a multi-turn environment's trajectory is not; set it to 1 with rollout.environment"
+            )
+        bad = rows_without_response(cfg.data.train_files)
+        if bad:
+            problems.append(
+                f"runner.on_policy_fraction: {self.on_policy_fraction} trains a {1 - self.on_policy_fraction:g} "
+                f"share of the steps on the training rows' {RESPONSE_COLUMN!r} column, but {bad}; give every "
+                f"training row a non-empty {RESPONSE_COLUMN!r} (the assistant's reply), or set "
+                "runner.on_policy_fraction=1"
+            )
+        return problems
+
+
+def rows_without_response(files: list[str]) -> str:
+    """What lacks a response in the training parquet files that exist ('' when none): a file
+    without the column, or the first row whose response is null or empty."""
+    import pyarrow.parquet as pq
+
+    for f in files:
+        path = Path(f).expanduser()
+        if not path.is_file():
+            continue  # not prepared yet: the batch source checks it again when the run is built
+        if RESPONSE_COLUMN not in pq.read_schema(path).names:
+            return f"{path} has no {RESPONSE_COLUMN!r} column"
+        for i, value in enumerate(pq.read_table(path, columns=[RESPONSE_COLUMN]).column(0).to_pylist()):
+            if not isinstance(value, str) or not value.strip():
+                return f"{path} row {i} has {value!r}"
+    return ""
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,47 @@ def prepare_arith(out_dir: Path, params: Any) -> dict[str, Path]:
     return files
 
 
+def student_config(teacher_config: Any, params: Any) -> Any:
+    """The teacher's (SmolLM2's) Llama config with the student's sizes; everything else (vocabulary,
+    special token ids, RoPE, norm, tied embeddings, activation) stays the teacher's."""
+    import copy
+
+    cfg = copy.deepcopy(teacher_config)
+    cfg.hidden_size = params.hidden_size
+    cfg.num_hidden_layers = params.num_layers
+    cfg.num_attention_heads = params.num_heads
+    cfg.num_key_value_heads = params.num_kv_heads
+    cfg.head_dim = params.hidden_size // params.num_heads
+    cfg.intermediate_size = params.intermediate_size
+    cfg.tie_word_embeddings = True
+    return cfg
+
+
+def write_student(model_dir: Path, out: Path, params: Any) -> Path:
+    """``out``: a fresh random model of :func:`student_config` in fp32, with ``model_dir``'s tokenizer,
+    chat template and generation config."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    cfg = student_config(AutoConfig.from_pretrained(str(model_dir)), params)
+    torch.manual_seed(params.init_seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(model_dir)).save_pretrained(out)
+    GenerationConfig.from_pretrained(str(model_dir)).save_pretrained(out)
+    return out
+
+
+def prepare_arith_student(out_dir: Path, params: Any) -> dict[str, Path]:
+    """``smollm2_arith``'s files and ``student/`` (:func:`write_student`; kept when present)."""
+    files = prepare_arith(out_dir, params)
+    student = Path(out_dir) / "student"
+    if params.overwrite or not (student / "config.json").exists():
+        write_student(files["model"], student, params)
+    return {**files, "student": student}
+
+
 CODE_WORDS = {"+": "plus", "-": "minus", "*": "times"}
 CODE_STEPS = {"+": "adds {d}", "-": "subtracts {d}", "*": "multiplies by {d}"}
 

@@ -76,6 +76,32 @@ class SmolLM2ArithParams:
 
 
 @dataclass(frozen=True)
+class SmolLM2ArithStudentParams(SmolLM2ArithParams):
+    """``smollm2_arith`` plus ``student/``: a fresh, randomly initialised small Llama of SmolLM2's
+    architecture (its config with fewer and narrower layers) and SmolLM2's tokenizer and chat template,
+    the student of on-policy distillation from SmolLM2-135M (recipe ``distill_smollm2_arith``).
+
+    The defaults make a ~19M-parameter model (12.6M of them the tied 49,152 x 256 embedding). Written
+    once: an existing ``student/`` is kept unless ``overwrite``.
+    """
+
+    hidden_size: int = param(256, ge=8, help="the student's hidden size (SmolLM2-135M: 576)")
+    num_layers: int = param(8, ge=1, help="the student's decoder layers (SmolLM2-135M: 30)")
+    num_heads: int = param(4, ge=1, help="attention heads; hidden_size / num_heads is the head size")
+    num_kv_heads: int = param(2, ge=1, help="key/value heads (grouped-query attention, as SmolLM2's 3 of 9)")
+    intermediate_size: int = param(768, ge=1, help="the MLP's inner size (SmolLM2-135M: 1536)")
+    init_seed: int = param(0, ge=0, le=MAX_SEED, help="seed of the student's random initialisation")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be a multiple of num_heads ({self.num_heads}), and "
+                f"num_heads a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
+
+
+@dataclass(frozen=True)
 class SmolLM2CodeParams:
     """``python_functions`` for SmolLM2: the function in words, the answer a fenced Python function.
 
@@ -155,5 +181,11 @@ def rlzoo_register_datasets(registry: Registrar[PartFactory]) -> None:
     text = {"modalities": ("text",)}
     registry.register("smollm2", f"{_IMPL}:prepare_model", params=SmolLM2Params, capabilities=text)
     registry.register("smollm2_arith", f"{_IMPL}:prepare_arith", params=SmolLM2ArithParams, capabilities=text)
+    registry.register(
+        "smollm2_arith_student",
+        f"{_IMPL}:prepare_arith_student",
+        params=SmolLM2ArithStudentParams,
+        capabilities=text,
+    )
     registry.register("smollm2_code", f"{_IMPL}:prepare_code", params=SmolLM2CodeParams, capabilities=text)
     registry.register("smollm2_count", f"{_IMPL}:prepare_count", params=SmolLM2CountParams, capabilities=text)
