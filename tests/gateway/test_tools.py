@@ -171,3 +171,47 @@ def test_a_batch_of_episodes_connecting_at_once_is_served() -> None:
         gw.shutdown()
     assert len(out) == 256
     assert [s.agent["error"] for s in out if s.agent["error"]] == []  # type: ignore[index]
+
+
+def test_an_environment_beside_the_agent_judges_the_episode_with_its_token_rewards() -> None:
+    """quickstart_gateway's reward: the shipped Python agent plays, the ``tool_arithmetic`` environment
+    (quickstart_tools' dense shaping) judges; its per-token rewards land on the tokens of each call."""
+    from functools import partial
+
+    from rlzoo.tasks._agents import make_calc_agent
+    from rlzoo.tasks._tools import build_tokenizer, make_tool_arithmetic
+    from rlzoo.tasks.agents import CalcAgentParams
+    from rlzoo.tasks.tools import ToolArithmeticParams
+
+    tok = build_tokenizer()
+    eos = int(tok.eos_token_id)
+    gw, _ = _gateway(tok, eos, [CALL, ANSWER], "plain", make_calc_agent(CalcAgentParams()))
+    env = ToolArithmeticParams(
+        with_tool=True,
+        spaced_digits=True,
+        echo=True,
+        blanks=True,
+        call_credit=1.0,
+        answer_credit=1.0,
+        dense=True,
+    )
+    gw.make_env = partial(make_tool_arithmetic, env)
+    try:
+        sp = SamplingParams(n=1, max_new_tokens=48, seed=1)
+        (s,) = gw.generate([GenerationRequest("p0", [0], sp, data={"extra_info": {"a": 456, "b": 789}})])
+    finally:
+        gw.shutdown()
+    rec = s.agent
+    assert rec["error"] is None, rec["error"]  # type: ignore[index]
+    n_call = len(CALL.split()) + 1  # 8 words (one token each) + EOS
+    n_answer = len(ANSWER.split()) + 1  # 13 words + EOS
+    start = len(s.response_ids) - n_answer  # the answer's first token, after calc's reply (mask 0)
+    # every word repeated in place: credit / (words + 1) on each word and on the stop token
+    want = [[j, 1.0 / 9] for j in range(n_call)] + [[start + j, 1.0 / 14] for j in range(n_answer)]
+    got = rec["token_rewards"]  # type: ignore[index]
+    assert [p for p, _ in got] == [p for p, _ in want]
+    assert [r for _, r in got] == pytest.approx([r for _, r in want])
+    assert all((s.loss_mask or [])[p] == 1 for p, _ in got)  # only sampled tokens carry them
+    # the exact sum (1.0) plus the shaping (1.0 for the call, 1.0 for the answer)
+    assert rec["reward"] == pytest.approx(3.0)  # type: ignore[index]
+    assert rec["env_info"] == {"acc": 1.0, "call_match": 1.0, "answer_match": 1.0}  # type: ignore[index]

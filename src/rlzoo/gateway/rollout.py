@@ -15,6 +15,12 @@ call's prompt ids, its sampled ids, then the chat template's delta for the new m
 results, a user turn; :meth:`~rlzoo.agents.chat.ChatTemplate.delta_ids`). Any other call is
 rendered whole, and says why (``history_edited``, ``unclosed_turn``, ``choice``). When the episode
 ends its calls become samples (:func:`rlzoo.gateway.episodes.episode_samples`).
+
+With an environment (``rollout.environment`` beside ``rollout.agent``) the environment judges each
+episode as the native multi-turn path would have: ``reset`` on the row, then, when the last call
+ended on its stop token without tool calls, one ``step`` on the episode's calls (their tokens, tool
+calls and the tool results the agent sent back); its reward, info and per-token rewards
+(``EnvStep.token_rewards``, each on the token of the call it names) are the episode's.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any
 
-from rlzoo.agents.boundary import Failure, failure_of
+from rlzoo.agents.boundary import Failure, failure_of, step_problem
 from rlzoo.agents.chat import ChatTemplate
 from rlzoo.agents.loop import Event, Pump, SideLoop
 from rlzoo.agents.settings import MultiTurnSettings
@@ -52,7 +58,10 @@ from rlzoo.gateway.settings import GatewaySettings
 from rlzoo.kernel.protocols import (
     Agent,
     AgentResult,
+    AgentTurn,
     ClientConfig,
+    Environment,
+    EnvStep,
     GenerationRequest,
     Message,
     RolloutBackend,
@@ -109,6 +118,7 @@ class _Episode:
     aborted: bool = False
     refused_calls: int = 0
     call_no: int = 0
+    judged: EnvStep | None = None  # the judging environment's verdict (reset's reward and info folded in)
     started: float = field(default_factory=time.perf_counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -148,6 +158,9 @@ class GatewayRollout:
         stop_ids: ids that end a model turn (EOS).
         agent_name: the agent's part name (failures name it).
         template_kwargs: extra ``apply_chat_template`` arguments.
+        make_env: builds the environment that judges each episode (module docstring); None: the
+            agent's reward, else the recipe's scorer on its final answer.
+        env_name: the judging environment's part name (failures name it).
     """
 
     def __init__(
@@ -163,6 +176,8 @@ class GatewayRollout:
         stop_ids: Sequence[int],
         agent_name: str = "agent",
         template_kwargs: Mapping[str, Any] | None = None,
+        make_env: Callable[[], Environment] | None = None,
+        env_name: str = "environment",
     ) -> None:
         self.inner = inner
         self.make_agent = make_agent
@@ -174,6 +189,8 @@ class GatewayRollout:
         self.stop_ids = tuple(int(t) for t in stop_ids)
         self.part = f"agent {agent_name}"
         self.template_kwargs = dict(template_kwargs or {})
+        self.make_env = make_env
+        self.env_part = f"environment {env_name}"
         self.key = secrets.token_urlsafe(24)
         self._lock = threading.RLock()
         self._tok_lock = threading.Lock()  # one tokenizer, many handler threads
@@ -316,7 +333,68 @@ class GatewayRollout:
                 "bad_value", self.part, f"{self.part}: the factory must return an Agent (run), got {agent!r}"
             )
         out = await self._side.call(agent.run, self.client(ep.id), ep.row, timeout=t, limit=limit)
-        return self._checked(out)
+        result = self._checked(out)
+        if self.make_env is not None:
+            ep.judged = await self._judge(ep)
+        return result
+
+    async def _env_call(self, call: str, fn: Callable[..., Any], *args: Any) -> EnvStep:
+        limit = f"{self.env_part} {call} exceeded {{timeout}} (rollout.multi_turn.env_timeout_s)"
+        try:
+            out = await self._side.call(fn, *args, timeout=self.multi_turn.env_timeout_s, limit=limit)
+        except Exception as exc:
+            raise failure_of(exc, self.env_part, call) from exc
+        if call == "factory":
+            return out  # type: ignore[no-any-return]
+        problem = step_problem(out, first=call == "reset", max_abs_reward=self.multi_turn.max_abs_reward)
+        if problem is not None:
+            raise Failure("bad_value", self.env_part, f"{self.env_part} {call} {problem}")
+        return out  # type: ignore[no-any-return]
+
+    async def _judge(self, ep: _Episode) -> EnvStep | None:
+        """The environment's verdict on the episode (module docstring); each call's token rewards
+        are set on it. None: no verdict (the last call was cut or made tool calls: the scorer judges,
+        as the native path's trajectory that ends without a step)."""
+        assert self.make_env is not None
+        with ep.lock:
+            calls = list(ep.calls)
+        env = await self._env_call("factory", self.make_env)
+        first = await self._env_call(
+            "reset", env.reset, {**ep.request.data, "prompt_ids": list(ep.request.prompt_ids)}
+        )
+        if not calls or calls[-1].finish_reason != "stop" or calls[-1].parsed_calls:
+            return first if first.reward is not None else None
+        with self._tok_lock:
+            tokens = tuple(
+                tuple(self.tokenizer.batch_decode([[i] for i in c.response_ids], skip_special_tokens=False))
+                for c in calls
+            )
+        turn = AgentTurn(
+            text=calls[-1].text,
+            turn=len(calls) - 1,
+            finish_reason="stop",
+            tool_calls=tuple(tc for c in calls[:-1] for tc in c.parsed_calls),
+            tool_results=tuple(r for c in calls[:-1] for r in c.tool_results),
+            turn_tokens=tokens,
+        )
+        out = await self._env_call("step", env.step, turn)
+        if out.token_rewards is not None:
+            want, got = [len(t) for t in tokens], [len(r) for r in out.token_rewards]
+            if got != want:
+                raise Failure(
+                    "bad_value",
+                    self.env_part,
+                    f"{self.env_part} step returned token_rewards that must hold one list per turn of "
+                    f"turn.turn_tokens with one reward per token: token counts {want}, got reward counts {got}",
+                )
+            for c, rs in zip(calls, out.token_rewards):
+                c.token_rewards = [float(r) for r in rs]
+        reward = (
+            None
+            if out.reward is None and first.reward is None
+            else (out.reward or 0.0) + (first.reward or 0.0)
+        )
+        return dataclasses.replace(out, reward=reward, info={**first.info, **out.info})
 
     def _checked(self, out: Any) -> AgentResult:
         """The agent's result if usable, else a :class:`Failure` saying what is wrong."""
@@ -362,11 +440,17 @@ class GatewayRollout:
         with self._lock:
             self._episodes.pop(ep.id, None)
             late, self._late_calls = self._late_calls, 0
-        info = {
-            k: float(v)
-            for k, v in (result.info if result is not None else {}).items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+        verdict = ep.judged if result is not None else None
+        given = {
+            **(result.info if result is not None else {}),
+            **(verdict.info if verdict is not None else {}),
         }
+        info = {
+            k: float(v) for k, v in given.items() if isinstance(v, (int, float)) and math.isfinite(float(v))
+        }
+        reward = None if result is None or result.reward is None else float(result.reward)
+        if verdict is not None and verdict.reward is not None:  # the environment judges: its reward
+            reward = float(verdict.reward)
         took = time.perf_counter() - ep.started
 
         def make(record: Mapping[str, Any] | None, refuse: bool) -> list[Sample]:
@@ -375,7 +459,7 @@ class GatewayRollout:
                 ep.index,
                 calls,
                 max_response_length=self.max_response_length,
-                reward=None if result is None or result.reward is None else float(result.reward),
+                reward=reward,
                 final_text=None if result is None else result.final_answer,
                 failure=record,
                 info=info,
@@ -465,6 +549,7 @@ class GatewayRollout:
                 content, parsed = read_tool_calls(text, fmt, tools)
             good = [c for c in parsed if c.malformed is None]
             call.tool_calls = len(good)
+            call.parsed_calls = tuple(good)
             call.malformed_calls = len(parsed) - len(good)
             finish = "tool_calls" if good else ("stop" if s.finish_reason == "stop" else "length")
             choices.append(self._choice(s, text, finish, good, content, req.sampling.logprobs))
@@ -586,6 +671,8 @@ class GatewayRollout:
                 break
             new = self._to_template(messages[n + 1 :])
             delta = self._template(tools).delta_ids(t.raw, new)
+            with ep.lock:  # what the agent's tools answered, as a judging environment reads it
+                t.call.tool_results = tuple(m["content"] for m in new if m["role"] == "tool")
             return [*t.call.prompt_ids, *t.call.response_ids, *delta], [*t.raw, *new], None
         raw = self._to_template(messages)
         return self._template(tools).prompt_ids(raw), raw, why
