@@ -71,6 +71,18 @@ def _gateway(
     return gw, eng
 
 
+def _calc_episode(tok: Any, agent: Any, make_env: Any = None) -> tuple[Sample, Scripted]:
+    """One episode of ``456 + 789`` played by ``agent`` against the scripted call and answer."""
+    gw, eng = _gateway(tok, int(tok.eos_token_id), [CALL, ANSWER], "plain", agent)
+    gw.make_env = make_env
+    try:
+        sp = SamplingParams(n=1, max_new_tokens=48, seed=1)
+        (s,) = gw.generate([GenerationRequest("p0", [0], sp, data={"extra_info": {"a": 456, "b": 789}})])
+    finally:
+        gw.shutdown()
+    return s, eng
+
+
 def test_the_calc_agent_command_calls_calc_through_the_plain_protocol() -> None:
     from rlzoo.gateway.command import CommandAgent
     from rlzoo.tasks._tools import build_tokenizer, score
@@ -78,13 +90,7 @@ def test_the_calc_agent_command_calls_calc_through_the_plain_protocol() -> None:
 
     tok = build_tokenizer()
     eos = int(tok.eos_token_id)
-    agent = CommandAgent([sys.executable, "-m", "rlzoo.tasks.calc_agent"])
-    gw, eng = _gateway(tok, eos, [CALL, ANSWER], "plain", agent)
-    try:
-        sp = SamplingParams(n=1, max_new_tokens=48, seed=1)
-        (s,) = gw.generate([GenerationRequest("p0", [0], sp, data={"extra_info": {"a": 456, "b": 789}})])
-    finally:
-        gw.shutdown()
+    s, eng = _calc_episode(tok, CommandAgent([sys.executable, "-m", "rlzoo.tasks.calc_agent"]))
     rec = s.agent
     assert rec["error"] is None, rec["error"]  # type: ignore[index]
     assert rec["turns"] == 2 and rec["tool_calls"] == 1 and rec["final_text"] == ANSWER  # type: ignore[index]
@@ -183,9 +189,6 @@ def test_an_environment_beside_the_agent_judges_the_episode_with_its_token_rewar
     from rlzoo.tasks.agents import CalcAgentParams
     from rlzoo.tasks.tools import ToolArithmeticParams
 
-    tok = build_tokenizer()
-    eos = int(tok.eos_token_id)
-    gw, _ = _gateway(tok, eos, [CALL, ANSWER], "plain", make_calc_agent(CalcAgentParams()))
     env = ToolArithmeticParams(
         with_tool=True,
         spaced_digits=True,
@@ -195,12 +198,8 @@ def test_an_environment_beside_the_agent_judges_the_episode_with_its_token_rewar
         answer_credit=1.0,
         dense=True,
     )
-    gw.make_env = partial(make_tool_arithmetic, env)
-    try:
-        sp = SamplingParams(n=1, max_new_tokens=48, seed=1)
-        (s,) = gw.generate([GenerationRequest("p0", [0], sp, data={"extra_info": {"a": 456, "b": 789}})])
-    finally:
-        gw.shutdown()
+    agent = make_calc_agent(CalcAgentParams())
+    s, _ = _calc_episode(build_tokenizer(), agent, partial(make_tool_arithmetic, env))
     rec = s.agent
     assert rec["error"] is None, rec["error"]  # type: ignore[index]
     n_call = len(CALL.split()) + 1  # 8 words (one token each) + EOS

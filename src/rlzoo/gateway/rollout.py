@@ -32,14 +32,14 @@ import math
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any
 
 from rlzoo.agents.boundary import Failure, failure_of, step_problem
 from rlzoo.agents.chat import ChatTemplate
-from rlzoo.agents.loop import Event, Pump, SideLoop
+from rlzoo.agents.loop import Event, Finished, OverEngine, Pump, SideLoop
 from rlzoo.agents.settings import MultiTurnSettings
 from rlzoo.gateway.episodes import Call, SplitRefused, episode_samples
 from rlzoo.gateway.openai_api import (
@@ -143,7 +143,7 @@ def _same(a: Message, b: Message) -> bool:
     return ca == cb
 
 
-class GatewayRollout:
+class GatewayRollout(OverEngine):
     """A :class:`~rlzoo.kernel.protocols.RolloutBackend` whose episodes are played by ``make_agent``'s
     agents through the gateway (module docstring).
 
@@ -195,10 +195,7 @@ class GatewayRollout:
         self._lock = threading.RLock()
         self._tok_lock = threading.Lock()  # one tokenizer, many handler threads
         self._episodes: dict[str, _Episode] = {}
-        self._finished: dict[tuple[str, int], list[Sample]] = {}
-        self._claimed: set[tuple[str, int]] = set()
         self._by_call: dict[str, _Pending] = {}  # engine request id -> waiting call
-        self._live = 0
         self._late_calls = 0  # calls after their episode ended, not yet on a record
         self._side: SideLoop[Any] = SideLoop(settings.concurrency, name="rlzoo-gateway-agents")
         self._pump = Pump(
@@ -208,15 +205,12 @@ class GatewayRollout:
             on_event=self._handle_event,
             on_sample=self._on_sample,
         )
+        self._finished = Finished(self._lock, self._pump)
         self.server = GatewayServer(self, self.key, host=settings.host, max_bytes=settings.max_request_bytes)
 
     # ------------------------------------------------------------------------------------------
     # RolloutBackend
     # ------------------------------------------------------------------------------------------
-    @property
-    def version(self) -> int:
-        return self.inner.version
-
     def client(self, episode: str) -> ClientConfig:
         base = f"http://{self.server.url_host}:{self.server.port}/e/{episode}/v1"
         return ClientConfig(base_url=base, api_key=self.key, model=self.settings.model_name)
@@ -227,54 +221,8 @@ class GatewayRollout:
                 for i in range(req.sampling.n):
                     ep = _Episode(id=secrets.token_hex(8), request=req, index=i, row=jsonable(dict(req.data)))
                     self._episodes[ep.id] = ep
-                    self._live += 1
+                    self._finished.start()
                     self._side.spawn("episode", ep, self._run(ep))
-
-    def stream(self, timeout: float | None = None) -> Iterator[Sample]:
-        last = time.monotonic()
-        while True:
-            out = self._take()
-            if out:
-                last = time.monotonic()
-                yield from out
-                continue
-            with self._lock:
-                idle = self._live == 0 and not any(k not in self._claimed for k in self._finished)
-            if idle:
-                return
-            if timeout is not None and time.monotonic() - last > timeout:
-                return
-            self._pump()
-
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[Sample]:
-        wanted = [(r.request_id, i) for r in requests for i in range(r.sampling.n)]
-        if len(set(wanted)) != len(wanted):
-            raise ValueError("generate(): request ids must be unique")
-        with self._lock:
-            self._claimed.update(wanted)
-        try:
-            self.submit(requests)
-            while True:
-                with self._lock:
-                    if all(k in self._finished for k in wanted):
-                        return [s for k in wanted for s in self._finished.pop(k)]
-                self._pump()
-        finally:
-            with self._lock:
-                self._claimed.difference_update(wanted)
-
-    def pause(self) -> None:
-        self.inner.pause()
-
-    def resume(self) -> None:
-        self.inner.resume()
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
-        self.inner.update_weights(named_tensors, version)
-
-    def num_pending(self) -> int:
-        with self._lock:
-            return self._live + sum(1 for k in self._finished if k not in self._claimed)
 
     def shutdown(self) -> None:
         self.server.close()
@@ -287,13 +235,6 @@ class GatewayRollout:
     # ------------------------------------------------------------------------------------------
     # the caller's thread: episodes finished, calls submitted, samples back
     # ------------------------------------------------------------------------------------------
-    def _take(self) -> list[Sample]:
-        with self._lock:
-            for k in self._finished:
-                if k not in self._claimed:
-                    return self._finished.pop(k)
-        return []
-
     def _on_engine(self) -> bool:
         with self._lock:
             return bool(self._by_call)
@@ -477,8 +418,7 @@ class GatewayRollout:
             for s in samples:
                 s.finish_reason = "abort"
         with self._lock:
-            self._finished[ep.key] = samples
-            self._live -= 1
+            self._finished.put(ep.key, samples)
 
     # ------------------------------------------------------------------------------------------
     # the handler threads (App)
