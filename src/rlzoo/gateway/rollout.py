@@ -279,18 +279,19 @@ class GatewayRollout(OverEngine):
             ep.judged = await self._judge(ep)
         return result
 
-    async def _env_call(self, call: str, fn: Callable[..., Any], *args: Any) -> EnvStep:
+    async def _env_call(self, call: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """The judging environment's ``call`` under ``env_timeout_s``; what it returned (an
+        ``EnvStep`` checked at the boundary), or a :class:`Failure`."""
         limit = f"{self.env_part} {call} exceeded {{timeout}} (rollout.multi_turn.env_timeout_s)"
         try:
             out = await self._side.call(fn, *args, timeout=self.multi_turn.env_timeout_s, limit=limit)
         except Exception as exc:
             raise failure_of(exc, self.env_part, call) from exc
-        if call == "factory":
-            return out  # type: ignore[no-any-return]
-        problem = step_problem(out, first=call == "reset", max_abs_reward=self.multi_turn.max_abs_reward)
-        if problem is not None:
-            raise Failure("bad_value", self.env_part, f"{self.env_part} {call} {problem}")
-        return out  # type: ignore[no-any-return]
+        if call != "factory":
+            problem = step_problem(out, first=call == "reset", max_abs_reward=self.multi_turn.max_abs_reward)
+            if problem is not None:
+                raise Failure("bad_value", self.env_part, f"{self.env_part} {call} {problem}")
+        return out
 
     async def _judge(self, ep: _Episode) -> EnvStep | None:
         """The environment's verdict on the episode (module docstring); each call's token rewards
@@ -299,8 +300,8 @@ class GatewayRollout(OverEngine):
         assert self.make_env is not None
         with ep.lock:
             calls = list(ep.calls)
-        env = await self._env_call("factory", self.make_env)
-        first = await self._env_call(
+        env: Environment = await self._env_call("factory", self.make_env)
+        first: EnvStep = await self._env_call(
             "reset", env.reset, {**ep.request.data, "prompt_ids": list(ep.request.prompt_ids)}
         )
         if not calls or calls[-1].finish_reason != "stop" or calls[-1].parsed_calls:
@@ -318,7 +319,7 @@ class GatewayRollout(OverEngine):
             tool_results=tuple(r for c in calls[:-1] for r in c.tool_results),
             turn_tokens=tokens,
         )
-        out = await self._env_call("step", env.step, turn)
+        out: EnvStep = await self._env_call("step", env.step, turn)
         if out.token_rewards is not None:
             want, got = [len(t) for t in tokens], [len(r) for r in out.token_rewards]
             if got != want:

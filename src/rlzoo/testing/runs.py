@@ -96,7 +96,7 @@ def kill_9_then_resume(
         recipe,
         ["resume=latest", f"run.output_dir={out}", f"trainer.total_steps={step + more_steps}"],
     )
-    runner = run.loop()
+    runner: Any = run.loop()  # its batch source's prompt ledger is read below
     runner.run()
     order = runner.source.prompts.loader.order(0)
     assert data["loader"]["epoch"] == 0
