@@ -214,3 +214,28 @@ def test_an_environment_beside_the_agent_judges_the_episode_with_its_token_rewar
     # the exact sum (1.0) plus the shaping (1.0 for the call, 1.0 for the answer)
     assert rec["reward"] == pytest.approx(3.0)  # type: ignore[index]
     assert rec["env_info"] == {"acc": 1.0, "call_match": 1.0, "answer_match": 1.0}  # type: ignore[index]
+
+
+def test_a_judging_environment_with_token_rewards_that_do_not_fit_fails_the_episode_loudly() -> None:
+    from rlzoo.kernel.protocols import EnvStep
+    from rlzoo.tasks._agents import make_calc_agent
+    from rlzoo.tasks._tools import build_tokenizer
+    from rlzoo.tasks.agents import CalcAgentParams
+
+    class OneRewardTooFew:
+        def reset(self, row: Any) -> EnvStep:
+            return EnvStep(messages=[{"role": "user", "content": "q"}])
+
+        def step(self, turn: Any) -> EnvStep:  # two calls were made: one list for the first only
+            return EnvStep(
+                messages=[], reward=1.0, done=True, token_rewards=[[0.0] * len(turn.turn_tokens[0])]
+            )
+
+        def tools(self) -> list[Any]:
+            return []
+
+    s, _ = _calc_episode(build_tokenizer(), make_calc_agent(CalcAgentParams()), OneRewardTooFew)
+    rec = s.agent
+    assert "token_rewards that must hold one list per turn" in (rec["error"] or "")  # type: ignore[index]
+    assert rec["failure"]["part"] == "environment"  # type: ignore[index]
+    assert rec["token_rewards"] == []  # type: ignore[index]

@@ -177,7 +177,7 @@ class GatewayRollout(OverEngine):
         agent_name: str = "agent",
         template_kwargs: Mapping[str, Any] | None = None,
         make_env: Callable[[], Environment] | None = None,
-        env_name: str = "environment",
+        env_name: str | None = None,
     ) -> None:
         self.inner = inner
         self.make_agent = make_agent
@@ -190,7 +190,7 @@ class GatewayRollout(OverEngine):
         self.part = f"agent {agent_name}"
         self.template_kwargs = dict(template_kwargs or {})
         self.make_env = make_env
-        self.env_part = f"environment {env_name}"
+        self.env_part = f"environment {env_name}" if env_name else "environment"
         self.key = secrets.token_urlsafe(24)
         self._lock = threading.RLock()
         self._tok_lock = threading.Lock()  # one tokenizer, many handler threads

@@ -462,7 +462,7 @@ class GatewaySetup:
     max_prompt_length: int
     #: rollout.environment beside the agent: it judges each episode (None: the agent or the scorer)
     make_env: Callable[[], Environment] | None = None
-    env_name: str = "environment"
+    env_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -599,7 +599,7 @@ def gateway_setup(cfg: RecipeConfig) -> GatewaySetup | None:
         agent_name=agent.name,
         max_prompt_length=cfg.data.max_prompt_length,
         make_env=None if env is None else partial(env.fn, env.params),
-        env_name="environment" if env is None else env.name,
+        env_name=None if env is None else env.name,
     )
 
 
