@@ -133,6 +133,19 @@ def main() -> None:
                 ]
             )
         env = ToolArithmeticParams(with_tool=True, spaced_digits=True, echo=True, blanks=True)
+
+        def gateway(make_agent: Any, concurrency: int = 64) -> Any:
+            return GatewayRollout(
+                engine(model_dir, tok, eos),
+                make_agent,
+                tok,
+                GatewaySettings(concurrency=concurrency),
+                mt,
+                max_response_length=48,
+                max_prompt_length=16,
+                stop_ids=(eos,),
+            )
+
         paths: dict[str, Any] = {
             "native environment": lambda: MultiTurnRollout(
                 engine(model_dir, tok, eos),
@@ -142,38 +155,12 @@ def main() -> None:
                 max_response_length=48,
                 stop_ids=(eos,),
             ),
-            "gateway, SDK agent in process": lambda: GatewayRollout(
-                engine(model_dir, tok, eos),
-                partial(make_calc_agent, CalcAgentParams()),
-                tok,
-                GatewaySettings(),
-                mt,
-                max_response_length=48,
-                max_prompt_length=16,
-                stop_ids=(eos,),
-            ),
-            "gateway, raw HTTP agent in process": lambda: GatewayRollout(
-                engine(model_dir, tok, eos),
-                RawCalcAgent,
-                tok,
-                GatewaySettings(),
-                mt,
-                max_response_length=48,
-                max_prompt_length=16,
-                stop_ids=(eos,),
-            ),
+            "gateway, SDK agent in process": partial(gateway, partial(make_calc_agent, CalcAgentParams())),
+            "gateway, raw HTTP agent in process": partial(gateway, RawCalcAgent),
         }
         if not args.no_command:
-            paths["gateway, SDK agent as a command"] = lambda: GatewayRollout(
-                engine(model_dir, tok, eos),
-                lambda: CommandAgent(["python", "-m", "rlzoo.tasks.calc_agent"]),
-                tok,
-                GatewaySettings(concurrency=8),
-                mt,
-                max_response_length=48,
-                max_prompt_length=16,
-                stop_ids=(eos,),
-            )
+            command = partial(CommandAgent, ["python", "-m", "rlzoo.tasks.calc_agent"])
+            paths["gateway, SDK agent as a command"] = partial(gateway, command, concurrency=8)
         rows_out = {name: measure(make(), batches) for name, make in paths.items()}
     base = rows_out["native environment"]["ms"]
     print(f"{args.rounds} rounds x {args.rows} rows x {args.n} episodes, tiny tool_arithmetic model, CPU")
