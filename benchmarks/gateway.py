@@ -1,10 +1,12 @@
 """Gateway overhead per episode against the native environment path, on the same task and engine.
 
-The tool arithmetic task (quickstart_tools / quickstart_gateway, its tiny model) is rolled out three
+The tool arithmetic task (quickstart_tools / quickstart_gateway, its tiny model) is rolled out four
 ways over a fresh native engine each: the native multi-turn rollout with the ``tool_arithmetic``
 environment (``calc`` run in-process); the gateway with the calc agent's OpenAI SDK loop as an
-in-process Python agent; and the gateway with the same agent as a command (``python -m
-rlzoo.tasks.calc_agent``, one process per episode). The first turn of every trajectory is sampled
+in-process Python agent (the ``calc_agent`` part: one ``openai`` client per process); the same loop
+over ``http.client`` (the gateway's own cost, without the SDK's); and the gateway with the SDK
+agent as a command (``python -m rlzoo.tasks.calc_agent``, one process per episode). The first turn
+of every trajectory is sampled
 with the same seed on every path; later turns differ only by their seeds. Prints ms per trajectory,
 model turns and tokens per trajectory, and the overhead against the native path.
 
@@ -26,41 +28,34 @@ from typing import Any
 import rlzoo
 from rlzoo.kernel.protocols import AgentResult, GenerationRequest, SamplingParams
 
-_HTTP: list[Any] = []  # one connection pool for every episode, as a long-lived agent process keeps
 
-
-class SdkCalcAgent:
-    """``rlzoo.tasks.calc_agent``'s loop, in process (the openai SDK: a client per episode over one
-    shared ``httpx.Client``; building a fresh one per episode costs ~0.1 s of CPU, an SSL context)."""
+class RawCalcAgent:
+    """The calc agent's loop over ``http.client`` (one keep-alive connection per episode, JSON by hand):
+    the gateway's own cost per call, without the ``openai`` client's."""
 
     def run(self, client: Any, row: Any) -> AgentResult:
-        import httpx
-        import openai
+        import http.client
 
-        from rlzoo.tasks.calc_agent import CALC, calc, spaced
+        from rlzoo.tasks.calc_agent import CALC, calc, question
 
-        if not _HTTP:
-            _HTTP.append(httpx.Client())
-        a, b = int(row["extra_info"]["a"]), int(row["extra_info"]["b"])
-        api = openai.OpenAI(
-            base_url=client.base_url, api_key=client.api_key, max_retries=0, http_client=_HTTP[0]
-        )
-        q = f"{spaced(str(a))} + {spaced(str(b))} = " + " ".join("?" * len(str(a + b)))
-        messages: list[Any] = [{"role": "user", "content": q}]
+        host, path = client.base_url[len("http://") :].split("/", 1)
+        name, port = host.split(":")
+        conn = http.client.HTTPConnection(name, int(port), timeout=60)
+        headers = {"Authorization": f"Bearer {client.api_key}", "Content-Type": "application/json"}
+        messages: list[Any] = [{"role": "user", "content": question(row)}]
         answer = ""
         for _ in range(2):
-            msg = (
-                api.chat.completions.create(model=client.model, messages=messages, tools=[CALC])
-                .choices[0]
-                .message
-            )  # type: ignore[list-item]
-            messages.append(msg.model_dump(exclude_none=True))
-            answer = msg.content or ""
-            if not msg.tool_calls:
+            body = {"model": client.model, "messages": messages, "tools": [CALC], "max_tokens": 32}
+            conn.request("POST", f"/{path}/chat/completions", json.dumps(body), headers)
+            msg = json.loads(conn.getresponse().read())["choices"][0]["message"]
+            messages.append(msg)
+            answer = msg.get("content") or ""
+            if not msg.get("tool_calls"):
                 break
-            for c in msg.tool_calls:
-                expr = json.loads(c.function.arguments)["expression"]  # type: ignore[union-attr]
-                messages.append({"role": "tool", "tool_call_id": c.id, "content": calc(expr)})
+            for c in msg["tool_calls"]:
+                expr = json.loads(c["function"]["arguments"]).get("expression", "")
+                messages.append({"role": "tool", "tool_call_id": c["id"], "content": calc(str(expr))})
+        conn.close()
         return AgentResult(final_answer=answer)
 
 
@@ -111,7 +106,9 @@ def main() -> None:
     from rlzoo.gateway.command import CommandAgent
     from rlzoo.gateway.rollout import GatewayRollout
     from rlzoo.gateway.settings import GatewaySettings
+    from rlzoo.tasks._agents import make_calc_agent
     from rlzoo.tasks._tools import make_tool_arithmetic
+    from rlzoo.tasks.agents import CalcAgentParams
     from rlzoo.tasks.tools import ToolArithmeticParams
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -136,6 +133,19 @@ def main() -> None:
                 ]
             )
         env = ToolArithmeticParams(with_tool=True, spaced_digits=True, echo=True, blanks=True)
+
+        def gateway(make_agent: Any, concurrency: int = 64) -> Any:
+            return GatewayRollout(
+                engine(model_dir, tok, eos),
+                make_agent,
+                tok,
+                GatewaySettings(concurrency=concurrency),
+                mt,
+                max_response_length=48,
+                max_prompt_length=16,
+                stop_ids=(eos,),
+            )
+
         paths: dict[str, Any] = {
             "native environment": lambda: MultiTurnRollout(
                 engine(model_dir, tok, eos),
@@ -145,28 +155,12 @@ def main() -> None:
                 max_response_length=48,
                 stop_ids=(eos,),
             ),
-            "gateway, SDK agent in process": lambda: GatewayRollout(
-                engine(model_dir, tok, eos),
-                SdkCalcAgent,
-                tok,
-                GatewaySettings(),
-                mt,
-                max_response_length=48,
-                max_prompt_length=16,
-                stop_ids=(eos,),
-            ),
+            "gateway, SDK agent in process": partial(gateway, partial(make_calc_agent, CalcAgentParams())),
+            "gateway, raw HTTP agent in process": partial(gateway, RawCalcAgent),
         }
         if not args.no_command:
-            paths["gateway, SDK agent as a command"] = lambda: GatewayRollout(
-                engine(model_dir, tok, eos),
-                lambda: CommandAgent(["python", "-m", "rlzoo.tasks.calc_agent"]),
-                tok,
-                GatewaySettings(concurrency=8),
-                mt,
-                max_response_length=48,
-                max_prompt_length=16,
-                stop_ids=(eos,),
-            )
+            command = partial(CommandAgent, ["python", "-m", "rlzoo.tasks.calc_agent"])
+            paths["gateway, SDK agent as a command"] = partial(gateway, command, concurrency=8)
         rows_out = {name: measure(make(), batches) for name, make in paths.items()}
     base = rows_out["native environment"]["ms"]
     print(f"{args.rounds} rounds x {args.rows} rows x {args.n} episodes, tiny tool_arithmetic model, CPU")

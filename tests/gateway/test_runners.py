@@ -1,6 +1,7 @@
-"""A few steps of ``quickstart_gateway`` on every runner, the agent an in-process OpenAI SDK loop (the
-recipe's command agent, ``python -m rlzoo.tasks.calc_agent``, is the same loop in a process of its
-own: tests/gateway/test_failures.py runs a command agent; benchmarks/gateway.py measures both).
+"""A few steps of ``quickstart_gateway`` on every runner, the agent the recipe's ``calc_agent`` (the
+OpenAI SDK loop of ``rlzoo.tasks.calc_agent`` in the run's process; the same loop as a command, one
+process per episode: tests/gateway/test_tools.py, test_async_resume.py; benchmarks/gateway.py
+measures both) and the ``tool_arithmetic`` environment judging its episodes.
 
 The gateway is each runner's batch source's rollout: episodes are played, their calls merged into
 one trajectory each (no split), and a push never aborts a call (fully_async with partial rollout).
@@ -8,18 +9,14 @@ The tool's round trip is tests/gateway/test_tools.py's (a scripted engine: deter
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import rlzoo
-from rlzoo.kernel.protocols import AgentResult
 from rlzoo.report.metrics import read_metrics
-from rlzoo.tasks.calc_agent import CALC, calc, spaced
 
-openai = pytest.importorskip("openai")
+pytest.importorskip("openai")
 
 STEPS = 2
 RUNNERS = {
@@ -30,35 +27,6 @@ RUNNERS = {
         "require_batches:1,partial_rollout:true}"
     ],
 }
-
-
-class CalcAgent:
-    """The calc agent's loop (rlzoo.tasks.calc_agent), in process."""
-
-    def run(self, client: Any, row: Any) -> AgentResult:
-        a, b = int(row["extra_info"]["a"]), int(row["extra_info"]["b"])
-        api = openai.OpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0)
-        messages: list[Any] = [
-            {
-                "role": "user",
-                "content": f"{spaced(str(a))} + {spaced(str(b))} = " + " ".join("?" * len(str(a + b))),
-            }
-        ]
-        answer = ""
-        for _ in range(2):
-            msg = (
-                api.chat.completions.create(model=client.model, messages=messages, tools=[CALC])
-                .choices[0]
-                .message
-            )  # type: ignore[list-item]
-            messages.append(msg.model_dump(exclude_none=True))
-            answer = msg.content or ""
-            if not msg.tool_calls:
-                break
-            for c in msg.tool_calls:
-                expr = json.loads(c.function.arguments)["expression"]  # type: ignore[union-attr]
-                messages.append({"role": "tool", "tool_call_id": c.id, "content": calc(expr)})
-        return AgentResult(final_answer=answer)
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +52,6 @@ def test_quickstart_gateway_trains_on_every_runner(runner: str, data_dir: Path, 
             "rollout.n=4",
             *RUNNERS[runner],
         ],
-        agent=lambda params: CalcAgent(),
     )
     run.train()
     assert run.run_dir is not None
@@ -96,3 +63,4 @@ def test_quickstart_gateway_trains_on_every_runner(runner: str, data_dir: Path, 
         assert 1.0 <= r["agent/turns/mean"] <= 2.0
         assert r["agent/gateway/calls"] >= 16  # 16 episodes, one or two calls each
         assert r["agent/model_tokens/mean"] > 0
+        assert "agent/env/call_match" in r  # the environment judged the episodes (its shaping's info)

@@ -71,6 +71,18 @@ def _gateway(
     return gw, eng
 
 
+def _calc_episode(tok: Any, agent: Any, make_env: Any = None) -> tuple[Sample, Scripted]:
+    """One episode of ``456 + 789`` played by ``agent`` against the scripted call and answer."""
+    gw, eng = _gateway(tok, int(tok.eos_token_id), [CALL, ANSWER], "plain", agent)
+    gw.make_env = make_env
+    try:
+        sp = SamplingParams(n=1, max_new_tokens=48, seed=1)
+        (s,) = gw.generate([GenerationRequest("p0", [0], sp, data={"extra_info": {"a": 456, "b": 789}})])
+    finally:
+        gw.shutdown()
+    return s, eng
+
+
 def test_the_calc_agent_command_calls_calc_through_the_plain_protocol() -> None:
     from rlzoo.gateway.command import CommandAgent
     from rlzoo.tasks._tools import build_tokenizer, score
@@ -78,13 +90,7 @@ def test_the_calc_agent_command_calls_calc_through_the_plain_protocol() -> None:
 
     tok = build_tokenizer()
     eos = int(tok.eos_token_id)
-    agent = CommandAgent([sys.executable, "-m", "rlzoo.tasks.calc_agent"])
-    gw, eng = _gateway(tok, eos, [CALL, ANSWER], "plain", agent)
-    try:
-        sp = SamplingParams(n=1, max_new_tokens=48, seed=1)
-        (s,) = gw.generate([GenerationRequest("p0", [0], sp, data={"extra_info": {"a": 456, "b": 789}})])
-    finally:
-        gw.shutdown()
+    s, eng = _calc_episode(tok, CommandAgent([sys.executable, "-m", "rlzoo.tasks.calc_agent"]))
     rec = s.agent
     assert rec["error"] is None, rec["error"]  # type: ignore[index]
     assert rec["turns"] == 2 and rec["tool_calls"] == 1 and rec["final_text"] == ANSWER  # type: ignore[index]
@@ -171,3 +177,65 @@ def test_a_batch_of_episodes_connecting_at_once_is_served() -> None:
         gw.shutdown()
     assert len(out) == 256
     assert [s.agent["error"] for s in out if s.agent["error"]] == []  # type: ignore[index]
+
+
+def test_an_environment_beside_the_agent_judges_the_episode_with_its_token_rewards() -> None:
+    """quickstart_gateway's reward: the shipped Python agent plays, the ``tool_arithmetic`` environment
+    (quickstart_tools' dense shaping) judges; its per-token rewards land on the tokens of each call."""
+    from functools import partial
+
+    from rlzoo.tasks._agents import make_calc_agent
+    from rlzoo.tasks._tools import build_tokenizer, make_tool_arithmetic
+    from rlzoo.tasks.agents import CalcAgentParams
+    from rlzoo.tasks.tools import ToolArithmeticParams
+
+    env = ToolArithmeticParams(
+        with_tool=True,
+        spaced_digits=True,
+        echo=True,
+        blanks=True,
+        call_credit=1.0,
+        answer_credit=1.0,
+        dense=True,
+    )
+    agent = make_calc_agent(CalcAgentParams())
+    s, _ = _calc_episode(build_tokenizer(), agent, partial(make_tool_arithmetic, env))
+    rec = s.agent
+    assert rec["error"] is None, rec["error"]  # type: ignore[index]
+    n_call = len(CALL.split()) + 1  # 8 words (one token each) + EOS
+    n_answer = len(ANSWER.split()) + 1  # 13 words + EOS
+    start = len(s.response_ids) - n_answer  # the answer's first token, after calc's reply (mask 0)
+    # every word repeated in place: credit / (words + 1) on each word and on the stop token
+    want = [[j, 1.0 / 9] for j in range(n_call)] + [[start + j, 1.0 / 14] for j in range(n_answer)]
+    got = rec["token_rewards"]  # type: ignore[index]
+    assert [p for p, _ in got] == [p for p, _ in want]
+    assert [r for _, r in got] == pytest.approx([r for _, r in want])
+    assert all((s.loss_mask or [])[p] == 1 for p, _ in got)  # only sampled tokens carry them
+    # the exact sum (1.0) plus the shaping (1.0 for the call, 1.0 for the answer)
+    assert rec["reward"] == pytest.approx(3.0)  # type: ignore[index]
+    assert rec["env_info"] == {"acc": 1.0, "call_match": 1.0, "answer_match": 1.0}  # type: ignore[index]
+
+
+def test_a_judging_environment_with_token_rewards_that_do_not_fit_fails_the_episode_loudly() -> None:
+    from rlzoo.kernel.protocols import EnvStep
+    from rlzoo.tasks._agents import make_calc_agent
+    from rlzoo.tasks._tools import build_tokenizer
+    from rlzoo.tasks.agents import CalcAgentParams
+
+    class OneRewardTooFew:
+        def reset(self, row: Any) -> EnvStep:
+            return EnvStep(messages=[{"role": "user", "content": "q"}])
+
+        def step(self, turn: Any) -> EnvStep:  # two calls were made: one list for the first only
+            return EnvStep(
+                messages=[], reward=1.0, done=True, token_rewards=[[0.0] * len(turn.turn_tokens[0])]
+            )
+
+        def tools(self) -> list[Any]:
+            return []
+
+    s, _ = _calc_episode(build_tokenizer(), make_calc_agent(CalcAgentParams()), OneRewardTooFew)
+    rec = s.agent
+    assert "token_rewards that must hold one list per turn" in (rec["error"] or "")  # type: ignore[index]
+    assert rec["failure"]["part"] == "environment"  # type: ignore[index]
+    assert rec["token_rewards"] == []  # type: ignore[index]

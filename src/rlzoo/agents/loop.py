@@ -1,4 +1,5 @@
-"""Where the agents' waiting happens: environment and tool calls on a side loop, and the pump.
+"""Where the agents' waiting happens: environment and tool calls on a side loop, the pump, and the
+ledger of finished trajectories.
 
 :class:`SideLoop` is one asyncio loop on a daemon thread: a sync call runs on a daemon thread of
 its own, an ``async`` one is awaited on the loop, each under its timeout and at most
@@ -10,6 +11,10 @@ thread, where its state lives.
 :class:`Pump` is one step of moving work along on the caller's thread: the side loop's finished
 work first, then one poll of the engine's stream, or, with nothing on the engine, a short wait
 for side work.
+
+:class:`Finished` is the batch bookkeeping every rollout composed over the engine shares: trajectories
+live and finished, ``stream`` and ``generate`` over them, ``num_pending``; :class:`OverEngine` the
+``RolloutBackend`` methods such a rollout answers with them and with its engine.
 """
 
 from __future__ import annotations
@@ -20,15 +25,16 @@ import contextlib
 import inspect
 import queue
 import threading
+import time
 import traceback
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from rlzoo.kernel.protocols import RolloutBackend, Sample
+from rlzoo.kernel.protocols import GenerationRequest, RolloutBackend, Sample
 from rlzoo.rollout_kit.streams import POLL_S
 
-__all__ = ["CallTimeout", "Event", "Pump", "SideLoop", "UserCodeError"]
+__all__ = ["CallTimeout", "Event", "Finished", "OverEngine", "Pump", "SideLoop", "UserCodeError"]
 
 T = TypeVar("T")
 
@@ -238,3 +244,111 @@ class Pump(Generic[T]):
     def drain(self) -> None:
         for event in self.side.ready():
             self.on_event(event)
+
+
+class Finished:
+    """A composed rollout's finished trajectories, keyed ``(request id, choice index)``, each the
+    samples it made (one, or an episode's several), until ``stream`` yields them or the
+    ``generate`` call that wants them takes them. ``pump`` moves work along (a :class:`Pump`);
+    ``lock`` is the owner's (its trajectories' state and this ledger change together).
+    """
+
+    def __init__(self, lock: threading.RLock, pump: Callable[[], None]) -> None:
+        self.lock = lock
+        self.pump = pump
+        self.done: dict[tuple[str, int], list[Sample]] = {}
+        self.claimed: set[tuple[str, int]] = set()  # wanted by a generate() call
+        self.live = 0  # trajectories started and not finished
+
+    def start(self) -> None:
+        """One trajectory more is under way (call under :attr:`lock`)."""
+        self.live += 1
+
+    def put(self, key: tuple[str, int], samples: list[Sample]) -> None:
+        """The trajectory ``key`` finished with ``samples`` (call under :attr:`lock`)."""
+        self.done[key] = samples
+        self.live -= 1
+
+    def _take(self) -> list[Sample]:
+        with self.lock:
+            for k in self.done:
+                if k not in self.claimed:
+                    return self.done.pop(k)
+        return []
+
+    def stream(self, timeout: float | None = None) -> Iterator[Sample]:
+        """``RolloutBackend.stream``: finished samples as they come, until nothing is under way (or
+        ``timeout`` seconds pass without one)."""
+        last = time.monotonic()
+        while True:
+            out = self._take()
+            if out:
+                last = time.monotonic()
+                yield from out
+                continue
+            with self.lock:
+                idle = self.live == 0 and not any(k not in self.claimed for k in self.done)
+            if idle:
+                return
+            if timeout is not None and time.monotonic() - last > timeout:
+                return
+            self.pump()
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], submit: Callable[[Sequence[GenerationRequest]], None]
+    ) -> list[Sample]:
+        """``RolloutBackend.generate``: ``submit`` the requests and wait for exactly their samples."""
+        wanted = [(r.request_id, i) for r in requests for i in range(r.sampling.n)]
+        if len(set(wanted)) != len(wanted):
+            raise ValueError("generate(): request ids must be unique")
+        with self.lock:
+            self.claimed.update(wanted)
+        try:
+            submit(requests)
+            while True:
+                with self.lock:
+                    if all(k in self.done for k in wanted):
+                        return [s for k in wanted for s in self.done.pop(k)]
+                self.pump()
+        finally:
+            with self.lock:
+                self.claimed.difference_update(wanted)
+
+    def num_pending(self) -> int:
+        with self.lock:
+            return self.live + sum(1 for k in self.done if k not in self.claimed)
+
+
+class OverEngine:
+    """The :class:`~rlzoo.kernel.protocols.RolloutBackend` methods of a rollout composed over an engine
+    (:class:`~rlzoo.agents.rollout.MultiTurnRollout`, :class:`~rlzoo.gateway.rollout.GatewayRollout`):
+    batches from its :class:`Finished` ledger, weights and pauses to the engine ``inner``. The
+    subclass starts trajectories in ``submit`` and shuts down."""
+
+    inner: RolloutBackend
+    _finished: Finished
+
+    def submit(self, requests: Sequence[GenerationRequest]) -> None:
+        raise NotImplementedError
+
+    @property
+    def version(self) -> int:
+        return self.inner.version
+
+    def stream(self, timeout: float | None = None) -> Iterator[Sample]:
+        return self._finished.stream(timeout)
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Sample]:
+        return self._finished.generate(requests, self.submit)
+
+    def pause(self) -> None:
+        self.inner.pause()
+
+    def resume(self) -> None:
+        self.inner.resume()
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
+        self.inner.update_weights(named_tensors, version)
+
+    def num_pending(self) -> int:
+        return self._finished.num_pending()

@@ -40,14 +40,14 @@ import dataclasses
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any
 
 from rlzoo.agents.boundary import Failure, cut, failure_of, step_problem, text_problem
 from rlzoo.agents.chat import ChatTemplate
-from rlzoo.agents.loop import CallTimeout, Event, Pump, SideLoop, UserCodeError
+from rlzoo.agents.loop import CallTimeout, Event, Finished, OverEngine, Pump, SideLoop, UserCodeError
 from rlzoo.agents.parsing import parse_tool_calls, schema_problems
 from rlzoo.agents.settings import MultiTurnSettings
 from rlzoo.kernel.protocols import (
@@ -115,7 +115,7 @@ class _Traj:
         return (self.request.request_id, self.index)
 
 
-class MultiTurnRollout:
+class MultiTurnRollout(OverEngine):
     """A :class:`~rlzoo.kernel.protocols.RolloutBackend` running multi-turn trajectories on ``inner``.
 
     Args:
@@ -159,9 +159,6 @@ class MultiTurnRollout:
         self.template_kwargs = dict(template_kwargs or {})
         self._lock = threading.RLock()
         self._by_turn: dict[str, _Traj] = {}  # inner request id -> trajectory
-        self._finished: dict[tuple[str, int], Sample] = {}
-        self._claimed: set[tuple[str, int]] = set()  # wanted by a generate() call
-        self._live = 0  # trajectories submitted and not finished
         self._side: SideLoop[_Traj] = SideLoop(settings.concurrency)
         self._pump = Pump(
             self._side,
@@ -170,82 +167,26 @@ class MultiTurnRollout:
             on_event=self._handle_event,
             on_sample=self._on_turn,
         )
+        self._finished = Finished(self._lock, self._pump)
 
     # ------------------------------------------------------------------------------------------
     # RolloutBackend
     # ------------------------------------------------------------------------------------------
-    @property
-    def version(self) -> int:
-        return self.inner.version
-
     def submit(self, requests: Sequence[GenerationRequest]) -> None:
         with self._lock:
             for req in requests:
                 for i in range(req.sampling.n):
                     traj = _Traj(request=req, index=i)
-                    self._live += 1
+                    self._finished.start()
                     self._side.spawn("reset", traj, self._reset(traj))
-
-    def stream(self, timeout: float | None = None) -> Iterator[Sample]:
-        last = time.monotonic()
-        while True:
-            out = self._take(lambda k: k not in self._claimed)
-            if out is not None:
-                last = time.monotonic()
-                yield out
-                continue
-            with self._lock:
-                idle = self._live == 0 and not any(k not in self._claimed for k in self._finished)
-            if idle:
-                return
-            if timeout is not None and time.monotonic() - last > timeout:
-                return
-            self._pump()
-
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[Sample]:
-        wanted = [(r.request_id, i) for r in requests for i in range(r.sampling.n)]
-        if len(set(wanted)) != len(wanted):
-            raise ValueError("generate(): request ids must be unique")
-        with self._lock:
-            self._claimed.update(wanted)
-        try:
-            self.submit(requests)
-            while True:
-                with self._lock:
-                    if all(k in self._finished for k in wanted):
-                        return [self._finished.pop(k) for k in wanted]
-                self._pump()
-        finally:
-            with self._lock:
-                self._claimed.difference_update(wanted)
-
-    def pause(self) -> None:
-        self.inner.pause()
-
-    def resume(self) -> None:
-        self.inner.resume()
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
-        self.inner.update_weights(named_tensors, version)
-
-    def num_pending(self) -> int:
-        with self._lock:
-            return self._live + sum(1 for k in self._finished if k not in self._claimed)
 
     def shutdown(self) -> None:
         self._side.close()
         self.inner.shutdown()
 
     # ------------------------------------------------------------------------------------------
-    # finished trajectories, and what the pump asks
+    # what the pump asks
     # ------------------------------------------------------------------------------------------
-    def _take(self, ok: Callable[[tuple[str, int]], bool]) -> Sample | None:
-        with self._lock:
-            for k in self._finished:
-                if ok(k):
-                    return self._finished.pop(k)
-        return None
-
     def _on_engine(self) -> bool:
         """Whether some trajectory's turn is on the engine."""
         with self._lock:
@@ -597,8 +538,7 @@ class MultiTurnRollout:
                 "env_info": dict(traj.env_info),
             },
         )
-        self._finished[traj.key] = sample
-        self._live -= 1
+        self._finished.put(traj.key, [sample])
 
 
 def agent_metrics(records: Sequence[Mapping[str, Any] | None]) -> dict[str, float]:

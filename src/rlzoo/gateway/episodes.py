@@ -14,7 +14,10 @@ the ids it sampled, their log-probs and the policy version of each token. When t
   chain had no response budget left).
 
 Each chain is one :class:`~rlzoo.kernel.protocols.Sample`; every sample of an episode shares its
-reward. Sampled ids are never decoded and encoded again: the trained ids are the engine's.
+reward. A call's dense rewards (:attr:`Call.token_rewards`, one per sampled token: what an
+environment judging the episode gave, as the native path's ``EnvStep.token_rewards``) sit on that
+call's own tokens in its chain. Sampled ids are never decoded and encoded again: the trained ids
+are the engine's.
 """
 
 from __future__ import annotations
@@ -50,6 +53,12 @@ class Call:
     tool_calls: int = 0
     malformed_calls: int = 0
     text: str = ""  # the reply's text as the agent read it (decoded)
+    #: the well-formed tool calls read from the reply, and the tool results the agent sent back
+    #: after it (the next call that extended it), as an environment judging the episode reads them
+    parsed_calls: tuple[Any, ...] = ()
+    tool_results: tuple[str, ...] = ()
+    #: a reward per sampled token (empty: none), put on those tokens
+    token_rewards: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -60,6 +69,7 @@ class _Chain:
     log_probs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     calls: list[Call] = field(default_factory=list)
+    token_rewards: list[tuple[int, float]] = field(default_factory=list)  # (index in response, reward)
 
     @property
     def full(self) -> list[int]:
@@ -67,6 +77,8 @@ class _Chain:
 
     def add(self, call: Call, delta: Sequence[int]) -> None:
         version = self.versions[-1] if self.versions else (call.versions[0] if call.versions else 0)
+        start = len(self.response) + len(delta)
+        self.token_rewards += [(start + j, float(r)) for j, r in enumerate(call.token_rewards)]
         self.response += [*delta, *call.response_ids]
         self.mask += [0] * len(delta) + [1] * len(call.response_ids)
         self.log_probs += [0.0] * len(delta) + list(call.log_probs)
@@ -137,6 +149,7 @@ def episode_samples(
         finish = ch.calls[-1].finish_reason if ch.calls else "stop"
         finish = "stop" if finish == "stop_string" else finish
         message = None if failure is None else str(failure.get("message", "agent failed"))
+        dense = sum(r for _, r in ch.token_rewards)
         out.append(
             Sample(
                 request_id=request.request_id,
@@ -154,10 +167,13 @@ def episode_samples(
                     "tool_calls": sum(c.tool_calls for c in ch.calls),
                     "tool_errors": sum(c.malformed_calls for c in ch.calls),
                     "malformed_calls": sum(c.malformed_calls for c in ch.calls),
-                    "reward": None if reward is None else float(reward),
+                    # the episode's reward and this sample's dense rewards, as the native path sums them
+                    "reward": (
+                        None if reward is None and not ch.token_rewards else float(reward or 0.0) + dense
+                    ),
                     "turn_rewards": [],
                     "turn_reward_positions": [],
-                    "token_rewards": [],
+                    "token_rewards": [[p, r] for p, r in ch.token_rewards],
                     "env_time_s": agent_time_s,
                     "truncated": finish == "length",
                     "model_tokens": model_tokens,

@@ -15,6 +15,12 @@ call's prompt ids, its sampled ids, then the chat template's delta for the new m
 results, a user turn; :meth:`~rlzoo.agents.chat.ChatTemplate.delta_ids`). Any other call is
 rendered whole, and says why (``history_edited``, ``unclosed_turn``, ``choice``). When the episode
 ends its calls become samples (:func:`rlzoo.gateway.episodes.episode_samples`).
+
+With an environment (``rollout.environment`` beside ``rollout.agent``) the environment judges each
+episode as the native multi-turn path would have: ``reset`` on the row, then, when the last call
+ended on its stop token without tool calls, one ``step`` on the episode's calls (their tokens, tool
+calls and the tool results the agent sent back); its reward, info and per-token rewards
+(``EnvStep.token_rewards``, each on the token of the call it names) are the episode's.
 """
 
 from __future__ import annotations
@@ -26,14 +32,14 @@ import math
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any
 
-from rlzoo.agents.boundary import Failure, failure_of
+from rlzoo.agents.boundary import Failure, failure_of, step_problem
 from rlzoo.agents.chat import ChatTemplate
-from rlzoo.agents.loop import Event, Pump, SideLoop
+from rlzoo.agents.loop import Event, Finished, OverEngine, Pump, SideLoop
 from rlzoo.agents.settings import MultiTurnSettings
 from rlzoo.gateway.episodes import Call, SplitRefused, episode_samples
 from rlzoo.gateway.openai_api import (
@@ -52,7 +58,10 @@ from rlzoo.gateway.settings import GatewaySettings
 from rlzoo.kernel.protocols import (
     Agent,
     AgentResult,
+    AgentTurn,
     ClientConfig,
+    Environment,
+    EnvStep,
     GenerationRequest,
     Message,
     RolloutBackend,
@@ -109,6 +118,7 @@ class _Episode:
     aborted: bool = False
     refused_calls: int = 0
     call_no: int = 0
+    judged: EnvStep | None = None  # the judging environment's verdict (reset's reward and info folded in)
     started: float = field(default_factory=time.perf_counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -133,7 +143,7 @@ def _same(a: Message, b: Message) -> bool:
     return ca == cb
 
 
-class GatewayRollout:
+class GatewayRollout(OverEngine):
     """A :class:`~rlzoo.kernel.protocols.RolloutBackend` whose episodes are played by ``make_agent``'s
     agents through the gateway (module docstring).
 
@@ -148,6 +158,9 @@ class GatewayRollout:
         stop_ids: ids that end a model turn (EOS).
         agent_name: the agent's part name (failures name it).
         template_kwargs: extra ``apply_chat_template`` arguments.
+        make_env: builds the environment that judges each episode (module docstring); None: the
+            agent's reward, else the recipe's scorer on its final answer.
+        env_name: the judging environment's part name (failures name it).
     """
 
     def __init__(
@@ -163,6 +176,8 @@ class GatewayRollout:
         stop_ids: Sequence[int],
         agent_name: str = "agent",
         template_kwargs: Mapping[str, Any] | None = None,
+        make_env: Callable[[], Environment] | None = None,
+        env_name: str | None = None,
     ) -> None:
         self.inner = inner
         self.make_agent = make_agent
@@ -174,14 +189,13 @@ class GatewayRollout:
         self.stop_ids = tuple(int(t) for t in stop_ids)
         self.part = f"agent {agent_name}"
         self.template_kwargs = dict(template_kwargs or {})
+        self.make_env = make_env
+        self.env_part = f"environment {env_name}" if env_name else "environment"
         self.key = secrets.token_urlsafe(24)
         self._lock = threading.RLock()
         self._tok_lock = threading.Lock()  # one tokenizer, many handler threads
         self._episodes: dict[str, _Episode] = {}
-        self._finished: dict[tuple[str, int], list[Sample]] = {}
-        self._claimed: set[tuple[str, int]] = set()
         self._by_call: dict[str, _Pending] = {}  # engine request id -> waiting call
-        self._live = 0
         self._late_calls = 0  # calls after their episode ended, not yet on a record
         self._side: SideLoop[Any] = SideLoop(settings.concurrency, name="rlzoo-gateway-agents")
         self._pump = Pump(
@@ -191,15 +205,12 @@ class GatewayRollout:
             on_event=self._handle_event,
             on_sample=self._on_sample,
         )
+        self._finished = Finished(self._lock, self._pump)
         self.server = GatewayServer(self, self.key, host=settings.host, max_bytes=settings.max_request_bytes)
 
     # ------------------------------------------------------------------------------------------
     # RolloutBackend
     # ------------------------------------------------------------------------------------------
-    @property
-    def version(self) -> int:
-        return self.inner.version
-
     def client(self, episode: str) -> ClientConfig:
         base = f"http://{self.server.url_host}:{self.server.port}/e/{episode}/v1"
         return ClientConfig(base_url=base, api_key=self.key, model=self.settings.model_name)
@@ -210,54 +221,8 @@ class GatewayRollout:
                 for i in range(req.sampling.n):
                     ep = _Episode(id=secrets.token_hex(8), request=req, index=i, row=jsonable(dict(req.data)))
                     self._episodes[ep.id] = ep
-                    self._live += 1
+                    self._finished.start()
                     self._side.spawn("episode", ep, self._run(ep))
-
-    def stream(self, timeout: float | None = None) -> Iterator[Sample]:
-        last = time.monotonic()
-        while True:
-            out = self._take()
-            if out:
-                last = time.monotonic()
-                yield from out
-                continue
-            with self._lock:
-                idle = self._live == 0 and not any(k not in self._claimed for k in self._finished)
-            if idle:
-                return
-            if timeout is not None and time.monotonic() - last > timeout:
-                return
-            self._pump()
-
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[Sample]:
-        wanted = [(r.request_id, i) for r in requests for i in range(r.sampling.n)]
-        if len(set(wanted)) != len(wanted):
-            raise ValueError("generate(): request ids must be unique")
-        with self._lock:
-            self._claimed.update(wanted)
-        try:
-            self.submit(requests)
-            while True:
-                with self._lock:
-                    if all(k in self._finished for k in wanted):
-                        return [s for k in wanted for s in self._finished.pop(k)]
-                self._pump()
-        finally:
-            with self._lock:
-                self._claimed.difference_update(wanted)
-
-    def pause(self) -> None:
-        self.inner.pause()
-
-    def resume(self) -> None:
-        self.inner.resume()
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
-        self.inner.update_weights(named_tensors, version)
-
-    def num_pending(self) -> int:
-        with self._lock:
-            return self._live + sum(1 for k in self._finished if k not in self._claimed)
 
     def shutdown(self) -> None:
         self.server.close()
@@ -270,13 +235,6 @@ class GatewayRollout:
     # ------------------------------------------------------------------------------------------
     # the caller's thread: episodes finished, calls submitted, samples back
     # ------------------------------------------------------------------------------------------
-    def _take(self) -> list[Sample]:
-        with self._lock:
-            for k in self._finished:
-                if k not in self._claimed:
-                    return self._finished.pop(k)
-        return []
-
     def _on_engine(self) -> bool:
         with self._lock:
             return bool(self._by_call)
@@ -316,7 +274,69 @@ class GatewayRollout:
                 "bad_value", self.part, f"{self.part}: the factory must return an Agent (run), got {agent!r}"
             )
         out = await self._side.call(agent.run, self.client(ep.id), ep.row, timeout=t, limit=limit)
-        return self._checked(out)
+        result = self._checked(out)
+        if self.make_env is not None:
+            ep.judged = await self._judge(ep)
+        return result
+
+    async def _env_call(self, call: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """The judging environment's ``call`` under ``env_timeout_s``; what it returned (an
+        ``EnvStep`` checked at the boundary), or a :class:`Failure`."""
+        limit = f"{self.env_part} {call} exceeded {{timeout}} (rollout.multi_turn.env_timeout_s)"
+        try:
+            out = await self._side.call(fn, *args, timeout=self.multi_turn.env_timeout_s, limit=limit)
+        except Exception as exc:
+            raise failure_of(exc, self.env_part, call) from exc
+        if call != "factory":
+            problem = step_problem(out, first=call == "reset", max_abs_reward=self.multi_turn.max_abs_reward)
+            if problem is not None:
+                raise Failure("bad_value", self.env_part, f"{self.env_part} {call} {problem}")
+        return out
+
+    async def _judge(self, ep: _Episode) -> EnvStep | None:
+        """The environment's verdict on the episode (module docstring); each call's token rewards
+        are set on it. None: no verdict (the last call was cut or made tool calls: the scorer judges,
+        as the native path's trajectory that ends without a step)."""
+        assert self.make_env is not None
+        with ep.lock:
+            calls = list(ep.calls)
+        env: Environment = await self._env_call("factory", self.make_env)
+        first: EnvStep = await self._env_call(
+            "reset", env.reset, {**ep.request.data, "prompt_ids": list(ep.request.prompt_ids)}
+        )
+        if not calls or calls[-1].finish_reason != "stop" or calls[-1].parsed_calls:
+            return first if first.reward is not None else None
+        with self._tok_lock:
+            tokens = tuple(
+                tuple(self.tokenizer.batch_decode([[i] for i in c.response_ids], skip_special_tokens=False))
+                for c in calls
+            )
+        turn = AgentTurn(
+            text=calls[-1].text,
+            turn=len(calls) - 1,
+            finish_reason="stop",
+            tool_calls=tuple(tc for c in calls[:-1] for tc in c.parsed_calls),
+            tool_results=tuple(r for c in calls[:-1] for r in c.tool_results),
+            turn_tokens=tokens,
+        )
+        out: EnvStep = await self._env_call("step", env.step, turn)
+        if out.token_rewards is not None:
+            want, got = [len(t) for t in tokens], [len(r) for r in out.token_rewards]
+            if got != want:
+                raise Failure(
+                    "bad_value",
+                    self.env_part,
+                    f"{self.env_part} step returned token_rewards that must hold one list per turn of "
+                    f"turn.turn_tokens with one reward per token: token counts {want}, got reward counts {got}",
+                )
+            for c, rs in zip(calls, out.token_rewards):
+                c.token_rewards = [float(r) for r in rs]
+        reward = (
+            None
+            if out.reward is None and first.reward is None
+            else (out.reward or 0.0) + (first.reward or 0.0)
+        )
+        return dataclasses.replace(out, reward=reward, info={**first.info, **out.info})
 
     def _checked(self, out: Any) -> AgentResult:
         """The agent's result if usable, else a :class:`Failure` saying what is wrong."""
@@ -362,11 +382,17 @@ class GatewayRollout:
         with self._lock:
             self._episodes.pop(ep.id, None)
             late, self._late_calls = self._late_calls, 0
-        info = {
-            k: float(v)
-            for k, v in (result.info if result is not None else {}).items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+        verdict = ep.judged if result is not None else None
+        given = {
+            **(result.info if result is not None else {}),
+            **(verdict.info if verdict is not None else {}),
         }
+        info = {
+            k: float(v) for k, v in given.items() if isinstance(v, (int, float)) and math.isfinite(float(v))
+        }
+        reward = None if result is None or result.reward is None else float(result.reward)
+        if verdict is not None and verdict.reward is not None:  # the environment judges: its reward
+            reward = float(verdict.reward)
         took = time.perf_counter() - ep.started
 
         def make(record: Mapping[str, Any] | None, refuse: bool) -> list[Sample]:
@@ -375,7 +401,7 @@ class GatewayRollout:
                 ep.index,
                 calls,
                 max_response_length=self.max_response_length,
-                reward=None if result is None or result.reward is None else float(result.reward),
+                reward=reward,
                 final_text=None if result is None else result.final_answer,
                 failure=record,
                 info=info,
@@ -393,8 +419,7 @@ class GatewayRollout:
             for s in samples:
                 s.finish_reason = "abort"
         with self._lock:
-            self._finished[ep.key] = samples
-            self._live -= 1
+            self._finished.put(ep.key, samples)
 
     # ------------------------------------------------------------------------------------------
     # the handler threads (App)
@@ -465,6 +490,7 @@ class GatewayRollout:
                 content, parsed = read_tool_calls(text, fmt, tools)
             good = [c for c in parsed if c.malformed is None]
             call.tool_calls = len(good)
+            call.parsed_calls = tuple(good)
             call.malformed_calls = len(parsed) - len(good)
             finish = "tool_calls" if good else ("stop" if s.finish_reason == "stop" else "length")
             choices.append(self._choice(s, text, finish, good, content, req.sampling.logprobs))
@@ -586,6 +612,8 @@ class GatewayRollout:
                 break
             new = self._to_template(messages[n + 1 :])
             delta = self._template(tools).delta_ids(t.raw, new)
+            with ep.lock:  # what the agent's tools answered, as a judging environment reads it
+                t.call.tool_results = tuple(m["content"] for m in new if m["role"] == "tool")
             return [*t.call.prompt_ids, *t.call.response_ids, *delta], [*t.raw, *new], None
         raw = self._to_template(messages)
         return self._template(tools).prompt_ids(raw), raw, why

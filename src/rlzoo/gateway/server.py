@@ -47,7 +47,9 @@ class _Server(ThreadingHTTPServer):
 
 
 class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+    protocol_version = "HTTP/1.1"  # keep-alive: an agent's client reuses its connection
+    #: TCP_NODELAY: a reply is never held back waiting for the client's (delayed, ~40 ms) ACK
+    disable_nagle_algorithm = True
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002

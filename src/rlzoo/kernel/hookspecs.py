@@ -175,7 +175,8 @@ def rlzoo_register_agents(registry: Registrar) -> None:
     called once per episode. ``agent.run(client, row)`` (sync or ``async``) plays one episode of a
     dataset row: it talks to the run's OpenAI-compatible gateway at ``client.base_url`` with
     ``client.api_key`` and ``client.model`` and returns an :class:`rlzoo.kernel.protocols.AgentResult`
-    (a reward, or a final answer the recipe's scorer judges). Every call it makes is recorded as
+    (a reward, or a final answer the recipe's scorer judges; an environment set beside the agent,
+    ``rollout.environment``, judges its episodes instead, per-token rewards included). Every call it makes is recorded as
     the ids the engine sampled; calls that extend the previous call's ids merge into one exact
     trajectory (:mod:`rlzoo.gateway`). Selected by ``rollout.agent``; its limits are
     ``rollout.gateway``. The built-in ``command`` agent runs any program (``OPENAI_BASE_URL`` /

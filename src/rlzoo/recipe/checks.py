@@ -284,10 +284,10 @@ def _logger_rule(cfg: RecipeConfig) -> list[str]:
 def _agent_rule(cfg: RecipeConfig) -> list[str]:
     """Tools and multi-turn settings act only in a multi-turn rollout; tool names must not repeat."""
     out = []
-    if cfg.rollout.environment is not None and cfg.rollout.agent is not None:
+    if cfg.rollout.agent is not None and cfg.rollout.tools:
         out.append(
-            "rollout.agent: an agent plays its episodes through the gateway instead of an environment; "
-            "set one of rollout.environment and rollout.agent (the other null)"
+            "rollout.tools: an agent (rollout.agent) runs its own tools; the run's tools are called only "
+            "from an environment's multi-turn rollout: remove rollout.tools"
         )
     if cfg.rollout.environment is None and cfg.rollout.tools:
         out.append(

@@ -288,7 +288,8 @@ class RolloutSection:
     environment: Any = part(
         "environment",
         None,
-        help="environment of a multi-turn rollout (None: single-turn prompt -> response)",
+        help="environment of a multi-turn rollout (None: single-turn prompt -> response); with an agent, "
+        "it judges the agent's episodes (reward, info, per-token rewards) instead of playing them",
         optional=True,
     )
     tools: list[Any] = parts("tool", [], help="tools the model may call, on top of the environment's")
@@ -299,7 +300,7 @@ class RolloutSection:
         "agent",
         None,
         help="your own agent, playing each episode through the run's OpenAI-compatible gateway (None: "
-        "no agent); instead of an environment. docs/agents.md, bring your own agent",
+        "no agent); an environment set beside it judges its episodes. docs/agents.md, bring your own agent",
         optional=True,
     )
     gateway: GatewaySettings = param(

@@ -1,6 +1,8 @@
-"""Built-in agents (kind ``agent``): ``command``, any program that talks to the run's gateway.
+"""Built-in agents (kind ``agent``): ``command``, any program that talks to the run's gateway, and
+``calc_agent``, the tool arithmetic task's OpenAI-SDK agent in the run's process.
 
-Import-light: the params and the registration; the code is in :mod:`rlzoo.gateway.command`. A
+Import-light: the params and the registration; the code is in :mod:`rlzoo.gateway.command` and
+:mod:`rlzoo.tasks._agents`. A
 Python agent of your own registers the same way from your package (``rlzoo_register_agents``): a
 factory ``factory(params) -> Agent`` whose ``run(client, row)`` (sync or ``async``) plays one
 episode (docs/agents.md, "bring your own agent").
@@ -38,6 +40,18 @@ class CommandAgentParams:
     )
 
 
+@dataclass(frozen=True)
+class CalcAgentParams:
+    """:mod:`rlzoo.tasks.calc_agent`'s plain OpenAI function-calling loop (the ``quickstart_gateway``
+    agent), run in the run's process with one ``openai`` client per process. The same loop as a
+    command: ``{name: command, argv: [python, -m, rlzoo.tasks.calc_agent]}``.
+    """
+
+    tool: bool = param(True, help="offer the calc function (False: the task without the tool)")
+    turns: int = param(2, ge=1, help="model replies per episode at most")
+
+
 @hookimpl
 def rlzoo_register_agents(registry: Registrar[AgentFactory]) -> None:
     registry.register("command", "rlzoo.gateway.command:make_command", params=CommandAgentParams)
+    registry.register("calc_agent", "rlzoo.tasks._agents:make_calc_agent", params=CalcAgentParams)

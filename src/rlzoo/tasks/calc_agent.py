@@ -10,7 +10,8 @@ It reads the row on stdin, asks ``a + b = ? ? ? ?`` (digits as words, for the ta
 word-level model), offers a ``calc`` function and runs it itself when the model calls it, and
 prints ``{"final_answer": <the model's last reply>}`` (the recipe's scorer judges it). Flags:
 ``--no-tool`` offers no function (the tool-less variant); ``--turns N`` bounds the model's replies.
-It needs the ``openai`` package (``pip install openai``, or rlzoo's ``agents`` extra).
+It needs the ``openai`` package (``pip install openai``, or rlzoo's ``agents`` extra). The loop
+itself is :func:`play` (the ``calc_agent`` Python agent part runs it in the run's process).
 """
 
 from __future__ import annotations
@@ -52,6 +53,30 @@ CALC = {
 }
 
 
+def question(row: Any) -> str:
+    """The row's question: ``'4 5 6 + 7 8 9 = ? ? ? ?'``."""
+    a, b = int(row["extra_info"]["a"]), int(row["extra_info"]["b"])
+    return f"{spaced(str(a))} + {spaced(str(b))} = " + " ".join("?" * len(str(a + b)))
+
+
+def play(client: Any, model: str, row: Any, *, tool: bool = True, turns: int = 2) -> str:
+    """One episode with the ``openai`` client ``client``: the model's last reply."""
+    messages: list[Any] = [{"role": "user", "content": question(row)}]
+    kw: dict[str, Any] = {"tools": [CALC]} if tool else {}
+    answer = ""
+    for _ in range(turns):
+        reply = client.chat.completions.create(model=model, messages=messages, max_tokens=32, **kw)
+        msg = reply.choices[0].message
+        messages.append(msg.model_dump(exclude_none=True))
+        answer = msg.content or ""
+        if not msg.tool_calls:
+            break
+        for call in msg.tool_calls:
+            expression = json.loads(call.function.arguments).get("expression", "")
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": calc(str(expression))})
+    return answer
+
+
 def main(argv: list[str] | None = None) -> int:
     from openai import OpenAI
 
@@ -60,24 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--turns", type=int, default=2, help="model replies at most")
     args = ap.parse_args(argv)
     row = json.load(sys.stdin)
-    a, b = int(row["extra_info"]["a"]), int(row["extra_info"]["b"])
-    question = f"{spaced(str(a))} + {spaced(str(b))} = " + " ".join("?" * len(str(a + b)))
     client = OpenAI(max_retries=0)  # OPENAI_BASE_URL and OPENAI_API_KEY come from the environment
     model = os.environ.get("OPENAI_MODEL", "policy")
-    messages: list[Any] = [{"role": "user", "content": question}]
-    tools: Any = [] if args.no_tool else [CALC]
-    answer = ""
-    for _ in range(args.turns):
-        kw: dict[str, Any] = {"tools": tools} if tools else {}
-        reply = client.chat.completions.create(model=model, messages=messages, max_tokens=32, **kw)
-        msg = reply.choices[0].message
-        messages.append(msg.model_dump(exclude_none=True))
-        answer = msg.content or ""
-        if not msg.tool_calls:
-            break
-        for call in msg.tool_calls:
-            expression = json.loads(call.function.arguments).get("expression", "")  # type: ignore[union-attr]
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": calc(str(expression))})
+    answer = play(client, model, row, tool=not args.no_tool, turns=args.turns)
     print(json.dumps({"final_answer": answer}))
     return 0
 

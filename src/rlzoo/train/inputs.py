@@ -460,6 +460,9 @@ class GatewaySetup:
     multi_turn: MultiTurnSettings
     agent_name: str
     max_prompt_length: int
+    #: rollout.environment beside the agent: it judges each episode (None: the agent or the scorer)
+    make_env: Callable[[], Environment] | None = None
+    env_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -588,12 +591,15 @@ def gateway_setup(cfg: RecipeConfig) -> GatewaySetup | None:
     agent: Selection | None = cfg.rollout.agent
     if agent is None:
         return None
+    env: Selection | None = cfg.rollout.environment
     return GatewaySetup(
         make_agent=partial(agent.fn, agent.params),
         settings=cfg.rollout.gateway,
         multi_turn=cfg.rollout.multi_turn,
         agent_name=agent.name,
         max_prompt_length=cfg.data.max_prompt_length,
+        make_env=None if env is None else partial(env.fn, env.params),
+        env_name=None if env is None else env.name,
     )
 
 
@@ -601,7 +607,7 @@ def agent_setup(cfg: RecipeConfig) -> AgentSetup | None:
     """``rollout.environment`` (one environment per trajectory), ``rollout.tools`` and
     ``rollout.multi_turn``; None for a single-turn run."""
     env: Selection | None = cfg.rollout.environment
-    if env is None:
+    if env is None or cfg.rollout.agent is not None:  # beside an agent, the environment judges its episodes
         return None
     return AgentSetup(
         make_env=partial(env.fn, env.params),

@@ -264,6 +264,8 @@ class Session:
             stop_ids=stop_ids,
             agent_name=gw.agent_name,
             template_kwargs=self.data.chat_template_kwargs,
+            make_env=gw.make_env,
+            env_name=gw.env_name,
         )
 
     # -- what the runner API reads ----------------------------------------------------------------
