@@ -126,7 +126,7 @@ def fully_async(
         *backends(args, roll_d, train_d),
         "~runner",
         f"+runner={{name:fully_async,staleness_threshold:{s},trigger_parameter_sync_step:{k},"
-        f"require_batches:{r},partial_rollout:{str(partial).lower()}}}",
+        f"require_batches:{r},partial_rollout:{str(partial).lower()},early_push:{str(args.early_push).lower()}}}",
         f"trainer.ppo_mini_batch_size={STEP_PROMPTS // r}",
     ]
 
@@ -163,35 +163,6 @@ def args_k(name: str) -> int:
     """K (steps per weight push) of a config, from its name (1 for sync / one-step-off)."""
     m = re.search(r"K=(\d+)", name)
     return int(m.group(1)) if m else 1
-
-
-def patch_early_push() -> None:
-    """EXPERIMENT (``--early-push``; not rlzoo's behaviour): at a window's last step, push the weights
-    right after that step's batch is taken, before its update, so the next window's first groups
-    generate while the trainer trains (the pushed weights miss that one update). Mirrors a proposed
-    change of the loop's order (docs/runners.md, "Idle trainer at window starts"); the loop's own
-    staleness metric then reads one version high (the queue's accounting is exact)."""
-    from rlzoo.sources.fully_async import StreamFromQueue
-
-    take, push = StreamFromQueue.next_batch, StreamFromQueue.push_weights
-
-    def next_batch(self: Any, step: int, timer: Any) -> Any:
-        batch = take(self, step, timer)
-        k = self.params.trigger_parameter_sync_step
-        if step % k == 0 and step < self.s.schedule.total_steps:
-            with timer("sync_weights"):
-                push(self, timer)
-            self._early_pushed = True
-        return batch
-
-    def push_weights(self: Any, timer: Any) -> dict[str, float]:
-        if getattr(self, "_early_pushed", False):
-            self._early_pushed = False
-            return {}
-        return push(self, timer)
-
-    StreamFromQueue.next_batch = next_batch  # type: ignore[method-assign]
-    StreamFromQueue.push_weights = push_weights  # type: ignore[method-assign]
 
 
 def plugin_manager() -> Any:
@@ -241,7 +212,8 @@ def run_one(
     # where the trainer's wall-clock goes; a window's first step follows a push (steps count from 1)
     first = [r for r in steady if (r["step"] - 1) % push_every == 0]
     win_start = total("timing_s/wait_queue", first)
-    waits = total("timing_s/wait_queue") + total("timing_s/wait_gen")
+    # runner.early_push: the next batch waits for the push in flight (timing_s/sync_wait)
+    waits = total("timing_s/wait_queue") + total("timing_s/wait_gen") + total("timing_s/sync_wait")
     drain = total("timing_s/sync_drain")
     # the push (one_step_off waits for its generation inside it: that wait is counted as idle)
     sync = max(0.0, total("timing_s/sync_weights") - drain - total("timing_s/wait_gen"))
@@ -397,7 +369,7 @@ def main() -> None:
     ap.add_argument(
         "--early-push",
         action="store_true",
-        help="EXPERIMENT: push before a window's last update (patch_early_push)",
+        help="fully_async with runner.early_push=true (the push on a thread, overlapping the step's tail)",
     )
     args = ap.parse_args()
     for k, v in PRESETS[args.preset].items():
@@ -417,8 +389,6 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)  # the simulated costs are sleeps; keep torch's own threads out of the way
-    if args.early_push:
-        patch_early_push()
     logging.getLogger("rlzoo").setLevel(logging.WARNING)
     cache = os.environ.get("RLZOO_CACHE", os.path.join(tempfile.gettempdir(), "rlzoo-bench"))
     data_dir = os.path.join(cache, "quickstart")
