@@ -31,7 +31,7 @@ response ~850 tokens, max 8,192) scaled down in time; ``small`` the earlier lapt
 Time runs ~46x faster than in the seed: trainer-side Python work (collation, metrics: ~0.3 s a
 step on a loaded 2-core machine) is real and not scaled, so it weighs ~46x more than it would next
 to GPU steps; the samples writer is off (``run.samples.every=0``: 1.9 s a step here for 64
-responses of 850 tokens -- real work, a candidate for a background thread, not a simulated cost).
+responses of 850 tokens -- real work, now on a background thread, not a simulated cost).
 
 Resources are the same for every config: ``--devices`` in all. **sync** is colocated: rollout and
 training alternate on all devices. The asynchronous runners split them (``--split R+T``, default
@@ -211,7 +211,7 @@ def run_one(
 
     # where the trainer's wall-clock goes; a window's first step follows a push (steps count from 1)
     first = [r for r in steady if (r["step"] - 1) % push_every == 0]
-    win_start = total("timing_s/wait_queue", first)
+    win_start = total("timing_s/wait_queue", first) + total("timing_s/sync_wait", first)
     # runner.early_push: the next batch waits for the push in flight (timing_s/sync_wait)
     waits = total("timing_s/wait_queue") + total("timing_s/wait_gen") + total("timing_s/sync_wait")
     drain = total("timing_s/sync_drain")
