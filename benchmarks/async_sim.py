@@ -126,7 +126,7 @@ def fully_async(
         *backends(args, roll_d, train_d),
         "~runner",
         f"+runner={{name:fully_async,staleness_threshold:{s},trigger_parameter_sync_step:{k},"
-        f"require_batches:{r},partial_rollout:{str(partial).lower()},early_push:{str(args.early_push).lower()}}}",
+        f"require_batches:{r},partial_rollout:{str(partial).lower()}{',early_push:true' if args.early_push else ''}}}",
         f"trainer.ppo_mini_batch_size={STEP_PROMPTS // r}",
     ]
 
@@ -184,7 +184,8 @@ def run_one(
         "run.progress=false",
         "run.loggers=[jsonl]",
         "trainer.val_before_train=false",
-        "run.samples.every=0",  # the samples writer is real trainer-side work, not a simulated cost
+        # the samples writer is real trainer-side work, not a simulated cost (--samples: on)
+        f"run.samples.every={int(args.samples)}",
         "data.val_files=[]",
         "trainer.test_freq=1000000",
         "trainer.save_freq=1000000",
@@ -239,6 +240,7 @@ def run_one(
         "idle_mid_window": (waits - win_start) / walls,
         "idle_drain": drain / walls,
         "sync": sync / walls,
+        "samples_wait_s": total("timing_s/samples") / len(steady),  # the trainer waits for the samples writer
     }
 
 
@@ -359,6 +361,9 @@ def main() -> None:
     )
     ap.add_argument("--splits", default="", help="with --sweep: these splits only (e.g. 3+5,4+4)")
     ap.add_argument("--plot", default="", help="with --sweep: write the sweep's plot here (PNG)")
+    ap.add_argument(
+        "--samples", action="store_true", help="keep the trained samples (run.samples.every=1; default off)"
+    )
     ap.add_argument("--json", default="", help="write the rows here (JSON)")
     ap.add_argument(
         "--merge",
@@ -409,6 +414,9 @@ def main() -> None:
         print_sweep(rows)
         if args.plot:
             plot_sweep(rows, Path(args.plot))
+    if args.samples:
+        for r in rows:
+            print(f"{r['name']}: the trainer waits {r['samples_wait_s']:.3f} s a step for the samples writer")
     print(
         f"load average (1 min) at each config's start and at the end: {', '.join(f'{x:.1f}' for x in load)}"
     )
