@@ -133,7 +133,9 @@ def test_the_background_writer_waits_one_step_and_fails_loudly(
 
     monkeypatch.setattr(w, "train_rows", broken)
     w.write_train(3, None, None, int)  # type: ignore[arg-type]
-    with pytest.raises(RlzooError, match=r"step 3's train samples .* failed: ValueError..a column the schema lacks"):
+    with pytest.raises(
+        RlzooError, match=r"step 3's train samples .* failed: ValueError..a column the schema lacks"
+    ):
         w.flush()
     w.close()
 
