@@ -31,7 +31,7 @@ response ~850 tokens, max 8,192) scaled down in time; ``small`` the earlier lapt
 Time runs ~46x faster than in the seed: trainer-side Python work (collation, metrics: ~0.3 s a
 step on a loaded 2-core machine) is real and not scaled, so it weighs ~46x more than it would next
 to GPU steps; the samples writer is off (``run.samples.every=0``: 1.9 s a step here for 64
-responses of 850 tokens -- real work, a candidate for a background thread, not a simulated cost).
+responses of 850 tokens -- real work, now on a background thread, not a simulated cost).
 
 Resources are the same for every config: ``--devices`` in all. **sync** is colocated: rollout and
 training alternate on all devices. The asynchronous runners split them (``--split R+T``, default
@@ -126,7 +126,7 @@ def fully_async(
         *backends(args, roll_d, train_d),
         "~runner",
         f"+runner={{name:fully_async,staleness_threshold:{s},trigger_parameter_sync_step:{k},"
-        f"require_batches:{r},partial_rollout:{str(partial).lower()}}}",
+        f"require_batches:{r},partial_rollout:{str(partial).lower()}{',early_push:true' if args.early_push else ''}}}",
         f"trainer.ppo_mini_batch_size={STEP_PROMPTS // r}",
     ]
 
@@ -165,35 +165,6 @@ def args_k(name: str) -> int:
     return int(m.group(1)) if m else 1
 
 
-def patch_early_push() -> None:
-    """EXPERIMENT (``--early-push``; not rlzoo's behaviour): at a window's last step, push the weights
-    right after that step's batch is taken, before its update, so the next window's first groups
-    generate while the trainer trains (the pushed weights miss that one update). Mirrors a proposed
-    change of the loop's order (docs/runners.md, "Idle trainer at window starts"); the loop's own
-    staleness metric then reads one version high (the queue's accounting is exact)."""
-    from rlzoo.sources.fully_async import StreamFromQueue
-
-    take, push = StreamFromQueue.next_batch, StreamFromQueue.push_weights
-
-    def next_batch(self: Any, step: int, timer: Any) -> Any:
-        batch = take(self, step, timer)
-        k = self.params.trigger_parameter_sync_step
-        if step % k == 0 and step < self.s.schedule.total_steps:
-            with timer("sync_weights"):
-                push(self, timer)
-            self._early_pushed = True
-        return batch
-
-    def push_weights(self: Any, timer: Any) -> dict[str, float]:
-        if getattr(self, "_early_pushed", False):
-            self._early_pushed = False
-            return {}
-        return push(self, timer)
-
-    StreamFromQueue.next_batch = next_batch  # type: ignore[method-assign]
-    StreamFromQueue.push_weights = push_weights  # type: ignore[method-assign]
-
-
 def plugin_manager() -> Any:
     from rlzoo.kernel.plugins import PluginManager
 
@@ -213,7 +184,8 @@ def run_one(
         "run.progress=false",
         "run.loggers=[jsonl]",
         "trainer.val_before_train=false",
-        "run.samples.every=0",  # the samples writer is real trainer-side work, not a simulated cost
+        # the samples writer is real trainer-side work, not a simulated cost (--samples: on)
+        f"run.samples.every={int(args.samples)}",
         "data.val_files=[]",
         "trainer.test_freq=1000000",
         "trainer.save_freq=1000000",
@@ -240,8 +212,9 @@ def run_one(
 
     # where the trainer's wall-clock goes; a window's first step follows a push (steps count from 1)
     first = [r for r in steady if (r["step"] - 1) % push_every == 0]
-    win_start = total("timing_s/wait_queue", first)
-    waits = total("timing_s/wait_queue") + total("timing_s/wait_gen")
+    win_start = total("timing_s/wait_queue", first) + total("timing_s/sync_wait", first)
+    # runner.early_push: the next batch waits for the push in flight (timing_s/sync_wait)
+    waits = total("timing_s/wait_queue") + total("timing_s/wait_gen") + total("timing_s/sync_wait")
     drain = total("timing_s/sync_drain")
     # the push (one_step_off waits for its generation inside it: that wait is counted as idle)
     sync = max(0.0, total("timing_s/sync_weights") - drain - total("timing_s/wait_gen"))
@@ -267,6 +240,7 @@ def run_one(
         "idle_mid_window": (waits - win_start) / walls,
         "idle_drain": drain / walls,
         "sync": sync / walls,
+        "samples_wait_s": total("timing_s/samples") / len(steady),  # the trainer waits for the samples writer
     }
 
 
@@ -387,6 +361,9 @@ def main() -> None:
     )
     ap.add_argument("--splits", default="", help="with --sweep: these splits only (e.g. 3+5,4+4)")
     ap.add_argument("--plot", default="", help="with --sweep: write the sweep's plot here (PNG)")
+    ap.add_argument(
+        "--samples", action="store_true", help="keep the trained samples (run.samples.every=1; default off)"
+    )
     ap.add_argument("--json", default="", help="write the rows here (JSON)")
     ap.add_argument(
         "--merge",
@@ -397,7 +374,7 @@ def main() -> None:
     ap.add_argument(
         "--early-push",
         action="store_true",
-        help="EXPERIMENT: push before a window's last update (patch_early_push)",
+        help="fully_async with runner.early_push=true (the push on a thread, overlapping the step's tail)",
     )
     args = ap.parse_args()
     for k, v in PRESETS[args.preset].items():
@@ -417,8 +394,6 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)  # the simulated costs are sleeps; keep torch's own threads out of the way
-    if args.early_push:
-        patch_early_push()
     logging.getLogger("rlzoo").setLevel(logging.WARNING)
     cache = os.environ.get("RLZOO_CACHE", os.path.join(tempfile.gettempdir(), "rlzoo-bench"))
     data_dir = os.path.join(cache, "quickstart")
@@ -439,6 +414,9 @@ def main() -> None:
         print_sweep(rows)
         if args.plot:
             plot_sweep(rows, Path(args.plot))
+    if args.samples:
+        for r in rows:
+            print(f"{r['name']}: the trainer waits {r['samples_wait_s']:.3f} s a step for the samples writer")
     print(
         f"load average (1 min) at each config's start and at the end: {', '.join(f'{x:.1f}' for x in load)}"
     )

@@ -27,13 +27,15 @@ from rlzoo.testing.runs import SIMULATED_BACKENDS
 from .recording import assert_identical, recorded_run
 
 
+@pytest.mark.parametrize("early_push", [False, True])
 def test_zero_staleness_equals_sync_bit_for_bit(
-    pm: PluginManager, quickstart_dir: Path, tmp_path: Path
+    pm: PluginManager, quickstart_dir: Path, tmp_path: Path, early_push: bool
 ) -> None:
     """Issue 38: staleness 0 and a push every step is sync, to the bit on the native backends: the
     same batches (prompt ids, response ids, rollout log-probs, rewards), the same losses, the same
     final weights. Responses of up to 12 tokens and 64 engine slots for 256 sequences a step, so
-    sequences of different lengths join and leave the engine's batch (continuous batching)."""
+    sequences of different lengths join and leave the engine's batch (continuous batching).
+    With ``early_push`` (the push on a thread) too: it pushes the updated weights, not older ones."""
     common = [
         "trainer.total_steps=3",
         "trainer.save_freq=-1",
@@ -47,6 +49,7 @@ def test_zero_staleness_equals_sync_bit_for_bit(
         "runner.trigger_parameter_sync_step=1",
         "runner.require_batches=2",
         "runner.partial_rollout=true",  # nothing is in flight at a push: false is the same
+        f"runner.early_push={str(early_push).lower()}",
     ]
     sync = recorded_run(pm, "quickstart", quickstart_dir, tmp_path / "sync", *common)
     fa = recorded_run(pm, "quickstart_async", quickstart_dir, tmp_path / "fa", *common, *on_policy)
@@ -138,14 +141,16 @@ def test_no_prompt_lost_or_trained_twice_across_syncs_and_resume(
     assert recs[-1]["rollouter/samples_collected"] > 0 and "queue/size" in recs[-1]
 
 
+@pytest.mark.parametrize("early_push", [False, True])
 def test_partial_rollout_spans_versions_and_bound_holds(
-    pm: PluginManager, quickstart_dir: Path, tmp_path: Path
+    pm: PluginManager, quickstart_dir: Path, tmp_path: Path, early_push: bool
 ) -> None:
     """Long responses across weight pushes: tokens from several versions, staleness <= ceil(s)."""
     run = _sim_run(
         pm,
         quickstart_dir,
         tmp_path / "run",
+        f"runner.early_push={str(early_push).lower()}",
         "rollout.backend.mean_response_length=12",
         "rollout.backend.decode_step_s=0.002",
         "rollout.backend.sigma=2.0",
@@ -167,6 +172,58 @@ def test_partial_rollout_spans_versions_and_bound_holds(
     # long responses outlive two pushes: dropped as too stale, regenerated, never trained twice
     assert recs[-1]["rollouter/dropped_samples"] > 0
     assert len(set(runner.source.prompts.trained_keys)) == len(runner.source.prompts.trained_keys) == 10 * 4
+
+
+class _RecordingRollout(SimulatedRolloutBackend):
+    """Records each push: (the version it is labelled with, the trainer version its weights hold)."""
+
+    pushes: list[tuple[int, int]] = []
+
+    def update_weights(self, named_tensors: Any, version: int) -> None:
+        held = [int(t.item()) for name, t in named_tensors if name == "version"]
+        type(self).pushes.append((int(version), held[0]))
+        super().update_weights([], version)
+
+
+@pytest.mark.parametrize("partial", [True, False])
+def test_early_push_pushes_the_updated_weights_under_their_version(
+    pm: PluginManager, quickstart_dir: Path, tmp_path: Path, partial: bool
+) -> None:
+    """runner.early_push overlaps the push with the step's tail; what reaches the rollout is what a
+    push after the update sends: the weights after the window's last update (the simulated trainer's
+    version counts its optimizer steps: one per mini-batch, here R = 2 a step), labelled with that
+    version. A push of the weights before the window's last update (the benchmark's old experiment)
+    would hold and be labelled 2 updates fewer. Every sample's tokens: staleness <= ceil(s) = 1."""
+    part = rlzoo.part(
+        _RecordingRollout,
+        params=SimulatedRolloutParams(decode_step_s=0.001, mean_response_length=8, sigma=1.5),
+        capabilities={"supports_partial_rollout": True, "supports_streaming": True},
+    )
+    pushes = {}
+    for early in (False, True):
+        _RecordingRollout.pushes = []
+        run = _sim_run(
+            pm,
+            quickstart_dir,
+            tmp_path / f"run{early}",
+            "runner.staleness_threshold=0.5",
+            "runner.trigger_parameter_sync_step=2",
+            "runner.require_batches=2",
+            f"runner.partial_rollout={str(partial).lower()}",
+            f"runner.early_push={str(early).lower()}",
+            "trainer.ppo_mini_batch_size=4",
+            "data.max_response_length=64",
+            "trainer.total_steps=6",
+            rollout_backend=part,
+        )
+        summary = run.loop().run()
+        pushes[early] = list(_RecordingRollout.pushes)
+        recs = read_metrics(Path(summary["run_dir"]))
+        assert [r["param_version"] for r in recs] == [0, 1, 1, 2, 2, 3]  # a push every K = 2 steps
+        assert max(r["staleness/max"] for r in recs) <= 1
+        assert set(summary["staleness_histogram"]) <= {"0", "1"}
+    # after steps 2, 4, 6 (K = 2), with 2 updates a step: the weights of update 4, 8, 12
+    assert pushes[True] == pushes[False] == [(4, 4), (8, 8), (12, 12)]
 
 
 class _CrashingRollout(SimulatedRolloutBackend):

@@ -376,6 +376,12 @@ class StreamFromQueue:
         self.rollouter: Rollouter | None = None
         self.consumed_samples = 0
         self._batch_prompts: list[Prompt] = []
+        self._push_thread: threading.Thread | None = None  # runner.early_push: the push in flight
+        self._push_error: BaseException | None = None
+        self._push_metrics: dict[str, float] = {}  # of the last background push, for step_done
+        self._push_stats: dict[str, float] = {}
+        self._step = 0  # of the last next_batch
+        self._push_version = 0  # of the push in flight
 
     def _make_request(self, pr: Prompt) -> GenerationRequest:
         # seeded by (loader batch, attempt) as sync's (step, round): s=0 generates what sync does
@@ -417,6 +423,8 @@ class StreamFromQueue:
 
     def next_batch(self, step: int, timer: StepTimer) -> Batch | None:
         q = self.queue or self._start()
+        self._step = step
+        self._join_push(timer)  # the pushed weights before the update that changes them
         with timer.wait("wait_queue"):
             try:
                 groups = q.get(self.step_groups, timeout=self.params.wait_timeout_s)
@@ -434,15 +442,37 @@ class StreamFromQueue:
         return batch
 
     def push_weights(self, timer: StepTimer) -> dict[str, float]:
-        """Push the trainer's weights to the rollout backend; open a new staleness window."""
+        """Push the trainer's weights to the rollout backend; open a new staleness window.
+
+        With ``early_push`` the push runs on a thread and this returns at once: the weights pushed
+        are the trainer's as of now (after the window's last update; nothing updates them before the
+        next batch, which waits for the push: :meth:`_join_push`). The policy version is the same
+        either way: the loop counts the push now, the queue stamps ``backend_version`` before the
+        engine receives it."""
+        backend_version = int(self.s.backends.train.version)
+        if (
+            not self.params.early_push or self._step >= self.s.schedule.total_steps
+        ):  # the last: nothing to overlap
+            return self._push(backend_version, timer)
+        self._join_push(None)  # at most one push in flight (the loop's cadence already ensures it)
+        assert self.queue is not None
+        self._push_version = self.queue.param_version + 1
+        self._push_thread = threading.Thread(
+            target=self._push_background, args=(backend_version,), name="rlzoo-push", daemon=True
+        )
+        self._push_thread.start()
+        return {}
+
+    def _push(self, backend_version: int, timer: StepTimer | None) -> dict[str, float]:
         q, s, partial = self.queue, self.s, self.params.partial_rollout
         assert q is not None
         new = q.param_version + 1
-        backend_version = int(s.backends.train.version)
         if not partial:
-            with timer.wait("sync_drain"):  # finish in-flight requests under the old weights
-                q.hold()
+            t0 = time.perf_counter()
+            with timer.wait("sync_drain") if timer is not None else contextlib.nullcontext():
+                q.hold()  # finish in-flight requests under the old weights
                 q.wait_drained(timeout=self.params.wait_timeout_s)
+            self._push_stats["drain_s"] = time.perf_counter() - t0
         try:
             q.register_version(backend_version, new)
             if partial:
@@ -458,6 +488,33 @@ class StreamFromQueue:
                 q.release()
         return {} if pushed is None else {"perf/weight_push_bytes": float(pushed)}
 
+    def _push_background(self, backend_version: int) -> None:
+        t0 = time.perf_counter()
+        try:
+            m = self._push(backend_version, None)
+        except BaseException as exc:
+            logger.error("weight push (runner.early_push) failed: %r", exc)
+            self._push_error = exc
+            if self.queue is not None:
+                self.queue.fail(exc, "trainer")  # the Rollouter stops too
+            return
+        m["weight_sync/background_s"] = time.perf_counter() - t0
+        if "drain_s" in self._push_stats:
+            m["weight_sync/background_drain_s"] = self._push_stats.pop("drain_s")
+        self._push_metrics.update(m)
+
+    def _join_push(self, timer: StepTimer | None) -> None:
+        """Wait for the push in flight (trainer idle: ``timing_s/sync_wait``); its error, if any, here."""
+        t = self._push_thread
+        if t is None:
+            return
+        with timer.wait("sync_wait") if timer is not None else contextlib.nullcontext():
+            t.join()
+        self._push_thread = None
+        if self._push_error is not None:
+            exc, self._push_error = self._push_error, None
+            raise RuntimeError(f"the weight push (runner.early_push) failed: {exc!r}") from exc
+
     def step_done(self, batch: Batch | None) -> dict[str, float]:
         """The batch's prompts are consumed; the queue's and the Rollouter's metrics (the batch's own
         are the loop's)."""
@@ -467,6 +524,11 @@ class StreamFromQueue:
             self.prompts.trained(self._batch_prompts)
             self.consumed_samples += len(batch)
         m = dict(q.snapshot())
+        if self._push_thread is None:  # a background push's metrics once it is done (next step's row)
+            m.update(self._push_metrics)
+            self._push_metrics = {}
+        else:  # the version in flight, as the loop counts it (from the push's start)
+            m["param_version"] = float(self._push_version)
         st = q.take_stats()
         wall = st.get("wall_s", 0.0)
         if wall > 0:
@@ -485,6 +547,7 @@ class StreamFromQueue:
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
         assert self.queue is not None
+        self._join_push(None)  # validation generates with the weights just pushed
         self.queue.park(timeout=self.params.wait_timeout_s)
         try:
             yield
@@ -492,9 +555,13 @@ class StreamFromQueue:
             self.queue.unpark()
 
     def close(self, exc: BaseException | None) -> None:
+        if self._push_thread is not None and exc is None:  # a clean end: the push in flight finishes
+            self._push_thread.join(timeout=self.params.wait_timeout_s)  # (its error was logged)
         if self.queue is not None:
             if exc is not None:
                 self.queue.fail(exc, "trainer")
             self.queue.stop()
+        if self._push_thread is not None:  # stopped queue: a push waiting on a drain returns
+            self._push_thread.join(timeout=30)
         if self.rollouter is not None:
             self.rollouter.join(timeout=30)

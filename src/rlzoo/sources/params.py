@@ -173,6 +173,12 @@ class FullyAsyncParams:
         help="at a weight push, pause in-flight requests, keep their tokens and resume them under the new weights; "
         "false: stop admitting and let in-flight requests finish under the old weights first",
     )
+    early_push: bool = param(
+        False,
+        help="push the weights on a background thread, right after the window's last update: the trainer's "
+        "step tail (samples, metrics, checkpoint; without partial rollout also the drain) overlaps the push; the "
+        "next batch waits for it. The pushed weights are the updated ones (docs/runners.md, 'Early push')",
+    )
     total_rollout_steps: int | None = param(
         None,
         help="prompts (groups of rollout.n responses) the Rollouter draws in the whole run; the run trains "

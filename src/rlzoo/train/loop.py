@@ -158,6 +158,12 @@ class VersionMap:
             self._vals.insert(i, v)
         return v
 
+    def copy(self) -> VersionMap:
+        """The map as it is now (later pushes do not change it)."""
+        out = VersionMap(0)
+        out._keys, out._vals = list(self._keys), list(self._vals)
+        return out
+
     def of(self, backend_version: int) -> int:
         i = bisect.bisect_right(self._keys, int(backend_version)) - 1
         return self._vals[max(i, 0)]
@@ -244,8 +250,8 @@ class TrainLoop:
                         model_mask = batch["response_mask"]  # as collated: a correction may mask more
                         m.update(s.trainer.step(batch, timer))
                         since_push += 1
-                        with timer("samples"):  # before the step's checkpoint: a resume redoes both
-                            s.samples.write_train(step, batch, model_mask, self.versions.of)
+                        with timer("samples"):  # in the background; waits only for the last step's
+                            s.samples.write_train(step, batch, model_mask, self.versions.copy().of)
                     synced = False
                     if since_push and (step % plan.push_every == 0 or step == total):
                         with timer("sync_weights"):
@@ -271,6 +277,8 @@ class TrainLoop:
                 if is_due(step, s.schedule.save_freq, total):
                     # the checkpoint carries the step's row so far: killed before the row is
                     # written below, the resumed run writes it from there (no gap in the metrics)
+                    with timer("samples"):  # the samples of every step saved are on disk first
+                        s.samples.flush()
                     with timer("save_checkpoint"), shielded():  # a SIGTERM lets a due checkpoint finish
                         s.save(
                             step,
@@ -280,11 +288,13 @@ class TrainLoop:
                             },
                         )
                     m["timing_s/save_checkpoint"] = timer.seconds["save_checkpoint"]
+                    m["timing_s/samples"] = timer.seconds["samples"]
                 failpoint("metrics:before")
                 rows.append(s.metrics.log(step, m))
                 failpoint("metrics:after")
                 s.reward.failures.check()  # (nearly) all trained samples failed too many steps in a row
                 t_prev = time.perf_counter()
+            s.samples.flush()  # the last steps' samples on disk (a failed write fails the run here)
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (rlzoo.system.signals.Terminated)
             self._close_source(exc)
             s.metrics.write(s.resume_hint())

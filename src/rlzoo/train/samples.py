@@ -15,6 +15,15 @@ from step S the files of steps after S are those of the abandoned branch: the on
 is only ever replaced when rlzoo wrote it; any other file in the way is an error, never touched.
 The samples of steps 1..N are then each there exactly once, as the metrics rows are.
 
+**Off the trainer's critical path.** A step's rows (token texts, per-token lists: seconds a step
+for long responses) are built and written on a background thread, one step at a time: the next
+step's samples wait for the previous step's to be on disk (:meth:`SampleWriter.flush`), so at most
+the latest step's are in flight. The loop flushes before every checkpoint and on every exit, so a
+checkpoint of step S comes after the samples of steps 1..S are on disk; a kill -9 later can cut
+only samples of steps after the checkpoint, which a resume redoes (and which the rule above
+removes, if whole, before redoing them). A write that fails for any reason but a refusing disk
+(a warning, as before) stops the run at the next flush, naming the step.
+
 The file format and its readers (``rlzoo view``, ``rlzoo eval``, tests) are
 :mod:`rlzoo.report.samples`'s.
 """
@@ -25,6 +34,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +82,8 @@ class SampleWriter:
         self.run_dir = Path(run_dir)
         self.settings = settings
         self.tokenizer = tokenizer
+        self._pool: ThreadPoolExecutor | None = None  # the background writer, started on first use
+        self._pending: tuple[int, str, Future[Path | None]] | None = None  # (step, split, its write)
         for split in ("train", "val"):
             folder = samples_dir(self.run_dir, split)
             if not folder.is_dir():
@@ -265,15 +277,52 @@ class SampleWriter:
 
     def write_train(
         self, step: int, batch: Batch, model_mask: Any, policy_version: Callable[[int], int]
-    ) -> Path | None:
-        if not self.due(step):
-            return None
-        return self.write(step, self.train_rows(step, batch, model_mask, policy_version))
+    ) -> None:
+        """Step ``step``'s trained samples, built and written in the background (:meth:`flush`).
+        ``batch`` and ``model_mask`` must not change afterwards (the loop's batch of a finished
+        update does not); ``policy_version`` must not either (the loop passes a copy of its map)."""
+        if self.due(step):
+            self._submit(
+                step,
+                "train",
+                lambda: self.write(step, self.train_rows(step, batch, model_mask, policy_version)),
+            )
 
-    def write_val(self, step: int, samples: Sequence[Sample], results: Sequence[RewardResult]) -> Path | None:
-        if not self.settings.val:
-            return None
-        return self.write(step, self.val_rows(step, samples, results), split="val")
+    def write_val(self, step: int, samples: Sequence[Sample], results: Sequence[RewardResult]) -> None:
+        if self.settings.val:
+            self._submit(
+                step, "val", lambda: self.write(step, self.val_rows(step, samples, results), split="val")
+            )
+
+    # -- the background writer ---------------------------------------------------------------------
+    def _submit(self, step: int, split: str, job: Callable[[], Path | None]) -> None:
+        self.flush()  # one step at a time: the previous step's samples are on disk first
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlzoo-samples")
+        self._pending = (step, split, self._pool.submit(job))
+
+    def flush(self) -> None:
+        """Wait until every sample handed in is on disk (or refused by the disk: a warning). Any
+        other failure of the write is raised here, naming its step."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        step, split, fut = pending
+        try:
+            fut.result()
+        except Exception as exc:
+            raise RlzooError(
+                f"writing step {step}'s {split} samples to {samples_dir(self.run_dir, split)} failed: {exc!r}"
+            ) from exc
+
+    def close(self) -> None:
+        """Flush, then stop the background thread (every exit of the run: its error, if any, raised)."""
+        try:
+            self.flush()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
 
 
 def _num(v: Any) -> float | None:

@@ -438,6 +438,12 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        samples: SampleWriter | None = getattr(self, "samples", None)
+        if samples is not None:  # the loop flushed on a clean end; here: a failing or stopped run's
+            try:
+                samples.close()
+            except Exception as exc:  # on the way out of a failing run: its own error is the one raised
+                logger.error("rlzoo: %s", exc)
         metrics = getattr(self, "metrics", None)
         if metrics is not None:
             metrics.close()
