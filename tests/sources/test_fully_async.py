@@ -347,6 +347,10 @@ def test_generation_goes_on_while_a_slow_scorer_runs(
         "trainer.save_freq=-1",
         "trainer.test_freq=-1",
         "rollout.backend.background_thread=false",
+        # 16 sequences at a time: a window's generation takes many engine steps, so chunks finish
+        # and are scored while it goes on (with every sequence at once a quiet machine finished a
+        # window's generation in a few steps, before the first chunk reached a scorer)
+        "rollout.backend.max_num_seqs=16",
         scorer=slow,
     )
     runner = run.loop()
