@@ -3,6 +3,7 @@ with the built-in plugins (the simulated backends among them)."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -54,3 +55,9 @@ def as_rollout(b: Any, log_probs: Any, scores: Any, g: Any, meta: dict[str, Any]
         },
         meta or {},
     )
+
+
+def default_sigint() -> None:
+    """In the child before exec: SIGINT handled by default and unblocked, as a shell's job has it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

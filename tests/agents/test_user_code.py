@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from run_fixtures import default_sigint
 
 from agents.helpers import ScriptedBackend, requests
 from rlzoo.agents.parsing import parse_tool_calls
@@ -164,7 +165,9 @@ def test_a_real_ctrl_c_still_stops_the_rollout() -> None:
     A real SIGINT, in a process of its own (as a user's run is), once the environment's step runs
     (in-session with ``_thread.interrupt_main`` after a fixed delay, it failed in full sessions only)."""
     script = Path(__file__).with_name("_ctrl_c_rollout.py")
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, preexec_fn=default_sigint
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("INTERRUPTED"))
     seconds = float(line.split()[2])

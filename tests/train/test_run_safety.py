@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from run_fixtures import QUIET, build
+from run_fixtures import QUIET, build, default_sigint
 
 from rlzoo.backends.simulated import SimulatedTrainParams
 from rlzoo.backends.simulated.backend import SimulatedTrainBackend
@@ -183,10 +183,12 @@ def _cli(quickstart_dir: Path, out: Path, *extra: str) -> list[str]:
 def _start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "RLZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONUNBUFFERED": "1"}
     fh = open(log, "wb")  # noqa: SIM115 (closed with the process)
-    # its own session, as a job a shell starts: the signals these tests send reach the run alone, and
-    # none sent to pytest's process group reaches the run (in a full session one SIGTERMed a run
-    # started here before its first step; a run of its own is what a user's terminal starts)
-    return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    # as a shell starts a job: a session of its own, SIGINT at its default and not blocked. In a full
+    # pytest session the runs started here ignored SIGINT (no "interrupted", killed after 60 s): a
+    # disposition inherited from the pytest process, which a user's terminal does not pass on
+    return subprocess.Popen(
+        cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=default_sigint
+    )
 
 
 def _wait_for(cond: Any, proc: subprocess.Popen[bytes], log: Path, timeout: float = 120.0) -> None:
