@@ -202,3 +202,20 @@ def row_ground_truth(row: Mapping[str, Any], column: str) -> Any:
 def reward_model(ground_truth: str, style: str = REWARD_STYLE) -> dict[str, str]:
     """The ``reward_model`` cell preparers write."""
     return {"style": style, "ground_truth": ground_truth}
+
+
+def rows_without_response(files: list[str]) -> str:
+    """What lacks a response in the training parquet files that exist ('' when none): a file
+    without the column, or the first row whose response is null or empty."""
+    import pyarrow.parquet as pq
+
+    for f in files:
+        path = Path(f).expanduser()
+        if not path.is_file():
+            continue  # not prepared yet: the batch source checks it again when the run is built
+        if RESPONSE_COLUMN not in pq.read_schema(path).names:
+            return f"{path} has no {RESPONSE_COLUMN!r} column"
+        for i, value in enumerate(pq.read_table(path, columns=[RESPONSE_COLUMN]).column(0).to_pylist()):
+            if not isinstance(value, str) or not value.strip():
+                return f"{path} row {i} has {value!r}"
+    return ""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlzoo.data.schema import RESPONSE_COLUMN
+from rlzoo.data.schema import RESPONSE_COLUMN, rows_without_response
 from rlzoo.kernel.params import param
 from rlzoo.kernel.settings import StepPlan
 
@@ -123,23 +123,6 @@ class SyncParams:
                 "runner.on_policy_fraction=1"
             )
         return problems
-
-
-def rows_without_response(files: list[str]) -> str:
-    """What lacks a response in the training parquet files that exist ('' when none): a file
-    without the column, or the first row whose response is null or empty."""
-    import pyarrow.parquet as pq
-
-    for f in files:
-        path = Path(f).expanduser()
-        if not path.is_file():
-            continue  # not prepared yet: the batch source checks it again when the run is built
-        if RESPONSE_COLUMN not in pq.read_schema(path).names:
-            return f"{path} has no {RESPONSE_COLUMN!r} column"
-        for i, value in enumerate(pq.read_table(path, columns=[RESPONSE_COLUMN]).column(0).to_pylist()):
-            if not isinstance(value, str) or not value.strip():
-                return f"{path} row {i} has {value!r}"
-    return ""
 
 
 @dataclass(frozen=True)

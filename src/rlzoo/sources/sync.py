@@ -167,8 +167,8 @@ class GenerateNow:
         self._template: Any = None
         if self.fraction < 1.0:  # the files may have been prepared after validate: check them again
             from rlzoo.agents.chat import ChatTemplate
+            from rlzoo.data.schema import rows_without_response
             from rlzoo.kernel.errors import ConfigError
-            from rlzoo.sources.params import rows_without_response
 
             bad = rows_without_response(list(session.data.train.files))
             if bad:
