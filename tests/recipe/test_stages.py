@@ -86,3 +86,29 @@ def test_every_stage_is_checked_before_anything_runs(tmp_path: Path) -> None:
     assert "stages[0] ('sft'): rollout.n: 8" in text  # the sft runner's own rule, in that stage
     assert "names ['sft'] are used more than once" in text
     assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_a_stage_override_the_grammar_cannot_read_is_refused_not_merged(tmp_path: Path) -> None:
+    # an unquoted ~/ path made the line unreadable to the override grammar, and it was merged as plain
+    # keys: the runner switched to sft without the switch's rules (sync's on_policy_fraction kept)
+    import rlzoo
+    from rlzoo.kernel.errors import ConfigError
+    from rlzoo.recipe.config import apply_overrides, load_config, strip_plugin_notes
+
+    line = "runner={name: sft, files: [~/demos.parquet], generate: 32}"
+    with pytest.raises(ConfigError) as err:
+        apply_overrides(strip_plugin_notes(load_config("quickstart").to_dict()), [line])
+    (problem,) = err.value.problems
+    assert problem.startswith(f"override {line!r}: the override grammar cannot read it")
+    assert "in quotes" in problem
+
+    cfg = load_config("quickstart_tools_sft", [f"data.dir={tmp_path}", f"run.output_dir={tmp_path / 'run'}"])
+    cfg.stages[0].overrides = [*cfg.stages[0].overrides, line]
+    with pytest.raises(ConfigError) as err:
+        rlzoo.build_run(cfg)
+    assert f"stages[0] ('sft'): override {line!r}" in str(err.value)
+    assert not (tmp_path / "run").exists()  # nothing written
+    # the same value quoted is read
+    quoted = "runner={name: sft, files: ['~/demos.parquet'], generate: 32}"
+    out = apply_overrides(strip_plugin_notes(load_config("quickstart").to_dict()), [quoted])
+    assert out["runner"]["files"] == ["~/demos.parquet"]

@@ -116,3 +116,14 @@ def test_failures_are_messages(run_dir: Path, tmp_path: Path, capsys: pytest.Cap
     (model / "config.json").write_text("{}")
     assert main(["eval", str(model)]) == 2
     assert "--recipe" in capsys.readouterr().err
+
+
+def test_a_run_folder_whose_name_the_override_grammar_cannot_read(run_dir: Path, tmp_path: Path) -> None:
+    # the model folder is set as a value, not as a `model.path=...` line: a folder named with '(', '~',
+    # '=' or a non-ASCII letter is evaluated (an override line holding it is refused as unreadable)
+    import shutil
+
+    odd = tmp_path / "runs (1) ü~a=b"
+    shutil.copytree(run_dir, odd)
+    summary = evaluate([f"{odd}@latest"], _settings(limit=2, n=1), out=tmp_path / "eval", progress=False)
+    assert summary["targets"][0]["model"] == str(odd / "final")

@@ -35,7 +35,7 @@ from rlzoo.kernel.plugins import PluginManager, get_plugin_manager
 from rlzoo.kernel.settings import OptimSettings
 from rlzoo.recipe.checks import all_range_problems, check_consistency, check_notices
 from rlzoo.recipe.files import find_recipe, notice_shadowing, recipe_search_paths
-from rlzoo.recipe.overrides import apply_part_overrides, split_part_overrides
+from rlzoo.recipe.overrides import apply_part_overrides, split_part_overrides, unreadable_overrides
 from rlzoo.recipe.types import RecipeConfig, Selection
 
 
@@ -390,6 +390,9 @@ def apply_overrides(
     selections as :func:`apply_part_overrides` does)."""
     from omegaconf import OmegaConf
 
+    problems = unreadable_overrides(overrides)
+    if problems:
+        raise ConfigError(problems, header="overrides")
     part_ovr, overrides = split_part_overrides(overrides)
     base = OmegaConf.create(to_plain(dict(raw)))
     dot = [o.lstrip("+") for o in overrides if not o.startswith("~")]

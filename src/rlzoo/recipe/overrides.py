@@ -16,7 +16,13 @@ from rlzoo.kernel.binding import field_types
 from rlzoo.kernel.plugins import PluginManager
 from rlzoo.recipe.types import RecipeConfig
 
-__all__ = ["PartOverride", "apply_part_overrides", "part_paths", "split_part_overrides"]
+__all__ = [
+    "PartOverride",
+    "apply_part_overrides",
+    "part_paths",
+    "split_part_overrides",
+    "unreadable_overrides",
+]
 
 
 def part_paths() -> dict[str, str]:
@@ -79,6 +85,25 @@ def split_part_overrides(overrides: Sequence[str]) -> tuple[list[PartOverride], 
         sub = key[len(match) + 1 :] or None
         parts.append(PartOverride(match, sub, o.value(), line))
     return parts, rest
+
+
+def unreadable_overrides(overrides: Sequence[str]) -> list[str]:
+    """One problem per line Hydra's override grammar cannot read (what ``rlzoo train`` refuses), with
+    the grammar's own message and how to write such a value: a line is never merged as a guess."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    problems = []
+    for line in overrides:
+        try:
+            parser.parse_overrides([line])
+        except Exception as exc:
+            why = " ".join(str(exc).split())
+            problems.append(
+                f"override {line!r}: the override grammar cannot read it ({why}); put a value that holds "
+                "'~', spaces or other special characters in quotes: data.dir='~/x', runner={name: sft, files: ['~/x']}"
+            )
+    return problems
 
 
 def _plain(node: Any) -> Any:

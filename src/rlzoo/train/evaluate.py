@@ -148,8 +148,12 @@ def resolve_target(
             f"target {spec!r} is a model folder outside a run directory: name the recipe that says how to "
             "prompt and score it, e.g. --recipe quickstart"
         )
-    base_over = [f"model.path={model}", "resume=false"]
-    config = load_config(base, [*base_over, *overrides], pm)
+    if isinstance(base, str):  # a recipe: composed with its interpolations (model.path may feed others)
+        config = load_config(base, [f"model.path={model}", "resume=false", *overrides], pm)
+    else:  # a run's saved config: set as values, not as override lines, since a path the override
+        # grammar cannot read (with '~', '=', '(' or a non-ASCII letter) is still a valid folder
+        raw = {**base, "model": {**base["model"], "path": str(model)}, "resume": False}
+        config = load_config(raw, list(overrides), pm)
     return Target(spec, Path(model), config, step)
 
 
@@ -353,15 +357,16 @@ def evaluate(
     targets = [resolve_target(s, recipe=recipe, overrides=over, cache=out / "models", pm=pm) for s in specs]
     if len(targets) == 2:  # the same prompts: the second reads the first's files
         first = targets[0].config.data
-        same = [
-            f"data.val_files=[{','.join(first.val_files)}]",
-            f"data.train_files=[{','.join(first.train_files)}]",
-        ]
         t2 = targets[1]
         from rlzoo.recipe.config import load_config, strip_plugin_notes
 
         raw = strip_plugin_notes(t2.config.to_dict())
-        targets[1] = dataclasses.replace(t2, config=load_config(raw, same, pm))
+        raw["data"] = {
+            **raw["data"],
+            "val_files": list(first.val_files),
+            "train_files": list(first.train_files),
+        }
+        targets[1] = dataclasses.replace(t2, config=load_config(raw, [], pm))
     record = {
         "targets": [{"target": t.label, "model": str(t.model_path), "step": t.step} for t in targets],
         "n": settings.n,
