@@ -6,8 +6,10 @@ best validated one, ``RUN@K``: step K, ``RUN@0`` / ``RUN@base``: the model it st
 export (``RUN/final``, ``RUN/export/step_K``, ``rlzoo export``'s folder) or any HF model folder
 (with ``--recipe``). The recipe of a run (its ``config.yaml``) says how prompts are rendered, which
 scorer judges, which rollout backend generates and, for agents, which environment and tools the
-trajectories use: generation goes through the very rollout backend (and multi-turn rollout) a
-training run uses; nothing here generates on its own. ``--dataset NAME`` evaluates on a registered
+trajectories use, or which agent plays each episode through the gateway (an episode the gateway
+split into several samples counts once, with its last call's answer): generation goes through the
+very rollout backend (and multi-turn or gateway rollout) a training run uses; nothing here
+generates on its own. ``--dataset NAME`` evaluates on a registered
 dataset instead (prepared once, its test / validation split), ``key=value`` overrides change the
 recipe (e.g. ``rollout.backend.name=vllm``).
 
@@ -30,7 +32,7 @@ from typing import Any
 
 from rlzoo.kernel.commands import CliCommand
 from rlzoo.kernel.errors import ConfigError, RlzooError
-from rlzoo.kernel.protocols import GenerationRequest
+from rlzoo.kernel.protocols import GenerationRequest, RewardResult, Sample
 from rlzoo.report.passk import Estimate, PromptResult, bootstrap, paired_bootstrap, per_prompt
 
 logger = logging.getLogger("rlzoo")
@@ -184,6 +186,7 @@ class _Engine:
     def __init__(self, config: Any, split: str) -> None:
         from rlzoo.placement import make_placement
         from rlzoo.train.inputs import run_inputs
+        from rlzoo.train.session import episode_rollout
 
         inputs = run_inputs(config)
         self.config = config
@@ -192,28 +195,10 @@ class _Engine:
         dataset = data.train if split == "train" or data.val is None else data.val
         self.items = [dataset[i] for i in range(len(dataset))]
         setup = inputs.backends
-        if setup.gateway is not None:  # refused before any model loads
-            from rlzoo.kernel.errors import RlzooError
-
-            raise RlzooError(
-                "rlzoo eval does not run a gateway agent (rollout.agent) yet: an episode may make several "
-                "samples, which pass@k does not count; the run's own validation (trainer.test_freq) runs it"
-            )
         self.placement = make_placement(setup.placement)
         self.engine = self.placement.rollout_backend(setup.rollout, setup.rollout_spec)
-        self.rollout = self.engine
-        if setup.agent is not None:
-            from rlzoo.agents.rollout import MultiTurnRollout
-
-            self.rollout = MultiTurnRollout(
-                self.engine,
-                setup.agent.make_env,
-                data.tokenizer,
-                setup.agent.settings,
-                max_response_length=data.max_response_length,
-                stop_ids=setup.rollout_spec.eos_token_ids,
-                tools=setup.agent.tools,
-            )
+        # the run's own trajectories: multi-turn with its environment, or its agent through the gateway
+        self.rollout = episode_rollout(self.engine, inputs)
 
     def requests(self, indices: Sequence[int], settings: EvalSettings) -> list[GenerationRequest]:
         from rlzoo.train.batching import make_requests, sampling_params
@@ -239,6 +224,20 @@ class _Engine:
         self.placement.shutdown()
 
 
+def episode_answers(
+    samples: Sequence[Sample], results: Sequence[RewardResult]
+) -> list[tuple[Sample, RewardResult]]:
+    """One (sample, result) per episode: an agent's episode the gateway split into several samples
+    (its history edited: ``agent["gateway"]["segments"] > 1``) is one answer, its last call's; every
+    other sample is its own episode."""
+    out = []
+    for s, r in zip(samples, results, strict=True):
+        gw = (s.agent or {}).get("gateway")
+        if gw is None or gw["segment"] == gw["segments"] - 1:
+            out.append((s, r))
+    return out
+
+
 def _prompt_rows(
     engine: _Engine, label: str, indices: Sequence[int], settings: EvalSettings
 ) -> list[dict[str, Any]]:
@@ -249,7 +248,7 @@ def _prompt_rows(
     tok = engine.inputs.data.tokenizer
     results = score_samples(engine.inputs.reward.manager, tok, samples)
     by_prompt: dict[str, list[tuple[Any, Any]]] = {}
-    for s, r in zip(samples, results):
+    for s, r in episode_answers(samples, results):
         by_prompt.setdefault(s.request_id, []).append((s, r))
     rows = []
     for i, req in zip(indices, reqs):

@@ -41,7 +41,6 @@ from rlzoo.train.export import (
 from rlzoo.train.inputs import (
     AgentSetup,
     Data,
-    GatewaySetup,
     Reward,
     RunInputs,
     Sampling,
@@ -211,11 +210,7 @@ class Session:
             built.append(train)
             engine = placement.rollout_backend(setup.rollout, setup.rollout_spec)
             built.insert(0, engine)
-            rollout = engine
-            if setup.agent is not None:  # multi-turn: trajectories composed over the engine
-                rollout = self._multi_turn(engine, setup.agent, setup.rollout_spec.eos_token_ids)
-            elif setup.gateway is not None:  # a user's agent through the gateway, over the engine
-                rollout = self._gateway(engine, setup.gateway, setup.rollout_spec.eos_token_ids)
+            rollout = episode_rollout(engine, inputs)
         except BaseException:
             _shut_down(*built)
             placement.shutdown()
@@ -228,44 +223,6 @@ class Session:
             setup.rollout_spec.model_path,
             stop_ids=tuple(setup.rollout_spec.eos_token_ids),
             agent=setup.agent,
-        )
-
-    def _multi_turn(
-        self, engine: RolloutBackend, agent: AgentSetup, stop_ids: Sequence[int]
-    ) -> RolloutBackend:
-        """Every batch source generates through these trajectories; weights still go to ``engine``."""
-        from rlzoo.agents.rollout import MultiTurnRollout
-
-        return MultiTurnRollout(
-            engine,
-            agent.make_env,
-            self.data.tokenizer,
-            agent.settings,
-            max_response_length=self.data.max_response_length,
-            stop_ids=stop_ids,
-            tools=agent.tools,
-            template_kwargs=self.data.chat_template_kwargs,
-            max_prompt_length=agent.max_prompt_length,
-            env_name=agent.env_name,
-        )
-
-    def _gateway(self, engine: RolloutBackend, gw: GatewaySetup, stop_ids: Sequence[int]) -> RolloutBackend:
-        """Every batch source generates through the agent's episodes; weights still go to ``engine``."""
-        from rlzoo.gateway.rollout import GatewayRollout
-
-        return GatewayRollout(
-            engine,
-            gw.make_agent,
-            self.data.tokenizer,
-            gw.settings,
-            gw.multi_turn,
-            max_response_length=self.data.max_response_length,
-            max_prompt_length=gw.max_prompt_length,
-            stop_ids=stop_ids,
-            agent_name=gw.agent_name,
-            template_kwargs=self.data.chat_template_kwargs,
-            make_env=gw.make_env,
-            env_name=gw.env_name,
         )
 
     # -- what the runner API reads ----------------------------------------------------------------
@@ -452,6 +409,49 @@ class Session:
             _shut_down(backends.rollout, backends.train)
             backends.placement.shutdown()
         self.lock.release()
+
+
+def episode_rollout(engine: RolloutBackend, inputs: RunInputs) -> RolloutBackend:
+    """What generates a run's samples over ``engine`` (weights still go to ``engine``): the engine
+    itself, multi-turn trajectories with the recipe's environment (``rollout.agent`` an environment
+    kind), or a user's agent through the gateway. ``rlzoo eval`` builds its rollout here too."""
+    setup, data = inputs.backends, inputs.data
+    stop_ids = tuple(setup.rollout_spec.eos_token_ids)
+    if setup.agent is not None:
+        from rlzoo.agents.rollout import MultiTurnRollout
+
+        agent = setup.agent
+        return MultiTurnRollout(
+            engine,
+            agent.make_env,
+            data.tokenizer,
+            agent.settings,
+            max_response_length=data.max_response_length,
+            stop_ids=stop_ids,
+            tools=agent.tools,
+            template_kwargs=data.chat_template_kwargs,
+            max_prompt_length=agent.max_prompt_length,
+            env_name=agent.env_name,
+        )
+    if setup.gateway is not None:
+        from rlzoo.gateway.rollout import GatewayRollout
+
+        gw = setup.gateway
+        return GatewayRollout(
+            engine,
+            gw.make_agent,
+            data.tokenizer,
+            gw.settings,
+            gw.multi_turn,
+            max_response_length=data.max_response_length,
+            max_prompt_length=gw.max_prompt_length,
+            stop_ids=stop_ids,
+            agent_name=gw.agent_name,
+            template_kwargs=data.chat_template_kwargs,
+            make_env=gw.make_env,
+            env_name=gw.env_name,
+        )
+    return engine
 
 
 def _shut_down(*backends: Any) -> None:
