@@ -228,7 +228,6 @@ def test_a_call_the_engine_never_samples_gets_a_503_that_says_so() -> None:
     import threading
 
     from gateway.conftest import FnAgent
-
     from rlzoo.agents.settings import MultiTurnSettings
     from rlzoo.gateway.rollout import GatewayRollout
     from rlzoo.gateway.settings import GatewaySettings

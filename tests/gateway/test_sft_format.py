@@ -13,7 +13,6 @@ without it (``rollout.agent.tool=false rollout.environment.with_tool=false``).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import pytest
 
@@ -22,7 +21,10 @@ from rlzoo.kernel.protocols import GenerationRequest, Sample, SamplingParams
 
 pytest.importorskip("openai")
 
-ROW = {"extra_info": {"split": "train", "index": 0, "a": 456, "b": 789}, "data_source": "rlzoo/tool_arithmetic"}
+ROW = {
+    "extra_info": {"split": "train", "index": 0, "a": 456, "b": 789},
+    "data_source": "rlzoo/tool_arithmetic",
+}
 NO_TOOL = ["rollout.agent.tool=false", "rollout.environment.with_tool=false"]
 
 
