@@ -88,6 +88,7 @@ def _server_threads() -> int:
 
 @pytest.mark.slow  # ~25 s on 2 loaded cores (5.5 s of it idle, past the keep-alive expiry)
 def test_many_rounds_of_concurrent_sdk_episodes_all_finish() -> None:
+    base = _server_threads()  # earlier tests' servers may have left handlers of connections still open
     gw, inner = _gateway(timeout=20.0)
     threads = []
     try:
@@ -103,7 +104,7 @@ def test_many_rounds_of_concurrent_sdk_episodes_all_finish() -> None:
                 assert g["calls"] == s.agent["turns"] >= 1 and g["late_calls"] == g["refused_calls"] == 0  # type: ignore[index]
             assert took < 20.0
             assert gw._by_call == {} and inner.num_pending() == 0  # every call sampled and consumed
-            threads.append(_server_threads())
+            threads.append(_server_threads() - base)
             _push(inner, k + 1)
             if k == 0:  # idle past httpx's keep-alive expiry (5 s): the client closes its connections
                 time.sleep(5.5)
