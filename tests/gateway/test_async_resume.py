@@ -2,7 +2,7 @@
 :func:`rlzoo.testing.runs.kill_9_then_resume`, for ``quickstart_gateway``): a run whose agent is the
 shipped calc agent as a command (one process per episode, partial rollouts across weight pushes) is
 killed with SIGKILL while episodes are in flight after a checkpoint; the resumed run neither loses
-nor repeats an episode's prompt."""
+nor repeats an episode's prompt. The recipe's GRPO stage alone (``stages=[]``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from rlzoo.testing.runs import kill_9_then_resume
 
 pytest.importorskip("openai")
 
-COMMAND = ("rollout.agent=command", "rollout.agent.argv=[python,-m,rlzoo.tasks.calc_agent]")
+COMMAND = ("stages=[]", "rollout.agent=command", "rollout.agent.argv=[python,-m,rlzoo.tasks.calc_agent]")
 
 
 @pytest.mark.slow

@@ -204,3 +204,62 @@ def test_a_failing_command_fails_its_episode(make_gateway: Any, code: str, kind:
     assert time.monotonic() - t0 < 20
     assert s.agent["failure"]["kind"] == kind, s.agent["failure"]  # type: ignore[index]
     assert words in s.agent["error"]  # type: ignore[index]
+
+
+class _Silent:
+    """An engine that never samples what it is given (a stalled engine, or a process that is not run)."""
+
+    version = 0
+
+    def submit(self, requests: Any) -> None: ...
+
+    def stream(self, timeout: float | None = None) -> Any:
+        time.sleep(timeout or 0.05)
+        return iter(())
+
+    def pause(self) -> None: ...
+    def resume(self) -> None: ...
+    def shutdown(self) -> None: ...
+
+
+def test_a_call_the_engine_never_samples_gets_a_503_that_says_so() -> None:
+    """The call's own wait ends at rollout.gateway.agent_timeout_s with a 503 naming the limit (it
+    said "the run stopped before this call was sampled", which is what a shutdown says)."""
+    import threading
+
+    from gateway.conftest import FnAgent
+    from rlzoo.agents.settings import MultiTurnSettings
+    from rlzoo.gateway.rollout import GatewayRollout
+    from rlzoo.gateway.settings import GatewaySettings
+    from rlzoo.tasks._tools import build_tokenizer
+
+    got: dict[str, Any] = {}
+    done = threading.Event()
+
+    def agent(client: Any, row: Any) -> AgentResult:
+        body = {"model": client.model, "messages": [{"role": "user", "content": "1 2 3"}]}
+        got["reply"] = post(client.base_url + "/chat/completions", body, client.api_key)
+        done.set()
+        return AgentResult(reward=0.0)
+
+    tok = build_tokenizer()
+    gw = GatewayRollout(
+        _Silent(),  # type: ignore[arg-type]
+        lambda: FnAgent(agent),
+        tok,
+        GatewaySettings(agent_timeout_s=1.0),
+        MultiTurnSettings(max_turns=2, per_turn_max_tokens=8, tool_call_format="plain"),
+        max_response_length=16,
+        max_prompt_length=16,
+        stop_ids=(int(tok.eos_token_id),),
+        agent_name="test",
+    )
+    try:
+        (s,) = gw.generate(one())
+        assert "exceeded 1 s (rollout.gateway.agent_timeout_s)" in (s.agent["error"] or "")  # type: ignore[index]
+        assert done.wait(10)  # the abandoned agent thread still gets its reply
+    finally:
+        gw.shutdown()
+    status, body = got["reply"]
+    assert status == 503 and body["error"]["code"] == "engine_timeout"
+    assert "did not sample this call within 1 s (rollout.gateway.agent_timeout_s)" in body["error"]["message"]

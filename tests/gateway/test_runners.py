@@ -5,7 +5,8 @@ measures both) and the ``tool_arithmetic`` environment judging its episodes.
 
 The gateway is each runner's batch source's rollout: episodes are played, their calls merged into
 one trajectory each (no split), and a push never aborts a call (fully_async with partial rollout).
-The tool's round trip is tests/gateway/test_tools.py's (a scripted engine: deterministic)."""
+The tool's round trip is tests/gateway/test_tools.py's (a scripted engine: deterministic). The
+recipe's SFT stage is left out (``stages=[]``): what runs here is its GRPO stage through the gateway."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def test_quickstart_gateway_trains_on_every_runner(runner: str, data_dir: Path, 
     run = rlzoo.build_run(
         "quickstart_gateway",
         [
+            "stages=[]",
             f"data.dir={data_dir}",
             f"run.output_dir={tmp_path}",
             "run.progress=false",

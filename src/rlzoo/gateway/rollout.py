@@ -691,11 +691,20 @@ class GatewayRollout(OverEngine):
             self._side.spawn("call", ep, _now(p))
         out: list[tuple[Sample, Call]] = []
         for k, p in enumerate(pendings):
+            wait = self.settings.agent_timeout_s
             try:
-                s = p.future.result(timeout=self.settings.agent_timeout_s)
-            except (concurrent.futures.CancelledError, concurrent.futures.TimeoutError):
+                s = p.future.result(timeout=wait)
+            except concurrent.futures.CancelledError:
                 raise ApiError(
                     503, "the run stopped before this call was sampled", type="server_error"
+                ) from None
+            except concurrent.futures.TimeoutError:  # the engine (or the whole process) did not get to it
+                raise ApiError(
+                    503,
+                    f"the engine did not sample this call within {wait:g} s ({_TIMEOUT}); the episode "
+                    "has run past its time too",
+                    type="server_error",
+                    code="engine_timeout",
                 ) from None
             ids = list(s.response_ids)
             stopped = bool(ids) and ids[-1] in self.stop_ids and s.finish_reason == "stop"
