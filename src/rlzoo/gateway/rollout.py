@@ -45,8 +45,11 @@ from rlzoo.gateway.episodes import Call, SplitRefused, episode_samples
 from rlzoo.gateway.openai_api import (
     ApiError,
     Choice,
+    EventStream,
     SchemaTool,
+    chat_chunks,
     chat_reply,
+    completion_chunks,
     completion_reply,
     models_reply,
     parse_chat,
@@ -459,7 +462,7 @@ class GatewayRollout(OverEngine):
                 ),
             )
 
-    def chat(self, episode: str, body: Any) -> dict[str, Any]:
+    def chat(self, episode: str, body: Any) -> dict[str, Any] | EventStream:
         ep = self._episode(episode)
         try:
             req = parse_chat(body, max_tokens=self.settings.max_tokens, max_n=self.settings.max_n)
@@ -493,7 +496,10 @@ class GatewayRollout(OverEngine):
             call.parsed_calls = tuple(good)
             call.malformed_calls = len(parsed) - len(good)
             finish = "tool_calls" if good else ("stop" if s.finish_reason == "stop" else "length")
-            choices.append(self._choice(s, text, finish, good, content, req.sampling.logprobs))
+            choice = self._choice(s, text, finish, good, content, req.sampling.logprobs)
+            if req.streaming.on and content == text:
+                choice.pieces = self._pieces(s, text)
+            choices.append(choice)
             reply = _norm_reply(content, good)
             with ep.lock:
                 if not ep.done:
@@ -506,9 +512,12 @@ class GatewayRollout(OverEngine):
                             tools=tools,
                         )
                     )
-        return chat_reply(self.settings.model_name, choices, len(prompt), req.sampling.logprobs)
+        reply = chat_reply(self.settings.model_name, choices, len(prompt), req.sampling.logprobs)
+        if req.streaming.on:
+            return chat_chunks(reply, choices, req.streaming.include_usage)
+        return reply
 
-    def completion(self, episode: str, body: Any) -> dict[str, Any]:
+    def completion(self, episode: str, body: Any) -> dict[str, Any] | EventStream:
         ep = self._episode(episode)
         try:
             req = parse_completion(body, max_tokens=self.settings.max_tokens, max_n=self.settings.max_n)
@@ -543,7 +552,13 @@ class GatewayRollout(OverEngine):
             )
             for s, call in samples
         ]
-        return completion_reply(self.settings.model_name, choices, len(prompt), req.sampling.logprobs)
+        if req.streaming.on:
+            for (s, _), choice in zip(samples, choices):
+                choice.pieces = self._pieces(s, choice.text)
+        reply = completion_reply(self.settings.model_name, choices, len(prompt), req.sampling.logprobs)
+        if req.streaming.on:
+            return completion_chunks(reply, choices, req.streaming.include_usage)
+        return reply
 
     def _choice(
         self, s: Sample, text: str, finish: str, calls: list[Any], content: str | None, logprobs: bool
@@ -563,6 +578,23 @@ class GatewayRollout(OverEngine):
             log_probs=list(s.rollout_log_probs),
             completion_tokens=len(s.response_ids),
         )
+
+    def _pieces(self, s: Sample, text: str) -> list[str]:
+        """``text`` (the decoded reply) cut where its tokens end, for a streamed reply: piece k is what
+        token k adds to the text decoded so far (a token that ends inside a character adds nothing
+        until the one that completes it). Empty when the cuts do not rebuild ``text`` exactly (the
+        reply then streams as one piece)."""
+        pieces, done = [], ""
+        with self._tok_lock:
+            for j in range(1, len(s.response_ids) + 1):
+                now = self.tokenizer.decode(s.response_ids[:j], skip_special_tokens=False)
+                if text.startswith(now):
+                    if len(now) > len(done):
+                        pieces.append(now[len(done) :])
+                        done = now
+                elif len(now) > len(text):  # past the reply (its stop token, a stop string's end)
+                    break
+        return pieces if done == text else []
 
     def _template(self, tools: Sequence[SchemaTool]) -> ChatTemplate:
         return ChatTemplate(self.tokenizer, tools, self.stop_ids, self.template_kwargs)
