@@ -74,6 +74,8 @@ from rlzoo.kernel.protocols import (
 __all__ = ["GatewayRollout", "jsonable"]
 
 _TIMEOUT = "rollout.gateway.agent_timeout_s"
+_KEPT = 1024  # renderings kept per set of tools (ChatTemplate.memo)
+_KEPT_TEMPLATES = 16  # sets of tools whose template is kept
 
 
 def jsonable(value: Any) -> Any:
@@ -197,6 +199,7 @@ class GatewayRollout(OverEngine):
         self.key = secrets.token_urlsafe(24)
         self._lock = threading.RLock()
         self._tok_lock = threading.Lock()  # one tokenizer, many handler threads
+        self._templates: dict[str, ChatTemplate] = {}  # by tools (under _tok_lock)
         self._episodes: dict[str, _Episode] = {}
         self._by_call: dict[str, _Pending] = {}  # engine request id -> waiting call
         self._late_calls = 0  # calls after their episode ended, not yet on a record
@@ -597,7 +600,17 @@ class GatewayRollout(OverEngine):
         return pieces if done == text else []
 
     def _template(self, tools: Sequence[SchemaTool]) -> ChatTemplate:
-        return ChatTemplate(self.tokenizer, tools, self.stop_ids, self.template_kwargs)
+        """The chat template for calls that declare ``tools``: one per set of tools, kept with its
+        renderings (``rollout.n`` episodes of a row open with the same messages; call under the
+        tokenizer lock)."""
+        key = repr(list(tools))
+        template = self._templates.get(key)
+        if template is None:
+            template = ChatTemplate(self.tokenizer, tools, self.stop_ids, self.template_kwargs, memo=_KEPT)
+            self._templates[key] = template
+            if len(self._templates) > _KEPT_TEMPLATES:
+                self._templates.pop(next(iter(self._templates)))
+        return template
 
     def _to_template(self, messages: Sequence[Message]) -> list[Message]:
         """The agent's messages as the template renders them: an assistant's tool calls written in the
@@ -720,7 +733,7 @@ class GatewayRollout(OverEngine):
             rid = f"{ep.request.request_id}/{ep.index}#g{no}.{k}"
             p = _Pending(GenerationRequest(rid, list(prompt), sampling, data=ep.request.data))
             pendings.append(p)
-            self._side.spawn("call", ep, _now(p))
+            self._side.post("call", ep, p)  # to the caller's thread, which submits it
         out: list[tuple[Sample, Call]] = []
         for k, p in enumerate(pendings):
             try:
@@ -770,8 +783,3 @@ class GatewayRollout(OverEngine):
             view.finish_reason = "stop" if finish in ("stop", "stop_string") else "length"
             out.append((view, call))
         return out
-
-
-async def _now(value: Any) -> Any:
-    """Hands a value to the caller's thread through the side loop's queue."""
-    return value
