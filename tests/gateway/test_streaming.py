@@ -227,3 +227,34 @@ def test_bad_stream_fields_are_refused_with_the_field_named(extra: dict[str, Any
     with pytest.raises(ApiError) as err:
         parse_chat(body, max_tokens=16, max_n=1)
     assert err.value.status == 400 and err.value.param == param
+
+
+def test_n_streamed_choices_are_the_unstreamed_choices(make_gateway: Any) -> None:
+    """``n=2`` in one call: the chunks, gathered by choice index, are both choices, as without
+    streaming (the ``.stream()`` helper refuses a reply cut by ``max_tokens``: raw iteration)."""
+    got: dict[bool, list[tuple[str | None, str | None]]] = {}
+
+    def agent(stream: bool) -> Any:
+        def run(client: Any, row: Any) -> AgentResult:
+            msgs = [{"role": "user", "content": "hi"}]
+            kw: dict[str, Any] = {"model": client.model, "messages": msgs, "n": 2, "max_tokens": 10}
+            if not stream:
+                out = _api(client).chat.completions.create(**kw).choices
+                got[stream] = [(c.message.content, c.finish_reason) for c in out]
+                return AgentResult(reward=0.0)
+            text: dict[int, str] = {}
+            finish: dict[int, str | None] = {}
+            for chunk in _api(client).chat.completions.create(**kw, stream=True):
+                for c in chunk.choices:
+                    text[c.index] = text.get(c.index, "") + (c.delta.content or "")
+                    finish[c.index] = c.finish_reason or finish.get(c.index)
+            got[stream] = [(text[i], finish[i]) for i in sorted(text)]
+            return AgentResult(reward=0.0)
+
+        return run
+
+    for stream in (False, True):
+        gw, _ = make_gateway(agent(stream))
+        samples = gw.generate(requests(1, 1))
+        assert [s.agent["error"] for s in samples] == [None, None]  # type: ignore[index]
+    assert len(got[True]) == 2 and got[True] == got[False]
