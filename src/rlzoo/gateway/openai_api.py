@@ -1,8 +1,10 @@
 """The OpenAI wire format: requests read and checked, replies and errors written.
 
 Only what the gateway serves: ``POST /v1/chat/completions`` (messages, tools, tool_choice, n,
-temperature, top_p, max_tokens / max_completion_tokens, stop, logprobs, seed), ``POST
-/v1/completions`` and ``GET /v1/models``. A request the gateway cannot serve is an
+temperature, top_p, max_tokens / max_completion_tokens, stop, logprobs, seed, stream,
+stream_options.include_usage), ``POST /v1/completions`` and ``GET /v1/models``. A streamed reply
+(:func:`chat_chunks`, :func:`completion_chunks`) is the same reply as server-sent events: OpenAI's
+``chat.completion.chunk`` / ``text_completion`` chunks, then ``data: [DONE]``. A request the gateway cannot serve is an
 :class:`ApiError` whose body is OpenAI's error object (``{"error": {"message", "type", "param",
 "code"}}``), so an SDK raises its usual exception with the message.
 """
@@ -25,8 +27,11 @@ __all__ = [
     "ApiError",
     "ChatRequest",
     "CompletionRequest",
+    "EventStream",
     "SchemaTool",
+    "chat_chunks",
     "chat_reply",
+    "completion_chunks",
     "completion_reply",
     "models_reply",
     "parse_chat",
@@ -83,6 +88,15 @@ class Sampling:
     top_p: float | None = None
 
 
+@dataclass(frozen=True)
+class Streaming:
+    """How a reply is written: as one JSON object, or (``on``) as server-sent event chunks, the last
+    one with the usage when ``include_usage``."""
+
+    on: bool = False
+    include_usage: bool = False
+
+
 @dataclass
 class ChatRequest:
     model: str
@@ -90,6 +104,7 @@ class ChatRequest:
     tools: list[SchemaTool] = field(default_factory=list)
     tool_choice: Any = "auto"
     sampling: Sampling = field(default_factory=Sampling)
+    streaming: Streaming = Streaming()
 
 
 @dataclass
@@ -97,6 +112,7 @@ class CompletionRequest:
     model: str
     prompt: str | list[int]
     sampling: Sampling = field(default_factory=Sampling)
+    streaming: Streaming = Streaming()
 
 
 def _bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -126,9 +142,24 @@ def _int(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int | None:
     return v
 
 
+def _streaming(body: Mapping[str, Any]) -> Streaming:
+    on = body.get("stream")
+    if on is None:
+        on = False
+    if not isinstance(on, bool):
+        raise _bad(f"stream must be a boolean, got {on!r}", "stream")
+    opts = body.get("stream_options")
+    if opts is None:
+        return Streaming(on)
+    if not on:
+        raise _bad("stream_options is only allowed when stream is true", "stream_options")
+    usage = opts.get("include_usage", False) if isinstance(opts, Mapping) else None
+    if not isinstance(usage, bool):
+        raise _bad(f"stream_options must be {{include_usage: boolean}}, got {opts!r}"[:300], "stream_options")
+    return Streaming(on, usage)
+
+
 def _sampling(body: Mapping[str, Any], max_tokens: int, max_n: int) -> Sampling:
-    if body.get("stream"):
-        raise _bad("stream=true is not served by the rlzoo gateway; ask without streaming", "stream")
     a = _int(body, "max_tokens", 1, max_tokens)
     b = _int(body, "max_completion_tokens", 1, max_tokens)
     stop = body.get("stop")
@@ -258,6 +289,7 @@ def parse_chat(body: Any, *, max_tokens: int, max_n: int) -> ChatRequest:
         tools=tools,
         tool_choice=choice,
         sampling=_sampling(body, max_tokens, max_n),
+        streaming=_streaming(body),
     )
 
 
@@ -276,7 +308,12 @@ def parse_completion(body: Any, *, max_tokens: int, max_n: int) -> CompletionReq
         )
     ):
         raise _bad("prompt must be a non-empty string or a list of token ids (one prompt)", "prompt")
-    return CompletionRequest(model=_model(body), prompt=prompt, sampling=_sampling(body, max_tokens, max_n))
+    return CompletionRequest(
+        model=_model(body),
+        prompt=prompt,
+        sampling=_sampling(body, max_tokens, max_n),
+        streaming=_streaming(body),
+    )
 
 
 def read_tool_calls(text: str, fmt: str, tools: Sequence[SchemaTool]) -> tuple[str | None, list[ToolCall]]:
@@ -315,6 +352,9 @@ class Choice:
     tokens: list[str] = field(default_factory=list)  # decoded one by one (logprobs)
     log_probs: list[float] = field(default_factory=list)
     completion_tokens: int = 0
+    #: the content (chat) or text (completions) cut where its tokens end, for a streamed reply: the
+    #: pieces join to exactly the content; empty: one piece
+    pieces: list[str] = field(default_factory=list)
 
 
 def chat_reply(model: str, choices: Sequence[Choice], prompt_tokens: int, logprobs: bool) -> dict[str, Any]:
@@ -383,3 +423,79 @@ def completion_reply(
 
 def models_reply(model: str) -> dict[str, Any]:
     return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "rlzoo"}]}
+
+
+@dataclass
+class EventStream:
+    """A streamed reply: its chunks, written as server-sent events and closed by ``data: [DONE]``.
+    The engine gives a call's tokens when it finishes the call, so every chunk is ready at once."""
+
+    chunks: list[dict[str, Any]]
+
+    def body(self) -> bytes:
+        events = [b"data: " + json.dumps(c).encode("utf-8") + b"\n\n" for c in self.chunks]
+        return b"".join([*events, b"data: [DONE]\n\n"])
+
+
+def _pieces(c: Choice, whole: str | None) -> list[str]:
+    if not whole:
+        return []
+    return list(c.pieces) if c.pieces and "".join(c.pieces) == whole else [whole]
+
+
+def chat_chunks(reply: Mapping[str, Any], choices: Sequence[Choice], include_usage: bool) -> EventStream:
+    """The chat reply ``reply`` (:func:`chat_reply` of ``choices``) as ``chat.completion.chunk`` s, as
+    OpenAI streams one: per choice a first chunk with the role, the content in pieces, each tool
+    call (its index, id and name, then its arguments), the finish reason; then, with
+    ``include_usage``, a chunk without choices that carries the usage."""
+    head = {"id": reply["id"], "object": "chat.completion.chunk", "created": reply["created"]}
+    head["model"] = reply["model"]
+    usage: dict[str, Any] = {"usage": None} if include_usage else {}
+    chunks: list[dict[str, Any]] = []
+
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None, lp: Any = None) -> None:
+        choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
+        chunks.append({**head, "choices": [choice], **usage})
+
+    for out, c in zip(reply["choices"], choices):
+        i, msg = out["index"], out["message"]
+        lp = out["logprobs"]  # every token's, on the first chunk after the role
+        chunk(i, {"role": "assistant", "content": ""})
+        for piece in _pieces(c, msg["content"]):
+            chunk(i, {"content": piece}, lp=lp)
+            lp = None
+        for k, call in enumerate(msg.get("tool_calls") or []):
+            fn = call["function"]
+            first = {"index": k, "id": call["id"], "type": "function"}
+            chunk(i, {"tool_calls": [{**first, "function": {"name": fn["name"], "arguments": ""}}]})
+            chunk(i, {"tool_calls": [{"index": k, "function": {"arguments": fn["arguments"]}}]})
+        chunk(i, {}, out["finish_reason"], lp)
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": reply["usage"]})
+    return EventStream(chunks)
+
+
+def completion_chunks(
+    reply: Mapping[str, Any], choices: Sequence[Choice], include_usage: bool
+) -> EventStream:
+    """The completions reply ``reply`` (:func:`completion_reply` of ``choices``) streamed: per
+    choice its text in pieces, then its finish reason; the usage last with ``include_usage``."""
+    head = {
+        "id": reply["id"],
+        "object": "text_completion",
+        "created": reply["created"],
+        "model": reply["model"],
+    }
+    usage: dict[str, Any] = {"usage": None} if include_usage else {}
+    chunks: list[dict[str, Any]] = []
+    for out, c in zip(reply["choices"], choices):
+        lp = out["logprobs"]
+        for piece in _pieces(c, out["text"]):
+            choice = {"index": out["index"], "text": piece, "logprobs": lp, "finish_reason": None}
+            chunks.append({**head, "choices": [choice], **usage})
+            lp = None
+        choice = {"index": out["index"], "text": "", "logprobs": lp, "finish_reason": out["finish_reason"]}
+        chunks.append({**head, "choices": [choice], **usage})
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": reply["usage"]})
+    return EventStream(chunks)

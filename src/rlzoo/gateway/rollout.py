@@ -45,8 +45,11 @@ from rlzoo.gateway.episodes import Call, SplitRefused, episode_samples
 from rlzoo.gateway.openai_api import (
     ApiError,
     Choice,
+    EventStream,
     SchemaTool,
+    chat_chunks,
     chat_reply,
+    completion_chunks,
     completion_reply,
     models_reply,
     parse_chat,
@@ -71,6 +74,8 @@ from rlzoo.kernel.protocols import (
 __all__ = ["GatewayRollout", "jsonable"]
 
 _TIMEOUT = "rollout.gateway.agent_timeout_s"
+_KEPT = 1024  # renderings kept per set of tools (ChatTemplate.memo)
+_KEPT_TEMPLATES = 16  # sets of tools whose template is kept
 
 
 def jsonable(value: Any) -> Any:
@@ -194,6 +199,7 @@ class GatewayRollout(OverEngine):
         self.key = secrets.token_urlsafe(24)
         self._lock = threading.RLock()
         self._tok_lock = threading.Lock()  # one tokenizer, many handler threads
+        self._templates: dict[str, ChatTemplate] = {}  # by tools (under _tok_lock)
         self._episodes: dict[str, _Episode] = {}
         self._by_call: dict[str, _Pending] = {}  # engine request id -> waiting call
         self._late_calls = 0  # calls after their episode ended, not yet on a record
@@ -459,7 +465,7 @@ class GatewayRollout(OverEngine):
                 ),
             )
 
-    def chat(self, episode: str, body: Any) -> dict[str, Any]:
+    def chat(self, episode: str, body: Any) -> dict[str, Any] | EventStream:
         ep = self._episode(episode)
         try:
             req = parse_chat(body, max_tokens=self.settings.max_tokens, max_n=self.settings.max_n)
@@ -493,7 +499,10 @@ class GatewayRollout(OverEngine):
             call.parsed_calls = tuple(good)
             call.malformed_calls = len(parsed) - len(good)
             finish = "tool_calls" if good else ("stop" if s.finish_reason == "stop" else "length")
-            choices.append(self._choice(s, text, finish, good, content, req.sampling.logprobs))
+            choice = self._choice(s, text, finish, good, content, req.sampling.logprobs)
+            if req.streaming.on and content == text:
+                choice.pieces = self._pieces(s, text)
+            choices.append(choice)
             reply = _norm_reply(content, good)
             with ep.lock:
                 if not ep.done:
@@ -506,9 +515,12 @@ class GatewayRollout(OverEngine):
                             tools=tools,
                         )
                     )
-        return chat_reply(self.settings.model_name, choices, len(prompt), req.sampling.logprobs)
+        reply = chat_reply(self.settings.model_name, choices, len(prompt), req.sampling.logprobs)
+        if req.streaming.on:
+            return chat_chunks(reply, choices, req.streaming.include_usage)
+        return reply
 
-    def completion(self, episode: str, body: Any) -> dict[str, Any]:
+    def completion(self, episode: str, body: Any) -> dict[str, Any] | EventStream:
         ep = self._episode(episode)
         try:
             req = parse_completion(body, max_tokens=self.settings.max_tokens, max_n=self.settings.max_n)
@@ -543,7 +555,13 @@ class GatewayRollout(OverEngine):
             )
             for s, call in samples
         ]
-        return completion_reply(self.settings.model_name, choices, len(prompt), req.sampling.logprobs)
+        if req.streaming.on:
+            for (s, _), choice in zip(samples, choices):
+                choice.pieces = self._pieces(s, choice.text)
+        reply = completion_reply(self.settings.model_name, choices, len(prompt), req.sampling.logprobs)
+        if req.streaming.on:
+            return completion_chunks(reply, choices, req.streaming.include_usage)
+        return reply
 
     def _choice(
         self, s: Sample, text: str, finish: str, calls: list[Any], content: str | None, logprobs: bool
@@ -564,8 +582,35 @@ class GatewayRollout(OverEngine):
             completion_tokens=len(s.response_ids),
         )
 
+    def _pieces(self, s: Sample, text: str) -> list[str]:
+        """``text`` (the decoded reply) cut where its tokens end, for a streamed reply: piece k is what
+        token k adds to the text decoded so far (a token that ends inside a character adds nothing
+        until the one that completes it). Empty when the cuts do not rebuild ``text`` exactly (the
+        reply then streams as one piece)."""
+        pieces, done = [], ""
+        with self._tok_lock:
+            for j in range(1, len(s.response_ids) + 1):
+                now = self.tokenizer.decode(s.response_ids[:j], skip_special_tokens=False)
+                if text.startswith(now):
+                    if len(now) > len(done):
+                        pieces.append(now[len(done) :])
+                        done = now
+                elif len(now) > len(text):  # past the reply (its stop token, a stop string's end)
+                    break
+        return pieces if done == text else []
+
     def _template(self, tools: Sequence[SchemaTool]) -> ChatTemplate:
-        return ChatTemplate(self.tokenizer, tools, self.stop_ids, self.template_kwargs)
+        """The chat template for calls that declare ``tools``: one per set of tools, kept with its
+        renderings (``rollout.n`` episodes of a row open with the same messages; call under the
+        tokenizer lock)."""
+        key = repr(list(tools))
+        template = self._templates.get(key)
+        if template is None:
+            template = ChatTemplate(self.tokenizer, tools, self.stop_ids, self.template_kwargs, memo=_KEPT)
+            self._templates[key] = template
+            if len(self._templates) > _KEPT_TEMPLATES:
+                self._templates.pop(next(iter(self._templates)))
+        return template
 
     def _to_template(self, messages: Sequence[Message]) -> list[Message]:
         """The agent's messages as the template renders them: an assistant's tool calls written in the
@@ -688,7 +733,7 @@ class GatewayRollout(OverEngine):
             rid = f"{ep.request.request_id}/{ep.index}#g{no}.{k}"
             p = _Pending(GenerationRequest(rid, list(prompt), sampling, data=ep.request.data))
             pendings.append(p)
-            self._side.spawn("call", ep, _now(p))
+            self._side.post("call", ep, p)  # to the caller's thread, which submits it
         out: list[tuple[Sample, Call]] = []
         for k, p in enumerate(pendings):
             wait = self.settings.agent_timeout_s
@@ -747,8 +792,3 @@ class GatewayRollout(OverEngine):
             view.finish_reason = "stop" if finish in ("stop", "stop_string") else "length"
             out.append((view, call))
         return out
-
-
-async def _now(value: Any) -> Any:
-    """Hands a value to the caller's thread through the side loop's queue."""
-    return value

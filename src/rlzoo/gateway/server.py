@@ -8,7 +8,8 @@ Routes (each episode has its own base URL, so calls are recorded to the right ep
 
 Every request needs ``Authorization: Bearer <key>`` (401 without it); a body over
 ``max_request_bytes`` is refused (413) before it is read. What a route answers comes from the
-:class:`App` (the rollout), as ``(status, JSON object)``; errors are OpenAI's error bodies.
+:class:`App` (the rollout): a JSON object, or a streamed reply (server-sent events); errors are
+OpenAI's error bodies.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from rlzoo.gateway.openai_api import ApiError
+from rlzoo.gateway.openai_api import ApiError, EventStream
 
 __all__ = ["App", "GatewayServer"]
 
@@ -31,8 +32,8 @@ class App(Protocol):
     """What the server asks of the gateway (the rollout)."""
 
     def models(self) -> dict[str, Any]: ...
-    def chat(self, episode: str, body: Any) -> dict[str, Any]: ...
-    def completion(self, episode: str, body: Any) -> dict[str, Any]: ...
+    def chat(self, episode: str, body: Any) -> dict[str, Any] | EventStream: ...
+    def completion(self, episode: str, body: Any) -> dict[str, Any] | EventStream: ...
 
 
 class _Server(ThreadingHTTPServer):
@@ -59,6 +60,21 @@ class _Handler(BaseHTTPRequestHandler):
         data = json.dumps(obj).encode("utf-8")
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _reply(self, out: dict[str, Any] | EventStream) -> None:
+        """A route's answer: a JSON object, or a streamed reply as server-sent events. Every event
+        of a stream is ready when the route answers (the engine gives a call's tokens at its end),
+        so the stream goes out as one body with its length: the connection stays open for the next call."""
+        if not isinstance(out, EventStream):
+            self._send(200, out)
+            return
+        data = out.body()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -136,7 +152,7 @@ class _Handler(BaseHTTPRequestHandler):
                 )
             app = self.server.app
             out = app.chat(episode, body) if route == "/chat/completions" else app.completion(episode, body)
-            self._send(200, out)
+            self._reply(out)
         except ApiError as exc:
             self._send(exc.status, exc.body())
         except Exception as exc:  # a gateway bug: loud, and the agent sees a 500
