@@ -6,6 +6,7 @@ it), the recipe's scorer on an echoed expression, and the recipe for one step on
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,20 +32,29 @@ def test_calc_evaluates_integer_arithmetic_and_refuses_the_rest() -> None:
     assert calc("").startswith("error")
 
 
-def test_an_episode_through_the_gateway_is_the_native_prompt_extended(smollm2_tokenizer: Any) -> None:  # noqa: F811
+@pytest.mark.parametrize("form", ["python", "command"])
+def test_an_episode_through_the_gateway_is_the_native_prompt_extended(
+    smollm2_tokenizer: Any,  # noqa: F811
+    form: str,
+) -> None:
     """The agent's few-shot OpenAI messages (an assistant ``tool_calls`` entry, a ``role: tool``
     reply) render, through the gateway and SmolLM2's template, to the ids of the native task's first
     observation; the model's ``calc`` reply becomes an OpenAI tool call, the agent's result goes back
-    as the template's tool turn, and the answer ends the episode."""
+    as the template's tool turn, and the answer ends the episode. In the run's process (the part)
+    and as a command (the same script, ``python -m rlzoo.tasks.smol_calc_agent``)."""
     pytest.importorskip("openai")
     from gateway.test_tools import _gateway
 
+    from rlzoo.gateway.command import CommandAgent
     from rlzoo.tasks._smollm2_calc import make_agent, messages
     from rlzoo.tasks.smollm2_calc import SmolCalcAgentParams
 
     tok = smollm2_tokenizer
     eos = int(tok.convert_tokens_to_ids("<|im_end|>"))
-    agent = make_agent(SmolCalcAgentParams())
+    if form == "python":
+        agent: Any = make_agent(SmolCalcAgentParams())
+    else:
+        agent = CommandAgent([sys.executable, "-m", "rlzoo.tasks.smol_calc_agent"])
     gw, eng = _gateway(tok, eos, ["calc 27 * 82", "2214"], "plain", agent, prompt=512, response=64)
     try:
         sp = SamplingParams(n=1, max_new_tokens=64, seed=1)
@@ -55,6 +65,7 @@ def test_an_episode_through_the_gateway_is_the_native_prompt_extended(smollm2_to
     assert rec["error"] is None, rec["error"]  # type: ignore[index]
     assert rec["turns"] == 2 and rec["tool_calls"] == 1 and rec["final_text"] == "2214"  # type: ignore[index]
     assert rec["gateway"]["splits"] == {}  # type: ignore[index]  # one exact trajectory
+    assert rec["env_info"] == {"calls": 1.0, "replies": 2.0, "called": 1.0}  # type: ignore[index]
 
     def render(conversation: list[Any]) -> list[int]:
         text = tok.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
