@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlzoo.kernel.protocols import AgentTurn, EnvStep, Message, Tool
+from rlzoo.kernel.protocols import AgentResult, AgentTurn, ClientConfig, EnvStep, Message, Tool
 from rlzoo.tasks._stamp import BuildStamp, held_out_split
 
 DATA_SOURCE = "rlzoo/smollm2_calc"
@@ -130,3 +130,23 @@ class SmolLM2Calc:
 
 def make_env(params: Any) -> SmolLM2Calc:
     return SmolLM2Calc(params)
+
+
+class SmolCalcAgent:
+    """Plays one episode with :func:`rlzoo.tasks.smol_calc_agent.play` (params:
+    :class:`rlzoo.tasks.smollm2_calc.SmolCalcAgentParams`); the recipe's scorer judges its answer."""
+
+    def __init__(self, params: Any) -> None:
+        self.params = params
+
+    def run(self, client: ClientConfig, row: Mapping[str, Any]) -> AgentResult:
+        from rlzoo.tasks._agents import _client
+        from rlzoo.tasks.smol_calc_agent import play
+
+        p = self.params
+        answer, info = play(_client(client), client.model, row, tool=p.tool, example=p.example, turns=p.turns)
+        return AgentResult(final_answer=answer, info=info)
+
+
+def make_agent(params: Any) -> SmolCalcAgent:
+    return SmolCalcAgent(params)

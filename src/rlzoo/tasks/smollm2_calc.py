@@ -13,7 +13,9 @@ in both splits, nor the example's) and ``model/`` (SmolLM2, as the ``smollm2`` d
 it). Each row's ``prompt`` is the whole first observation (system, example, question) and
 ``extra_info`` holds ``a``, ``op``, ``b``. Environment ``smollm2_calc``: that prompt; the first
 turn without a tool call is the answer, reward 1.0 when its last number equals the result, else 0;
-the episode ends. The ``calc`` tool comes from the recipe (``rollout.tools: [calc]``).
+the episode ends. The ``calc`` tool comes from the recipe (``rollout.tools: [calc]``). Agent
+``smol_calc_agent`` (recipe ``smollm2_gateway``): the same task played by a plain OpenAI
+function-calling script (:mod:`rlzoo.tasks.smol_calc_agent`) through the run's gateway.
 
 Import-light: the params and the registration only; the code is in :mod:`rlzoo.tasks._smollm2_calc`.
 """
@@ -28,7 +30,7 @@ from rlzoo.kernel.params import MAX_SEED
 from rlzoo.recipe.types import Selection
 
 if TYPE_CHECKING:
-    from rlzoo.kernel.protocols import EnvironmentFactory
+    from rlzoo.kernel.protocols import AgentFactory, EnvironmentFactory
     from rlzoo.kernel.registry import PartFactory, Registrar
 
 _IMPL = "rlzoo.tasks._smollm2_calc"
@@ -88,6 +90,22 @@ class SmolLM2CalcEnvParams:
         ]
 
 
+@dataclass(frozen=True)
+class SmolCalcAgentParams:
+    """:mod:`rlzoo.tasks.smol_calc_agent`'s plain OpenAI function-calling loop (the ``smollm2_gateway``
+    agent) in the run's process, one ``openai`` client per process. It asks the row's ``extra_info``
+    question (``a``, ``op``, ``b``) with ``tools=[calc]``, answers the model's calls itself and returns
+    the model's answer for the recipe's scorer, with ``calls``, ``replies`` and ``called`` as info.
+    The same loop as a command: ``{name: command, argv: [python, -m, rlzoo.tasks.smol_calc_agent]}``.
+    """
+
+    tool: bool = param(True, help="offer the calc function (False: the task without the tool)")
+    example: bool = param(
+        True, help="start with one worked example (question, calc call, its reply, answer) as chat messages"
+    )
+    turns: int = param(3, ge=1, help="model replies per episode at most")
+
+
 @hookimpl
 def rlzoo_register_datasets(registry: Registrar[PartFactory]) -> None:
     text = {"modalities": ("text",)}
@@ -97,3 +115,8 @@ def rlzoo_register_datasets(registry: Registrar[PartFactory]) -> None:
 @hookimpl
 def rlzoo_register_environments(registry: Registrar[EnvironmentFactory]) -> None:
     registry.register("smollm2_calc", f"{_IMPL}:make_env", params=SmolLM2CalcEnvParams)
+
+
+@hookimpl
+def rlzoo_register_agents(registry: Registrar[AgentFactory]) -> None:
+    registry.register("smol_calc_agent", f"{_IMPL}:make_agent", params=SmolCalcAgentParams)
