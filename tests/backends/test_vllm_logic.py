@@ -14,6 +14,7 @@ from rlzoo.backends.vllm.logic import (
     map_names,
     mix_seed,
     plan_buckets,
+    prompt_token_log_probs,
     sampled_log_probs,
     vllm_sampling_kwargs,
 )
@@ -178,6 +179,21 @@ def test_sampled_log_probs_pick_the_sampled_token() -> None:
         sampled_log_probs([1, 2], positions[:1])
 
 
+def test_prompt_token_log_probs_read_the_given_tokens_from_start_on() -> None:
+    """vLLM's prompt_logprobs: None at position 0, then each position's given token among others."""
+    seq = [5, 6, 7, 8]
+    positions = [None, {6: Logprob(-1.0)}, {7: Logprob(-2.0), 3: Logprob(-0.1)}, {8: Logprob(-0.5)}]
+    assert prompt_token_log_probs(seq, positions, 2) == [-2.0, -0.5]
+    assert prompt_token_log_probs(seq, positions, 1) == [-1.0, -2.0, -0.5]
+    assert prompt_token_log_probs(seq, positions, 4) == []
+    with pytest.raises(ValueError, match="given its prefix"):
+        prompt_token_log_probs(seq, positions, 0)
+    with pytest.raises(ValueError, match="no prompt logprobs"):
+        prompt_token_log_probs(seq, None, 2)
+    with pytest.raises(ValueError, match="positions"):
+        prompt_token_log_probs(seq, positions[:3], 2)
+
+
 # -- weight names and buckets ---------------------------------------------------------------------
 def test_map_names_strips_wrappers_and_drops_what_vllm_does_not_load() -> None:
     named = [
@@ -256,6 +272,7 @@ def test_registered_without_importing_vllm() -> None:
         "supports_partial_rollout": True,
         "supports_streaming": True,
         "supports_lora": True,
+        "supplies_prompt_log_probs": True,
         "requires": "vllm",
         "extra": "vllm",
     }

@@ -94,6 +94,15 @@ def test_sampling_params_are_accepted_by_vllm() -> None:
     assert sorted(v.stop_token_ids) == [1, 9] and v.ignore_eos and v.logprobs == 0 and not v.detokenize
     greedy = VSamplingParams(**vllm_sampling_kwargs(SamplingParams(greedy=True), max_tokens=3, seed=None))
     assert greedy.temperature == 0.0 and greedy.seed is None
+    from rlzoo.backends.vllm.logic import prompt_log_prob_kwargs
+
+    score = VSamplingParams(**prompt_log_prob_kwargs())  # the teacher's scoring request
+    assert (score.prompt_logprobs, score.max_tokens, score.temperature, score.detokenize) == (
+        0,
+        1,
+        0.0,
+        False,
+    )
 
 
 def test_tensors_as_rpc_arguments_lose_their_data() -> None:
@@ -291,6 +300,58 @@ def test_a_push_reaches_vllm_and_a_skipped_push_shows() -> None:
 
 
 PROMPTS = [[3, 4, 5], [9, 8, 7, 6, 2], [11, 12]]
+
+
+def test_the_teacher_on_a_vllm_engine_equals_the_native_teacher(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """algorithm.teacher.backend: rollout: a vLLM engine on the teacher scores the batch's response
+    tokens with prompt log-probs (what the trainer calls, rlzoo.train.update.engine_teacher_log_probs);
+    they equal the native train backend's teacher log-probs (temperature 1) within PUSH_ATOL, the
+    tolerance of the trainer-vs-vLLM checks above, and differ from the student's."""
+    if not _cpu_platform():
+        pytest.skip("vLLM's CPU platform test")
+    from rlzoo.backends.native.train import NativeTrainBackend
+    from rlzoo.backends.native.train_params import NativeTrainParams
+    from rlzoo.backends.vllm import VLLMRolloutParams
+    from rlzoo.backends.vllm.rollout import VLLMRolloutBackend
+    from rlzoo.kernel.protocols import PromptLogProbSource
+    from rlzoo.kernel.settings import RolloutSpec, TeacherModel, TrainSpec
+    from rlzoo.testing.backends import save_tiny_qwen2
+    from rlzoo.train.update import engine_teacher_log_probs
+
+    shape = _NativeTrainer.model_config
+    student = save_tiny_qwen2(tmp_path / "student", seed=0, **shape)
+    teacher = save_tiny_qwen2(tmp_path / "teacher", seed=1, **shape)
+    batch = make_train_batch([*PROMPTS, [2, 3]], [[4, 5, 6, 7], [8], [9, 10, 11], []])
+    spec = TrainSpec(
+        model_path=str(student), teacher=TeacherModel(path=str(teacher), dtype=None, trust_remote_code=False)
+    )
+    native = NativeTrainBackend(NativeTrainParams(device="cpu"), spec)
+    want, _ = native.compute_log_probs(batch, model="teacher")
+    student_lp, _ = native.compute_log_probs(batch)
+    engine_spec = RolloutSpec(
+        model_path=str(teacher),
+        tokenizer_path=str(teacher),
+        seed=3,
+        dtype="float32",
+        max_prompt_length=8,
+        max_response_length=13,
+        eos_token_ids=(),
+    )
+    engine = VLLMRolloutBackend(
+        VLLMRolloutParams(dtype="float32", enforce_eager=True, kv_cache_gib=0.25), engine_spec
+    )
+    try:
+        assert isinstance(engine, PromptLogProbSource)
+        got = engine_teacher_log_probs(engine, batch)  # [B, T]
+        again = engine_teacher_log_probs(engine, batch)  # request ids of a second call do not clash
+    finally:
+        engine.shutdown()
+    diff = float((got - want.float()).abs().max())
+    print(f"vLLM teacher vs native teacher: max |diff| {diff:.3g}")  # shown with -s
+    assert diff <= PUSH_ATOL, f"vLLM teacher vs native teacher: max |diff| {diff:.3g} > {PUSH_ATOL}"
+    torch.testing.assert_close(again, got)
+    assert float((got - student_lp.float()).abs().max()) > 20 * PUSH_ATOL  # the teacher, not the student
+    assert got[3].abs().sum() == 0  # no response: nothing scored
 
 
 def test_multi_turn_on_vllm_trains_exactly_the_sampled_tokens(tmp_path) -> None:  # type: ignore[no-untyped-def]

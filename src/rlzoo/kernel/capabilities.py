@@ -226,6 +226,12 @@ class RolloutBackendCapabilities(Capabilities):
         help="can record a MoE model's experts per token (params record_routes; Sample.routed_experts): "
         "what a trainer's router replay needs",
     )
+    supplies_prompt_log_probs: bool = param(
+        False,
+        help="scores given token ids with the log-prob of each token given its prefix "
+        "(rlzoo.kernel.protocols.PromptLogProbSource): a second engine of it, loaded from the teacher, can be "
+        "the teacher (algorithm.teacher.backend: rollout); validate refuses that teacher without it",
+    )
     devices: tuple[str, ...] = param((), help="devices it generates on (shown by rlzoo components)")
     distributed: bool = param(False, help="spans processes")
     requires: str | None = param(None, help="the optional distribution it needs")

@@ -537,6 +537,22 @@ class SumPiSquaredSource(Protocol):
 
 
 @runtime_checkable
+class PromptLogProbSource(Protocol):
+    """What a rollout backend that declares ``supplies_prompt_log_probs`` implements (the teacher
+    on a rollout engine, ``algorithm.teacher.backend: rollout``).
+
+    ``prompt_log_probs(sequences, starts)``: for each token id list ``sequences[i]``, the natural
+    log-prob (of the raw logits: temperature 1) of every token from ``starts[i]`` on given the tokens
+    before it, ``len(sequences[i]) - starts[i]`` floats (``starts[i] >= 1``). Forward-only; the
+    engine's weights are never pushed to.
+    """
+
+    def prompt_log_probs(
+        self, sequences: Sequence[Sequence[int]], starts: Sequence[int]
+    ) -> list[list[float]]: ...
+
+
+@runtime_checkable
 class RunReadyParams(Protocol):
     """Params whose defaults are a placeholder a run must complete (dapo's ``max_response_length``).
 

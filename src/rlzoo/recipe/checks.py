@@ -143,6 +143,8 @@ def _teacher_rule(cfg: RecipeConfig) -> list[str]:
         out.append(
             f"algorithm.teacher: {who}, but no teacher is set; give algorithm.teacher.model (a model folder)"
         )
+    elif alg.teacher.backend == "rollout":
+        return out + _rollout_teacher_problems(cfg, by_distribution)
     if isinstance(tb, Selection) and not tb.caps.supports_teacher:
         out.append(
             f"trainer.backend: {who}, but train backend {tb.name!r} cannot load a teacher (supports_teacher "
@@ -154,6 +156,42 @@ def _teacher_rule(cfg: RecipeConfig) -> list[str]:
             f"distribution in the update, which train backend {tb.name!r} does not compute "
             f"(supplies_teacher_divergence is false); use {_names_with(tb, 'supplies_teacher_divergence')}, "
             "or the sampled-token objectives (advantage distill_reverse_kl, algorithm.teacher_kl_coef)"
+        )
+    return out
+
+
+def _rollout_teacher_problems(cfg: RecipeConfig, by_distribution: bool) -> list[str]:
+    """``algorithm.teacher.backend: rollout``: a rollout backend that scores prompt log-probs, the
+    sampled-token objectives only, the local placement, and temperature 1 (prompt log-probs are
+    of the raw logits, the train-side teacher's of logits / temperature)."""
+    rb, pl = cfg.rollout.backend, cfg.algorithm.policy_loss
+    out = []
+    if isinstance(rb, Selection) and not rb.caps.supplies_prompt_log_probs:
+        out.append(
+            f"algorithm.teacher.backend: 'rollout' scores the teacher on a second engine of the rollout "
+            f"backend, but rollout backend {rb.name!r} does not score prompt log-probs (supplies_prompt_log_probs "
+            f"is false); use rollout.backend {_names_with(rb, 'supplies_prompt_log_probs')}, or "
+            "algorithm.teacher.backend: train"
+        )
+    if by_distribution:
+        out.append(
+            f"algorithm.teacher.backend: 'rollout' gives the teacher's log-probs of the sampled tokens only, "
+            f"but policy loss {pl.name!r} needs its whole distribution (needs_teacher_distribution); use "
+            "algorithm.teacher.backend: train (on a train backend with supplies_teacher_divergence), or the "
+            "sampled-token objectives (advantage distill_reverse_kl, algorithm.teacher_kl_coef)"
+        )
+    if cfg.placement.name != "local":
+        out.append(
+            f"algorithm.teacher.backend: 'rollout' runs its engine in the trainer's process (placement local); "
+            f"placement {cfg.placement.name!r} is not supported with it yet: use algorithm.teacher.backend: "
+            "train (the teacher in the trainer's pool)"
+        )
+    if cfg.rollout.temperature not in (0.0, 1.0):  # 0 (greedy): the trainer's log-probs are at 1
+        out.append(
+            f"algorithm.teacher.backend: 'rollout' scores with the engine's prompt log-probs, which are of the "
+            f"raw logits (temperature 1), but rollout.temperature is {cfg.rollout.temperature}: the student's "
+            "log-probs (of logits / temperature) and the teacher's would not be comparable; set "
+            "rollout.temperature: 1.0 or use algorithm.teacher.backend: train"
         )
     return out
 

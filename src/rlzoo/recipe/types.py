@@ -192,10 +192,13 @@ class TeacherSection:
     model: str = param(
         help="the teacher's model folder (Hugging Face, an rlzoo run's final/ or export/step_K) or hub name"
     )
-    backend: Literal["train"] = param(
+    backend: Literal["train", "rollout"] = param(
         "train",
         help="where its forward runs: 'train' = on the run's train backend beside the reference policy "
-        "(native, fsdp2; colocated with the actor, or in the trainer's Ray pool), with the chunked log-prob path",
+        "(native, fsdp2, megatron; colocated with the actor, or in the trainer's Ray pool), with the chunked "
+        "log-prob path; 'rollout' = a second engine of the run's rollout backend (one with "
+        "supplies_prompt_log_probs: vllm) beside the rollout engine, scoring prompt + response with prompt "
+        "log-probs (the sampled-token objectives only; placement local, rollout temperature 1)",
     )
     dtype: Literal["float32", "bfloat16"] | None = param(
         None, help="the teacher's parameter dtype (null: the train backend's)"
@@ -473,6 +476,13 @@ def optimizer_steps(cfg: RecipeConfig, trainer_steps: int) -> int:
     is one optimizer step; warmup_ratio is a fraction of this count too).
     """
     return max(1, trainer_steps) * mini_batches_per_step(cfg) * max(1, cfg.trainer.ppo_epochs)
+
+
+def teacher_on_rollout(cfg: RecipeConfig) -> bool:
+    """Whether the teacher that a part reads is scored by a rollout engine (``algorithm.teacher.backend:
+    rollout``), not loaded by the train backend."""
+    t = cfg.algorithm.teacher
+    return t is not None and t.backend == "rollout" and uses_teacher(cfg)
 
 
 def uses_teacher(cfg: RecipeConfig) -> bool:

@@ -31,6 +31,7 @@ from rlzoo.recipe.types import (
     Selection,
     optimizer_steps,
     step_plan,
+    teacher_on_rollout,
     uses_teacher,
 )
 from rlzoo.train.batching import sampling_params
@@ -221,7 +222,27 @@ def train_spec(cfg: RecipeConfig, total_steps: int, tokenizer: Any, announce: bo
         optim=cfg.trainer.optim,
         micro_batch=micro_batch_settings(cfg, announce),
         lora=cfg.trainer.lora,
-        teacher=teacher_model(cfg, tokenizer),
+        teacher=None if teacher_on_rollout(cfg) else teacher_model(cfg, tokenizer),
+    )
+
+
+def teacher_rollout_spec(cfg: RecipeConfig, tokenizer: Any) -> RolloutSpec | None:
+    """The spec of the teacher's own engine when ``algorithm.teacher.backend`` is ``rollout`` (the
+    rollout engine's, with the teacher's folder, dtype and remote code, and room for the one token
+    a prompt-log-prob request generates); None otherwise."""
+    if not teacher_on_rollout(cfg):
+        return None
+    teacher = teacher_model(cfg, tokenizer)
+    assert teacher is not None
+    spec = rollout_spec(cfg, tokenizer)
+    return dataclasses.replace(
+        spec,
+        model_path=teacher.path,
+        tokenizer_path=teacher.path,
+        dtype=teacher.dtype or spec.dtype,
+        trust_remote_code=teacher.trust_remote_code,
+        max_response_length=spec.max_response_length + 1,
+        lora=None,
     )
 
 
@@ -477,6 +498,8 @@ class BackendSetup:
     agent: AgentSetup | None  # None: single-turn
     gateway: GatewaySetup | None  # rollout.agent: episodes through the gateway (None: no agent)
     trainer: TrainerSetup
+    #: the teacher's own engine of the rollout backend (algorithm.teacher.backend: rollout); None: none
+    teacher_spec: RolloutSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -577,6 +600,7 @@ def run_inputs(cfg: RecipeConfig, resume_info: Any = None) -> RunInputs:
             agent=agent,
             gateway=gateway,
             trainer=trainer_setup(cfg),
+            teacher_spec=teacher_rollout_spec(cfg, tokenizer),
         ),
     )
 

@@ -23,7 +23,14 @@ import torch
 from rlzoo.data.dataset import PromptLoader
 from rlzoo.distributed.worker_group import WeightHandle
 from rlzoo.kernel.errors import ConfigError
-from rlzoo.kernel.protocols import GenerationRequest, ReportsWeightSync, RewardResult, RolloutBackend, Sample
+from rlzoo.kernel.protocols import (
+    GenerationRequest,
+    PromptLogProbSource,
+    ReportsWeightSync,
+    RewardResult,
+    RolloutBackend,
+    Sample,
+)
 from rlzoo.kernel.settings import StepPlan
 from rlzoo.placement import make_placement
 from rlzoo.report.metrics import MetricsLogger, missing_row
@@ -88,6 +95,9 @@ class Backends:
     #: (None: single-turn): what a source that renders conversations itself (runner sft) lays them out with
     stop_ids: tuple[int, ...] = ()
     agent: AgentSetup | None = None
+    #: the teacher's own engine of the rollout backend (algorithm.teacher.backend: rollout), a
+    #: rlzoo.kernel.protocols.PromptLogProbSource; None: the train backend scores the teacher, or none
+    teacher: Any = None
 
 
 @dataclass(frozen=True)
@@ -134,7 +144,9 @@ class Session:
         setup = inputs.backends
         self.backends = self._build_backends(inputs)
         train = self.backends.train
-        self.trainer: PolicyTrainer = setup.trainer.build(train, offpolicy_metrics=offpolicy_metrics)
+        self.trainer: PolicyTrainer = setup.trainer.build(
+            train, offpolicy_metrics=offpolicy_metrics, teacher=self.backends.teacher
+        )
         spec = setup.train_spec
         self.ckpt = CheckpointManager(
             self.run_dir,
@@ -211,6 +223,16 @@ class Session:
             engine = placement.rollout_backend(setup.rollout, setup.rollout_spec)
             built.insert(0, engine)
             rollout = episode_rollout(engine, inputs)
+            teacher = None
+            if setup.teacher_spec is not None:  # a second engine of the rollout backend, beside the first
+                teacher = placement.rollout_backend(setup.rollout, setup.teacher_spec)
+                built.insert(0, teacher)
+                if not isinstance(teacher, PromptLogProbSource):
+                    raise TypeError(
+                        f"rollout backend {setup.rollout.name!r} declares supplies_prompt_log_probs, but "
+                        f"{type(teacher).__name__} has no prompt_log_probs(sequences, starts) "
+                        "(rlzoo.kernel.protocols.PromptLogProbSource)"
+                    )
         except BaseException:
             _shut_down(*built)
             placement.shutdown()
@@ -223,6 +245,7 @@ class Session:
             setup.rollout_spec.model_path,
             stop_ids=tuple(setup.rollout_spec.eos_token_ids),
             agent=setup.agent,
+            teacher=teacher,
         )
 
     # -- what the runner API reads ----------------------------------------------------------------
@@ -406,7 +429,7 @@ class Session:
             metrics.close()
         backends: Backends | None = getattr(self, "backends", None)
         if backends is not None:  # the multi-turn rollout shuts its engine down with it
-            _shut_down(backends.rollout, backends.train)
+            _shut_down(backends.teacher, backends.rollout, backends.train)
             backends.placement.shutdown()
         self.lock.release()
 

@@ -13,12 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.protocols import (
     AdvantageInputs,
     CorrectionInputs,
     CorrectionMode,
+    PromptLogProbSource,
     RewardComponentKeys,
     SumPiSquaredSource,
 )
@@ -134,6 +136,8 @@ class PolicyTrainer:
             here from ``kl_ctrl``), the correction and its bypass mode, what the parts need
             computed, and the reward components the advantage reads.
         offpolicy_metrics: ``fn(old, rollout, mask) -> metrics`` logged when no correction is selected.
+        teacher: the teacher's own rollout engine (``algorithm.teacher.backend: rollout``), which
+            scores the teacher's log-probs instead of ``backend.compute_log_probs(model="teacher")``.
     """
 
     def __init__(
@@ -142,8 +146,10 @@ class PolicyTrainer:
         setup: TrainerSetup,
         *,
         offpolicy_metrics: Callable[..., Mapping[str, Any]] | None = None,
+        teacher: PromptLogProbSource | None = None,
     ) -> None:
         self.backend = backend
+        self.teacher = teacher
         self.setup = setup
         self.settings = setup.settings
         self.offpolicy_metrics = offpolicy_metrics
@@ -190,7 +196,10 @@ class PolicyTrainer:
         if self.setup.needs_teacher:
             with timer("teacher"):
                 # the teacher scores only the trained tokens (a multi-turn trajectory's observations: 0)
-                teacher, _ = self.backend.compute_log_probs(batch, model="teacher")  # [B, T]
+                if self.teacher is not None:  # the teacher's rollout engine: prompt log-probs
+                    teacher = engine_teacher_log_probs(self.teacher, batch)  # [B, T]
+                else:
+                    teacher, _ = self.backend.compute_log_probs(batch, model="teacher")  # [B, T]
                 batch["teacher_log_probs"] = teacher * batch["response_mask"].to(teacher.dtype)
             m.update(_teacher_metrics(batch))
         if self.setup.needs_critic:
@@ -331,6 +340,40 @@ class PolicyTrainer:
         self.step_count = int(state.get("step_count", 0))
         if self.kl_ctrl is not None and state.get("kl_coef") is not None:
             self.kl_ctrl.value = float(state["kl_coef"])
+
+
+def engine_teacher_log_probs(source: PromptLogProbSource, batch: Batch) -> Tensor:
+    """The teacher's log-probs ``[B, T]`` (fp32, 0 on response padding) of the batch's response
+    tokens, scored by an engine's prompt log-probs: each row's real tokens (the left-padded prompt,
+    then the right-padded response, as rlzoo.kernel.batch lays them out) are one sequence, scored
+    from the response's first token on."""
+    ids, attn = batch["input_ids"], batch["attention_mask"].bool()  # [B, S]
+    T = batch["responses"].shape[1]
+    P = ids.shape[1] - T
+    seqs, starts, lengths, rows = [], [], [], []
+    for i in range(ids.shape[0]):
+        p, r = int(attn[i, :P].sum()), int(attn[i, P:].sum())
+        if r == 0:
+            continue
+        if p == 0:
+            raise ValueError(
+                f"teacher: row {i} has no prompt token; an engine scores a token given its prefix"
+            )
+        seqs.append(ids[i][attn[i]].tolist())
+        starts.append(p)
+        lengths.append(r)
+        rows.append(i)
+    out = torch.zeros(ids.shape[0], T, dtype=torch.float32)
+    scored = source.prompt_log_probs(seqs, starts) if seqs else []
+    if len(scored) != len(seqs):
+        raise ValueError(f"teacher: the engine scored {len(scored)} sequences of {len(seqs)}")
+    for i, r, lp in zip(rows, lengths, scored):
+        if len(lp) != r:
+            raise ValueError(
+                f"teacher: the engine gave {len(lp)} log-probs for row {i}'s {r} response tokens"
+            )
+        out[i, :r] = torch.tensor(lp, dtype=torch.float32)
+    return out.to(ids.device)
 
 
 def _teacher_metrics(batch: Batch) -> dict[str, float]:

@@ -27,6 +27,7 @@ _CAPABILITIES = {
     "distributed": True,
     "devices": ["cuda", "cpu"],  # cpu: device 'cpu', fp32 on a gloo group (tests, debugging)
     "supports_critic": True,
+    "supports_teacher": True,  # not supplies_teacher_divergence: validate refuses gkd here by name
     "requires": "megatron-core",
     "extra": "megatron",
 }
@@ -54,7 +55,7 @@ class MegatronParams:
     micro-batches and data-parallel ranks (the objective divides by the mini-batch's global
     counts). Optional distributed optimizer (ZeRO-1), CPU offload of params / grads / optimizer
     between phases (the seed's geo3k run offloads all three), a critic (value head on the same
-    decoder) and a frozen, CPU-offloaded reference.
+    decoder), a frozen, CPU-offloaded reference and a forward-only teacher (algorithm.teacher).
 
     The optimizer (Adam with decoupled weight decay), LR schedule and micro-batch sizes are the
     trainer's shared settings (``trainer.optim``, ``trainer.micro_batch``, in ``TrainSpec``);
@@ -114,7 +115,10 @@ class MegatronParams:
     optimizer_offload: bool = param(
         False, help="run the optimizer step on CPU (megatron's optimizer_cpu_offload, fraction 1.0)"
     )
-    ref_offload: bool = param(True, help="keep the frozen reference's weights on the CPU between forwards")
+    ref_offload: bool = param(
+        True,
+        help="keep the frozen reference's (and the teacher's, algorithm.teacher) weights on the CPU between forwards",
+    )
 
     def __post_init__(self) -> None:
         problems = check_ranges(self)

@@ -60,7 +60,7 @@ from rlzoo.backends.megatron.vocab_parallel import tp_reductions, vocab_parallel
 from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.errors import import_optional
 from rlzoo.kernel.protocols import Objective
-from rlzoo.kernel.settings import TrainSpec
+from rlzoo.kernel.settings import TeacherModel, TrainSpec
 from rlzoo.train_kit import update
 from rlzoo.train_kit.logprobs import chunked_token_fn
 from rlzoo.train_kit.models import resolve_temperature, select_model
@@ -148,7 +148,8 @@ def _on_device(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class MegatronTrainBackend:
-    """Actor (+ frozen reference, + critic) on megatron-core. See the module docstring."""
+    """Actor (+ frozen reference, + forward-only teacher, + critic) on megatron-core. See the module
+    docstring."""
 
     def __init__(self, params: MegatronParams, spec: TrainSpec) -> None:
         if (
@@ -245,14 +246,14 @@ class MegatronTrainBackend:
         )
 
         self.vocab_padded = padded_vocab_size(self.dims.vocab_size, tp, params.make_vocab_size_divisible_by)
-        self.config = self._transformer_config()
+        self.config = self._transformer_config(self.dims)
         full = hf_to_mcore(
             load_hf_state_dict(spec.model_path),
             self.dims,
             layer_spec=params.layer_spec,
             vocab_padded=self.vocab_padded,
         )
-        self._init_state = self._my_shard(full)
+        self._init_state = self._my_shard(full, self.dims)
         del full
 
         self.actor = self._build(self._init_state, router_replay=params.router_replay)
@@ -265,6 +266,14 @@ class MegatronTrainBackend:
             self.ref = self._build(self._init_state).eval().requires_grad_(False)
             if params.ref_offload:
                 self.ref.to("cpu")
+        # a forward-only teacher (algorithm.teacher): its own dims, sharded and offloaded like the reference
+        self.teacher: nn.Module | None = None
+        self.teacher_dims: ModelDims | None = None
+        self.teacher_vocab_padded = 0
+        if spec.teacher is not None:
+            self.teacher = self._load_teacher(spec.teacher)
+            if params.ref_offload:
+                self.teacher.to("cpu")
         self.critic: nn.Module | None = None
         self.critic_ddp: Any = None
         self.critic_optimizer: Any = None
@@ -277,7 +286,8 @@ class MegatronTrainBackend:
                         self.dims,
                         layer_spec=params.layer_spec,
                         vocab_padded=self.vocab_padded,
-                    )
+                    ),
+                    self.dims,
                 )
             self.critic = self._build(critic_state, value_head=True)
             self.critic_ddp, self.critic_optimizer = self._wrap(
@@ -289,8 +299,66 @@ class MegatronTrainBackend:
         if self.critic_ddp is not None:
             self.offloader.offload(self.critic_ddp)
 
+    def _load_teacher(self, teacher: TeacherModel) -> nn.Module:
+        """The teacher's GPTModel from its HF folder: converted and sharded over TP / PP (/ EP) as the
+        actor is, with its own dims (another size of the same family, the student's tokenizer),
+        frozen and in eval mode, in the backend's dtype."""
+        from transformers import AutoConfig
+
+        if teacher.dtype is not None and teacher.dtype != self.params.dtype:
+            raise ValueError(
+                f"megatron train backend: algorithm.teacher.dtype {teacher.dtype!r} differs from "
+                f"trainer.backend.dtype {self.params.dtype!r}; megatron builds the teacher in the backend's "
+                f"dtype: set algorithm.teacher.dtype to null or {self.params.dtype!r}"
+            )
+        if not Path(teacher.path).is_dir():
+            raise ValueError(
+                f"megatron train backend: algorithm.teacher.model {teacher.path!r} is not a folder; the "
+                "megatron backend converts a local Hugging Face folder (*.safetensors): download it first"
+            )
+        try:
+            dims = ModelDims.from_hf(
+                AutoConfig.from_pretrained(teacher.path, trust_remote_code=teacher.trust_remote_code)
+            )
+        except (OSError, ValueError) as exc:
+            raise ValueError(
+                f"megatron train backend: algorithm.teacher.model {teacher.path!r}: {exc}; the megatron "
+                "backend loads Qwen2 / Qwen3 (-MoE) teachers (or use the native / fsdp2 train backend)"
+            ) from exc
+        if dims.num_experts:
+            lay = self.layout
+            parallel.check_expert_parallel(
+                lay.ep,
+                lay.etp,
+                tp=lay.tp,
+                pp=lay.pp,
+                world=parallel.world_size(),
+                num_experts=dims.num_experts,
+                sequence_parallel=self.params.sequence_parallel,
+            )
+            import megatron.core.transformer.moe.moe_utils as moe_utils
+            import megatron.core.transformer.moe.token_dispatcher as token_dispatcher
+
+            from rlzoo.backends.megatron.cpu import patch_moe
+
+            patch_moe(moe_utils, token_dispatcher)
+        vocab_padded = padded_vocab_size(
+            dims.vocab_size, self.layout.tp, self.params.make_vocab_size_divisible_by
+        )
+        full = hf_to_mcore(
+            load_hf_state_dict(teacher.path),
+            dims,
+            layer_spec=self.params.layer_spec,
+            vocab_padded=vocab_padded,
+        )
+        state = self._my_shard(full, dims)
+        del full
+        self.teacher_dims, self.teacher_vocab_padded = dims, vocab_padded
+        model = self._build(state, dims=dims, config=self._transformer_config(dims))
+        return model.eval().requires_grad_(False)
+
     # -- building ---------------------------------------------------------------------------------
-    def _transformer_config(self) -> Any:
+    def _transformer_config(self, dims: ModelDims) -> Any:
         from megatron.core.transformer import TransformerConfig
 
         p = self.params
@@ -309,42 +377,50 @@ class MegatronTrainBackend:
         }
         if p.recompute_activations:
             extra.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
-        return TransformerConfig(**transformer_config_kwargs(self.dims, **extra))
+        return TransformerConfig(**transformer_config_kwargs(dims, **extra))
 
-    def _layer_spec(self) -> Any:
+    def _layer_spec(self, dims: ModelDims) -> Any:
         from megatron.core.models.gpt.gpt_layer_specs import (
             get_gpt_layer_local_spec,
             get_gpt_layer_with_transformer_engine_spec,
         )
 
-        moe = {"num_experts": self.dims.num_experts or None, "qk_layernorm": self.dims.qk_layernorm}
+        moe = {"num_experts": dims.num_experts or None, "qk_layernorm": dims.qk_layernorm}
         if self.params.layer_spec == "te":
             return get_gpt_layer_with_transformer_engine_spec(**moe)
         return get_gpt_layer_local_spec(normalization="RMSNorm", **moe)
 
-    def _my_shard(self, full: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    def _my_shard(self, full: Mapping[str, Tensor], dims: ModelDims) -> dict[str, Tensor]:
         lay = self.layout
-        stage = split_pp(full, self.dims.num_layers, lay.pp)[lay.pp_rank]
-        if not self.dims.num_experts:
+        stage = split_pp(full, dims.num_layers, lay.pp)[lay.pp_rank]
+        if not dims.num_experts:
             return shard_tp(stage, lay.tp)[lay.tp_rank]
-        stage = shard_ep(stage, self.dims.num_experts, lay.ep)[lay.ep_rank]
+        stage = shard_ep(stage, dims.num_experts, lay.ep)[lay.ep_rank]
         experts = {k: v for k, v in stage.items() if is_expert(k)}  # split over ETP, the rest over TP
         rest = {k: v for k, v in stage.items() if not is_expert(k)}
         return shard_tp(rest, lay.tp)[lay.tp_rank] | shard_tp(experts, lay.etp)[lay.etp_rank]
 
     def _build(
-        self, state: Mapping[str, Tensor], *, value_head: bool = False, router_replay: bool = False
+        self,
+        state: Mapping[str, Tensor],
+        *,
+        value_head: bool = False,
+        router_replay: bool = False,
+        dims: ModelDims | None = None,
+        config: Any = None,
     ) -> nn.Module:
+        """A GPTModel of ``dims`` / ``config`` (default: the actor's) with this rank's ``state``."""
         from megatron.core.models.gpt import GPTModel
 
-        kw = gpt_model_kwargs(self.dims, self.layout.tp, self.params.make_vocab_size_divisible_by)
+        dims = self.dims if dims is None else dims
+        kw = gpt_model_kwargs(dims, self.layout.tp, self.params.make_vocab_size_divisible_by)
         # a copy per model: _wrap sets this model's own no_sync / finalize hooks on its config; only
         # the actor's routers get a RouterReplay (:mod:`.replay`)
-        config = copy.copy(self.config)
+        config = copy.copy(self.config if config is None else config)
         config.moe_enable_routing_replay = router_replay
         model = (_critic_model_class() if value_head else GPTModel)(
             config=config,
-            transformer_layer_spec=self._layer_spec(),
+            transformer_layer_spec=self._layer_spec(dims),
             pre_process=self.mpu.is_pipeline_first_stage(),
             post_process=self.mpu.is_pipeline_last_stage(),
             **kw,
@@ -442,7 +518,12 @@ class MegatronTrainBackend:
         ents: list[Tensor | None] = []
         losses: list[float] = []
         temperature = self.temperature
-        vocab_start = self.layout.tp_rank * (self.vocab_padded // self.layout.tp)
+        # the teacher has its own vocabulary size (the same tokenizer, maybe more padding rows)
+        vocab_size, vocab_padded = self.dims.vocab_size, self.vocab_padded
+        if self.teacher is not None and module is self.teacher:
+            assert self.teacher_dims is not None
+            vocab_size, vocab_padded = self.teacher_dims.vocab_size, self.teacher_vocab_padded
+        vocab_start = self.layout.tp_rank * (vocab_padded // self.layout.tp)
         chunk = self.spec.micro_batch.log_prob_chunk
 
         def token_fn(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -454,7 +535,7 @@ class MegatronTrainBackend:
                 reduce_max=self.reduce_max,
                 temperature=temperature,
                 with_entropy=with_entropy,
-                vocab_size=self.dims.vocab_size,
+                vocab_size=vocab_size,
             )
 
         def step(data_iter: Iterator[Batch], model: Any) -> tuple[Tensor, Any]:
@@ -535,12 +616,13 @@ class MegatronTrainBackend:
     def compute_log_probs(
         self, batch: Batch, *, model: str = "actor", with_entropy: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        module: Any = select_model(model, self.actor_ddp, self.ref)
-        ddp = self.actor_ddp if model == "actor" else None  # what param_offload moves; the reference has none
+        module: Any = select_model(model, self.actor_ddp, self.ref, self.teacher)
+        ddp = self.actor_ddp if model == "actor" else None  # what param_offload moves; ref / teacher: none
+        frozen = module if model in ("ref", "teacher") and self.params.ref_offload else None
         T = batch["responses"].shape[1]
         with self.offloader.resident(ddp):
-            if model == "ref" and self.params.ref_offload:
-                self.ref.to(self.device)  # type: ignore[union-attr]
+            if frozen is not None:
+                frozen.to(self.device)
             try:
                 lps, ents, bounds = self._forward_only(module, batch, values=False, with_entropy=with_entropy)
                 out = self._gather(lps, bounds, T).to(batch["input_ids"].device)
@@ -551,8 +633,8 @@ class MegatronTrainBackend:
                     )
                 return out, ent
             finally:
-                if model == "ref" and self.params.ref_offload:
-                    self.ref.to("cpu")  # type: ignore[union-attr]
+                if frozen is not None:
+                    frozen.to("cpu")
 
     @_on_device
     @torch.no_grad()
@@ -714,7 +796,16 @@ class MegatronTrainBackend:
         if getattr(self, "_replays", None):
             replay.forget(self._replays)
             self._replays = []
-        for attr in ("actor", "actor_ddp", "ref", "critic", "critic_ddp", "optimizer", "critic_optimizer"):
+        for attr in (
+            "actor",
+            "actor_ddp",
+            "ref",
+            "teacher",
+            "critic",
+            "critic_ddp",
+            "optimizer",
+            "critic_optimizer",
+        ):
             setattr(self, attr, None)
         if getattr(self, "_uses_owned_state", False):  # set once construction reached the group
             self._uses_owned_state = False

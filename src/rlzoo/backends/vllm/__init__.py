@@ -25,6 +25,7 @@ _CAPABILITIES = {
     "supports_partial_rollout": True,
     "supports_streaming": True,
     "supports_lora": True,  # adapters through vLLM's LoRARequest (src/rlzoo/backends/vllm/lora.py)
+    "supplies_prompt_log_probs": True,  # the teacher on an engine (algorithm.teacher.backend: rollout)
     "devices": ["cuda", "cpu"],
     "requires": "vllm",
     "extra": "vllm",

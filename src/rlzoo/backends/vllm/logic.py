@@ -9,6 +9,8 @@
   (prompt + generated so far, the remaining ``max_tokens``, a seed derived from the sample's seed
   and its length) under a fresh engine request id.
 - :func:`sampled_log_probs`: the sampled tokens' log-probs out of vLLM's per-position logprob dicts.
+- :func:`prompt_log_prob_kwargs` / :func:`prompt_token_log_probs`: a teacher's scoring request
+  (prompt log-probs, one generated token) and the given tokens' log-probs out of its output.
 - :func:`map_names`: a trainer's exported HF parameter names → the names the vLLM model's
   ``load_weights`` takes (strip wrapper prefixes, drop buffers / heads vLLM does not load).
 - :func:`plan_buckets`: consecutive tensors grouped into buckets of at most ``bucket_bytes``.
@@ -130,6 +132,36 @@ def sampled_log_probs(token_ids: Sequence[int], position_logprobs: Sequence[Any]
     out = []
     for tok, pos in zip(token_ids, position_logprobs):
         entry = pos[int(tok)]
+        out.append(float(getattr(entry, "logprob", entry)))
+    return out
+
+
+def prompt_log_prob_kwargs() -> dict[str, Any]:
+    """Keyword arguments of ``vllm.SamplingParams`` for scoring a token sequence (the teacher,
+    ``algorithm.teacher.backend: rollout``): ``prompt_logprobs=0`` returns, at every position but
+    the first, the log-prob of the token there given the tokens before it (of the raw logits:
+    vLLM's prompt log-probs skip the sampling processors, temperature included); ``max_tokens=1``,
+    the fewest vLLM generates, greedy so nothing is drawn."""
+    return {"n": 1, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0, "detokenize": False}
+
+
+def prompt_token_log_probs(
+    token_ids: Sequence[int], prompt_logprobs: Sequence[Any] | None, start: int
+) -> list[float]:
+    """The log-prob of each of ``token_ids[start:]`` given its prefix, out of vLLM's
+    ``RequestOutput.prompt_logprobs`` (one entry per token, ``None`` for the first; each maps token
+    id → an object with a ``.logprob``, the given token always among them)."""
+    if not 1 <= start <= len(token_ids):
+        raise ValueError(
+            f"start must be in [1, {len(token_ids)}] (a token is scored given its prefix), got {start}"
+        )
+    if prompt_logprobs is None:
+        raise ValueError("the engine returned no prompt logprobs: request them with prompt_logprobs=0")
+    if len(prompt_logprobs) != len(token_ids):
+        raise ValueError(f"{len(token_ids)} tokens but {len(prompt_logprobs)} prompt logprob positions")
+    out = []
+    for j in range(start, len(token_ids)):
+        entry = prompt_logprobs[j][int(token_ids[j])]
         out.append(float(getattr(entry, "logprob", entry)))
     return out
 

@@ -39,6 +39,8 @@ from rlzoo.backends.vllm.logic import (
     RequestBook,
     SeqState,
     map_names,
+    prompt_log_prob_kwargs,
+    prompt_token_log_probs,
     sampled_log_probs,
     vllm_sampling_kwargs,
 )
@@ -151,6 +153,7 @@ class VLLMRolloutBackend:
         self._count = PendingCount()  # samples
         self._paused = False
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._scored = 0  # prompt_log_probs calls (their engine request ids)
         self._tie_word_embeddings, self._multimodal = _model_facts(spec)
         if spec.lora is not None:
             from rlzoo.backends.vllm.lora import AdapterPushes
@@ -285,6 +288,41 @@ class VLLMRolloutBackend:
 
     def num_pending(self) -> int:
         return self._count.pending()
+
+    # -- scoring (rlzoo.kernel.protocols.PromptLogProbSource) ---------------------------------------
+    def prompt_log_probs(
+        self, sequences: Sequence[Sequence[int]], starts: Sequence[int]
+    ) -> list[list[float]]:
+        """The log-prob of each token of ``sequences[i]`` from ``starts[i]`` on given its prefix: one
+        engine request per sequence (``prompt_logprobs=0``, one token generated), all at once. What
+        the teacher's own engine serves (``algorithm.teacher.backend: rollout``)."""
+        if len(sequences) != len(starts):
+            raise ValueError(f"prompt_log_probs: {len(sequences)} sequences but {len(starts)} starts")
+        return self._call(
+            self._prompt_log_probs([[int(t) for t in s] for s in sequences], [int(s) for s in starts])
+        )
+
+    async def _prompt_log_probs(self, sequences: list[list[int]], starts: list[int]) -> list[list[float]]:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm import TokensPrompt
+
+        sp = VSamplingParams(**prompt_log_prob_kwargs())
+        self._scored += 1
+        call = self._scored
+
+        async def one(k: int, seq: list[int], start: int) -> list[float]:
+            final = None
+            async for out in self.engine.generate(
+                TokensPrompt(prompt_token_ids=seq), sp, f"score-{call}/{k}"
+            ):
+                final = out
+            if final is None:
+                raise RuntimeError(f"vllm: scoring request score-{call}/{k} ended without an output")
+            return prompt_token_log_probs(seq, final.prompt_logprobs, start)
+
+        return list(
+            await asyncio.gather(*(one(k, s, st) for k, (s, st) in enumerate(zip(sequences, starts))))
+        )
 
     # -- weights --------------------------------------------------------------------------------
     def update_weights(self, named_tensors: Iterable[Any], version: int) -> None:
