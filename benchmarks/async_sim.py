@@ -458,13 +458,18 @@ def print_bounds(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
             "one_step_off's period max(generation, training) per batch, no overhead; bound: no split generates a batch "
             "faster than its longest response)"
         )
-        print("| config | measured | model | bound (every split) |")
-        print("|---|---:|---:|---:|")
+        print(
+            "| config | measured | model | bound, model (every split) | bound, measured: sync step / its generation |"
+        )
+        print("|---|---:|---:|---:|---:|")
+        measured_bound = f"{1 / base['idle']:.2f}x" if base and base["idle"] > 0 else "-"
         for r in osd:
             m = re.search(r"\((\d+\+\d+)\)", r["name"])
             speed = f"{r['tokens_s'] / base['tokens_s']:.2f}x" if base else "-"
             pred = f"{model.one_step_off(m.group(1)):.2f}x" if m else "-"
-            print(f"| {r['name']} | {speed} | {pred} | {model.one_step_off_bound():.2f}x |")
+            print(
+                f"| {r['name']} | {speed} | {pred} | {model.one_step_off_bound():.2f}x | {measured_bound} |"
+            )
 
 
 def print_model(args: argparse.Namespace) -> None:
@@ -527,14 +532,15 @@ def print_sweep(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         print(f"| {s:g} | {carry} | " + " | ".join(cells) + " |")
 
 
-def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
+def plot_sweep(rows: list[dict[str, Any]], path: Path, args: argparse.Namespace) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     base = next((r for r in rows if r["name"].startswith("sync")), None)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    model = cost_model(rows, args)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
     for split in SWEEP_SPLITS:
         pts = [
             (s, r)
@@ -546,8 +552,17 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
             continue
         xs = [s for s, _ in pts]
         speed = [r["tokens_s"] / base["tokens_s"] if base else r["tokens_s"] for _, r in pts]
-        ax1.plot(xs, speed, marker="o", label=f"rollout + train = {split}")
+        (line,) = ax1.plot(xs, speed, marker="o", label=f"rollout + train = {split}")
         ax2.plot(xs, [100 * r["idle"] for _, r in pts], marker="o", label=f"rollout + train = {split}")
+        least = [100 * model.window_start_wait(s, 4, split)[1] for s in xs]
+        ax2.plot(xs, least, ls="--", color=line.get_color(), label=f"least (cost model), {split}")
+    osd = [r for r in rows if r["name"].startswith("one_step_off")]
+    if osd and base:
+        best = max(osd, key=lambda r: r["tokens_s"])
+        ax1.axhline(
+            best["tokens_s"] / base["tokens_s"], color="black", ls=":", lw=1, label=f"best {best['name']}"
+        )
+        ax1.axhline(model.one_step_off_bound(), color="black", ls="--", lw=0.8, label="one_step_off bound")
     ax1.set_xlabel("staleness_threshold")
     ax1.set_ylabel("throughput vs colocated sync (x)" if base else "tokens/s")
     ax1.axhline(1.0, color="grey", lw=0.5)
@@ -636,7 +651,7 @@ def main() -> None:
         print_tables(rows, args)
         print_sweep(rows, args)
         if args.plot:
-            plot_sweep(rows, Path(args.plot))
+            plot_sweep(rows, Path(args.plot), args)
         return
 
     import logging
@@ -670,7 +685,7 @@ def main() -> None:
     if args.sweep:
         print_sweep(rows, args)
         if args.plot:
-            plot_sweep(rows, Path(args.plot))
+            plot_sweep(rows, Path(args.plot), args)
     if args.samples:
         for r in rows:
             print(f"{r['name']}: the trainer waits {r['samples_wait_s']:.3f} s a step for the samples writer")
