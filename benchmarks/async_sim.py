@@ -374,8 +374,12 @@ def run_one(
         "samples_wait_s": total("timing_s/samples") / len(steady),  # the trainer waits for the samples writer
         "window_start_wait_s": win_start / max(1, len(first)),  # per window
         "busy_per_window_s": (walls - waits - drain) / max(1, len(first)),  # the trainer not waiting
-        "carry_queued": statistics.mean(r.get("queue/size", 0.0) for r in pushed) if pushed else 0.0,
-        "carry_in_flight": statistics.mean(r.get("queue/in_flight", 0.0) for r in pushed) if pushed else 0.0,
+        "carry_queued": statistics.mean(r.get("queue/carried_queued", 0.0) for r in pushed)
+        if pushed
+        else 0.0,
+        "carry_in_flight": statistics.mean(r.get("queue/carried_in_flight", 0.0) for r in pushed)
+        if pushed
+        else 0.0,
         "prompt_len": statistics.mean(r.get("prompt_length/mean", 0.0) for r in recs),
         "load": os.getloadavg()[0],
     }
@@ -421,7 +425,7 @@ def parse_name(name: str) -> tuple[float, int, str] | None:
 
 def cost_model(rows: list[dict[str, Any]], args: argparse.Namespace) -> CostModel:
     lens = [r["prompt_len"] for r in rows if "prompt_len" in r]
-    return CostModel(args, statistics.mean(lens) if lens else 0.0)
+    return CostModel(args, statistics.mean(lens) if lens else args.prompt_len)
 
 
 def print_bounds(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
@@ -486,7 +490,7 @@ def print_model(args: argparse.Namespace) -> None:
         print(f"| {split} | {model.one_step_off(split):.2f}x |")
     print(f"| bound, every split | {model.one_step_off_bound():.2f}x |")
     print()
-    print_sweep([], args)
+    print_least_idle(model)
 
 
 def print_sweep(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
@@ -507,8 +511,11 @@ def print_sweep(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
             speed = f"{r['tokens_s'] / base['tokens_s']:.2f}x" if base else "-"
             cells.append(f"{speed} / {100 * r['idle']:.0f}% / {r['stale_mean']:.2f}")
         print(f"| {s:g} | " + " | ".join(cells) + " |")
-    model = cost_model(rows, args)
     print()
+    print_least_idle(cost_model(rows, args))
+
+
+def print_least_idle(model: CostModel) -> None:
     splits = sorted({*SWEEP_SPLITS, *OSD_SPLITS})
     print(
         "the least trainer idle the cost model allows at K=4, R=2, partial rollout (the wait at a window's first "
@@ -562,7 +569,10 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, args: argparse.Namespace)
         ax1.axhline(
             best["tokens_s"] / base["tokens_s"], color="black", ls=":", lw=1, label=f"best {best['name']}"
         )
-        ax1.axhline(model.one_step_off_bound(), color="black", ls="--", lw=0.8, label="one_step_off bound")
+        if base["idle"] > 0:  # one_step_off's period >= a batch's generation = sync's (its longest response)
+            ax1.axhline(
+                1 / base["idle"], color="grey", ls="--", lw=0.8, label="one_step_off bound (measured)"
+            )
     ax1.set_xlabel("staleness_threshold")
     ax1.set_ylabel("throughput vs colocated sync (x)" if base else "tokens/s")
     ax1.axhline(1.0, color="grey", lw=0.5)
