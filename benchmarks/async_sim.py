@@ -2,6 +2,8 @@
 
     python benchmarks/async_sim.py [--preset seed|small] [--steps 16] [--configs sync,one_step_off]
     python benchmarks/async_sim.py --sweep [--plot docs/images/async_sweep.png]   # staleness x device split
+    python benchmarks/async_sim.py --one-step-off 4+4,5+3,6+2,7+1                  # one_step_off per split
+    python benchmarks/async_sim.py --bounds                                        # the cost model alone
 
 The **real** runners, queue, Session and PolicyTrainer run; only the two backends are simulated
 (:mod:`rlzoo.backends.simulated.backend`), with wall-clock costs:
@@ -44,6 +46,13 @@ versions), dropped samples, partial ratio; then where the trainer's wall-clock g
 wait for samples at a window's first step (just after a push) and at other steps, the drain before
 a push (no partial rollout), the push itself, and the rest (collation, metrics). The quickstart
 task only provides prompts, a tokenizer and a scorer; nothing learns here.
+
+**Bounds.** :class:`CostModel` replays the simulated backends' rules as arithmetic over drawn
+batches (no clock, no runner) and the tables print its figures beside the measurements: for
+fully_async the least wait at a window's first step (after a push at most ``floor(s*K*R*M)``
+groups exist; the rest of the step is generated whole by the new weights), for one_step_off the
+speed of each split and the bound no split passes (a batch's generation takes at least its
+longest response, which is what colocated sync spends generating).
 """
 
 from __future__ import annotations
@@ -578,6 +587,7 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, args: argparse.Namespace)
     ax1.axhline(1.0, color="grey", lw=0.5)
     ax2.set_xlabel("staleness_threshold")
     ax2.set_ylabel("trainer idle (%)")
+    ax2.axhline(5.0, color="grey", ls=":", lw=0.8, label="5%")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
