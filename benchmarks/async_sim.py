@@ -2,6 +2,8 @@
 
     python benchmarks/async_sim.py [--preset seed|small] [--steps 16] [--configs sync,one_step_off]
     python benchmarks/async_sim.py --sweep [--plot docs/images/async_sweep.png]   # staleness x device split
+    python benchmarks/async_sim.py --one-step-off 4+4,5+3,6+2,7+1                  # one_step_off per split
+    python benchmarks/async_sim.py --bounds                                        # the cost model alone
 
 The **real** runners, queue, Session and PolicyTrainer run; only the two backends are simulated
 (:mod:`rlzoo.backends.simulated.backend`), with wall-clock costs:
@@ -44,19 +46,31 @@ versions), dropped samples, partial ratio; then where the trainer's wall-clock g
 wait for samples at a window's first step (just after a push) and at other steps, the drain before
 a push (no partial rollout), the push itself, and the rest (collation, metrics). The quickstart
 task only provides prompts, a tokenizer and a scorer; nothing learns here.
+
+**Bounds.** :class:`CostModel` replays the simulated backends' rules as arithmetic over drawn
+batches (no clock, no runner) and the tables print its figures beside the measurements: for
+fully_async the least wait at a window's first step (after a push at most ``floor(s*K*R*M)``
+groups exist; the rest of the step is generated whole by the new weights), for one_step_off the
+speed of each split and the bound no split passes (a batch's generation takes at least its
+longest response, which is what colocated sync spends generating).
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
+import math
 import os
+import random
 import re
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from rlzoo.sources.params import window_budget
 
 STEP_PROMPTS = 32  # prompts per trainer step (R x M for the async runners)
 N = 4  # responses per prompt
@@ -83,6 +97,8 @@ PRESETS: dict[str, dict[str, float]] = {
 }
 SWEEP_STALENESS = (0.0, 0.1, 0.25, 0.5, 1.0)
 SWEEP_SPLITS = ("3+5", "4+4", "5+3")
+OSD_SPLITS = ("4+4", "5+3", "6+2", "7+1")  # --one-step-off: rollout + train devices
+BOUND_DRAWS = 400  # batches / windows drawn for the cost model's bounds (model_bounds)
 
 
 def sim_args(args: argparse.Namespace) -> argparse.Namespace:
@@ -159,10 +175,130 @@ def sweep_configs(args: argparse.Namespace) -> dict[str, list[str]]:
     return out
 
 
+def one_step_off_configs(args: argparse.Namespace) -> dict[str, list[str]]:
+    """Colocated sync and one_step_off at each ``--one-step-off`` split of the same devices."""
+    out = {
+        f"sync (colocated, {args.devices} dev)": [*backends(args, args.devices, args.devices), "runner=sync"]
+    }
+    for split in args.one_step_off.split(","):
+        roll_d, train_d = split_of(args, split)
+        out[f"one_step_off ({roll_d}+{train_d})"] = [*backends(args, roll_d, train_d), "runner=one_step_off"]
+    return out
+
+
 def args_k(name: str) -> int:
     """K (steps per weight push) of a config, from its name (1 for sync / one-step-off)."""
     m = re.search(r"K=(\d+)", name)
     return int(m.group(1)) if m else 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The cost model's bounds: the simulated backends' own rules as arithmetic (no wall clock, no runner)
+# ---------------------------------------------------------------------------------------------
+def draw_length(rng: random.Random, sim: argparse.Namespace) -> int:
+    """One response length (simulated tokens) as the simulated rollout draws it: log-normal with mean
+    ``mean_len`` and shape ``sigma``, capped at ``max_len``."""
+    sigma = max(sim.sigma, 1e-6)
+    mu = math.log(max(sim.mean_len, 1.0)) - sigma * sigma / 2  # E[lognormal] = exp(mu + sigma^2 / 2)
+    return min(max(1, round(rng.lognormvariate(mu, sigma))), int(sim.max_len))
+
+
+def group_done_steps(groups: list[list[int]], slots: int) -> list[int]:
+    """Decode steps after which each group is complete (ascending), when ``groups`` (each group's
+    response lengths) are submitted at once, in order, to an engine with ``slots`` free slots: every
+    decode step gives one token to each running sequence; a finished sequence's slot goes to the
+    next waiting one (the simulated rollout's continuous batching)."""
+    seqs = [(g, n) for g, lens in enumerate(groups) for n in lens]
+    left = [len(lens) for lens in groups]
+    running: list[tuple[int, int]] = []  # (the step it finishes at, its group)
+    done: list[int] = []
+    i = step = 0
+    while len(done) < len(groups):
+        while i < len(seqs) and len(running) < slots:
+            g, n = seqs[i]
+            heapq.heappush(running, (step + n, g))
+            i += 1
+        step, g = heapq.heappop(running)
+        left[g] -= 1
+        if left[g] == 0:
+            done.append(step)
+    return done
+
+
+class CostModel:
+    """Expected times of the simulated backends for this workload, from ``BOUND_DRAWS`` drawn batches.
+
+    ``prompt_len``: prompt tokens per response (the trainer's cost counts them; read from a run's
+    ``prompt_length/mean``). Train time of a step: (prompt + response tokens) x (forward + update)
+    per token / devices (the old log-probs need a forward: R x M groups make two mini-batches)."""
+
+    def __init__(self, args: argparse.Namespace, prompt_len: float) -> None:
+        self.args, self.sim, self.prompt_len = args, args.sim, prompt_len
+        rng = random.Random(0)
+        self.batches = [
+            [[draw_length(rng, self.sim) for _ in range(N)] for _ in range(STEP_PROMPTS)]
+            for _ in range(BOUND_DRAWS)
+        ]
+
+    def gen_s(self, batch: list[list[int]], devices: int) -> float:
+        """Generation of one batch, submitted at once, on ``devices`` rollout devices."""
+        return group_done_steps(batch, devices * self.args.slots)[-1] * self.sim.decode_ms / 1000
+
+    def longest_s(self, batch: list[list[int]]) -> float:
+        """The batch's longest response alone: no split generates the batch faster."""
+        return max(max(g) for g in batch) * self.sim.decode_ms / 1000
+
+    def train_s(self, batch: list[list[int]], devices: int) -> float:
+        tokens = sum(n + self.prompt_len for g in batch for n in g)
+        return tokens * (self.sim.fwd_us + self.sim.upd_us) * 1e-6 / devices
+
+    def sync_step_s(self) -> tuple[float, float]:
+        """(step, generation) seconds of colocated sync on every device."""
+        d = self.args.devices
+        gen = statistics.mean(self.gen_s(b, d) for b in self.batches)
+        return gen + statistics.mean(self.train_s(b, d) for b in self.batches), gen
+
+    def one_step_off(self, split: str) -> float:
+        """Speed vs colocated sync of one_step_off at ``split`` with no overhead: a step's generation
+        starts when the previous one ends and the step before trained (its weights), so the period
+        is max(generation, training) per batch."""
+        roll_d, train_d = split_of(self.args, split)
+        period = statistics.mean(max(self.gen_s(b, roll_d), self.train_s(b, train_d)) for b in self.batches)
+        return self.sync_step_s()[0] / period
+
+    def one_step_off_bound(self) -> float:
+        """Speed vs sync no split can pass: a batch's generation takes at least its longest response,
+        so one_step_off's period is at least that; sync's step is its generation plus training."""
+        return self.sync_step_s()[0] / statistics.mean(self.longest_s(b) for b in self.batches)
+
+    def forward_s(self, split: str) -> float:
+        """The old log-probs' forward of one step on the split's trainer: the part of a step that could
+        run while the trainer waits for the rest of the batch (the weights do not change until the
+        update), were the groups streamed into it."""
+        train_d = split_of(self.args, split)[1]
+        tokens = statistics.mean(sum(n + self.prompt_len for g in b for n in g) for b in self.batches)
+        return tokens * self.sim.fwd_us * 1e-6 / train_d
+
+    def window_start_wait(self, s: float, k: int, split: str) -> tuple[float, float]:
+        """fully_async (R x M = STEP_PROMPTS groups a step, partial rollout): (seconds the trainer
+        waits at a window's first step, its share of a window) at the least: after a push at most
+        ``carry = window_budget - K*R*M`` groups exist; the other R*M - carry of the step must be
+        generated whole by the new weights, counted here from empty slots with the carry complete
+        (both optimistic) and no trainer overhead."""
+        roll_d, train_d = split_of(self.args, split)
+        carry = window_budget(s, k, STEP_PROMPTS) - k * STEP_PROMPTS
+        need = STEP_PROMPTS - carry
+        train = k * statistics.mean(self.train_s(b, train_d) for b in self.batches)
+        if need <= 0:
+            return 0.0, 0.0
+        waits = []
+        for w in range(0, len(self.batches) - k + 1, k):  # a window's fresh groups: K batches' worth
+            groups = [g for b in self.batches[w : w + k] for g in b]
+            waits.append(
+                group_done_steps(groups, roll_d * self.args.slots)[need - 1] * self.sim.decode_ms / 1000
+            )
+        wait = statistics.mean(waits)
+        return wait, wait / (wait + train)
 
 
 def plugin_manager() -> Any:
@@ -200,12 +336,14 @@ def run_one(
     run.train()
     wall = time.perf_counter() - t0
     recs = [r for r in read_metrics(run_dir) if r["step"] >= 1]
-    steady = recs[1:]
-    span = steady[-1]["time"] - recs[0]["time"]
+    push_every = args_k(name)
+    # steady state: the whole sync windows after the first (which starts from an empty queue)
+    last = push_every * (len(recs) // push_every)
+    steady = [r for r in recs if push_every < r["step"] <= last] or recs[1:]
+    span = steady[-1]["time"] - recs[recs.index(steady[0]) - 1]["time"]
     samples = sum(STEP_PROMPTS * N for _ in steady)
     tokens = args.token_scale * sum(r["perf/total_num_tokens"] for r in steady)  # seed tokens
     walls = sum(r["trainer/step_wall_s"] for r in steady)
-    push_every = args_k(name)
 
     def total(key: str, rows: list[dict[str, Any]] = steady) -> float:
         return sum(r.get(key, 0.0) for r in rows)
@@ -213,6 +351,8 @@ def run_one(
     # where the trainer's wall-clock goes; a window's first step follows a push (steps count from 1)
     first = [r for r in steady if (r["step"] - 1) % push_every == 0]
     win_start = total("timing_s/wait_queue", first) + total("timing_s/sync_wait", first)
+    # what a push carries into the next window: complete groups queued, groups still in flight
+    pushed = [r for r in recs if r["step"] % push_every == 0 and r["step"] < args.steps]
     # runner.early_push: the next batch waits for the push in flight (timing_s/sync_wait)
     waits = total("timing_s/wait_queue") + total("timing_s/wait_gen") + total("timing_s/sync_wait")
     drain = total("timing_s/sync_drain")
@@ -241,6 +381,16 @@ def run_one(
         "idle_drain": drain / walls,
         "sync": sync / walls,
         "samples_wait_s": total("timing_s/samples") / len(steady),  # the trainer waits for the samples writer
+        "window_start_wait_s": win_start / max(1, len(first)),  # per window
+        "busy_per_window_s": (walls - waits - drain) / max(1, len(first)),  # the trainer not waiting
+        "carry_queued": statistics.mean(r.get("queue/carried_queued", 0.0) for r in pushed)
+        if pushed
+        else 0.0,
+        "carry_in_flight": statistics.mean(r.get("queue/carried_in_flight", 0.0) for r in pushed)
+        if pushed
+        else 0.0,
+        "prompt_len": statistics.mean(r.get("prompt_length/mean", 0.0) for r in recs),
+        "load": os.getloadavg()[0],
     }
 
 
@@ -273,9 +423,86 @@ def print_tables(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         parts = [r[k] for k in ("train", "idle_window_start", "idle_mid_window", "idle_drain", "sync")]
         cells = " | ".join(f"{100 * v:.1f}%" for v in parts)
         print(f"| {r['name']} | {cells} | {100 * (1 - sum(parts)):.1f}% |")
+    print_bounds(rows, args)
 
 
-def print_sweep(rows: list[dict[str, Any]]) -> None:
+def parse_name(name: str) -> tuple[float, int, str] | None:
+    """(s, K, split) of a fully_async config with partial rollout (the ones the window model covers)."""
+    m = re.search(r"fully_async s=([\d.]+) K=(\d+)(?: R=\d+)? partial \((\d+\+\d+)\)", name)
+    return (float(m.group(1)), int(m.group(2)), m.group(3)) if m else None
+
+
+def cost_model(rows: list[dict[str, Any]], args: argparse.Namespace) -> CostModel:
+    lens = [r["prompt_len"] for r in rows if "prompt_len" in r]
+    return CostModel(args, statistics.mean(lens) if lens else args.prompt_len)
+
+
+def print_bounds(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """The measurements next to what the cost model allows (``CostModel``)."""
+    model = cost_model(rows, args)
+    base = next((r for r in rows if r["name"].startswith("sync")), None)
+    fa = [(r, parse_name(r["name"])) for r in rows]
+    fa_rows = [(r, p) for r, p in fa if p is not None and p[1] > 1]
+    if fa_rows:
+        print()
+        print(
+            "fully_async, a window's first step: after a push at most floor(s*K*R*M) groups exist, the rest of "
+            "the step is generated whole by the new weights (least wait: the cost model, carry complete, slots free; "
+            "least idle: that wait against the run's own busy time per window)"
+        )
+        print(
+            "| config | carried at push: queued / in flight | wait at window start, s: measured / least | "
+            "trainer idle: measured / least |"
+        )
+        print("|---|---:|---:|---:|")
+        for r, (s, k, split) in fa_rows:
+            wait, _ = model.window_start_wait(s, k, split)
+            share = wait / (wait + r["busy_per_window_s"]) if "busy_per_window_s" in r else 0.0
+            print(
+                f"| {r['name']} | {r.get('carry_queued', 0):.1f} / {r.get('carry_in_flight', 0):.1f} | "
+                f"{r.get('window_start_wait_s', 0):.2f} / {wait:.2f} | {100 * r['idle']:.1f}% / {100 * share:.1f}% |"
+            )
+    osd = [r for r in rows if r["name"].startswith("one_step_off")]
+    if osd:
+        sync_step, sync_gen = model.sync_step_s()
+        print()
+        print(
+            f"one_step_off vs colocated sync (model: sync step {sync_step:.2f} s of which generating {sync_gen:.2f} s; "
+            "one_step_off's period max(generation, training) per batch, no overhead; bound: no split generates a batch "
+            "faster than its longest response)"
+        )
+        print(
+            "| config | measured | model | bound, model (every split) | bound, measured: sync step / its generation |"
+        )
+        print("|---|---:|---:|---:|---:|")
+        measured_bound = f"{1 / base['idle']:.2f}x" if base and base["idle"] > 0 else "-"
+        for r in osd:
+            m = re.search(r"\((\d+\+\d+)\)", r["name"])
+            speed = f"{r['tokens_s'] / base['tokens_s']:.2f}x" if base else "-"
+            pred = f"{model.one_step_off(m.group(1)):.2f}x" if m else "-"
+            print(
+                f"| {r['name']} | {speed} | {pred} | {model.one_step_off_bound():.2f}x | {measured_bound} |"
+            )
+
+
+def print_model(args: argparse.Namespace) -> None:
+    """The cost model alone: one_step_off per split and fully_async's least idle per staleness and split."""
+    model = CostModel(args, args.prompt_len)
+    sync_step, sync_gen = model.sync_step_s()
+    print(
+        f"colocated sync on {args.devices} devices: step {sync_step:.2f} s, generating {sync_gen:.2f} s "
+        f"({100 * sync_gen / sync_step:.1f}%)"
+    )
+    print("| one_step_off split | speed vs sync (model) |")
+    print("|---|---:|")
+    for split in OSD_SPLITS:
+        print(f"| {split} | {model.one_step_off(split):.2f}x |")
+    print(f"| bound, every split | {model.one_step_off_bound():.2f}x |")
+    print()
+    print_least_idle(model)
+
+
+def print_sweep(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     base = next((r for r in rows if r["name"].startswith("sync")), None)
     print()
     print(
@@ -293,16 +520,43 @@ def print_sweep(rows: list[dict[str, Any]]) -> None:
             speed = f"{r['tokens_s'] / base['tokens_s']:.2f}x" if base else "-"
             cells.append(f"{speed} / {100 * r['idle']:.0f}% / {r['stale_mean']:.2f}")
         print(f"| {s:g} | " + " | ".join(cells) + " |")
+    print()
+    print_least_idle(cost_model(rows, args))
 
 
-def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
+def print_least_idle(model: CostModel) -> None:
+    splits = sorted({*SWEEP_SPLITS, *OSD_SPLITS})
+    print(
+        "the least trainer idle the cost model allows at K=4, R=2, partial rollout (the wait at a window's first "
+        "step against the trainer's compute; no overhead; in brackets: were the old log-probs' forward run "
+        "during that wait):"
+    )
+    print(
+        "| staleness_threshold | carry floor(s*K*R*M) | "
+        + " | ".join(f"rollout+train {s}" for s in splits)
+        + " |"
+    )
+    print("|---:|---:|" + "---:|" * len(splits))
+    for s in SWEEP_STALENESS:
+        carry = window_budget(s, 4, STEP_PROMPTS) - 4 * STEP_PROMPTS
+        cells = []
+        for split in splits:
+            wait, share = model.window_start_wait(s, 4, split)
+            train = wait / share - wait if share else 0.0
+            hidden = max(0.0, wait - model.forward_s(split))  # old log-probs computed while waiting
+            cells.append(f"{100 * share:.1f}% ({100 * hidden / (hidden + train) if share else 0.0:.1f}%)")
+        print(f"| {s:g} | {carry} | " + " | ".join(cells) + " |")
+
+
+def plot_sweep(rows: list[dict[str, Any]], path: Path, args: argparse.Namespace) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     base = next((r for r in rows if r["name"].startswith("sync")), None)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    model = cost_model(rows, args)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
     for split in SWEEP_SPLITS:
         pts = [
             (s, r)
@@ -314,13 +568,26 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
             continue
         xs = [s for s, _ in pts]
         speed = [r["tokens_s"] / base["tokens_s"] if base else r["tokens_s"] for _, r in pts]
-        ax1.plot(xs, speed, marker="o", label=f"rollout + train = {split}")
+        (line,) = ax1.plot(xs, speed, marker="o", label=f"rollout + train = {split}")
         ax2.plot(xs, [100 * r["idle"] for _, r in pts], marker="o", label=f"rollout + train = {split}")
+        least = [100 * model.window_start_wait(s, 4, split)[1] for s in xs]
+        ax2.plot(xs, least, ls="--", color=line.get_color(), label=f"least (cost model), {split}")
+    osd = [r for r in rows if r["name"].startswith("one_step_off")]
+    if osd and base:
+        best = max(osd, key=lambda r: r["tokens_s"])
+        ax1.axhline(
+            best["tokens_s"] / base["tokens_s"], color="black", ls=":", lw=1, label=f"best {best['name']}"
+        )
+        if base["idle"] > 0:  # one_step_off's period >= a batch's generation = sync's (its longest response)
+            ax1.axhline(
+                1 / base["idle"], color="grey", ls="--", lw=0.8, label="one_step_off bound (measured)"
+            )
     ax1.set_xlabel("staleness_threshold")
     ax1.set_ylabel("throughput vs colocated sync (x)" if base else "tokens/s")
     ax1.axhline(1.0, color="grey", lw=0.5)
     ax2.set_xlabel("staleness_threshold")
     ax2.set_ylabel("trainer idle (%)")
+    ax2.axhline(5.0, color="grey", ls=":", lw=0.8, label="5%")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -360,11 +627,26 @@ def main() -> None:
         "--sweep", action="store_true", help="staleness x device split at K=4, R=2, partial rollout"
     )
     ap.add_argument("--splits", default="", help="with --sweep: these splits only (e.g. 3+5,4+4)")
+    ap.add_argument(
+        "--one-step-off",
+        default="",
+        metavar="SPLITS",
+        help=f"run colocated sync and one_step_off at these rollout+train splits (e.g. {','.join(OSD_SPLITS)})",
+    )
+    ap.add_argument(
+        "--bounds", action="store_true", help="print the cost model's bounds only (seconds; runs nothing)"
+    )
     ap.add_argument("--plot", default="", help="with --sweep: write the sweep's plot here (PNG)")
     ap.add_argument(
         "--samples", action="store_true", help="keep the trained samples (run.samples.every=1; default off)"
     )
     ap.add_argument("--json", default="", help="write the rows here (JSON)")
+    ap.add_argument(
+        "--prompt-len",
+        type=float,
+        default=6.0,
+        help="with --bounds: prompt tokens per response (quickstart: 6)",
+    )
     ap.add_argument(
         "--merge",
         nargs="+",
@@ -381,12 +663,15 @@ def main() -> None:
         if getattr(args, k) is None:
             setattr(args, k, type(v)(v))
     args.sim = sim_args(args)
+    if args.bounds:
+        print_model(args)
+        return
     if args.merge:
         rows = [r for f in args.merge for r in json.loads(Path(f).read_text())]
         print_tables(rows, args)
-        print_sweep(rows)
+        print_sweep(rows, args)
         if args.plot:
-            plot_sweep(rows, Path(args.plot))
+            plot_sweep(rows, Path(args.plot), args)
         return
 
     import logging
@@ -402,7 +687,14 @@ def main() -> None:
     wanted = [w.strip() for w in args.configs.split(",") if w.strip()]
     rows = []
     load = [os.getloadavg()[0]]
-    for name, extra in (sweep_configs(args) if args.sweep else configs(args)).items():
+    table = (
+        sweep_configs(args)
+        if args.sweep
+        else one_step_off_configs(args)
+        if args.one_step_off
+        else configs(args)
+    )
+    for name, extra in table.items():
         if wanted and not any(name.startswith(w) for w in wanted):
             continue
         rows.append(run_one(name, extra, args, pm, data_dir, out))
@@ -411,9 +703,9 @@ def main() -> None:
             Path(args.json).write_text(json.dumps(rows, indent=1))
     print_tables(rows, args)
     if args.sweep:
-        print_sweep(rows)
+        print_sweep(rows, args)
         if args.plot:
-            plot_sweep(rows, Path(args.plot))
+            plot_sweep(rows, Path(args.plot), args)
     if args.samples:
         for r in rows:
             print(f"{r['name']}: the trainer waits {r['samples_wait_s']:.3f} s a step for the samples writer")

@@ -36,6 +36,23 @@ def test_budget_blocks_admission_until_a_push() -> None:
     assert [q.try_acquire() for _ in range(3)] == [True, True, False]
 
 
+def test_a_push_reports_what_it_carried_complete_and_in_flight() -> None:
+    q = StalenessQueue(budget=6, max_staleness=1)
+    assert all(q.try_acquire() for _ in range(6))  # 6 in flight
+    q.put(Group(seq=1, version=0, max_version=0, n_samples=4, payload="a"))
+    q.put(Group(seq=2, version=0, max_version=0, n_samples=4, payload="b"))  # 4 in flight, 2 queued
+    assert [g.payload for g in q.get(1, timeout=1)] == ["a"]  # 1 queued
+    assert q.snapshot()["queue/carried_queued"] == 0.0  # no push yet
+    q.on_sync(1)
+    snap = q.snapshot()
+    assert (snap["queue/carried_queued"], snap["queue/carried_in_flight"]) == (1.0, 4.0)
+    assert q.window_started == 5
+    q.put(Group(seq=3, version=0, max_version=1, n_samples=4, payload="c"))  # 3 in flight, 2 queued
+    q.on_sync(2)  # "b" and "c" (version 0) are now 2 versions old: purged, not carried
+    snap = q.snapshot()
+    assert (snap["queue/carried_queued"], snap["queue/carried_in_flight"]) == (0.0, 3.0)
+
+
 def test_stale_groups_are_dropped_and_regenerated() -> None:
     q = StalenessQueue(budget=10, max_staleness=1)
     for _ in range(3):

@@ -90,6 +90,8 @@ class StalenessQueue:
         self._vmap_vals: list[int] = [int(param_version)]
         self.window_started = 0
         self.in_flight = 0
+        #: what the last push carried into its window: (complete groups queued, groups in flight)
+        self.carried = (0, 0)
         self._put_count = 0
         self._hold = False
         self._drawing_done = False
@@ -283,6 +285,7 @@ class StalenessQueue:
                 self._items.remove(g)
                 self._drop(g, "sync")
             self.window_started = self.in_flight + len(self._items)
+            self.carried = (len(self._items), self.in_flight)
             self.counters["max_window_started"] = max(
                 self.counters["max_window_started"], self.window_started
             )
@@ -402,6 +405,8 @@ class StalenessQueue:
                 "queue/in_flight": float(self.in_flight),
                 "queue/window_started": float(self.window_started),
                 "queue/budget": float(self.budget),
+                "queue/carried_queued": float(self.carried[0]),
+                "queue/carried_in_flight": float(self.carried[1]),
                 "rollouter/samples_collected": self.counters["put_samples"],
                 "rollouter/groups_collected": self.counters["put_groups"],
                 "rollouter/dropped_samples": self.counters["dropped_samples"],
