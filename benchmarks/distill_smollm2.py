@@ -154,6 +154,7 @@ def main() -> None:
     teacher = ensure_teacher(args.teacher_steps)
     teacher_val = [r["val/mean"] for r in read_metrics(teacher) if "val/mean" in r]
     teacher_strict = teacher_last_number(teacher)
+    teacher_steps = max(int(r["step"]) for r in read_metrics(teacher))
     demos = ensure_demos(teacher / "final")
     out = Path(args.out or tempfile.mkdtemp(prefix="distill_smollm2-"))
     common = [
@@ -192,7 +193,7 @@ def main() -> None:
         f"\nheld-out accuracy (64 held-out sums, greedy); each student run {args.minutes:g} min of wall clock"
     )
     print(
-        f"teacher (SmolLM2-135M, {args.teacher_steps} GRPO steps): held-out {teacher_val[0]:.3f} at step 0 -> "
+        f"teacher (SmolLM2-135M, {teacher_steps} GRPO steps): held-out {teacher_val[0]:.3f} at step 0 -> "
         f"{teacher_val[-1]:.3f} by its math scorer"
         if teacher_val
         else "teacher: no validation recorded"

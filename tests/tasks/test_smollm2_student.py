@@ -3,6 +3,7 @@ teacher's tokenizer; its size by the Llama parameter count worked by hand; writt
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -63,3 +64,61 @@ def test_student_has_the_teachers_tokenizer_and_its_own_sizes(tmp_path: Path, gg
 def test_sizes_that_do_not_split_into_heads_are_refused() -> None:
     with pytest.raises(ValueError, match="multiple of num_heads"):
         SmolLM2ArithStudentParams(hidden_size=250, num_heads=4)
+
+
+def _row(a: int, b: int, i: int) -> dict:
+    return {
+        "prompt": [{"role": "user", "content": f"What is {a} + {b}? Reply with only the number."}],
+        "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+        "extra_info": {"index": i},
+    }
+
+
+def test_demonstrations_keep_the_rows_with_a_right_finished_answer() -> None:
+    """By hand: of three questions the teacher finished 2 + 3 right, finished 1 + 1 wrong, ran out of
+    tokens on 4 + 4 with the right last number; only 2 + 3's rows (both, in order) get a response, its
+    text cut at the stop token."""
+    from rlzoo.tasks._smollm2 import demonstration_rows, right_answers
+
+    distinct = [_row(2, 3, 0), _row(1, 1, 1), _row(4, 4, 2)]
+    results = [
+        {"index": 0, "responses": ["2 + 3 = 5<|im_end|>"], "finish_reason": ["stop"], "correct": [True]},
+        {"index": 1, "responses": ["1 + 1 = 3<|im_end|>"], "finish_reason": ["stop"], "correct": [False]},
+        {"index": 2, "responses": ["To find 4 + 4 we get 8"], "finish_reason": ["length"], "correct": [True]},
+    ]
+    answers = right_answers(results, distinct, "<|im_end|>")
+    assert list(answers.values()) == ["2 + 3 = 5"]
+    rows = [_row(2, 3, 0), _row(1, 1, 1), _row(2, 3, 2), _row(4, 4, 3)]
+    demos = demonstration_rows(rows, answers)
+    assert [(d["extra_info"]["index"], d["response"]) for d in demos] == [(0, "2 + 3 = 5"), (2, "2 + 3 = 5")]
+
+
+def test_teacher_demos_generate_through_the_rollout_backend(tmp_path: Path, gguf_file: Path) -> None:
+    """The tiny random model as the teacher: each distinct question is generated once (rlzoo eval's
+    results), none is right, and the preparation says so by name instead of writing an empty file; a
+    teacher folder that does not exist is refused before anything is generated."""
+    from rlzoo.kernel.errors import RlzooError
+    from rlzoo.tasks._smollm2 import TEACHER_DEMOS, prepare_arith_student
+
+    base = SmolLM2ArithStudentParams(
+        gguf_file=str(gguf_file),
+        **{"hidden_size": 16, "num_layers": 1, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 24},
+        max_operand=3,
+        val_size=2,
+        train_size=12,
+    )
+    with pytest.raises(RlzooError, match="is not a model folder"):
+        prepare_arith_student(tmp_path, dataclasses.replace(base, teacher=str(tmp_path / "nowhere")))
+    assert not list(tmp_path.glob("teacher_answers-*"))
+    with pytest.raises(RlzooError, match=r"answered none of the \d+ training questions right"):
+        prepare_arith_student(tmp_path, dataclasses.replace(base, teacher=str(tmp_path / "model")))
+    import pyarrow.parquet as pq
+
+    questions = {
+        q[0]["content"] for q in pq.read_table(tmp_path / "train.parquet").column("prompt").to_pylist()
+    }
+    assert 2 <= len(questions) <= 7  # 12 draws of the 3 x 3 sums less the 2 held out
+    (work,) = tmp_path.glob("teacher_answers-*")
+    results = [json.loads(line) for line in (work / "eval" / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["index"] for r in results) == list(range(len(questions)))  # each question once
+    assert not (tmp_path / TEACHER_DEMOS).exists()
