@@ -3,8 +3,9 @@
 Makes the teacher first when it is missing (``$RLZOO_CACHE/smollm2_arith_teacher``, default
 ``~/.cache/rlzoo``: ``grpo_smollm2_arith`` for ``--teacher-steps`` steps, the folder the
 ``distill_smollm2_arith`` recipe's ``algorithm.teacher.model`` names; never overwritten), then the
-teacher's demonstrations (``rlzoo prepare smollm2_arith_student teacher=...``: its greedy answers to
-the training questions, where right; written once), both before the clock starts. Then runs, one
+teacher's demonstrations (``rlzoo eval`` of the teacher on the distinct training questions, then
+``rlzoo prepare smollm2_arith_student teacher_answers=...``: the rows it answered right, with its
+answers), both before the clock starts. Then runs, one
 after the other (``--together``: both at once), each for the same wall-clock budget (``--minutes``,
 from the process start: model loading and validations included, the run stopped by SIGTERM when the
 budget is spent):
@@ -103,11 +104,29 @@ def ensure_teacher(steps: int) -> Path:
 
 
 def ensure_demos(teacher: Path) -> Path:
-    """``train_teacher.parquet`` of the distillation recipe's data folder (written once), before the clock."""
+    """``train_teacher.parquet`` of the distillation recipe's data folder, before the clock: the
+    distinct training questions (``rlzoo prepare``), the teacher's greedy answers to them (``rlzoo
+    eval``, resumed when already there), the rows it answered right with their answers."""
+    from rlzoo.tasks._smollm2 import EVAL_OVERRIDES, QUESTIONS
+
     data = cache_dir() / "smollm2_arith"
-    cmd = [sys.executable, "-m", "rlzoo.cli", "prepare", "smollm2_arith_student", "--out", str(data)]
+    rlzoo = [sys.executable, "-m", "rlzoo.cli"]
+    prepare = [
+        *rlzoo,
+        "prepare",
+        "smollm2_arith_student",
+        "--out",
+        str(data),
+        "max_operand=30",
+        "val_size=64",
+    ]
     t0 = time.time()
-    subprocess.run([*cmd, "max_operand=30", "val_size=64", f"teacher={teacher}"], check=True)
+    subprocess.run(prepare, check=True)
+    over = [o.format(questions=data / QUESTIONS) for o in EVAL_OVERRIDES]
+    answers = data / "teacher_answers"
+    ev = ["eval", str(teacher), "--recipe", "grpo_smollm2_arith", "--split", "train", "--batch", "64"]
+    subprocess.run([*rlzoo, *ev, "--out", str(answers), "--no-progress", *over], check=True)
+    subprocess.run([*prepare, f"teacher_answers={answers}"], check=True)
     print(f"demonstrations: {data / 'train_teacher.parquet'} ({time.time() - t0:.0f} s)")
     return data / "train_teacher.parquet"
 

@@ -93,12 +93,16 @@ def test_demonstrations_keep_the_rows_with_a_right_finished_answer() -> None:
     assert [(d["extra_info"]["index"], d["response"]) for d in demos] == [(0, "2 + 3 = 5"), (2, "2 + 3 = 5")]
 
 
-def test_teacher_demos_generate_through_the_rollout_backend(tmp_path: Path, gguf_file: Path) -> None:
-    """The tiny random model as the teacher: each distinct question is generated once (rlzoo eval's
-    results), none is right, and the preparation says so by name instead of writing an empty file; a
-    teacher folder that does not exist is refused before anything is generated."""
+def test_teacher_answers_from_rlzoo_eval_of_the_questions(tmp_path: Path, gguf_file: Path) -> None:
+    """The tiny random model as the teacher: ``train_questions.parquet`` holds each training question
+    once; ``rlzoo eval`` with :data:`EVAL_OVERRIDES` (the rollout backend) answers each once; none is
+    right, and the preparation says so instead of writing an empty file. Without the answers' folder,
+    the error gives the eval command."""
+    import pyarrow.parquet as pq
+
     from rlzoo.kernel.errors import RlzooError
-    from rlzoo.tasks._smollm2 import TEACHER_DEMOS, prepare_arith_student
+    from rlzoo.tasks._smollm2 import EVAL_OVERRIDES, QUESTIONS, TEACHER_DEMOS, prepare_arith_student
+    from rlzoo.train.evaluate import EvalSettings, evaluate
 
     base = SmolLM2ArithStudentParams(
         gguf_file=str(gguf_file),
@@ -107,18 +111,29 @@ def test_teacher_demos_generate_through_the_rollout_backend(tmp_path: Path, gguf
         val_size=2,
         train_size=12,
     )
-    with pytest.raises(RlzooError, match="is not a model folder"):
-        prepare_arith_student(tmp_path, dataclasses.replace(base, teacher=str(tmp_path / "nowhere")))
-    assert not list(tmp_path.glob("teacher_answers-*"))
-    with pytest.raises(RlzooError, match=r"answered none of the \d+ training questions right"):
-        prepare_arith_student(tmp_path, dataclasses.replace(base, teacher=str(tmp_path / "model")))
-    import pyarrow.parquet as pq
-
-    questions = {
-        q[0]["content"] for q in pq.read_table(tmp_path / "train.parquet").column("prompt").to_pylist()
-    }
-    assert 2 <= len(questions) <= 7  # 12 draws of the 3 x 3 sums less the 2 held out
-    (work,) = tmp_path.glob("teacher_answers-*")
-    results = [json.loads(line) for line in (work / "eval" / "results.jsonl").read_text().splitlines()]
-    assert sorted(r["index"] for r in results) == list(range(len(questions)))  # each question once
+    files = prepare_arith_student(tmp_path, base)
+    train = [r["prompt"][0]["content"] for r in pq.read_table(files["train"]).to_pylist()]
+    questions = [r["prompt"][0]["content"] for r in pq.read_table(tmp_path / QUESTIONS).to_pylist()]
+    assert questions == list(dict.fromkeys(train))  # each once, in the order of first appearance
+    answers = tmp_path / "answers"
+    with_answers = dataclasses.replace(base, teacher_answers=str(answers))
+    with pytest.raises(RlzooError, match=r"rlzoo eval TEACHER --recipe grpo_smollm2_arith --split train"):
+        prepare_arith_student(tmp_path, with_answers)
+    settings = EvalSettings(
+        n=1, temperature=0.0, seed=0, threshold=1.0, limit=None, batch=64, bootstrap=10, level=0.95
+    )
+    over = [o.format(questions=tmp_path / QUESTIONS) for o in EVAL_OVERRIDES]
+    evaluate(
+        [str(files["model"])],
+        settings,
+        out=answers,
+        recipe="grpo_smollm2_arith",
+        overrides=over,
+        split="train",
+        progress=False,
+    )
+    results = pq.read_table(answers / "results.parquet").to_pylist()
+    assert sorted(r["index"] for r in results) == list(range(len(questions)))
+    with pytest.raises(RlzooError, match=rf"answered none of the {len(questions)} training questions right"):
+        prepare_arith_student(tmp_path, with_answers)
     assert not (tmp_path / TEACHER_DEMOS).exists()

@@ -132,28 +132,58 @@ def write_student(model_dir: Path, out: Path, params: Any) -> Path:
 
 
 def prepare_arith_student(out_dir: Path, params: Any) -> dict[str, Path]:
-    """``smollm2_arith``'s files and ``student/`` (:func:`write_student`; kept when present); with
-    ``params.teacher``, also ``train_teacher.parquet`` (:func:`write_teacher_demos`)."""
-    files = prepare_arith(out_dir, params)
-    student = Path(out_dir) / "student"
+    """``smollm2_arith``'s files, ``student/`` (:func:`write_student`; kept when present) and
+    ``train_questions.parquet`` (:func:`distinct_questions`); with ``params.teacher_answers``, also
+    ``train_teacher.parquet`` (:func:`write_teacher_demos`)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir)
+    files = prepare_arith(out, params)
+    student = out / "student"
     if params.overwrite or not (student / "config.json").exists():
         write_student(files["model"], student, params)
-    files = {**files, "student": student}
-    if params.teacher:
-        demos = Path(out_dir) / TEACHER_DEMOS
-        if params.overwrite or not demos.exists():
-            write_teacher_demos(files["train"], Path(params.teacher).expanduser(), demos)
-        files["train_teacher"] = demos
+    files = {**files, "student": student, "train_questions": out / QUESTIONS}
+    if params.overwrite or _older(files["train_questions"], files["train"]):
+        distinct = distinct_questions(pq.read_table(files["train"]).to_pylist())
+        pq.write_table(pa.Table.from_pylist(distinct), files["train_questions"])
+    if params.teacher_answers:
+        answers = Path(params.teacher_answers).expanduser()
+        files["train_teacher"] = out / TEACHER_DEMOS
+        if params.overwrite or _older(files["train_teacher"], answers / "results.parquet"):
+            write_teacher_demos(
+                files["train"], files["train_questions"], answers, student, files["train_teacher"]
+            )
     return files
 
 
-#: the training rows with the teacher's answers (``smollm2_arith_student``'s ``teacher``)
+#: the distinct training questions, each once: what the teacher answers (``rlzoo eval``)
+QUESTIONS = "train_questions.parquet"
+#: the training rows with the teacher's right answers as their ``response``
 TEACHER_DEMOS = "train_teacher.parquet"
-#: the recipe that prompts, generates and scores for the teacher (SmolLM2's chat template, 16 new tokens)
-TEACHER_RECIPE = "grpo_smollm2_arith"
-#: how an answer is judged right here: its last number is the sum (``gsm8k`` scorer, ``flexible``);
-#: ``math`` (math-verify) also credits a restatement of the question, "To find 24 + 22, we ..."
-LAST_NUMBER_SCORER = "reward.scorer={name:gsm8k,method:flexible}"
+#: ``rlzoo eval``'s settings for the teacher's answers to ``train_questions.parquet`` (after the
+#: target, ``--recipe grpo_smollm2_arith --split train --out DIR``): the questions as both splits,
+#: never cut; the loop's batch checks satisfied (no loop runs); an answer right when its last number
+#: is the sum (``math``, math-verify, also credits a restatement of the question, "To find 24 + 22, ...")
+EVAL_OVERRIDES = (
+    "data.train_files=[{questions}]",
+    "data.val_files=[{questions}]",
+    "data.max_prompt_length=1024",
+    "data.train_batch_size=1",
+    "trainer.ppo_mini_batch_size=1",
+    "reward.scorer={{name:gsm8k,method:flexible}}",
+)
+
+
+def _older(path: Path, than: Path) -> bool:
+    """``path`` is missing, or older than ``than`` (which exists)."""
+    return not path.exists() or (than.exists() and path.stat().st_mtime_ns < than.stat().st_mtime_ns)
+
+
+def eval_command(teacher: str, questions: Path, out: Path) -> str:
+    """The ``rlzoo eval`` command that writes the teacher's answers to ``questions`` into ``out``."""
+    over = " ".join(f"'{o.format(questions=questions)}'" for o in EVAL_OVERRIDES)
+    return f"rlzoo eval {teacher} --recipe grpo_smollm2_arith --split train --batch 64 --out {out} {over}"
 
 
 def prompt_key(row: dict[str, Any]) -> str:
@@ -161,6 +191,14 @@ def prompt_key(row: dict[str, Any]) -> str:
     import json
 
     return json.dumps(row["prompt"], sort_keys=True)
+
+
+def distinct_questions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each question of ``rows`` once (its first row), in order (train.parquet draws them with repeats)."""
+    first: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        first.setdefault(prompt_key(r), r)
+    return list(first.values())
 
 
 def demonstration_rows(rows: list[dict[str, Any]], answers: dict[str, str]) -> list[dict[str, Any]]:
@@ -182,76 +220,39 @@ def right_answers(results: list[dict[str, Any]], distinct: list[dict[str, Any]],
     return answers
 
 
-def teacher_answers(distinct: list[dict[str, Any]], teacher: Path, work: Path) -> dict[str, str]:
-    """The teacher's greedy answers to the ``distinct`` prompt rows that are right
-    (:func:`right_answers`: finished, the last number the ground truth), generated by ``rlzoo eval``'s
-    path: the rollout backend of :data:`TEACHER_RECIPE` (its 16 new tokens; prompts never cut),
-    results kept in ``work`` so a killed preparation continues."""
+def write_teacher_demos(train: Path, questions: Path, answers_dir: Path, tokenizer: Path, out: Path) -> Path:
+    """``out``: the rows of ``train`` whose question the teacher answered right, that answer as their
+    ``response`` column (:func:`right_answers` of ``answers_dir``, ``rlzoo eval``'s output on
+    ``questions``; the stop token's text from ``tokenizer``'s folder): the demonstrations
+    ``runner.on_policy_fraction < 1`` trains on (TRL GKD's ``seq_kd``: the teacher's sequences,
+    here only its right ones)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from transformers import AutoTokenizer
 
-    from rlzoo.train.evaluate import EvalSettings, evaluate, read_results
-
-    work.mkdir(parents=True, exist_ok=True)
-    prompts = work / "prompts.parquet"
-    pq.write_table(pa.Table.from_pylist(distinct), prompts)
-    settings = EvalSettings(
-        n=1, temperature=0.0, seed=0, threshold=1.0, limit=None, batch=64, bootstrap=100, level=0.95
-    )
-    over = [
-        f"data.train_files=[{prompts}]",
-        f"data.val_files=[{prompts}]",
-        "data.max_prompt_length=1024",
-        "data.train_batch_size=1",  # a recipe check of the training loop, which never runs here
-        "trainer.ppo_mini_batch_size=1",
-        LAST_NUMBER_SCORER,
-    ]
-    evaluate(
-        [str(teacher)],
-        settings,
-        out=work / "eval",
-        recipe=TEACHER_RECIPE,
-        overrides=over,
-        split="train",
-        progress=False,
-    )
-    stop = AutoTokenizer.from_pretrained(str(teacher)).eos_token or ""
-    return right_answers(read_results(work / "eval"), distinct, stop)
-
-
-def write_teacher_demos(train_file: Path, teacher: Path, out: Path) -> Path:
-    """``out``: the rows of ``train_file`` whose question the teacher answered right
-    (:func:`teacher_answers` on the distinct questions), its answer as their ``response`` column:
-    the demonstrations ``runner.on_policy_fraction < 1`` trains on (TRL GKD's ``seq_kd``, the teacher's
-    sequences, kept where they are right). The generation's files lie in ``<out's folder>/
-    teacher_answers-<hash>/`` (the hash: of the teacher's path and the questions)."""
-    import hashlib
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    if not (teacher / "config.json").is_file():
+    distinct = pq.read_table(questions).to_pylist()
+    found = answers_dir / "results.parquet"
+    if not found.is_file():
         raise RlzooError(
-            f"smollm2_arith_student: teacher {str(teacher)!r} is not a model folder (no config.json); train it "
-            f"first (`rlzoo train {TEACHER_RECIPE} run.output_dir=DIR`, then teacher=DIR/final, or "
-            "`python benchmarks/distill_smollm2.py`), or set teacher: null"
+            f"smollm2_arith_student: teacher_answers {str(answers_dir)!r} holds no rlzoo eval results "
+            f"(results.parquet); write them with\n  {eval_command('TEACHER', questions, answers_dir)}\n"
+            "(TEACHER: the teacher's model folder; python benchmarks/distill_smollm2.py runs it), "
+            "or set teacher_answers: null"
         )
-    rows = pq.read_table(train_file).to_pylist()
-    first: dict[str, dict[str, Any]] = {}
-    for r in rows:  # each question once (train.parquet draws them with repeats)
-        first.setdefault(prompt_key(r), r)
-    distinct = list(first.values())
-    digest = hashlib.sha256(
-        "\n".join([str(teacher.resolve()), *map(prompt_key, distinct)]).encode()
-    ).hexdigest()[:12]
-    answers = teacher_answers(distinct, teacher, out.parent / f"teacher_answers-{digest}")
-    demos = demonstration_rows(rows, answers)
+    results = pq.read_table(found).to_pylist()
+    if sorted(int(r["index"]) for r in results) != list(range(len(distinct))):
+        raise RlzooError(
+            f"smollm2_arith_student: {found} answers {len(results)} prompts, but {questions} has "
+            f"{len(distinct)} questions: not an evaluation of these questions; evaluate them again into a new "
+            "folder (rlzoo eval ... --out NEW) and set teacher_answers to it"
+        )
+    stop = AutoTokenizer.from_pretrained(str(tokenizer)).eos_token or ""
+    demos = demonstration_rows(pq.read_table(train).to_pylist(), right_answers(results, distinct, stop))
     if not demos:
         raise RlzooError(
-            f"smollm2_arith_student: the teacher {teacher} answered none of the {len(distinct)} training "
-            f"questions right (finished, last number the sum): nothing to demonstrate; train it longer, or "
-            "set teacher: null"
+            f"smollm2_arith_student: the teacher answered none of the {len(distinct)} training questions right "
+            f"(finished, its last number the sum; {found}): nothing to demonstrate; train it longer, or set "
+            "teacher_answers: null"
         )
     tmp = out.with_suffix(".tmp")
     pq.write_table(pa.Table.from_pylist(demos), tmp)
