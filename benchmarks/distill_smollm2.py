@@ -235,6 +235,23 @@ def main() -> None:
             f"{label}: held-out {last[-1] if last else float('nan'):.3f} within {args.minutes:g} min "
             f"({cfg[label]:.0f} s wall)"
         )
+    for label, (recipe, _) in runs.items():
+        rows = [r for r in read_metrics(out / ("distill" if recipe == DISTILL else "grpo")) if r["step"] > 0]
+        own = [r for r in rows if r.get("rollout/on_policy", 1.0) == 1.0 and "critic/score/mean" in r]
+        k = max(1, len(own) // 4)
+        line = f"{label}: {len(rows)} steps"
+        if own:
+            first, last = own[:k], own[-k:]
+            mean = (
+                sum(r["critic/score/mean"] for r in first) / k,
+                sum(r["critic/score/mean"] for r in last) / k,
+            )
+            line += (
+                f"; its own samples' score, first {k} vs last {k} such steps: {mean[0]:.3f} -> {mean[1]:.3f}"
+            )
+            if "actor/gkd_jsd" in own[0]:
+                line += f"; GKD loss on them {own[0]['actor/gkd_jsd']:.2f} -> {own[-1]['actor/gkd_jsd']:.2f} nats/token"
+        print(line)
     if LOADS:
         print(
             f"load average (1 min, every 30 s): mean {sum(LOADS) / len(LOADS):.1f}, min {min(LOADS):.1f}, "
