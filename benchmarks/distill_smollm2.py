@@ -2,26 +2,36 @@
 
 Makes the teacher first when it is missing (``$RLZOO_CACHE/smollm2_arith_teacher``, default
 ``~/.cache/rlzoo``: ``grpo_smollm2_arith`` for ``--teacher-steps`` steps, the folder the
-``distill_smollm2_arith`` recipe's ``algorithm.teacher.model`` names; never overwritten), then runs,
-one after the other (``--together``: both at once), each for the same wall-clock budget (``--minutes``, from the process start: model
-loading and validations included, the run stopped by SIGTERM when the budget is spent):
+``distill_smollm2_arith`` recipe's ``algorithm.teacher.model`` names; never overwritten), then the
+teacher's demonstrations (``rlzoo eval`` of the teacher on the distinct training questions, then
+``rlzoo prepare smollm2_arith_student teacher_answers=...``: the rows it answered right, with its
+answers), both before the clock starts. Then runs, one
+after the other (``--together``: both at once), each for the same wall-clock budget (``--minutes``,
+from the process start: model loading and validations included, the run stopped by SIGTERM when the
+budget is spent):
 
 - ``distill_smollm2_arith``: the fresh student (``data.dir/student``, random weights) distilled from
-  the teacher (GKD, beta 0, on the student's samples);
+  the teacher (GKD, beta 0): half the steps on its own samples, half on the teacher's demonstrations
+  (``runner.on_policy_fraction: 0.5``, TRL GKD's lmbda with ``seq_kd``);
 - the same fresh student trained by ``grpo_smollm2_arith``'s GRPO alone (its lr raised to the
   distillation recipe's: a fresh model, not a pretrained one, is trained).
 
-Prints one table: held-out greedy accuracy (the 64 held-out prompts) at every validation against
-minutes, the teacher's held-out accuracy, and the student's last value within the budget. The
-machine's load average is printed at the start and end (wall times on a shared machine are loaded).
+Both students are scored by the last number of the answer (``gsm8k`` scorer, ``flexible``): the
+``math`` scorer of ``grpo_smollm2_arith`` also credits a restatement of the question ("To find 24 +
+22, we need ...": math-verify evaluates ``24 + 22``). Prints one table: held-out greedy accuracy (the
+64 held-out prompts) at every validation against minutes, the teacher's held-out accuracy by both
+rules (from its validation samples), and the student's last value within the budget. The machine's
+load average is sampled every 30 s (wall times on a shared machine are loaded).
 
-    python benchmarks/distill_smollm2.py [--minutes 8] [--teacher-steps 10] [--out DIR]
+    python benchmarks/distill_smollm2.py [--minutes 8] [--teacher-steps 10] [--out DIR] [--together]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +43,9 @@ from typing import Any
 from rlzoo.report.metrics import read_metrics
 
 DISTILL = "distill_smollm2_arith"
+#: the students' scorer: the answer's last number is the sum (the distillation recipe's)
+LAST_NUMBER = "reward.scorer={name:gsm8k,method:flexible}"
+LOADS: list[float] = []  # the 1-minute load average, every 30 s while students run
 
 
 def cache_dir() -> Path:
@@ -49,12 +62,13 @@ def stop_after(procs: list[subprocess.Popen], budget_s: float | None) -> float:
     """Wait for ``procs``; those still running after ``budget_s`` get SIGTERM (a clean stop: the loop
     writes its rows); returns the wall seconds."""
     t0 = time.time()
-    for proc in procs:
-        left = None if budget_s is None else max(0.0, budget_s - (time.time() - t0))
-        try:
-            proc.wait(timeout=left)
-        except subprocess.TimeoutExpired:
+    while any(p.poll() is None for p in procs):
+        LOADS.append(os.getloadavg()[0])
+        left = 30.0 if budget_s is None else min(30.0, budget_s - (time.time() - t0))
+        if left <= 0:
             break  # the budget is spent: every run still going is stopped now, together
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            next(p for p in procs if p.poll() is None).wait(timeout=left)
     wall = time.time() - t0
     for proc in procs:
         if proc.poll() is None:
@@ -89,6 +103,52 @@ def ensure_teacher(steps: int) -> Path:
     return out
 
 
+def ensure_demos(teacher: Path) -> Path:
+    """``train_teacher.parquet`` of the distillation recipe's data folder, before the clock: the
+    distinct training questions (``rlzoo prepare``), the teacher's greedy answers to them (``rlzoo
+    eval``, resumed when already there), the rows it answered right with their answers."""
+    from rlzoo.tasks._smollm2 import EVAL_OVERRIDES, QUESTIONS
+
+    data = cache_dir() / "smollm2_arith"
+    rlzoo = [sys.executable, "-m", "rlzoo.cli"]
+    prepare = [
+        *rlzoo,
+        "prepare",
+        "smollm2_arith_student",
+        "--out",
+        str(data),
+        "max_operand=30",
+        "val_size=64",
+    ]
+    t0 = time.time()
+    subprocess.run(prepare, check=True)
+    over = [o.format(questions=data / QUESTIONS) for o in EVAL_OVERRIDES]
+    answers = data / "teacher_answers"
+    ev = ["eval", str(teacher), "--recipe", "grpo_smollm2_arith", "--split", "train", "--batch", "64"]
+    subprocess.run([*rlzoo, *ev, "--out", str(answers), "--no-progress", *over], check=True)
+    subprocess.run([*prepare, f"teacher_answers={answers}"], check=True)
+    print(f"demonstrations: {data / 'train_teacher.parquet'} ({time.time() - t0:.0f} s)")
+    return data / "train_teacher.parquet"
+
+
+def teacher_last_number(run_dir: Path) -> list[tuple[int, float]]:
+    """(step, share of the held-out answers whose last number is the sum) at each teacher validation,
+    from its validation samples (the students' rule, :data:`LAST_NUMBER`)."""
+    import pyarrow.parquet as pq
+
+    from rlzoo.algorithms.functional.scoring.gsm8k import extract_solution
+
+    out = []
+    for f in sorted((run_dir / "samples" / "val").glob("step_*.parquet")):
+        rows = pq.read_table(f, columns=["prompt", "response"]).to_pylist()
+        right = 0
+        for r in rows:
+            a, b = re.findall(r"What is (\d+) \+ (\d+)\?", r["prompt"])[-1]
+            right += extract_solution(r["response"], "flexible") == str(int(a) + int(b))
+        out.append((int(f.stem.split("_")[1]), right / len(rows)))
+    return out
+
+
 def val_curve(run_dir: Path) -> list[tuple[int, float, float]]:
     """(step, minutes since the run's first row's step began, held-out accuracy) at each validation."""
     rows = read_metrics(run_dir)
@@ -110,14 +170,17 @@ def main() -> None:
         help="run both students at the same time (each gets half the machine)",
     )
     args = ap.parse_args()
-    load0 = os.getloadavg()
     teacher = ensure_teacher(args.teacher_steps)
     teacher_val = [r["val/mean"] for r in read_metrics(teacher) if "val/mean" in r]
+    teacher_strict = teacher_last_number(teacher)
+    teacher_steps = max(int(r["step"]) for r in read_metrics(teacher))
+    demos = ensure_demos(teacher / "final")
     out = Path(args.out or tempfile.mkdtemp(prefix="distill_smollm2-"))
     common = [
         f"trainer.test_freq={args.test_freq}",
         "trainer.val_before_train=true",
         "trainer.total_steps=100000",
+        LAST_NUMBER,
     ]
     cfg: dict[str, Any] = {}
     runs = {
@@ -145,16 +208,22 @@ def main() -> None:
             cfg[label] = train(recipe, [*common, *extra], budget_s=args.minutes * 60)
     for label, (recipe, _) in runs.items():
         curves[label] = val_curve(out / ("distill" if recipe == DISTILL else "grpo"))
-    load1 = os.getloadavg()
     print(
         f"\nheld-out accuracy (64 held-out sums, greedy); each student run {args.minutes:g} min of wall clock"
     )
     print(
-        f"teacher (SmolLM2-135M, {args.teacher_steps} GRPO steps): held-out {teacher_val[0]:.3f} at step 0 -> "
-        f"{teacher_val[-1]:.3f}"
+        f"teacher (SmolLM2-135M, {teacher_steps} GRPO steps): held-out {teacher_val[0]:.3f} at step 0 -> "
+        f"{teacher_val[-1]:.3f} by its math scorer"
         if teacher_val
         else "teacher: no validation recorded"
     )
+    print(
+        "teacher by the students' rule (last number): "
+        + ", ".join(f"{v:.3f} at step {k}" for k, v in teacher_strict)
+    )
+    import pyarrow.parquet as pq
+
+    print(f"demonstrations: {pq.read_metadata(demos).num_rows} training rows the teacher answered right")
     print("| run | step | minutes | held-out |")
     print("|---|---:|---:|---:|")
     for label, c in curves.items():
@@ -166,7 +235,28 @@ def main() -> None:
             f"{label}: held-out {last[-1] if last else float('nan'):.3f} within {args.minutes:g} min "
             f"({cfg[label]:.0f} s wall)"
         )
-    print(f"load average (1 min) at start {load0[0]:.1f}, at end {load1[0]:.1f} on {os.cpu_count()} cores")
+    for label, (recipe, _) in runs.items():
+        rows = [r for r in read_metrics(out / ("distill" if recipe == DISTILL else "grpo")) if r["step"] > 0]
+        own = [r for r in rows if r.get("rollout/on_policy", 1.0) == 1.0 and "critic/score/mean" in r]
+        k = max(1, len(own) // 4)
+        line = f"{label}: {len(rows)} steps"
+        if own:
+            first, last = own[:k], own[-k:]
+            mean = (
+                sum(r["critic/score/mean"] for r in first) / k,
+                sum(r["critic/score/mean"] for r in last) / k,
+            )
+            line += (
+                f"; its own samples' score, first {k} vs last {k} such steps: {mean[0]:.3f} -> {mean[1]:.3f}"
+            )
+            if "actor/gkd_jsd" in own[0]:
+                line += f"; GKD loss on them {own[0]['actor/gkd_jsd']:.2f} -> {own[-1]['actor/gkd_jsd']:.2f} nats/token"
+        print(line)
+    if LOADS:
+        print(
+            f"load average (1 min, every 30 s): mean {sum(LOADS) / len(LOADS):.1f}, min {min(LOADS):.1f}, "
+            f"max {max(LOADS):.1f} on {os.cpu_count()} cores"
+        )
     print(f"runs: {out}")
 
 

@@ -132,12 +132,132 @@ def write_student(model_dir: Path, out: Path, params: Any) -> Path:
 
 
 def prepare_arith_student(out_dir: Path, params: Any) -> dict[str, Path]:
-    """``smollm2_arith``'s files and ``student/`` (:func:`write_student`; kept when present)."""
-    files = prepare_arith(out_dir, params)
-    student = Path(out_dir) / "student"
+    """``smollm2_arith``'s files, ``student/`` (:func:`write_student`; kept when present) and
+    ``train_questions.parquet`` (:func:`distinct_questions`); with ``params.teacher_answers``, also
+    ``train_teacher.parquet`` (:func:`write_teacher_demos`)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir)
+    files = prepare_arith(out, params)
+    student = out / "student"
     if params.overwrite or not (student / "config.json").exists():
         write_student(files["model"], student, params)
-    return {**files, "student": student}
+    files = {**files, "student": student, "train_questions": out / QUESTIONS}
+    if params.overwrite or _older(files["train_questions"], files["train"]):
+        distinct = distinct_questions(pq.read_table(files["train"]).to_pylist())
+        pq.write_table(pa.Table.from_pylist(distinct), files["train_questions"])
+    if params.teacher_answers:
+        answers = Path(params.teacher_answers).expanduser()
+        files["train_teacher"] = out / TEACHER_DEMOS
+        if params.overwrite or _older(files["train_teacher"], answers / "results.parquet"):
+            write_teacher_demos(
+                files["train"], files["train_questions"], answers, student, files["train_teacher"]
+            )
+    return files
+
+
+#: the distinct training questions, each once: what the teacher answers (``rlzoo eval``)
+QUESTIONS = "train_questions.parquet"
+#: the training rows with the teacher's right answers as their ``response``
+TEACHER_DEMOS = "train_teacher.parquet"
+#: ``rlzoo eval``'s settings for the teacher's answers to ``train_questions.parquet`` (after the
+#: target, ``--recipe grpo_smollm2_arith --split train --out DIR``): the questions as both splits,
+#: never cut; the loop's batch checks satisfied (no loop runs); an answer right when its last number
+#: is the sum (``math``, math-verify, also credits a restatement of the question, "To find 24 + 22, ...")
+EVAL_OVERRIDES = (
+    "data.train_files=[{questions}]",
+    "data.val_files=[{questions}]",
+    "data.max_prompt_length=1024",
+    "data.train_batch_size=1",
+    "trainer.ppo_mini_batch_size=1",
+    "reward.scorer={{name:gsm8k,method:flexible}}",
+)
+
+
+def _older(path: Path, than: Path) -> bool:
+    """``path`` is missing, or older than ``than`` (which exists)."""
+    return not path.exists() or (than.exists() and path.stat().st_mtime_ns < than.stat().st_mtime_ns)
+
+
+def eval_command(teacher: str, questions: Path, out: Path) -> str:
+    """The ``rlzoo eval`` command that writes the teacher's answers to ``questions`` into ``out``."""
+    over = " ".join(f"'{o.format(questions=questions)}'" for o in EVAL_OVERRIDES)
+    return f"rlzoo eval {teacher} --recipe grpo_smollm2_arith --split train --batch 64 --out {out} {over}"
+
+
+def prompt_key(row: dict[str, Any]) -> str:
+    """A training row's prompt as one string (the same question in two rows: the same key)."""
+    import json
+
+    return json.dumps(row["prompt"], sort_keys=True)
+
+
+def distinct_questions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each question of ``rows`` once (its first row), in order (train.parquet draws them with repeats)."""
+    first: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        first.setdefault(prompt_key(r), r)
+    return list(first.values())
+
+
+def demonstration_rows(rows: list[dict[str, Any]], answers: dict[str, str]) -> list[dict[str, Any]]:
+    """The ``rows`` whose prompt has an answer in ``answers`` (:func:`prompt_key` -> text), in their
+    order, each with that answer as its ``response``; the rest are left out."""
+    return [{**r, "response": answers[prompt_key(r)]} for r in rows if prompt_key(r) in answers]
+
+
+def right_answers(results: list[dict[str, Any]], distinct: list[dict[str, Any]], stop: str) -> dict[str, str]:
+    """From ``rlzoo eval``'s result rows (one sample each; ``index`` into ``distinct``): each answer that
+    finished (``finish_reason`` stop) and was scored right, its text cut at ``stop`` (the stop token's
+    text) and stripped; :func:`prompt_key` -> answer. An empty answer is left out."""
+    answers = {}
+    for r in results:
+        text = str(r["responses"][0])
+        text = (text.split(stop)[0] if stop else text).strip()
+        if r["finish_reason"][0] == "stop" and r["correct"][0] and text:
+            answers[prompt_key(distinct[int(r["index"])])] = text
+    return answers
+
+
+def write_teacher_demos(train: Path, questions: Path, answers_dir: Path, tokenizer: Path, out: Path) -> Path:
+    """``out``: the rows of ``train`` whose question the teacher answered right, that answer as their
+    ``response`` column (:func:`right_answers` of ``answers_dir``, ``rlzoo eval``'s output on
+    ``questions``; the stop token's text from ``tokenizer``'s folder): the demonstrations
+    ``runner.on_policy_fraction < 1`` trains on (TRL GKD's ``seq_kd``: the teacher's sequences,
+    here only its right ones)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    distinct = pq.read_table(questions).to_pylist()
+    found = answers_dir / "results.parquet"
+    if not found.is_file():
+        raise RlzooError(
+            f"smollm2_arith_student: teacher_answers {str(answers_dir)!r} holds no rlzoo eval results "
+            f"(results.parquet); write them with\n  {eval_command('TEACHER', questions, answers_dir)}\n"
+            "(TEACHER: the teacher's model folder; python benchmarks/distill_smollm2.py runs it), "
+            "or set teacher_answers: null"
+        )
+    results = pq.read_table(found).to_pylist()
+    if sorted(int(r["index"]) for r in results) != list(range(len(distinct))):
+        raise RlzooError(
+            f"smollm2_arith_student: {found} answers {len(results)} prompts, but {questions} has "
+            f"{len(distinct)} questions: not an evaluation of these questions; evaluate them again into a new "
+            "folder (rlzoo eval ... --out NEW) and set teacher_answers to it"
+        )
+    stop = AutoTokenizer.from_pretrained(str(tokenizer)).eos_token or ""
+    demos = demonstration_rows(pq.read_table(train).to_pylist(), right_answers(results, distinct, stop))
+    if not demos:
+        raise RlzooError(
+            f"smollm2_arith_student: the teacher answered none of the {len(distinct)} training questions right "
+            f"(finished, its last number the sum; {found}): nothing to demonstrate; train it longer, or set "
+            "teacher_answers: null"
+        )
+    tmp = out.with_suffix(".tmp")
+    pq.write_table(pa.Table.from_pylist(demos), tmp)
+    tmp.replace(out)
+    return out
 
 
 CODE_WORDS = {"+": "plus", "-": "minus", "*": "times"}

@@ -83,6 +83,13 @@ class SmolLM2ArithStudentParams(SmolLM2ArithParams):
 
     The defaults make a ~19M-parameter model (12.6M of them the tied 49,152 x 256 embedding). Written
     once: an existing ``student/`` is kept unless ``overwrite``.
+
+    Also ``train_questions.parquet``, each training question once. With ``teacher_answers`` (the
+    folder ``rlzoo eval TEACHER --recipe grpo_smollm2_arith --split train`` wrote over those
+    questions, ``rlzoo.tasks._smollm2.EVAL_OVERRIDES``: greedy, 16 new tokens), ``train_teacher.parquet``
+    too: the training rows whose question the teacher answered right (finished, its last number the
+    sum), with that answer as their ``response``: the demonstrations of ``runner.on_policy_fraction <
+    1`` (TRL GKD's ``seq_kd``). Written again when the answers are newer.
     """
 
     hidden_size: int = param(256, ge=8, help="the student's hidden size (SmolLM2-135M: 576)")
@@ -91,6 +98,11 @@ class SmolLM2ArithStudentParams(SmolLM2ArithParams):
     num_kv_heads: int = param(2, ge=1, help="key/value heads (grouped-query attention, as SmolLM2's 3 of 9)")
     intermediate_size: int = param(768, ge=1, help="the MLP's inner size (SmolLM2-135M: 1536)")
     init_seed: int = param(0, ge=0, le=MAX_SEED, help="seed of the student's random initialisation")
+    teacher_answers: str | None = param(
+        None,
+        help="an rlzoo eval folder of the teacher's answers to train_questions.parquet: the right ones become "
+        "train_teacher.parquet's 'response' column",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
