@@ -88,10 +88,11 @@ phase "sync + LoRA done"
 "$PY" scripts/check_vllm_run.py "$runs/tools" 3 1e-3
 phase "multi-turn done"
 
-# the gateway: quickstart_gateway (a plain OpenAI SDK agent, unchanged, through the run's gateway)
+# the gateway: quickstart_gateway's GRPO stage (stages=[]: its SFT stage does not sample; a plain OpenAI SDK
+# agent, unchanged, through the run's gateway)
 # with vLLM sampling every call; tests/gateway/test_vllm.py (in 1) checks its trained ids and
 # log-probs are vLLM's, this run that every push reached vLLM under the sync runner
-"$VENV/bin/rlzoo" train quickstart_gateway "$VLLM_ROLLOUT" data.dir="$RLZOO_CACHE/tools-h256" \
+"$VENV/bin/rlzoo" train quickstart_gateway stages=[] "$VLLM_ROLLOUT" data.dir="$RLZOO_CACHE/tools-h256" \
   data.prepare.hidden_size=256 data.prepare.train_size=256 trainer.total_steps=2 trainer.val_before_train=false \
   trainer.test_freq=2 trainer.save_freq=-1 run.progress=false run.output_dir="$runs/gateway"
 "$PY" scripts/check_vllm_run.py "$runs/gateway" 2 1e-3
