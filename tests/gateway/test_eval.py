@@ -45,6 +45,7 @@ def test_a_gateway_run_is_evaluated_through_its_agent(tmp_path: Path) -> None:
     rlzoo.build_run(
         "quickstart_gateway",
         [
+            "stages=[]",  # its GRPO stage alone: the agent through the gateway
             f"data.dir={tmp_path / 'data'}",
             f"run.output_dir={run_dir}",
             "run.progress=false",
