@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 WORKDIR = "/sandbox"  # the working directory inside a bwrap sandbox
 MAIN = "main.py"  # Python source is written here
 _READ = 65536
+_REAP_WAIT_S = 5.0  # how long a killed execution's orphans may take to be reaped by init
 _POLL_S = 0.02
 _logged: set[str] = set()
 _uids_lock = threading.Lock()
@@ -481,17 +482,37 @@ def _kill_all(proc: subprocess.Popen[bytes], uid: int | None) -> None:
     if uid is None:
         return
     for _ in range(20):  # a process may fork while we sweep: sweep until none is left
-        found = False
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                if entry.stat().st_uid != uid:
-                    continue
-                os.kill(int(entry.name), signal.SIGKILL)
-                found = True
-            except (FileNotFoundError, ProcessLookupError, PermissionError):
-                continue
-        if not found:
+        pids = _pids_of(uid)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if not pids:
             return
         time.sleep(0.01)
+    # killed orphans stay zombies until init reaps them, and a zombie still counts against the
+    # slot's RLIMIT_NPROC: the next execution as this uid could not fork (seen after a fork bomb on a
+    # loaded machine: BlockingIOError in a test's first fork). Wait for them to go, within a bound.
+    deadline = time.monotonic() + _REAP_WAIT_S
+    while _pids_of(uid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if _pids_of(uid):
+        log.warning(
+            "sandbox: processes of uid %d are still not reaped %.0f s after being killed; the next "
+            "execution as this uid may be refused new processes",
+            uid,
+            _REAP_WAIT_S,
+        )
+
+
+def _pids_of(uid: int) -> list[int]:
+    """Every process (zombies included) owned by ``uid``."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid == uid:
+                out.append(int(entry.name))
+        except FileNotFoundError:
+            continue
+    return out
