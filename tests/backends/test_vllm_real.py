@@ -18,15 +18,7 @@ import os
 from types import SimpleNamespace
 
 import pytest
-
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vllm is imported: its CPU platform
-
-try:
-    import vllm  # noqa: F401
-
-    VLLM_ERROR = None
-except Exception as e:  # ImportError, or a CUDA-built torchvision / torchcodec failing to load
-    VLLM_ERROR = f"vllm not importable: {type(e).__name__}: {e}"
+from vllm_guard import VLLM_ERROR
 
 pytestmark = pytest.mark.skipif(VLLM_ERROR is not None, reason=VLLM_ERROR or "")
 

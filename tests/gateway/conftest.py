@@ -3,14 +3,14 @@ multi-turn exactness tests' setup, tests/agents), a native engine and trainer, a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
 from agents.conftest import smollm2_tokenizer  # noqa: F401  (the fixture, shared)
 from agents.test_exactness_bpe import bpe_parts  # noqa: F401  (the fixture, shared)
 
-from rlzoo.kernel.protocols import Sample
+from rlzoo.kernel.protocols import GenerationRequest, Sample
 
 
 class Recorder:
@@ -27,6 +27,34 @@ class Recorder:
         for s in self.inner.stream(timeout):
             self.samples[s.request_id] = s
             yield s
+
+
+class ScriptedCalls:
+    """An engine that answers call k of a gateway episode (its request id's ``#g<k>``) with
+    :meth:`ids` (the stop token included), log-prob -0.5 a token, version 0; ``seen`` holds every
+    request it got. Deterministic, instant."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.queue: list[Sample] = []
+        self.seen: list[GenerationRequest] = []
+
+    def ids(self, request: GenerationRequest, call: int) -> list[int]:
+        raise NotImplementedError
+
+    def submit(self, requests: Sequence[GenerationRequest]) -> None:
+        for r in requests:
+            self.seen.append(r)
+            ids = self.ids(r, int(r.request_id.rsplit("#g", 1)[1].split(".")[0]))
+            self.queue.append(Sample.of_request(r, 0, ids, [-0.5] * len(ids), [0] * len(ids), "stop"))
+
+    def stream(self, timeout: float | None = None) -> Iterator[Sample]:
+        while self.queue:
+            yield self.queue.pop(0)
+
+    def pause(self) -> None: ...
+    def resume(self) -> None: ...
+    def shutdown(self) -> None: ...
 
 
 class FnAgent:

@@ -12,12 +12,13 @@ without it (``rollout.agent.tool=false rollout.environment.with_tool=false``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 
 import rlzoo
-from rlzoo.kernel.protocols import GenerationRequest, Sample, SamplingParams
+from gateway.conftest import ScriptedCalls
+from rlzoo.kernel.protocols import GenerationRequest, SamplingParams
 
 pytest.importorskip("openai")
 
@@ -28,28 +29,15 @@ ROW = {
 NO_TOOL = ["rollout.agent.tool=false", "rollout.environment.with_tool=false"]
 
 
-class Turns:
-    """An engine whose call k samples ``turns[k]`` (ids, the stop token included), log-prob -0.5 each."""
+class Turns(ScriptedCalls):
+    """An engine whose call k samples ``turns[k]`` (ids, the stop token included)."""
 
     def __init__(self, turns: Sequence[list[int]]) -> None:
+        super().__init__()
         self.turns = list(turns)
-        self.version = 0
-        self.queue: list[Sample] = []
-        self.prompts: list[list[int]] = []
 
-    def submit(self, requests: Sequence[GenerationRequest]) -> None:
-        for r in requests:
-            self.prompts.append(list(r.prompt_ids))
-            ids = self.turns[int(r.request_id.rsplit("#g", 1)[1].split(".")[0])]
-            self.queue.append(Sample.of_request(r, 0, ids, [-0.5] * len(ids), [0] * len(ids), "stop"))
-
-    def stream(self, timeout: float | None = None) -> Iterator[Sample]:
-        while self.queue:
-            yield self.queue.pop(0)
-
-    def pause(self) -> None: ...
-    def resume(self) -> None: ...
-    def shutdown(self) -> None: ...
+    def ids(self, request: GenerationRequest, call: int) -> list[int]:
+        return self.turns[call]
 
 
 def _runs(mask: Sequence[int]) -> list[tuple[int, int]]:
@@ -114,4 +102,4 @@ def test_the_sft_stage_trains_what_the_gateway_renders_for_the_agent(overrides: 
     assert s.response_ids == response  # the turns, and calc's reply between them
     assert s.loss_mask == mask  # trained: the assistant turns and their stop tokens only
     # each call was fed the demonstration up to the turn it samples (calc's reply included)
-    assert engine.prompts == [[*prompt, *response[:a]] for a, _ in _runs(mask)]
+    assert [list(r.prompt_ids) for r in engine.seen] == [[*prompt, *response[:a]] for a, _ in _runs(mask)]

@@ -10,11 +10,12 @@ scorer then judges the final answer.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
+from gateway.conftest import ScriptedCalls
 from rlzoo.kernel.protocols import GenerationRequest, Sample, SamplingParams
 
 pytest.importorskip("openai")
@@ -24,29 +25,15 @@ ANSWER = "Answer: 4 5 6 + 7 8 9 = 1 2 4 5"
 TOOL_REPLY = "4 5 6 + 7 8 9 = 1 2 4 5"
 
 
-class Scripted:
-    """An engine that answers call k of an episode with ``script[k]`` (+ EOS), log-prob -0.5 a token."""
+class Scripted(ScriptedCalls):
+    """An engine that answers call k of an episode with ``script[k]`` (+ EOS)."""
 
     def __init__(self, tok: Any, eos: int, script: Sequence[str]) -> None:
+        super().__init__()
         self.tok, self.eos, self.script = tok, eos, list(script)
-        self.version = 0
-        self.queue: list[Sample] = []
-        self.seen: list[GenerationRequest] = []
 
-    def submit(self, requests: Sequence[GenerationRequest]) -> None:
-        for r in requests:
-            self.seen.append(r)
-            k = int(r.request_id.rsplit("#g", 1)[1].split(".")[0])
-            ids = [*self.tok(self.script[k], add_special_tokens=False)["input_ids"], self.eos]
-            self.queue.append(Sample.of_request(r, 0, ids, [-0.5] * len(ids), [0] * len(ids), "stop"))
-
-    def stream(self, timeout: float | None = None) -> Iterator[Sample]:
-        while self.queue:
-            yield self.queue.pop(0)
-
-    def pause(self) -> None: ...
-    def resume(self) -> None: ...
-    def shutdown(self) -> None: ...
+    def ids(self, request: GenerationRequest, call: int) -> list[int]:
+        return [*self.tok(self.script[call], add_special_tokens=False)["input_ids"], self.eos]
 
 
 def _gateway(

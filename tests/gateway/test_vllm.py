@@ -13,20 +13,11 @@ Skipped with a reason when vLLM is not importable (the default dev install).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vllm is imported: its CPU platform
-
-try:
-    import vllm  # noqa: F401
-
-    VLLM_ERROR = None
-except Exception as e:  # ImportError, or a CUDA-built torchvision / torchcodec failing to load
-    VLLM_ERROR = f"vllm not importable: {type(e).__name__}: {e}"
+from vllm_guard import VLLM_ERROR
 
 pytestmark = pytest.mark.skipif(VLLM_ERROR is not None, reason=VLLM_ERROR or "")
 openai = pytest.importorskip("openai")
