@@ -27,15 +27,25 @@ def spaced(text: str) -> str:
     return " ".join(text.replace(" ", ""))
 
 
+def integer_value(expression: str) -> int:
+    """The value of an integer expression with + - * and parentheses (spaces ignored). ValueError
+    ``cannot evaluate ...`` for anything else, powers included (``9**9**9`` would run for ever); a
+    malformed expression raises what Python's parser raises (SyntaxError)."""
+    flat = expression.replace(" ", "")
+    if not flat or any(c not in "0123456789+-*()" for c in flat) or len(flat) > 64 or "**" in flat:
+        raise ValueError(f"cannot evaluate {expression!r}")
+    return int(eval(flat, {"__builtins__": {}}, {}))
+
+
 def calc(expression: str) -> str:
     """``'4 5 6 + 7 8 9'`` -> ``'4 5 6 + 7 8 9 = 1 2 4 5'`` (integer + - * only; else an error text)."""
-    flat = expression.replace(" ", "")
-    if not flat or any(c not in "0123456789+-*()" for c in flat) or len(flat) > 64:
-        return f"error: cannot evaluate {expression!r}"
     try:
-        value = eval(flat, {"__builtins__": {}}, {})
+        value = integer_value(expression)
+    except ValueError as exc:
+        return f"error: {exc}"
     except Exception as exc:  # a malformed expression: the model reads the error
         return f"error: {type(exc).__name__}"
+    flat = expression.replace(" ", "")
     return f"{' '.join(spaced(flat).split())} = {spaced(str(value))}"
 
 

@@ -1,6 +1,7 @@
 """A plain OpenAI function-calling agent for SmolLM2 on calculator questions: the ``smollm2_gateway`` agent.
 
-Nothing in it knows rlzoo: it runs unchanged against any OpenAI-compatible server::
+Nothing in it knows rlzoo (it shares only calc_agent's plain-Python calculator): it runs unchanged
+against any OpenAI-compatible server::
 
     echo '{"extra_info": {"a": 27, "op": "*", "b": 82}}' | \\
         OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=... OPENAI_MODEL=policy \\
@@ -26,6 +27,8 @@ import os
 import sys
 from typing import Any
 
+from rlzoo.tasks.calc_agent import integer_value  # the same calculator (a plain-Python sibling script)
+
 SYSTEM = "You can use a calculator: write calc and the expression. Then reply with only the number."
 SYSTEM_NO_TOOL = "Reply with only the number."
 #: the worked example's operands (the smollm2_calc dataset never asks them)
@@ -48,14 +51,12 @@ CALC = {
 
 def calc(expression: str) -> str:
     """``'27 * 82'`` -> ``'2214'`` (integers with + - * and parentheses; else an error text)."""
-    flat = expression.replace(" ", "")
-    if not flat or any(c not in "0123456789+-*()" for c in flat) or len(flat) > 64 or "**" in flat:
-        return f"error: cannot evaluate {expression!r}"
     try:
-        value = eval(flat, {"__builtins__": {}}, {})
+        return str(integer_value(expression))
+    except ValueError as exc:
+        return f"error: {exc}"
     except Exception as exc:  # a malformed expression: the model reads the error
         return f"error: {type(exc).__name__}"
-    return str(value)
 
 
 def question(a: int, op: str, b: int) -> str:
