@@ -50,17 +50,21 @@ def requests(n_prompts: int = 6, n: int = 4) -> list[GenerationRequest]:
     ]
 
 
-def _segments(s: Sample) -> list[tuple[int, int]]:
-    """(start, end) of each run of loss-mask-1 positions: the model's turns."""
+def mask_runs(mask: Sequence[int]) -> list[tuple[int, int]]:
+    """``[start, end)`` of each run of 1s in ``mask``: a trajectory's model turns in its loss mask."""
     out, start = [], None
-    mask = [*(s.loss_mask or []), 0]
-    for j, m in enumerate(mask):
+    for j, m in enumerate([*mask, 0]):
         if m and start is None:
             start = j
         elif not m and start is not None:
             out.append((start, j))
             start = None
     return out
+
+
+def _segments(s: Sample) -> list[tuple[int, int]]:
+    """(start, end) of each run of loss-mask-1 positions: the model's turns."""
+    return mask_runs(s.loss_mask or [])
 
 
 def check_sampled_ids_are_trained(samples: Sequence[Sample], rec: Recorder, batch: Any) -> int:

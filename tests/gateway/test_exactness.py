@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from agents.helpers import mask_runs
 
 from rlzoo.kernel.protocols import AgentResult, GenerationRequest, Sample, SamplingParams
 from rlzoo.train.batching import samples_to_batch
@@ -41,18 +42,6 @@ def requests(n_prompts: int = 3, n: int = 2) -> list[GenerationRequest]:
     return [GenerationRequest(f"p{i}", [0], sp, data={"index": i}) for i in range(n_prompts)]
 
 
-def _segments(s: Sample) -> list[tuple[int, int]]:
-    out, start = [], None
-    mask = [*(s.loss_mask or []), 0]
-    for j, m in enumerate(mask):
-        if m and start is None:
-            start = j
-        elif not m and start is not None:
-            out.append((start, j))
-            start = None
-    return out
-
-
 def check_trained_ids_are_the_engines(samples: list[Sample], rec: Any, batch: Any) -> int:
     """(a); returns the most calls merged into one trajectory."""
     P = batch["input_ids"].shape[1] - batch["responses"].shape[1]
@@ -66,7 +55,7 @@ def check_trained_ids_are_the_engines(samples: list[Sample], rec: Any, batch: An
         mask = batch["response_mask"][row]  # [T]
         trained = batch["input_ids"][row, P:][mask.bool()].tolist()
         assert trained == engine, f"{s.request_id}/{s.index}: trained ids differ from the sampled ids"
-        for (a, b), k in zip(_segments(s), calls):
+        for (a, b), k in zip(mask_runs(s.loss_mask or []), calls):
             assert s.rollout_log_probs[a:b] == rec.samples[k].rollout_log_probs
             assert rec.samples[k].prompt_ids == [*s.prompt_ids, *s.response_ids[:a]]  # what the engine saw
         most = max(most, len(calls))

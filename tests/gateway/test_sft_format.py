@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+from agents.helpers import mask_runs
 
 import rlzoo
 from gateway.conftest import ScriptedCalls
@@ -40,18 +41,6 @@ class Turns(ScriptedCalls):
         return self.turns[call]
 
 
-def _runs(mask: Sequence[int]) -> list[tuple[int, int]]:
-    """``[start, end)`` of each run of 1s in ``mask``."""
-    out, start = [], None
-    for k, m in enumerate([*mask, 0]):
-        if m and start is None:
-            start = k
-        elif not m and start is not None:
-            out.append((start, k))
-            start = None
-    return out
-
-
 @pytest.mark.parametrize("overrides", [[], NO_TOOL], ids=["tool", "no_tool"])
 def test_the_sft_stage_trains_what_the_gateway_renders_for_the_agent(overrides: list[str]) -> None:
     from rlzoo.agents.chat import ChatTemplate
@@ -73,7 +62,7 @@ def test_the_sft_stage_trains_what_the_gateway_renders_for_the_agent(overrides: 
     messages = env.solve(dict(ROW))
     template = ChatTemplate(tok, list(env.tools()), (eos,), {})
     prompt, response, mask = render(template, messages)
-    turns = [response[a:b] for a, b in _runs(mask)]
+    turns = [response[a:b] for a, b in mask_runs(mask)]
     assert len(turns) == (2 if grpo.rollout.environment.params.with_tool else 1)
 
     # the same conversation played by the recipe's agent through the gateway
@@ -102,4 +91,4 @@ def test_the_sft_stage_trains_what_the_gateway_renders_for_the_agent(overrides: 
     assert s.response_ids == response  # the turns, and calc's reply between them
     assert s.loss_mask == mask  # trained: the assistant turns and their stop tokens only
     # each call was fed the demonstration up to the turn it samples (calc's reply included)
-    assert [list(r.prompt_ids) for r in engine.seen] == [[*prompt, *response[:a]] for a, _ in _runs(mask)]
+    assert [list(r.prompt_ids) for r in engine.seen] == [[*prompt, *response[:a]] for a, _ in mask_runs(mask)]

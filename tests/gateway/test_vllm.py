@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agents.helpers import mask_runs
 from vllm_guard import VLLM_ERROR
 
 pytestmark = pytest.mark.skipif(VLLM_ERROR is not None, reason=VLLM_ERROR or "")
@@ -57,7 +58,7 @@ def check_trained_ids_are_vllms(samples: list[Any], rec: Any, batch: Any) -> int
     most = 0
     for row, s in enumerate(samples):
         mask = batch["response_mask"][row]  # [T]
-        segments = _segments(s.loss_mask or [])
+        segments = mask_runs(s.loss_mask or [])
         assert batch["input_ids"][row, P:][mask.bool()].tolist() == [
             t for a, b in segments for t in s.response_ids[a:b]
         ]
@@ -75,17 +76,6 @@ def check_trained_ids_are_vllms(samples: list[Any], rec: Any, batch: Any) -> int
         most = max(most, len(segments))
     assert sorted(trained_keys) == sorted(rec.samples), "a vLLM sample is not trained exactly once"
     return most
-
-
-def _segments(mask: list[int]) -> list[tuple[int, int]]:
-    out, start = [], None
-    for j, m in enumerate([*mask, 0]):
-        if m and start is None:
-            start = j
-        elif not m and start is not None:
-            out.append((start, j))
-            start = None
-    return out
 
 
 def test_gateway_on_vllm_trains_exactly_the_sampled_tokens(tmp_path: Path) -> None:
