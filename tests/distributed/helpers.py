@@ -18,6 +18,12 @@ class SleepyBackend:
     def env(self) -> dict[str, str]:
         return {k: os.environ[k] for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
 
+    def process(self) -> dict[str, Any]:
+        """What the worker process runs with: torch's CPU threads."""
+        import torch
+
+        return {"threads": torch.get_num_threads()}
+
     def compute_log_probs(self, batch: Any, *, model: str = "actor", with_entropy: bool = False) -> Any:
         time.sleep(float(batch))
         return self.rank, None

@@ -236,3 +236,25 @@ def test_killed_worker_fails_fast(groups: Any) -> None:
     assert time.monotonic() - t0 < 30
     with pytest.raises(WorkerError, match="unusable after an earlier failure"):
         proxy.compute_log_probs(0.0)
+
+
+def test_split_pools_get_their_threads(ray_cluster: Any) -> None:
+    """``placement.<pool>.threads`` sets torch's threads in each worker of that pool (a split CPU run
+    shares the cores: the trainer every one, the engine one)."""
+    from rlzoo.distributed.ray_placement import RayPlacement
+    from rlzoo.recipe.types import PlacementSection, PoolSection
+
+    pc = PlacementSection(
+        name="ray", colocate=False, trainer=PoolSection(threads=3), rollout=PoolSection(threads=1)
+    )
+    placement = RayPlacement(pc)
+    try:
+        got = {}
+        for pool in ("trainer", "rollout"):
+            ws = placement.workers(pool)
+            _build(ws, "train", "distributed.helpers:SleepyBackend", None, None)
+            got[pool] = ws.call_all("train", "process")[0]
+    finally:
+        placement.shutdown()
+    # both 1 before (the cluster's OMP_NUM_THREADS)
+    assert got["trainer"]["threads"] == 3 and got["rollout"]["threads"] == 1

@@ -129,7 +129,10 @@ class RayPlacement:
         """The worker actors of ``pool`` (started on first use)."""
         if pool not in self._workers:
             plan = self.pools[pool]
-            self._workers[pool] = WorkerSet(pool, plan.world_size, self._bundles(pool))
+            ws = WorkerSet(pool, plan.world_size, self._bundles(pool))
+            self._workers[pool] = ws
+            if plan.threads is not None:
+                ws.wait([a.set_threads.remote(plan.threads) for a in ws.actors], "set torch threads")
         return self._workers[pool]
 
     # -- the placement interface ----------------------------------------------------------------

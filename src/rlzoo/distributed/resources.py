@@ -31,6 +31,7 @@ class PoolPlan:
     nnodes: int
     gpus_per_node: int
     workers_per_node: int
+    threads: int | None = None  # torch CPU threads per worker process (None: the worker's own default)
 
     @property
     def uses_gpu(self) -> bool:
@@ -74,8 +75,15 @@ def plan_pools(placement: Any) -> list[PoolPlan]:
             low = 0 if field_name == "n_gpus_per_node" else 1
             if not isinstance(value, int) or value < low:
                 problems.append(f"{key}.{field_name} must be an integer >= {low}, got {value!r}")
+        threads = getattr(sec, "threads", None)
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            problems.append(
+                f"{key}.threads must be an integer >= 1 or null (the worker's default), got {threads!r}"
+            )
         if not problems:
-            pools.append(PoolPlan(name, key, sec.nnodes, sec.n_gpus_per_node, sec.n_workers_per_node))
+            pools.append(
+                PoolPlan(name, key, sec.nnodes, sec.n_gpus_per_node, sec.n_workers_per_node, threads)
+            )
     if problems:
         raise ConfigError(problems, header="invalid placement")
     return pools

@@ -54,6 +54,13 @@ class BackendWorker:
     def set_env(self, env: dict[str, str]) -> None:
         os.environ.update(env)
 
+    def set_threads(self, n: int) -> int:
+        """torch's CPU threads in this process (``placement.<pool>.threads``); returns the count now."""
+        import torch
+
+        torch.set_num_threads(int(n))
+        return torch.get_num_threads()
+
     def build(self, role: str, target: Any, params: Any, spec: Any) -> None:
         self.backends[role] = _resolve_target(target)(params, spec)
 

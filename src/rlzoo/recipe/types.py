@@ -347,6 +347,13 @@ class PoolSection:
     nnodes: int = param(1, ge=1, help="nodes in the pool")
     n_gpus_per_node: int = param(0, ge=0, help="GPUs per node (0: CPU workers)")
     n_workers_per_node: int = param(1, ge=1, help="worker processes per node when CPU-only")
+    threads: int | None = param(
+        None,
+        ge=1,
+        help="ray: torch CPU threads in each worker process of this pool (None: the worker's CPUs, Ray's "
+        "OMP_NUM_THREADS); a split CPU run can give the trainer every core and the rollout engine one, "
+        "sharing the cores instead of halving them (docs/runners.md, Real overlap on a CPU)",
+    )
 
 
 @dataclass
