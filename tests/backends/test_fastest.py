@@ -17,23 +17,32 @@ from rlzoo.train_kit.fastest import ModelShape, choose_bf16, choose_micro_batch,
 
 GIB = 1024**3
 # 100M params, 10 layers of width 1000, vocab 1000:
-# fixed = 2e9 + 1,073,741,824 + 3,072,000 = 3,076,813,824 B; per token 800,000 B
+# fixed = 2e9 + 1,073,741,824 + 3,072,000 = 3,076,813,824 B; per token 960,000 B (24 floats x 10 x 1000 x 4 B)
 SHAPE = ModelShape(params=100_000_000, layers=10, hidden=1000, vocab=1000)
 
 
 def test_micro_batch_is_the_largest_power_of_two_that_fits() -> None:
     # 16 GiB: budget 12,884,901,888 B, 9,808,088,064 B beside the fixed part
-    # 100 tokens a sample = 80 MB -> 122.6 samples fit -> 64; log-prob passes 2 x 64 capped at the 64 rows
+    # 100 tokens a sample = 96 MB -> 102.2 samples fit -> 64; log-prob passes 2 x 64 capped at the 64 rows
     c = choose_micro_batch(16 * GIB, SHAPE, seq_len=100, rows=64)
     assert (c.size, c.log_prob_size) == (64, 64)
-    # 400 tokens a sample = 320 MB -> 30.7 fit -> 16; log-prob 32
+    # 400 tokens a sample = 384 MB -> 25.5 fit -> 16; log-prob 32
     c = choose_micro_batch(16 * GIB, SHAPE, seq_len=400, rows=64)
     assert (c.size, c.log_prob_size) == (16, 32)
     assert "16.0 GiB available" in c.reason and "100M params" in c.reason
 
 
+def test_smollm2_at_256_new_tokens_on_a_24_gb_machine_takes_16_rows() -> None:
+    """The measured point (docs/performance.md): SmolLM2-135M, 64 + 256 tokens, 22.6 GiB available.
+    32 rows peaked at 19.8 GB, over TRL's 13.0 GB, and were no faster than 16 rows (10.8 GB); the model
+    of 20 floats a token chose 32."""
+    smollm2 = ModelShape(params=134_515_008, layers=30, hidden=576, vocab=49_152)
+    c = choose_micro_batch(int(22.6 * GIB), smollm2, seq_len=320, rows=64)
+    assert (c.size, c.log_prob_size) == (16, 32)
+
+
 def test_micro_batch_is_capped_at_the_mini_batch_and_floored_at_one() -> None:
-    c = choose_micro_batch(16 * GIB, SHAPE, seq_len=100, rows=8)  # 122.6 fit, 8 rows
+    c = choose_micro_batch(16 * GIB, SHAPE, seq_len=100, rows=8)  # 102.2 fit, 8 rows
     assert (c.size, c.log_prob_size) == (8, 8) and "capped" in c.reason
     c = choose_micro_batch(3 * GIB, SHAPE, seq_len=100, rows=64)  # budget 2.25 GiB < fixed 2.87 GiB
     assert (c.size, c.log_prob_size) == (1, 2) and "exceeds" in c.reason

@@ -12,8 +12,10 @@ model's shape and the longest sample: the largest power of two whose update fits
     per token = :data:`ACT_FLOATS_PER_LAYER_WIDTH` x layers x hidden x 4 bytes (stored activations)
 
 calibrated on SmolLM2-135M (docs/performance.md): an fp32 update of 16 x 192 tokens peaked 4.4 GB
-above AdamW's state (1.43 MB a token, 20.7 x 30 layers x 576 x 4 B) and a bf16-autocast step of
-16 x ~300 tokens 10.4 GB in all (1.33 MB a token). ``trainer.micro_batch.size`` /
+above AdamW's state (1.43 MB a token, 20.7 x 30 layers x 576 x 4 B), a bf16-autocast step of
+16 x ~300 tokens 10.4 GB in all (1.33 MB a token) and one of 32 x 320 tokens 19.8 GB in all (1.58 MB
+a token above the fixed part, 22.9 floats: a model of 20 had chosen those 32 rows on a 24 GB machine,
+1.5x TRL's peak of 13.0 GB, and no faster than 16 rows at 10.8 GB: 141.6 against 142.6 s a batch). ``trainer.micro_batch.size`` /
 ``log_prob_size`` set in a recipe or on the command line win; the choice and its reason are printed
 when a run starts (:func:`rlzoo.train.inputs.train_spec`).
 
@@ -48,8 +50,9 @@ __all__ = [
 MEMORY_SHARE = 0.75
 #: the process's own memory besides the model (interpreter, torch, tokenizer, allocator slack)
 RUNTIME_BYTES = 1 << 30
-#: stored activations per token, in floats per (layer x hidden width): SmolLM2-135M measured 19-21
-ACT_FLOATS_PER_LAYER_WIDTH = 20
+#: stored activations per token, in floats per (layer x hidden width): SmolLM2-135M measured 19-23
+#: (the largest micro-batches the most), rounded up
+ACT_FLOATS_PER_LAYER_WIDTH = 24
 #: bytes per parameter the process holds: fp32 weights, gradients, AdamW's two moments, rollout copy
 BYTES_PER_PARAM = 20
 #: forward-only log-prob passes keep no activations: this many times the update's rows
