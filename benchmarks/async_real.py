@@ -99,23 +99,22 @@ class CpuSampler:
     def __init__(self) -> None:
         import threading
 
-        self.samples: list[tuple[float, float, float]] = []  # (time, busy s, total s) summed over cores
+        self.samples: list[tuple[float, float]] = []  # (time, busy CPU seconds summed over cores)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     @staticmethod
-    def read() -> tuple[float, float]:
+    def read() -> float:
+        """Busy CPU seconds since boot, summed over cores (all but idle and iowait)."""
         with open("/proc/stat") as f:
             fields = [float(x) for x in f.readline().split()[1:]]
-        hz = os.sysconf("SC_CLK_TCK")
         idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
-        return (sum(fields) - idle) / hz, sum(fields) / hz
+        return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            busy, total = self.read()
-            self.samples.append((time.time(), busy, total))
+            self.samples.append((time.time(), self.read()))
             self._stop.wait(1.0)
 
     def busy_cores(self, t0: float, t1: float) -> float:
@@ -123,7 +122,7 @@ class CpuSampler:
         inside = [s for s in self.samples if t0 <= s[0] <= t1]
         if len(inside) < 2:
             return float("nan")
-        (ta, ba, _), (tb, bb, _) = inside[0], inside[-1]
+        (ta, ba), (tb, bb) = inside[0], inside[-1]
         return (bb - ba) / (tb - ta) if tb > ta else float("nan")
 
     def stop(self) -> None:
@@ -145,7 +144,7 @@ def idle_ratio(recs: list[dict[str, Any]]) -> float:
     )
 
 
-def train_config(name: str, extra: list[str], args: argparse.Namespace, run_dir: Path) -> float:
+def train_config(extra: list[str], args: argparse.Namespace, run_dir: Path) -> float:
     """Train one config (in a process of its own: :func:`run_one`); returns the wall seconds of ``train()``."""
     import rlzoo
 
@@ -259,7 +258,7 @@ def main() -> None:
     logging.getLogger("rlzoo").setLevel(logging.WARNING)
     if args.child:
         run_dir = Path(args.child_dir)
-        wall = train_config(args.child, configs(args.cpus)[args.child], args, run_dir)
+        wall = train_config(configs(args.cpus)[args.child], args, run_dir)
         (run_dir / "wall_s").write_text(f"{wall}\n")
         return
     out = Path(tempfile.mkdtemp(prefix="rlzoo-async-real-"))

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import rlzoo
+from rlzoo.gateway.rollout import call_number
 from rlzoo.kernel.protocols import AgentResult, GenerationRequest, Sample, SamplingParams
 
 
@@ -109,7 +110,7 @@ class Instant:
     def submit(self, requests: Sequence[GenerationRequest]) -> None:
         for r in requests:
             a, b = (str(r.data["extra_info"][k]) for k in ("a", "b"))
-            call = int(r.request_id.rsplit("#g", 1)[1].split(".")[0])
+            call = call_number(r.request_id)
             words = " ".join(a) + " + " + " ".join(b)
             text = f"calc {words}" if call == 0 else f"Answer: {words} = {' '.join(str(int(a) + int(b)))}"
             ids = [*self.tok(text, add_special_tokens=False)["input_ids"], self.eos]

@@ -10,6 +10,7 @@ import pytest
 from agents.conftest import smollm2_tokenizer  # noqa: F401  (the fixture, shared)
 from agents.test_exactness_bpe import bpe_parts  # noqa: F401  (the fixture, shared)
 
+from rlzoo.gateway.rollout import call_number
 from rlzoo.kernel.protocols import GenerationRequest, Sample
 
 
@@ -45,7 +46,7 @@ class ScriptedCalls:
     def submit(self, requests: Sequence[GenerationRequest]) -> None:
         for r in requests:
             self.seen.append(r)
-            ids = self.ids(r, int(r.request_id.rsplit("#g", 1)[1].split(".")[0]))
+            ids = self.ids(r, call_number(r.request_id))
             self.queue.append(Sample.of_request(r, 0, ids, [-0.5] * len(ids), [0] * len(ids), "stop"))
 
     def stream(self, timeout: float | None = None) -> Iterator[Sample]:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from agents.helpers import mask_runs
 
+from rlzoo.gateway.rollout import call_number
 from rlzoo.kernel.protocols import AgentResult, GenerationRequest, Sample, SamplingParams
 from rlzoo.train.batching import samples_to_batch
 
@@ -49,7 +50,7 @@ def check_trained_ids_are_the_engines(samples: list[Sample], rec: Any, batch: An
     for row, s in enumerate(samples):
         calls = sorted(
             (k for k in rec.samples if k.startswith(f"{s.request_id}/{s.index}#g")),
-            key=lambda k: int(k.rsplit("#g", 1)[1].split(".")[0]),
+            key=call_number,
         )
         engine = [t for k in calls for t in rec.samples[k].response_ids]
         mask = batch["response_mask"][row]  # [T]

@@ -71,11 +71,22 @@ from rlzoo.kernel.protocols import (
     Sample,
 )
 
-__all__ = ["GatewayRollout", "jsonable"]
+__all__ = ["GatewayRollout", "call_number", "call_request_id", "jsonable"]
 
 _TIMEOUT = "rollout.gateway.agent_timeout_s"
 _KEPT = 1024  # renderings kept per set of tools (ChatTemplate.memo)
 _KEPT_TEMPLATES = 16  # sets of tools whose template is kept
+
+
+def call_request_id(request_id: str, episode: int, call: int, k: int) -> str:
+    """The engine request id of completion ``k`` of model call ``call`` (0-based, in the order the agent
+    made them) in episode ``episode`` of the rollout request ``request_id``."""
+    return f"{request_id}/{episode}#g{call}.{k}"
+
+
+def call_number(engine_request_id: str) -> int:
+    """The model call a :func:`call_request_id` names (its ``call``)."""
+    return int(engine_request_id.rsplit("#g", 1)[1].split(".")[0])
 
 
 def jsonable(value: Any) -> Any:
@@ -730,7 +741,7 @@ class GatewayRollout(OverEngine):
                 else (base.seed * 1_000_003 + ep.index * 7_919 + no * 31 + k) % (2**31)
             )
             sampling = dataclasses.replace(base, n=1, max_new_tokens=budget, seed=seed)
-            rid = f"{ep.request.request_id}/{ep.index}#g{no}.{k}"
+            rid = call_request_id(ep.request.request_id, ep.index, no, k)
             p = _Pending(GenerationRequest(rid, list(prompt), sampling, data=ep.request.data))
             pendings.append(p)
             self._side.post("call", ep, p)  # to the caller's thread, which submits it
