@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -32,17 +33,21 @@ ray() { while [ "$1" != "--" ]; do shift; done; shift; "$@"; }
 
 
 def bash_launch(script: str, env: dict[str, str] | None = None) -> list[str]:
-    """``[module, *args]`` of the launch as bash runs it (the oracle)."""
+    """``[module, *args]`` of the launch as bash runs it (the oracle), in a directory of its own:
+    the scripts' redirections (``| tee log.txt``, ``> $LOG_DIR/out.txt``) land there, not in the
+    directory pytest was started from."""
     bash = shutil.which("bash")
     if bash is None:
         pytest.skip("bash is not installed")
-    out = subprocess.run(
-        [bash, "-c", _STUBS + script],
-        env={"PATH": "/usr/bin:/bin", **(env or ENV)},
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
+    with tempfile.TemporaryDirectory(prefix="bash-oracle-") as cwd:
+        out = subprocess.run(
+            [bash, "-c", _STUBS + script],
+            env={"PATH": "/usr/bin:/bin", **(env or ENV)},
+            cwd=cwd,
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
     assert out.returncode == 0, out.stderr.decode()
     return out.stdout.decode().split("\0")[:-1]
 
@@ -224,6 +229,14 @@ ray job submit --no-wait --runtime-env="${RUNTIME_ENV}" \\
 """
     env = {**ENV, "PWD": "/w"}
     assert same_as_bash(script, env) == ["recipe.dapo.main_dapo", "data.train_batch_size=512"]
+
+
+def test_the_oracle_writes_nothing_where_pytest_runs(tmp_path, monkeypatch):
+    # a script's own redirections once left log.txt and logs/out.txt in the repository root
+    monkeypatch.chdir(tmp_path)
+    script = "mkdir -p logs\npython3 -m verl.trainer.main_ppo a=1 > logs/out.txt 2>&1 | tee log.txt\n"
+    bash_launch(script)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_torchrun_python_flags_pipes_and_and_lists():
