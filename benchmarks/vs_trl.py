@@ -95,7 +95,6 @@ def settings(model: str, max_new: int | None = None) -> dict[str, Any]:
         "max_new": 2 if tiny else 16,
         "max_prompt": 16 if tiny else 64,
         "lr": 3e-3 if tiny else LR,
-        "scorer": "quickstart" if tiny else "math",
         "model": d / "model",
     }
     if max_new is not None:
@@ -229,10 +228,9 @@ def measure_trl(
     from trl import GRPOConfig, GRPOTrainer
 
     from rlzoo.data.tokenizer import load_tokenizer
+    from rlzoo.recipe.config import load_config
 
-    pm = rlzoo.get_plugin_manager()
-    scorer = pm.get("scorer", s["scorer"])
-    score_fn, score_params = scorer.load(), scorer.default_params()
+    scorer = load_config(s["recipe"]).reward.scorer  # the recipe's, as rlzoo's side scores
     ds = datasets.load_dataset("parquet", data_files=str(s["dir"] / "train.parquet"), split="train")
     ds = ds.map(lambda r: {"ground_truth": r["reward_model"]["ground_truth"]})
     ds = ds.select_columns(["prompt", "ground_truth"])
@@ -241,7 +239,7 @@ def measure_trl(
         out: list[float | None] = []
         for c, gt in zip(completions, ground_truth):
             text = c[0]["content"] if isinstance(c, list) else c
-            r = score_fn(text, gt, "", {}, score_params)
+            r = scorer(text, gt, "", {})
             out.append(float(r["score"] if isinstance(r, dict) else r))
         return out
 

@@ -139,6 +139,21 @@ def test_grpo_gsm8k_is_the_sync_grpo_baseline() -> None:
     assert cfg.rollout.n >= 2 and _name(cfg.runner) == "sync" and cfg.placement.colocate
 
 
+@pytest.mark.parametrize("recipe", ["grpo_smollm2_arith", "distill_smollm2_arith"])
+def test_smollm2_arith_pays_for_the_sum_not_for_restating_the_question(recipe: str) -> None:
+    # the scorer was math-verify, which read "To find 24 + 22, ..." as the expression 24 + 22 = 46
+    scorer = load_config(recipe).reward.scorer
+
+    def score(text: str) -> float:
+        r = scorer(text, "46", "smollm2_arith", {})
+        return float(r["score"] if isinstance(r, dict) else r)
+
+    for right in ("46", "24 + 22 = 46", "The answer is 46.", "\\boxed{46}"):
+        assert score(right) == 1.0, right
+    for wrong in ("To find 24 + 22, we need to add the two numbers.", "What is 24 + 22?", "45"):
+        assert score(wrong) == 0.0, wrong
+
+
 # ---------------------------------------------------------------------------------------------
 # tiny variants
 # ---------------------------------------------------------------------------------------------

@@ -163,15 +163,14 @@ QUESTIONS = "train_questions.parquet"
 TEACHER_DEMOS = "train_teacher.parquet"
 #: ``rlzoo eval``'s settings for the teacher's answers to ``train_questions.parquet`` (after the
 #: target, ``--recipe grpo_smollm2_arith --split train --out DIR``): the questions as both splits,
-#: never cut; the loop's batch checks satisfied (no loop runs); an answer right when its last number
-#: is the sum (``math``, math-verify, also credits a restatement of the question, "To find 24 + 22, ...")
+#: never cut; the loop's batch checks satisfied (no loop runs). An answer is right by the recipe's
+#: scorer: its last number is the sum.
 EVAL_OVERRIDES = (
     "data.train_files=[{questions}]",
     "data.val_files=[{questions}]",
     "data.max_prompt_length=1024",
     "data.train_batch_size=1",
     "trainer.ppo_mini_batch_size=1",
-    "reward.scorer={{name:gsm8k,method:flexible}}",
 )
 
 
