@@ -37,6 +37,15 @@ def test_dapo_overlong_buffer_without_a_length_is_refused_by_validate() -> None:
     assert cfg.reward.manager.params.enable is False
 
 
+def test_pool_threads_on_a_local_run_are_refused_not_ignored() -> None:
+    # a local run has no worker processes: the setting had been read by nothing
+    (got,) = problems_of("placement.trainer.threads=2")
+    assert got.startswith("placement.trainer.threads: sets torch's threads in the trainer pool's Ray workers")
+    assert "placement.name=ray" in got and "OMP_NUM_THREADS" in got
+    cfg = load_config("quickstart", ["placement.name=ray", "placement.trainer.threads=2"])
+    assert cfg.placement.trainer.threads == 2
+
+
 def test_max_failed_frac_range() -> None:
     assert problems_of("reward.max_failed_frac=0") == ["reward.max_failed_frac: must be > 0, got 0.0"]
     assert problems_of("reward.max_failed_frac=1.5") == ["reward.max_failed_frac: must be <= 1, got 1.5"]

@@ -303,12 +303,22 @@ def _aggregation_notice(cfg: RecipeConfig) -> list[str]:
 def _placement_rule(cfg: RecipeConfig) -> list[str]:
     runner = cfg.runner
     placements = runner.caps.placements if isinstance(runner, Selection) else ()
+    out = []
     if placements and cfg.placement.name not in placements:
-        return [
+        out.append(
             f"placement.name: runner {runner.name!r} runs on {', '.join(runner.caps.placements)}, "
             f"got {cfg.placement.name!r}"
-        ]
-    return []
+        )
+    if cfg.placement.name == "local":  # one process: no worker whose threads a pool could set
+        for pool in ("trainer", "rollout"):
+            threads = getattr(cfg.placement, pool).threads
+            if threads is not None:
+                out.append(
+                    f"placement.{pool}.threads: sets torch's threads in the {pool} pool's Ray workers, and "
+                    f"placement.name is 'local' (one process, no workers), got {threads}: use "
+                    "placement.name=ray, or set the process's threads with OMP_NUM_THREADS"
+                )
+    return out
 
 
 def _logger_rule(cfg: RecipeConfig) -> list[str]:
