@@ -263,3 +263,56 @@ def test_a_call_the_engine_never_samples_gets_a_503_that_says_so() -> None:
     status, body = got["reply"]
     assert status == 503 and body["error"]["code"] == "engine_timeout"
     assert "did not sample this call within 1 s (rollout.gateway.agent_timeout_s)" in body["error"]["message"]
+
+
+class _ModelsOnly:
+    """An App that serves /v1/models only (the server's reads are under test, not the rollout)."""
+
+    def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": "policy", "object": "model"}]}
+
+    def chat(self, episode: str, body: Any) -> dict[str, Any]:
+        raise AssertionError("not called")
+
+    completion = chat
+
+
+def test_idle_and_stalled_connections_are_closed_and_keep_alive_still_works() -> None:
+    # before rollout.gateway.idle_timeout_s, each of these held a server thread forever
+    import http.client
+    import socket
+    import threading
+
+    from rlzoo.gateway.server import GatewayServer
+
+    srv = GatewayServer(_ModelsOnly(), "k", max_bytes=1000, idle_timeout_s=0.5)
+    threads_before = threading.active_count()
+    try:
+        stalled = {
+            "idle": b"",
+            "headers": b"GET /v1/models HTTP/1.1\r\nHost: x\r\n",
+            "body": b"POST /e/1/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+        }
+        for what, sent in stalled.items():
+            with socket.create_connection((srv.url_host, srv.port), timeout=10) as s:
+                s.sendall(sent)
+                t0 = time.monotonic()
+                assert s.recv(1) == b"", what  # closed by the server, nothing answered
+                assert time.monotonic() - t0 < 5, what
+        # a client that reuses its connection within the timeout is served on it each time
+        conn = http.client.HTTPConnection(srv.url_host, srv.port, timeout=10)
+        socks = []
+        for _ in range(2):
+            conn.request("GET", "/v1/models", headers={"Authorization": "Bearer k"})
+            r = conn.getresponse()
+            assert r.status == 200 and json.loads(r.read())["data"][0]["id"] == "policy"
+            socks.append(conn.sock)
+            time.sleep(0.2)
+        assert socks[0] is socks[1] is not None  # the same connection, kept alive
+        conn.close()
+        deadline = time.monotonic() + 5
+        while threading.active_count() > threads_before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert threading.active_count() == threads_before  # every connection's thread ended
+    finally:
+        srv.close()

@@ -223,7 +223,13 @@ class GatewayRollout(OverEngine):
             on_sample=self._on_sample,
         )
         self._finished = Finished(self._lock, self._pump)
-        self.server = GatewayServer(self, self.key, host=settings.host, max_bytes=settings.max_request_bytes)
+        self.server = GatewayServer(
+            self,
+            self.key,
+            host=settings.host,
+            max_bytes=settings.max_request_bytes,
+            idle_timeout_s=settings.idle_timeout_s,
+        )
 
     # ------------------------------------------------------------------------------------------
     # RolloutBackend

@@ -45,6 +45,7 @@ class _Server(ThreadingHTTPServer):
     app: App
     key: str
     max_bytes: int
+    idle_timeout_s: float
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -52,6 +53,12 @@ class _Handler(BaseHTTPRequestHandler):
     #: TCP_NODELAY: a reply is never held back waiting for the client's (delayed, ~40 ms) ACK
     disable_nagle_algorithm = True
     server: _Server
+
+    def setup(self) -> None:
+        # every read of the connection is bounded: an idle keep-alive connection, or a request whose
+        # headers stop arriving, is closed (http.server's handle_one_request) and its thread ends
+        self.timeout = self.server.idle_timeout_s
+        super().setup()
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
         logger.debug("gateway: " + format, *args)
@@ -134,7 +141,17 @@ class _Handler(BaseHTTPRequestHandler):
                 ).body(),
             )
             return
-        raw = self.rfile.read(n)
+        try:
+            raw = self.rfile.read(n)
+        except TimeoutError:
+            logger.warning(
+                "gateway: a request's body stopped arriving (%d bytes announced) for more than "
+                "rollout.gateway.idle_timeout_s=%g s: connection closed",
+                n,
+                self.server.idle_timeout_s,
+            )
+            self.close_connection = True
+            return
         if not self._authorized():
             return
         episode, route = self._route()
@@ -165,9 +182,19 @@ class _Handler(BaseHTTPRequestHandler):
 class GatewayServer:
     """The HTTP server on its own thread; :attr:`port` is the free port it bound."""
 
-    def __init__(self, app: App, key: str, *, host: str = "127.0.0.1", port: int = 0, max_bytes: int) -> None:
+    def __init__(
+        self,
+        app: App,
+        key: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_bytes: int,
+        idle_timeout_s: float,
+    ) -> None:
         self._server = _Server((host, port), _Handler)
         self._server.app, self._server.key, self._server.max_bytes = app, key, max_bytes
+        self._server.idle_timeout_s = idle_timeout_s
         self.host = host
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever, name="rlzoo-gateway", daemon=True)

@@ -37,6 +37,12 @@ class GatewaySettings:
         "what one call samples is further cut to the turn's budget (finish_reason 'length')",
     )
     max_n: int = param(8, ge=1, help="choices one request may ask for (n) at most")
+    idle_timeout_s: float = param(
+        60.0,
+        gt=0,
+        help="seconds a connection may wait for its next request, or for the rest of one whose headers or "
+        "body stopped arriving; then the gateway closes it (an OpenAI client reconnects) and its thread ends",
+    )
     split: str = param(
         "split",
         help="an episode whose calls do not all extend each other (the agent edited, summarised or "
