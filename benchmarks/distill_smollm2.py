@@ -16,9 +16,9 @@ budget is spent):
 - the same fresh student trained by ``grpo_smollm2_arith``'s GRPO alone (its lr raised to the
   distillation recipe's: a fresh model, not a pretrained one, is trained).
 
-Both students are scored by the last number of the answer (``gsm8k`` scorer, ``flexible``): the
-``math`` scorer of ``grpo_smollm2_arith`` also credits a restatement of the question ("To find 24 +
-22, we need ...": math-verify evaluates ``24 + 22``). Prints one table: held-out greedy accuracy (the
+Teacher and students are scored by the last number of the answer (``gsm8k`` scorer, ``flexible``:
+both recipes' scorer; ``math``, math-verify, would also credit a restatement of the question, "To
+find 24 + 22, we need ...", as ``24 + 22``). Prints one table: held-out greedy accuracy (the
 64 held-out prompts) at every validation against minutes, the teacher's held-out accuracy by both
 rules (from its validation samples), and the student's last value within the budget. The machine's
 load average is sampled every 30 s (wall times on a shared machine are loaded).
@@ -43,8 +43,6 @@ from typing import Any
 from rlzoo.report.metrics import read_metrics
 
 DISTILL = "distill_smollm2_arith"
-#: the students' scorer: the answer's last number is the sum (the distillation recipe's)
-LAST_NUMBER = "reward.scorer={name:gsm8k,method:flexible}"
 LOADS: list[float] = []  # the 1-minute load average, every 30 s while students run
 
 
@@ -133,7 +131,8 @@ def ensure_demos(teacher: Path) -> Path:
 
 def teacher_last_number(run_dir: Path) -> list[tuple[int, float]]:
     """(step, share of the held-out answers whose last number is the sum) at each teacher validation,
-    from its validation samples (the students' rule, :data:`LAST_NUMBER`)."""
+    from its validation samples (the students' rule; a teacher made before grpo_smollm2_arith scored
+    the last number was validated by math-verify)."""
     import pyarrow.parquet as pq
 
     from rlzoo.algorithms.functional.scoring.gsm8k import extract_solution
@@ -180,7 +179,6 @@ def main() -> None:
         f"trainer.test_freq={args.test_freq}",
         "trainer.val_before_train=true",
         "trainer.total_steps=100000",
-        LAST_NUMBER,
     ]
     cfg: dict[str, Any] = {}
     runs = {
@@ -213,7 +211,7 @@ def main() -> None:
     )
     print(
         f"teacher (SmolLM2-135M, {teacher_steps} GRPO steps): held-out {teacher_val[0]:.3f} at step 0 -> "
-        f"{teacher_val[-1]:.3f} by its math scorer"
+        f"{teacher_val[-1]:.3f} by its recipe's scorer when it was trained"
         if teacher_val
         else "teacher: no validation recorded"
     )
