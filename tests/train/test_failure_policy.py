@@ -125,6 +125,25 @@ def test_failures_jsonl_keeps_each_distinct_traceback_once_and_is_bounded(tmp_pa
     assert all(json.loads(x) for x in lines)  # each line whole
 
 
+def test_new_errors_past_the_cap_are_one_entry_a_part_in_the_step_line() -> None:
+    # after 50 distinct errors, each new one had been its own "1x tool calc (a new error; 50 shown
+    # already)" entry: a step with 40 new tool errors printed a line of 40 identical entries
+    tracker = RewardFailures(limit=0)
+    tracker.record([_failed(f"error {i}") for i in range(MAX_LOGGED_ERRORS)])
+    tracker.end_step(
+        1, _trained([_failed(f"error {i}") for i in range(MAX_LOGGED_ERRORS)]), write=lambda x: None
+    )
+    lines: list[str] = []
+    agents = [{"tool_errors": 1, "tool_failures": [["calc", f"cannot parse {i}"]]} for i in range(40)]
+    agents[0] = {"tool_errors": 2, "tool_failures": [["calc", "cannot parse 0"]] * 2}
+    failed = [_failed(f"new {i}", part="scorer x") for i in range(3)]
+    tracker.end_step(2, _trained([*failed, *[_ok()] * 37], agents), write=lines.append)
+    assert lines == [
+        "rlzoo: step 2: 3 of 40 trained samples failed: 3x scorer x (3 new errors, not shown: 50 shown already)",
+        "rlzoo: step 2: 41 tool calls failed: 41x tool calc (40 new errors, not shown: 50 shown already)",
+    ]
+
+
 def _traj(reward: Any, turn_rewards: list[Any] | None = None) -> Sample:
     return Sample(
         request_id="r",

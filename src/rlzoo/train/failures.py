@@ -291,11 +291,14 @@ class RewardFailures:
             counts[key] = counts.get(key, 0) + 1
         repeated: list[str] = []
         new_lines: list[str] = []
+        unshown: dict[str, list[int]] = {}  # part -> [calls, distinct errors] past the cap
         for key, c in counts.items():
             err = self.errors.get(key)
             if err is None:
                 if len(self.errors) >= MAX_LOGGED_ERRORS:
-                    repeated.append(f"{c}x {key[0]} (a new error; {MAX_LOGGED_ERRORS} shown already)")
+                    calls_errors = unshown.setdefault(key[0], [0, 0])
+                    calls_errors[0] += c
+                    calls_errors[1] += 1
                     continue
                 kind = key[0].split(" ", 1)[0]
                 err = self.errors[key] = DistinctError(
@@ -309,6 +312,9 @@ class RewardFailures:
                 repeated.append(f"{c}x #{err.number} ({key[0]})")
             err.count += c
             err.last_step = step
+        for part, (c, k) in unshown.items():  # one entry a part, however many new errors it had
+            errors = "a new error" if k == 1 else f"{k} new errors"
+            repeated.append(f"{c}x {part} ({errors}, not shown: {MAX_LOGGED_ERRORS} shown already)")
         total = f"{len(keys)} of {n}" if n is not None else f"{len(keys)}"
         for line in new_lines:
             write(line)
