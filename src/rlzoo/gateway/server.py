@@ -57,8 +57,8 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         # every read of the connection is bounded: an idle keep-alive connection, or a request whose
         # headers stop arriving, is closed (http.server's handle_one_request) and its thread ends
-        self.timeout = self.server.idle_timeout_s
         super().setup()
+        self.connection.settimeout(self.server.idle_timeout_s)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
         logger.debug("gateway: " + format, *args)
