@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.protocols import DistillingObjective, Objective
 from rlzoo.kernel.settings import OptimSettings, TrainSpec
+from rlzoo.system.machine import release_freed_memory
 
 __all__ = [
     "Forward",
@@ -313,6 +314,8 @@ def run_update(
             num_micro_batches=num_micro_batches,
         )
     )
+    if device.type == "cpu":  # the step's freed activations back to the OS, or the process grows
+        release_freed_memory()
     return metrics
 
 
