@@ -20,7 +20,8 @@ to 256, EOS honoured). Every config gets the same cores (``--cpus``, default all
 
 Columns: trained samples/s over the steady state (after the first step, whose time includes starting
 the workers and the first full batch, and without the end-of-run validation / export / checkpoint),
-its ratio to the faster sync, the trainer's idle ratio measured the seed's way (share of the
+its ratio to the faster sync, trained response tokens/s and its ratio (a window that trains shorter
+answers gains samples/s, not tokens/s), the trainer's idle ratio measured the seed's way (share of the
 trainer's wall-clock spent waiting on the queue; for sync, the share spent generating and scoring),
 cores busy over the steady state (``/proc/stat``, the whole machine: state the load) and the CPU
 seconds each trained sample cost, mean reward per trained sample (all steps, and the last half),
@@ -235,9 +236,13 @@ def run_one(
     half = scores[len(scores) // 2 :]
     rate = steady_rate(recs, per_step)
     busy = cpu.busy_cores(*steady_window(recs)) if len(recs) > 1 else float("nan")
+    steady = recs[1:] or recs  # the steps the rate counts
     return {
         "name": name,
         "samples_s": rate,
+        # trained response tokens a second: a runner that trains shorter answers in the window (the
+        # long ones still decoding when it ends) gains samples/s, not tokens/s
+        "tokens_s": rate * statistics.mean(r["response_length/mean"] for r in steady),
         "busy_cores": busy,
         "cpu_s_per_sample": busy / rate,
         "idle": idle_ratio(recs),
@@ -302,14 +307,16 @@ def main() -> None:
         f"load average at start {load:.2f}, at end {os.getloadavg()[0]:.2f}"
     )
     print(
-        "| config | samples/s | vs sync | trainer idle | cores busy | CPU s / sample | reward/sample (all) "
-        "| (last half) | curve vs sync | mean length | staleness | partial | wall s |"
+        "| config | samples/s | vs sync | response tokens/s | vs sync | trainer idle | cores busy | CPU s / sample "
+        "| reward/sample (all) | (last half) | curve vs sync | mean length | staleness | partial | wall s |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         speed = f"{r['samples_s'] / base['samples_s']:.2f}x" if base else "-"
+        tspeed = f"{r['tokens_s'] / base['tokens_s']:.2f}x" if base else "-"
         print(
-            f"| {r['name']} | {r['samples_s']:.3f} | {speed} | {100 * r['idle']:.1f}% | {r['busy_cores']:.2f} | "
+            f"| {r['name']} | {r['samples_s']:.3f} | {speed} | {r['tokens_s']:.1f} | {tspeed} | "
+            f"{100 * r['idle']:.1f}% | {r['busy_cores']:.2f} | "
             f"{r['cpu_s_per_sample']:.2f} | {r['reward']:.3f} | {r['reward_late']:.3f} | "
             f"{curve_gap(r, base)} | {r['len_mean']:.0f} | {r['stale_mean']:.2f} | {r['partial']:.2f} | "
             f"{r['wall']:.0f} |"
