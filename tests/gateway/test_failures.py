@@ -286,7 +286,6 @@ def test_idle_and_stalled_connections_are_closed_and_keep_alive_still_works() ->
     from rlzoo.gateway.server import GatewayServer
 
     srv = GatewayServer(_ModelsOnly(), "k", max_bytes=1000, idle_timeout_s=0.5)
-    threads_before = threading.active_count()
     try:
         stalled = {
             "idle": b"",
@@ -310,9 +309,13 @@ def test_idle_and_stalled_connections_are_closed_and_keep_alive_still_works() ->
             time.sleep(0.2)
         assert socks[0] is socks[1] is not None  # the same connection, kept alive
         conn.close()
+
+        def connection_threads() -> list[str]:  # socketserver's thread per connection
+            return [t.name for t in threading.enumerate() if "process_request_thread" in t.name]
+
         deadline = time.monotonic() + 5
-        while threading.active_count() > threads_before and time.monotonic() < deadline:
+        while connection_threads() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert threading.active_count() == threads_before  # every connection's thread ended
+        assert connection_threads() == []  # every connection's thread ended
     finally:
         srv.close()
