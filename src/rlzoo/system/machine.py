@@ -1,4 +1,5 @@
-"""What the machine offers a run: memory available now, and whether the CPU computes in bf16 natively.
+"""What the machine offers a run: memory available now, and whether the CPU computes in bf16 natively;
+and giving the C heap's freed memory back to it (:func:`release_freed_memory`).
 
 Read from the OS (``/proc/meminfo``, ``/proc/cpuinfo`` on Linux; ``sysconf`` elsewhere), no torch:
 the fastest-settings chooser (:mod:`rlzoo.train_kit.fastest`) decides micro-batch sizes and
