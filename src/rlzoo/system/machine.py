@@ -8,6 +8,7 @@ precision from these two facts, and says which it used.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,18 @@ def cpu_bf16_flags(cpuinfo: str | None = None) -> tuple[str, ...]:
     return tuple(f for f in BF16_FLAGS if f in flags)
 
 
-_LIBC: list[Any] = []  # glibc's handle once loaded ([None]: not glibc)
+@functools.cache
+def _glibc() -> Any:
+    """The C library when it is glibc (it has ``malloc_trim``), else None; loaded once."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
 
 
 def release_freed_memory() -> bool:
@@ -72,17 +84,7 @@ def release_freed_memory() -> bool:
     micro-batches of 16 Ray's memory monitor killed it (docs/performance.md). Called after every
     update on a CPU (:func:`rlzoo.train_kit.update.run_update`); it takes milliseconds.
     """
-    if not _LIBC:
-        import ctypes
-        import ctypes.util
-
-        name = ctypes.util.find_library("c")
-        try:
-            libc = ctypes.CDLL(name) if name else None
-            _LIBC.append(libc if libc is not None and hasattr(libc, "malloc_trim") else None)
-        except OSError:
-            _LIBC.append(None)
-    libc = _LIBC[0]
+    libc = _glibc()
     if libc is None:
         return False
     libc.malloc_trim(0)
