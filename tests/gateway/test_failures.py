@@ -310,8 +310,8 @@ def test_idle_and_stalled_connections_are_closed_and_keep_alive_still_works() ->
         assert socks[0] is socks[1] is not None  # the same connection, kept alive
         conn.close()
 
-        def connection_threads() -> list[str]:  # socketserver's thread per connection
-            return [t.name for t in threading.enumerate() if "process_request_thread" in t.name]
+        def connection_threads() -> list[str]:  # this server's thread per connection (not another test's)
+            return [t.name for t in threading.enumerate() if t.name == f"rlzoo-gateway:{srv.port} connection"]
 
         deadline = time.monotonic() + 5
         while connection_threads() and time.monotonic() < deadline:
@@ -319,3 +319,29 @@ def test_idle_and_stalled_connections_are_closed_and_keep_alive_still_works() ->
         assert connection_threads() == []  # every connection's thread ended
     finally:
         srv.close()
+
+
+def test_close_ends_the_threads_of_kept_alive_connections() -> None:
+    # before close() shut its open connections, a client's kept-alive connection held its server
+    # thread until idle_timeout_s ran out, after the server had gone (CI: 72 such threads of earlier
+    # tests' servers still alive)
+    import http.client
+    import threading
+
+    from rlzoo.gateway.server import GatewayServer
+
+    srv = GatewayServer(_ModelsOnly(), "k", max_bytes=1000, idle_timeout_s=60)
+    name = f"rlzoo-gateway:{srv.port} connection"
+    conn = http.client.HTTPConnection(srv.url_host, srv.port, timeout=10)
+    try:
+        conn.request("GET", "/v1/models", headers={"Authorization": "Bearer k"})
+        assert conn.getresponse().read()
+        assert [t.name for t in threading.enumerate()].count(name) == 1  # kept alive, waiting
+        t0 = time.monotonic()
+        srv.close()
+        while name in [t.name for t in threading.enumerate()] and time.monotonic() - t0 < 5:
+            time.sleep(0.02)
+        assert name not in [t.name for t in threading.enumerate()]
+        assert time.monotonic() - t0 < 5
+    finally:
+        conn.close()

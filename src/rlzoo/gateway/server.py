@@ -14,9 +14,11 @@ OpenAI's error bodies.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
@@ -47,6 +49,12 @@ class _Server(ThreadingHTTPServer):
     max_bytes: int
     idle_timeout_s: float
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: the connections being served; :meth:`GatewayServer.close` shuts them so their threads end
+        self.open_connections: set[socket.socket] = set()
+        self.connections_lock = threading.Lock()
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: an agent's client reuses its connection
@@ -59,6 +67,14 @@ class _Handler(BaseHTTPRequestHandler):
         # headers stop arriving, is closed (http.server's handle_one_request) and its thread ends
         super().setup()
         self.connection.settimeout(self.server.idle_timeout_s)
+        threading.current_thread().name = f"rlzoo-gateway:{self.server.server_address[1]} connection"
+        with self.server.connections_lock:
+            self.server.open_connections.add(self.connection)
+
+    def finish(self) -> None:
+        with self.server.connections_lock:
+            self.server.open_connections.discard(self.connection)
+        super().finish()
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
         logger.debug("gateway: " + format, *args)
@@ -205,6 +221,13 @@ class GatewayServer:
         return "127.0.0.1" if self.host in ("", "0.0.0.0") else self.host
 
     def close(self) -> None:
+        """Stop accepting, and end every open connection (a kept-alive client's thread would
+        otherwise wait out ``idle_timeout_s`` on a server that is gone)."""
         self._server.shutdown()
         self._server.server_close()
+        with self._server.connections_lock:
+            open_now = list(self._server.open_connections)
+        for conn in open_now:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
         self._thread.join(timeout=5)
