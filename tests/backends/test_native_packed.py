@@ -12,6 +12,7 @@ import torch
 from rlzoo.backends.native.train import NativeTrainBackend
 from rlzoo.backends.native.train_params import NativeTrainParams
 from rlzoo.kernel.settings import MicroBatchSettings, TrainSpec
+from rlzoo.train_kit.attention import PACKED_SDPA
 
 from .test_native_train import TokenMeanPG, ValueMSE, sample_batch, tiny_model
 
@@ -30,9 +31,14 @@ def _pair(max_tokens: int | None, attn: str):
     packed = NativeTrainBackend.from_module(
         copy.deepcopy(model), dataclasses.replace(params, use_remove_padding=True), spec
     )
-    for be in (padded, packed):
-        be.actor.config._attn_implementation = attn
-        be.critic.backbone.config._attn_implementation = attn
+    padded.actor.config._attn_implementation = attn
+    padded.critic.backbone.config._attn_implementation = attn
+    if attn == "sdpa":  # packed rows attend per sequence (rlzoo.train_kit.attention)
+        assert packed.actor.config._attn_implementation == PACKED_SDPA
+        assert packed.critic.backbone.config._attn_implementation == PACKED_SDPA
+    else:
+        packed.actor.config._attn_implementation = attn
+        packed.critic.backbone.config._attn_implementation = attn
     return padded, packed
 
 

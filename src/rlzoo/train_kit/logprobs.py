@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.settings import MicroBatchSettings
+from rlzoo.train_kit.attention import packed_forward
 
 __all__ = [
     "DEFAULT_LOG_PROB_CHUNK",
@@ -694,7 +695,8 @@ def response_hidden(module: nn.Module, mb: Batch, *, packed: bool) -> tuple[Tens
     decoder: Any = module.get_decoder()  # type: ignore[operator]
     if packed:
         pk = pack(mb)
-        out = decoder(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False)
+        with packed_forward():
+            out = decoder(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False)
         return out.last_hidden_state[:, pk.predict_at], pk.targets[None], pk
     ids, attn, pos, t_eff, _ = trim(mb)
     L = ids.shape[1]
@@ -708,14 +710,16 @@ def packed_response_logits(module: nn.Module, mb: Batch, *, keep_arg: bool) -> t
     restarting per sequence, no attention mask, so HF attention keeps each sequence to itself)."""
     pk = pack(mb)
     if keep_arg:
-        out = module(
-            input_ids=pk.input_ids,
-            position_ids=pk.position_ids,
-            use_cache=False,
-            logits_to_keep=pk.predict_at,
-        )
+        with packed_forward():
+            out = module(
+                input_ids=pk.input_ids,
+                position_ids=pk.position_ids,
+                use_cache=False,
+                logits_to_keep=pk.predict_at,
+            )
         return out.logits, pk  # [1, n, V]
-    out = module(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False)
+    with packed_forward():
+        out = module(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False)
     return out.logits[:, pk.predict_at], pk  # [1, n, V]
 
 
@@ -755,7 +759,8 @@ def critic_values(critic: nn.Module, mb: Batch, *, packed: bool = False) -> Tens
     ``packed``: one padding-free forward (as :func:`packed_response_logits`)."""
     if packed:
         pk = pack(mb)
-        values = critic(pk.input_ids, None, pk.position_ids, keep_index=pk.predict_at)[0]  # [n]
+        with packed_forward():
+            values = critic(pk.input_ids, None, pk.position_ids, keep_index=pk.predict_at)[0]  # [n]
         return unpack(values, pk.response_valid)  # [b, T]
     ids, attn, pos, t_eff, _ = trim(mb)
     values = critic(ids, attn, pos, keep_last=t_eff + 1)[:, :-1]  # [b, T_eff]

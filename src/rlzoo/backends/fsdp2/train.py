@@ -56,8 +56,8 @@ from rlzoo.backends.fsdp2.sharding import ShardPlan, plan_shards
 from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.protocols import Objective
 from rlzoo.kernel.settings import TrainSpec
+from rlzoo.train_kit import attention, lora, models, update
 from rlzoo.train_kit import checkpoint as ckpt
-from rlzoo.train_kit import lora, models, update
 from rlzoo.train_kit.logprobs import actor_log_probs, actor_log_probs_and_sum_pi_squared, critic_values
 from rlzoo.train_kit.modes import eval_mode
 from rlzoo.train_kit.update import Forward, LRSchedule, Target
@@ -169,6 +169,15 @@ class FSDP2TrainBackend:
                 if sp_model is not None:
                     self._check_heads(sp_model.config, what)
                     ulysses.install(sp_model, self.sp)
+        elif params.use_remove_padding:  # packed rows attend per sequence
+            for what, packed_model in (
+                ("actor", model),
+                ("reference", ref),
+                ("teacher", teacher),
+                ("critic", None if critic is None else critic.backbone),
+            ):
+                if packed_model is not None:
+                    attention.install(packed_model, what=what)
         # LoRA: adapters injected in place before sharding (FSDP2 shards frozen and trainable alike)
         self._lora: Any = None
         if spec.lora is not None:  # peft makes the adapters fp32 under a bf16 base: one dtype for FSDP2

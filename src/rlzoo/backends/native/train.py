@@ -33,8 +33,8 @@ from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.errors import ConfigError
 from rlzoo.kernel.protocols import Objective
 from rlzoo.kernel.settings import TrainSpec
+from rlzoo.train_kit import attention, lora, models, update
 from rlzoo.train_kit import checkpoint as ckpt
-from rlzoo.train_kit import lora, models, update
 from rlzoo.train_kit.fastest import resolve_autocast
 from rlzoo.train_kit.logprobs import (
     actor_log_probs,
@@ -111,6 +111,10 @@ class NativeTrainBackend:
                 "use_remove_padding: %s is a vision-language model; its forwards stay padded",
                 type(model).__name__,
             )
+        # packed rows attend per sequence (before the reference / critic copies, which inherit it)
+        self._packed_attention = params.use_remove_padding and not self._vl
+        if self._packed_attention:
+            attention.install(self.actor, what="actor")
         if self._vl and spec.need_critic:
             raise NotImplementedError(
                 f"native train backend: a critic (value model) for the vision-language model "
@@ -127,6 +131,8 @@ class NativeTrainBackend:
                 spec, critic_backbone, self.actor, given_model=given_model, kwargs=self._hf_kwargs()
             )
             hidden = int(backbone.config.hidden_size)
+            if self._packed_attention:
+                attention.install(backbone, what="critic")
             self.critic = models.CriticModel(backbone.to(self.dtype), hidden).to(self.device)
         # LoRA: adapters injected into the actor in place (after the critic copied a clean base)
         self._lora: Any = None
@@ -144,6 +150,8 @@ class NativeTrainBackend:
                     "is not supported yet (algorithm.teacher works with text models)"
                 )
             self.teacher = models.load_teacher(spec.teacher, params, spec, self.dtype).to(self.device)
+            if self._packed_attention:
+                attention.install(self.teacher, what="teacher")
 
         if params.gradient_checkpointing:
             m: Any
