@@ -4,20 +4,25 @@ model are transformers' sdpa unchanged; models it cannot be exact for keep their
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
+import random
 
 import pytest
 import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
+from rlzoo.backends.native.train import NativeTrainBackend
+from rlzoo.backends.native.train_params import NativeTrainParams
+from rlzoo.kernel.settings import MicroBatchSettings, TrainSpec
 from rlzoo.models.tiny import tiny_llama_config, tiny_qwen2_config
 from rlzoo.train_kit import attention
-from rlzoo.train_kit.logprobs import actor_log_probs, critic_values
+from rlzoo.train_kit.logprobs import actor_log_probs, critic_values, pack
 from rlzoo.train_kit.models import CriticModel
 
-from .test_native_train import V, sample_batch
+from .test_native_train import TokenMeanPG, V, make_batch, sample_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -132,3 +137,66 @@ def test_the_exported_config_names_no_rlzoo_attention(tmp_path) -> None:
     assert attention.install(model)
     model.save_pretrained(tmp_path)
     assert "rlzoo" not in json.dumps(json.loads((tmp_path / "config.json").read_text()))
+
+
+def _group_batch(seed: int = 7):
+    """3 prompts x 4 answers, the groups' rows interleaved, answers of 1-7 tokens (GRPO's layout)."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(1, V) for _ in range(rng.randint(2, 6))] for _ in range(3)]
+    rows = [(g, [rng.randrange(1, V) for _ in range(rng.randint(1, 7))]) for _ in range(4) for g in range(3)]
+    return make_batch([prompts[g] for g, _ in rows], [r for _, r in rows], seed=seed), prompts, rows
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_group_shares_its_prompt_and_equals_the_padded_forward(checkpointing, monkeypatch) -> None:
+    # each answer attends to the one copy of its prompt: the row holds every prompt once
+    model = _model(tiny_qwen2_config, seed=2)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    batch, prompts, rows = _group_batch()
+
+    def run(packed: bool) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        lp, ent = actor_log_probs(
+            model, batch, keep_arg=True, temperature=0.9, with_entropy=True, packed=packed
+        )
+        ((lp * batch["advantages"]).sum() + 0.1 * ent.sum()).backward()
+        return lp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()]
+
+    padded = run(False)
+    assert attention.install(model)
+    pk = pack(batch, share_prompts=True)
+    assert pk.input_ids.shape[1] == sum(map(len, prompts)) + sum(len(r) for _, r in rows)
+    layout = attention.row_layout(pk.position_ids)
+    assert layout is not None and sum(seg.prefix_len > 0 for seg in layout) == len(rows) - len(prompts)
+    shared = run(True)
+    for a, b in zip(shared[:2], padded[:2], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    for a, b in zip(shared[2], padded[2], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_rows_that_share_no_prompt_pack_as_before() -> None:
+    batch = sample_batch(seed=8, B=6)
+    if len({tuple(r) for r in batch["input_ids"][:, : -batch["responses"].shape[1]].tolist()}) < 6:
+        pytest.skip("two sampled prompts collided")
+    a, b = pack(batch), pack(batch, share_prompts=True)
+    for field in ("input_ids", "position_ids", "predict_at", "targets", "response_valid"):
+        assert torch.equal(getattr(a, field), getattr(b, field)), field
+
+
+def test_the_native_trainer_updates_a_shared_prompt_batch_as_the_padded_one() -> None:
+    batch, _, _ = _group_batch(seed=9)
+    spec = TrainSpec(model_path="", micro_batch=MicroBatchSettings(size=12, log_prob_size=12))
+    model = _model(tiny_qwen2_config, seed=3)
+    padded = NativeTrainBackend.from_module(copy.deepcopy(model), NativeTrainParams(device="cpu"), spec)
+    packed = NativeTrainBackend.from_module(
+        copy.deepcopy(model), NativeTrainParams(device="cpu", use_remove_padding=True), spec
+    )
+    assert attention.shares_prompts(packed.actor)
+    n = float(batch["response_mask"].sum())
+    ma, mb = padded.update_policy(batch, TokenMeanPG(n)), packed.update_policy(batch, TokenMeanPG(n))
+    assert mb["actor/loss"] == pytest.approx(ma["actor/loss"], rel=1e-5)
+    assert mb["actor/grad_norm"] == pytest.approx(ma["actor/grad_norm"], rel=1e-4)
+    for p, q in zip(padded.actor.parameters(), packed.actor.parameters(), strict=True):
+        torch.testing.assert_close(q, p, atol=1e-6, rtol=1e-5)

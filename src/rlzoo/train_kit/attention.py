@@ -12,6 +12,13 @@ row: there it runs sdpa's causal kernel on each sequence in turn (no mask, the s
 squares of the lengths instead of the square of their sum) and builds no ``[N, N]`` mask.
 Padded forwards of the same model (a teacher divergence, a vision batch) get sdpa unchanged.
 
+It also lets the samples of a group share their prompt: GRPO's ``n`` answers to one prompt are
+packed as the prompt once, then each answer (:func:`rlzoo.train_kit.logprobs.pack` with
+``share_prompts``), and each answer attends to the one copy of the prompt. The prompt's forward
+and backward run once instead of ``n`` times (its gradient is the sum over the answers, as when
+each answer had its own copy); at 8 answers of ~16 tokens to a ~45-token prompt that is a third of
+the tokens.
+
 - :func:`install` switches a model to it (text models of the listed types, attention ``sdpa``,
   no sliding window; anything else keeps its own attention, and says so).
 - :func:`packed_forward` wraps a forward over a packed row: inside it, the mask builder returns
@@ -25,12 +32,21 @@ import contextvars
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["PACKED_ATTENTION_MODEL_TYPES", "PACKED_SDPA", "install", "packed_forward", "sequence_spans"]
+__all__ = [
+    "PACKED_ATTENTION_MODEL_TYPES",
+    "PACKED_SDPA",
+    "Segment",
+    "install",
+    "packed_forward",
+    "row_layout",
+    "shares_prompts",
+]
 
 logger = logging.getLogger("rlzoo")
 
@@ -54,15 +70,51 @@ def packed_forward() -> Iterator[None]:
         _packed_row.reset(token)
 
 
-def sequence_spans(position_ids: Tensor | None) -> list[tuple[int, int]] | None:
-    """The ``[start, end)`` spans of the sequences of one packed row (``position_ids`` ``[1, N]``,
-    restarting at 0 for each sequence), or None when it is not a row of more than one sequence."""
+@dataclass(frozen=True)
+class Segment:
+    """One run of a packed row: tokens ``[start, end)``, and the ``prefix`` tokens before them that
+    they attend to (``[prefix_start, prefix_start + prefix_len)``: the prompt they share with the
+    first segment of their group; ``prefix_len`` 0 for a segment that starts its own sequence)."""
+
+    start: int
+    end: int
+    prefix_start: int = 0
+    prefix_len: int = 0
+
+
+def row_layout(position_ids: Tensor | None) -> list[Segment] | None:
+    """The segments of one packed row (``position_ids`` ``[1, N]``), or None when it is not a row of
+    more than one segment.
+
+    A segment starts wherever the position does not follow the one before. One that starts at
+    position 0 starts a sequence (and a group); one that starts at ``p > 0`` continues the first
+    ``p`` tokens of its group (positions ``0 .. p - 1``, its shared prompt;
+    :func:`rlzoo.train_kit.logprobs.pack` with ``share_prompts``)."""
     if position_ids is None or position_ids.dim() != 2 or position_ids.shape[0] != 1:
         return None
-    starts = (position_ids[0] == 0).nonzero().flatten().tolist()
-    if len(starts) < 2 or starts[0] != 0:
+    pos = position_ids[0]
+    n = int(pos.shape[0])
+    breaks = ((pos[1:] - pos[:-1]) != 1).nonzero().flatten().add(1).tolist()
+    if not breaks:
         return None
-    return list(zip(starts, [*starts[1:], position_ids.shape[1]], strict=True))
+    starts = [0, *breaks]
+    first = [int(v) for v in pos[starts].tolist()]
+    if first[0] != 0:
+        raise RuntimeError(f"{PACKED_SDPA}: a packed row must start at position 0, not {first[0]}")
+    out: list[Segment] = []
+    group_start = 0
+    for s, e, p in zip(starts, [*starts[1:], n], first, strict=True):
+        if p == 0:
+            group_start = s
+            out.append(Segment(s, e))
+        else:
+            if group_start + p > s:
+                raise RuntimeError(
+                    f"{PACKED_SDPA}: the segment at {s} continues position {p} of a group that has only "
+                    f"{s - group_start} tokens before it"
+                )
+            out.append(Segment(s, e, group_start, p))
+    return out
 
 
 def packed_sdpa(
@@ -75,7 +127,8 @@ def packed_sdpa(
 ) -> tuple[Tensor, None]:
     """The ``AttentionInterface`` function: ``query`` ``[b, H, N, d]``, ``key`` / ``value``
     ``[b, H_kv, N, d]`` -> ``[b, N, H, d]``. On a packed row (no mask, one row, positions
-    restarting): sdpa's causal kernel on each sequence; otherwise transformers' sdpa as it is."""
+    restarting): sdpa on each segment (:func:`row_layout`: causal within it, after its shared
+    prompt); otherwise transformers' sdpa as it is."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     position_ids = kwargs.get("position_ids")
@@ -84,20 +137,36 @@ def packed_sdpa(
             f"{PACKED_SDPA}: {type(module).__name__} got no position_ids, so the sequences of a packed row "
             "cannot be found; set trainer.backend.use_remove_padding=false for this model"
         )
-    spans = None
+    layout = None
     if attention_mask is None and query.shape[2] == key.shape[2]:
-        spans = sequence_spans(position_ids)
-    if spans is None:
+        layout = row_layout(position_ids)
+    if layout is None:
         out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
         return out, None
     kwargs.pop("is_causal", None)
-    outs = [
-        sdpa_attention_forward(
-            module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None, is_causal=True, **kwargs
-        )[0]  # [1, e - s, H, d]
-        for s, e in spans
-    ]
+    outs = []
+    for seg in layout:
+        q = query[:, :, seg.start : seg.end]
+        k, v = key[:, :, seg.start : seg.end], value[:, :, seg.start : seg.end]
+        if not seg.prefix_len:
+            outs.append(sdpa_attention_forward(module, q, k, v, None, is_causal=True, **kwargs)[0])
+            continue
+        prefix = slice(seg.prefix_start, seg.prefix_start + seg.prefix_len)
+        k = torch.cat([key[:, :, prefix], k], dim=2)  # [1, H_kv, p + n, d]
+        v = torch.cat([value[:, :, prefix], v], dim=2)
+        n = seg.end - seg.start
+        # token i of the segment (position p + i) sees the prompt and its segment up to itself
+        allowed = torch.ones((n, seg.prefix_len + n), dtype=torch.bool, device=q.device).tril_(seg.prefix_len)
+        outs.append(
+            sdpa_attention_forward(module, q, k, v, allowed[None, None], is_causal=False, **kwargs)[0]
+        )
     return torch.cat(outs, dim=1), None  # [1, N, H, d]
+
+
+def shares_prompts(module: Any) -> bool:
+    """Whether ``module``'s packed rows may share prompts: its attention is :data:`PACKED_SDPA`
+    (transformers' own would read a shared row as separate sequences)."""
+    return getattr(getattr(module, "config", None), "_attn_implementation", None) == PACKED_SDPA
 
 
 def _mask(*args: Any, **kwargs: Any) -> Any:

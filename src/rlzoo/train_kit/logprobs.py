@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from rlzoo.kernel.batch import Batch
 from rlzoo.kernel.settings import MicroBatchSettings
-from rlzoo.train_kit.attention import packed_forward
+from rlzoo.train_kit.attention import packed_forward, shares_prompts
 
 __all__ = [
     "DEFAULT_LOG_PROB_CHUNK",
@@ -544,13 +544,20 @@ class Packed:
     response_valid: Tensor
 
 
-def pack(mb: Batch) -> Packed:
+def pack(mb: Batch, *, share_prompts: bool = False) -> Packed:
     """Pack ``mb`` (``rlzoo.kernel.batch`` layout: prompt left-padded, response right-padded).
 
     Response token ``t`` of a sample is predicted by the packed position just before it, which is
     the previous real token of the same sequence (prompt and response are contiguous). Needs at
     least one prompt token per sample (as the padded path does).
+
+    ``share_prompts``: samples whose prompt tokens are the same are laid out as the prompt once,
+    then each response, positions continuing from the prompt's length (``[0 .. P + n1)``,
+    ``[P .. P + n2)``, ...); only a model on :data:`rlzoo.train_kit.attention.PACKED_SDPA` reads
+    that layout (:func:`rlzoo.train_kit.attention.row_layout`).
     """
+    if share_prompts:
+        return _pack_sharing_prompts(mb)
     ids = mb["input_ids"]  # [b, L]
     attn = mb["attention_mask"].bool()  # [b, L]
     T = mb["responses"].shape[1]
@@ -566,6 +573,50 @@ def pack(mb: Batch) -> Packed:
         position_ids=rearrange(pos, "n -> 1 n"),  # [1, N]
         predict_at=token_at - 1,  # [n]
         targets=flat_ids[token_at],  # [n]
+        response_valid=response_valid,  # [b, T]
+    )
+
+
+def _pack_sharing_prompts(mb: Batch) -> Packed:
+    """:func:`pack` with each distinct prompt once: a group's samples laid out together, the first
+    carrying the prompt (a group kept together is what lets :func:`rlzoo.train_kit.attention.row_layout`
+    tell a response that continues its group's prompt from one that continues the row)."""
+    ids = mb["input_ids"]  # [b, L]
+    attn = mb["attention_mask"].bool()  # [b, L]
+    T = mb["responses"].shape[1]
+    P = ids.shape[1] - T
+    response_valid = attn[:, -T:]  # [b, T]
+    n_resp = [int(n) for n in response_valid.sum(-1).tolist()]  # right-padded: the first n are real
+    groups: dict[tuple[int, ...], list[int]] = {}  # prompt tokens -> its rows, in order
+    for i in range(ids.shape[0]):
+        groups.setdefault(tuple(ids[i, :P][attn[i, :P]].tolist()), []).append(i)
+    chunks: list[Tensor] = []
+    positions: list[Tensor] = []
+    predict: dict[int, Tensor] = {}
+    cursor = 0
+    for prompt_tokens, rows in groups.items():
+        p, start = len(prompt_tokens), cursor
+        chunks.append(ids.new_tensor(prompt_tokens))
+        positions.append(torch.arange(p, device=ids.device))
+        cursor += p
+        for i in rows:
+            n = n_resp[i]
+            chunks.append(ids[i, P : P + n])
+            positions.append(torch.arange(p, p + n, device=ids.device))  # each continues the prompt
+            # token t is predicted by the token before it: the prompt's last for t = 0 (the first
+            # response follows it in the row, a later one only by position)
+            predict[i] = torch.cat(
+                [
+                    torch.tensor([start + p - 1], device=ids.device),
+                    torch.arange(cursor, cursor + n - 1, device=ids.device),
+                ]
+            )[:n]
+            cursor += n
+    return Packed(
+        input_ids=rearrange(torch.cat(chunks), "n -> 1 n"),  # [1, N]
+        position_ids=rearrange(torch.cat(positions), "n -> 1 n"),  # [1, N]
+        predict_at=torch.cat([predict[i] for i in range(ids.shape[0])]),  # [n], sample after sample
+        targets=ids[:, P:][response_valid],  # [n]
         response_valid=response_valid,  # [b, T]
     )
 
@@ -694,7 +745,7 @@ def response_hidden(module: nn.Module, mb: Batch, *, packed: bool) -> tuple[Tens
     ``[1, n, H]``, ``[1, n]`` and the :class:`Packed` layout."""
     decoder: Any = module.get_decoder()  # type: ignore[operator]
     if packed:
-        pk = pack(mb)
+        pk = pack(mb, share_prompts=shares_prompts(module))
         with packed_forward():
             out = decoder(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False)
         return out.last_hidden_state[:, pk.predict_at], pk.targets[None], pk
@@ -708,7 +759,7 @@ def packed_response_logits(module: nn.Module, mb: Batch, *, keep_arg: bool) -> t
     """Logits ``[1, n, V]`` that predict the ``n`` real response tokens of a text micro-batch, from
     one padding-free forward (:func:`pack`: real tokens end to end, positions
     restarting per sequence, no attention mask, so HF attention keeps each sequence to itself)."""
-    pk = pack(mb)
+    pk = pack(mb, share_prompts=shares_prompts(module))
     if keep_arg:
         with packed_forward():
             out = module(
@@ -758,7 +809,7 @@ def critic_values(critic: nn.Module, mb: Batch, *, packed: bool = False) -> Tens
     """Values ``[b, T]`` of one micro-batch on the device (value at ``P - 1 + t``); zero on padding.
     ``packed``: one padding-free forward (as :func:`packed_response_logits`)."""
     if packed:
-        pk = pack(mb)
+        pk = pack(mb, share_prompts=shares_prompts(getattr(critic, "backbone", critic)))
         with packed_forward():
             values = critic(pk.input_ids, None, pk.position_ids, keep_index=pk.predict_at)[0]  # [n]
         return unpack(values, pk.response_valid)  # [b, T]
