@@ -154,6 +154,14 @@ def test_smollm2_arith_pays_for_the_sum_not_for_restating_the_question(recipe: s
         assert score(wrong) == 0.0, wrong
 
 
+@pytest.mark.parametrize("recipe", ["grpo_smollm2_arith", "grpo_smollm2_count"])
+def test_smollm2_recipes_update_padding_free_with_shared_prompts(recipe: str) -> None:
+    # measured fastest (docs/performance.md): each group's prompt once in the packed row
+    cfg = load_config(recipe)
+    assert _name(cfg.trainer.backend) == "native" and cfg.trainer.backend.params.use_remove_padding
+    assert cfg.rollout.n > 1  # a group's answers to share the prompt
+
+
 # ---------------------------------------------------------------------------------------------
 # tiny variants
 # ---------------------------------------------------------------------------------------------

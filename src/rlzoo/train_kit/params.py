@@ -47,7 +47,9 @@ class HFTrainParams:
         False,
         help="padding-free forwards: a micro-batch's real tokens packed end to end in one row, positions "
         "restarting per sequence (attention stays within each sequence; needs sdpa, eager or "
-        "flash_attention_2 in transformers >= 5); text models (VL models keep the padded forward)",
+        "flash_attention_2 in transformers >= 5); text models (VL models keep the padded forward). On sdpa "
+        "(llama, mistral, qwen2/3 families) each sequence's attention runs on its own and the samples of a "
+        "group share one copy of their prompt (rlzoo.train_kit.attention)",
     )
     temperature: float | None = param(
         None,

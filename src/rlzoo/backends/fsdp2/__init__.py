@@ -71,7 +71,8 @@ class FSDP2Params(HFTrainParams):
         True,
         help="padding-free forward: pack a micro-batch's real tokens into one row, position_ids restarting "
         "per sequence (needs an attention implementation that honours packed position_ids: sdpa, eager, "
-        "flash_attention_2 in transformers >= 5)",
+        "flash_attention_2 in transformers >= 5); on sdpa (llama, mistral, qwen2/3 families) each "
+        "sequence's attention runs on its own and a group's samples share one copy of their prompt",
     )
     reshard_after_forward: bool = param(
         True, help="free gathered params after each layer's forward (ZeRO-3); False keeps them until backward"
