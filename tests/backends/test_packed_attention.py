@@ -103,9 +103,11 @@ def test_critic_values_of_a_packed_row_equal_the_padded_ones() -> None:
     backbone = _model(tiny_qwen2_config).model
     critic = CriticModel(backbone, backbone.config.hidden_size)
     torch.nn.init.normal_(critic.value_head.weight)
-    batch = sample_batch(seed=6, B=5)
+    batch, _, _ = _group_batch(seed=6)  # groups: the critic's packed row shares their prompts too
     padded = critic_values(critic, batch)
+    assert not attention.shares_prompts(critic)
     assert attention.install(backbone, what="critic")
+    assert attention.shares_prompts(critic)  # found in the backbone
     torch.testing.assert_close(critic_values(critic, batch, packed=True), padded, atol=1e-5, rtol=1e-5)
 
 

@@ -163,10 +163,15 @@ def packed_sdpa(
     return torch.cat(outs, dim=1), None  # [1, N, H, d]
 
 
-def shares_prompts(module: Any) -> bool:
-    """Whether ``module``'s packed rows may share prompts: its attention is :data:`PACKED_SDPA`
-    (transformers' own would read a shared row as separate sequences)."""
-    return getattr(getattr(module, "config", None), "_attn_implementation", None) == PACKED_SDPA
+def shares_prompts(module: nn.Module) -> bool:
+    """Whether ``module``'s packed rows may share prompts: the HF model in it (``module`` itself, or
+    the first submodule with a config: a critic's backbone, a LoRA wrapper's base) attends with
+    :data:`PACKED_SDPA` (transformers' own would read a shared row as separate sequences)."""
+    for m in module.modules():
+        config = getattr(m, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            return bool(config._attn_implementation == PACKED_SDPA)
+    return False
 
 
 def _mask(*args: Any, **kwargs: Any) -> Any:

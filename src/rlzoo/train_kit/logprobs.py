@@ -809,7 +809,7 @@ def critic_values(critic: nn.Module, mb: Batch, *, packed: bool = False) -> Tens
     """Values ``[b, T]`` of one micro-batch on the device (value at ``P - 1 + t``); zero on padding.
     ``packed``: one padding-free forward (as :func:`packed_response_logits`)."""
     if packed:
-        pk = pack(mb, share_prompts=shares_prompts(getattr(critic, "backbone", critic)))
+        pk = pack(mb, share_prompts=shares_prompts(critic))
         with packed_forward():
             values = critic(pk.input_ids, None, pk.position_ids, keep_index=pk.predict_at)[0]  # [n]
         return unpack(values, pk.response_valid)  # [b, T]
