@@ -30,6 +30,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from rlzoo.kernel.batch import Batch
+from rlzoo.train_kit.attention import Segment, row_layout
 from rlzoo.train_kit.logprobs import Packed, pack, sum_pi_squared, token_log_probs, unpack
 
 __all__ = [
@@ -265,8 +266,8 @@ def split_packed(pk: Packed, sp: UlyssesGroup) -> SeqPiece:
     ids = F.pad(pk.input_ids, (0, pad), value=0)  # [1, N']
     pad_pos = torch.arange(pad, dtype=pk.position_ids.dtype, device=pk.position_ids.device)
     pos = torch.cat([pk.position_ids, pad_pos[None]], dim=1)  # [1, N']
-    starts = (pos[0] == 0).nonzero().flatten().tolist()  # each packed sequence starts at position 0
-    sp.segments = list(zip(starts, [*starts[1:], n + pad], strict=True))
+    layout = row_layout(pos) or [Segment(0, n + pad)]  # one sequence, no padding: one segment
+    sp.segments = [(seg.start, seg.end) for seg in layout]
     width = (n + pad) // sp.size
     start = sp.rank * width
     owner = torch.div(pk.predict_at, width, rounding_mode="floor")  # [n] SP rank of each prediction

@@ -112,8 +112,8 @@ class NativeTrainBackend:
                 type(model).__name__,
             )
         # packed rows attend per sequence (before the reference / critic copies, which inherit it)
-        self._packed_attention = params.use_remove_padding and not self._vl
-        if self._packed_attention:
+        packed_attention = params.use_remove_padding and not self._vl
+        if packed_attention:
             attention.install(self.actor, what="actor")
         if self._vl and spec.need_critic:
             raise NotImplementedError(
@@ -131,7 +131,7 @@ class NativeTrainBackend:
                 spec, critic_backbone, self.actor, given_model=given_model, kwargs=self._hf_kwargs()
             )
             hidden = int(backbone.config.hidden_size)
-            if self._packed_attention:
+            if packed_attention:
                 attention.install(backbone, what="critic")
             self.critic = models.CriticModel(backbone.to(self.dtype), hidden).to(self.device)
         # LoRA: adapters injected into the actor in place (after the critic copied a clean base)
@@ -150,7 +150,7 @@ class NativeTrainBackend:
                     "is not supported yet (algorithm.teacher works with text models)"
                 )
             self.teacher = models.load_teacher(spec.teacher, params, spec, self.dtype).to(self.device)
-            if self._packed_attention:
+            if packed_attention:
                 attention.install(self.teacher, what="teacher")
 
         if params.gradient_checkpointing:
