@@ -364,3 +364,47 @@ def test_backend_from_path(tmp_path, model):
         assert backend.version == 3 and backend.num_pending() == 0
     finally:
         backend.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------
+# the KV cache: decode steps write in place (native.kv)
+# ---------------------------------------------------------------------------------------------
+def test_spare_columns_give_the_same_samples_as_concatenation(model, monkeypatch):
+    """Rows joining, retiring and buffers growing every 3 columns: the same tokens and log-probs,
+    bit for bit, as transformers' DynamicLayer, which concatenates every step."""
+    from rlzoo.backends.native import kv
+
+    prompts = _prompts(9, seed=21)
+    reqs = [
+        _req(f"r{i}", p, temperature=0.9, top_p=0.95, max_new_tokens=5 + 4 * (i % 4), n=2, seed=i)
+        for i, p in enumerate(prompts)
+    ]
+    monkeypatch.setattr(kv, "SPARE_COLUMNS", 3)
+    ours = _engine(model, max_num_seqs=4).generate(reqs)
+    monkeypatch.setattr(kv, "with_spare_columns", lambda cache, spare=None: cache)
+    concatenated = _engine(model, max_num_seqs=4).generate(reqs)
+    assert [s.uid for s in ours] == [s.uid for s in concatenated]
+    for a, b in zip(ours, concatenated):
+        assert a.response_ids == b.response_ids
+        assert a.rollout_log_probs == b.rollout_log_probs
+
+
+def test_a_decode_step_writes_its_column_into_the_spare_buffer(model):
+    """The cache's keys stay views of one buffer across decode steps (DynamicLayer's are a new
+    tensor each step: the whole cache copied); the buffer grows once its spare columns are used."""
+    from rlzoo.backends.native.kv import SPARE_COLUMNS, SpareLayer
+
+    engine = _engine(model, max_num_seqs=2)
+    engine.submit([_req("a", _prompts(1, seed=22)[0], greedy=True, max_new_tokens=SPARE_COLUMNS + 8, n=2)])
+    engine.step()  # prefill + first decode
+    layer = engine._rows.batch.cache.layers[0]
+    assert isinstance(layer, SpareLayer)
+    ptr, width = layer.keys.data_ptr(), layer.keys.shape[2]
+    grown = []
+    for step in range(1, SPARE_COLUMNS + 4):
+        engine.step()
+        layer = engine._rows.batch.cache.layers[0]
+        assert layer.keys.shape[2] == width + step
+        grown.append(layer.keys.data_ptr() != ptr)
+        ptr = layer.keys.data_ptr()
+    assert grown.count(True) == 1  # one copy in SPARE_COLUMNS + 3 steps, not one per step

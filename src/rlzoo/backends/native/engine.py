@@ -30,6 +30,10 @@ one forward, the ``n`` samples of a prompt share one prefill) and their KV is le
 (or the running rows to the joiners' length) and concatenated along the batch. So a long response
 never holds the slots of short ones.
 
+The cache's layers keep spare columns (:mod:`rlzoo.backends.native.kv`): a decode step writes its
+keys and values in place instead of concatenating (copying) the whole cache of every layer; the
+batch surgery above still hands them plain tensors, copied into new buffers at the next step.
+
 After ``update_weights`` the KV of in-flight rows was computed by the old weights; with
 ``recompute_kv_on_update`` the whole running context is re-prefilled (one forward over ``ctx_ids``,
 the same layout) before the next decode step.

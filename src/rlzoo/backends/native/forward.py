@@ -96,6 +96,10 @@ class ModelCalls:
         if want_cache and not self.cache_ok(new_cache):
             self.use_cache = False  # e.g. sliding-window / linear-attention layers: recompute from now on
             new_cache = None
+        if want_cache and new_cache is not None:
+            from rlzoo.backends.native.kv import with_spare_columns
+
+            with_spare_columns(new_cache)  # decode steps write their column in place (native.kv)
         logits = logits[:, -1].float()  # [B, V]
         return logits, (new_cache if want_cache else None)
 
@@ -104,9 +108,11 @@ class ModelCalls:
         """Whether the cache is one whose layers we can slice and concatenate per row/column."""
         from transformers.cache_utils import DynamicCache, DynamicLayer
 
+        from rlzoo.backends.native.kv import SpareLayer
+
         if not isinstance(cache, DynamicCache) or not hasattr(cache, "layers"):
             return False
-        return all(type(layer) is DynamicLayer for layer in cache.layers)
+        return all(type(layer) in (DynamicLayer, SpareLayer) for layer in cache.layers)
 
     def prefill(
         self, ctx_ids: Tensor, ctx_mask: Tensor, images: list[dict[str, Any] | None] | None = None
