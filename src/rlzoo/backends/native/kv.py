@@ -2,8 +2,9 @@
 
 transformers' :class:`~transformers.cache_utils.DynamicLayer` appends a step's keys and values with
 ``torch.cat``: every decode step copies the whole cache of every layer. For a batch of 64 SmolLM2
-answers growing to 300 tokens that is ~0.9 GB copied a step (30 layers, keys and values), a third of
-the engine's time at 64 new tokens on a 2-core CPU, and growing with the length.
+answers growing to 300 tokens that is ~0.9 GB copied a step (30 layers, keys and values), and it
+grows with the length. Without that copy the engine decoded 64 x 256 tokens 1.14x and 16 x 768
+tokens 1.13x as fast on a 2-core AVX2 CPU (``benchmarks/kv_cache.py``, docs/performance.md).
 
 :class:`SpareLayer` keeps its ``keys`` / ``values`` as the first columns of buffers with
 :data:`SPARE_COLUMNS` columns to spare: ``update`` writes the new columns after them and returns the
