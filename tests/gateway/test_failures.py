@@ -235,11 +235,15 @@ def test_a_call_the_engine_never_samples_gets_a_503_that_says_so() -> None:
 
     got: dict[str, Any] = {}
     done = threading.Event()
+    release = threading.Event()
 
     def agent(client: Any, row: Any) -> AgentResult:
         body = {"model": client.model, "messages": [{"role": "user", "content": "1 2 3"}]}
         got["reply"] = post(client.base_url + "/chat/completions", body, client.api_key)
         done.set()
+        # an agent still at work when its time is up: without this wait, a loaded machine could
+        # run the reply's return before the episode's own timeout, and the episode end normally
+        release.wait(30)
         return AgentResult(reward=0.0)
 
     tok = build_tokenizer()
@@ -259,6 +263,7 @@ def test_a_call_the_engine_never_samples_gets_a_503_that_says_so() -> None:
         assert "exceeded 1 s (rollout.gateway.agent_timeout_s)" in (s.agent["error"] or "")  # type: ignore[index]
         assert done.wait(10)  # the abandoned agent thread still gets its reply
     finally:
+        release.set()
         gw.shutdown()
     status, body = got["reply"]
     assert status == 503 and body["error"]["code"] == "engine_timeout"
