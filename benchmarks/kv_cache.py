@@ -27,7 +27,6 @@ from typing import Any
 import torch
 from packed_forward import load_model, prompts
 
-from rlzoo.backends.native import kv
 from rlzoo.backends.native.engine import NativeEngine
 from rlzoo.kernel.protocols import GenerationRequest, SamplingParams
 
@@ -35,20 +34,15 @@ MODES = ("spare columns", "concatenation")
 
 
 def decode(model: Any, ps: list[list[int]], n: int, new: int, mode: str) -> tuple[float, list[list[int]]]:
-    real = kv.with_spare_columns
-    if mode == "concatenation":
-        kv.with_spare_columns = lambda cache, spare=None: cache  # type: ignore[assignment]
-    try:
-        engine = NativeEngine(model, eos_token_ids=(), max_num_seqs=len(ps) * n)
-        reqs = [
-            GenerationRequest(f"p{i}", p, SamplingParams(n=n, max_new_tokens=new, seed=i))
-            for i, p in enumerate(ps)
-        ]
-        t0 = time.perf_counter()
-        out = engine.generate(reqs)
-        return time.perf_counter() - t0, [s.response_ids for s in out]
-    finally:
-        kv.with_spare_columns = real  # type: ignore[assignment]
+    spare = 0 if mode == "concatenation" else None  # None: the engine's default
+    engine = NativeEngine(model, eos_token_ids=(), max_num_seqs=len(ps) * n, kv_spare_columns=spare)
+    reqs = [
+        GenerationRequest(f"p{i}", p, SamplingParams(n=n, max_new_tokens=new, seed=i))
+        for i, p in enumerate(ps)
+    ]
+    t0 = time.perf_counter()
+    out = engine.generate(reqs)
+    return time.perf_counter() - t0, [s.response_ids for s in out]
 
 
 def main() -> None:

@@ -369,20 +369,16 @@ def test_backend_from_path(tmp_path, model):
 # ---------------------------------------------------------------------------------------------
 # the KV cache: decode steps write in place (native.kv)
 # ---------------------------------------------------------------------------------------------
-def test_spare_columns_give_the_same_samples_as_concatenation(model, monkeypatch):
+def test_spare_columns_give_the_same_samples_as_concatenation(model):
     """Rows joining, retiring and buffers growing every 3 columns: the same tokens and log-probs,
     bit for bit, as transformers' DynamicLayer, which concatenates every step."""
-    from rlzoo.backends.native import kv
-
     prompts = _prompts(9, seed=21)
     reqs = [
         _req(f"r{i}", p, temperature=0.9, top_p=0.95, max_new_tokens=5 + 4 * (i % 4), n=2, seed=i)
         for i, p in enumerate(prompts)
     ]
-    monkeypatch.setattr(kv, "SPARE_COLUMNS", 3)
-    ours = _engine(model, max_num_seqs=4).generate(reqs)
-    monkeypatch.setattr(kv, "with_spare_columns", lambda cache, spare=None: cache)
-    concatenated = _engine(model, max_num_seqs=4).generate(reqs)
+    ours = _engine(model, max_num_seqs=4, kv_spare_columns=3).generate(reqs)
+    concatenated = _engine(model, max_num_seqs=4, kv_spare_columns=0).generate(reqs)
     assert [s.uid for s in ours] == [s.uid for s in concatenated]
     for a, b in zip(ours, concatenated):
         assert a.response_ids == b.response_ids

@@ -134,6 +134,9 @@ class NativeEngine:
         use_kv_cache: False recomputes the whole context every step.
         record_routes: keep a MoE model's top-k expert indices of every position fed, per layer, in
             each sample's ``routed_experts`` (router replay; :mod:`rlzoo.backends.native.routes`).
+        kv_spare_columns: columns each KV cache layer keeps to spare, so that a decode step writes
+            in place (:mod:`rlzoo.backends.native.kv`; None: its ``SPARE_COLUMNS``; 0: transformers'
+            ``DynamicLayer``, which concatenates the whole cache every step).
     """
 
     def __init__(
@@ -150,6 +153,7 @@ class NativeEngine:
         recompute_kv_on_update: bool = True,
         use_kv_cache: bool = True,
         record_routes: bool = False,
+        kv_spare_columns: int | None = None,
     ) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
@@ -166,7 +170,11 @@ class NativeEngine:
 
         self.stats = {"steps": 0, "decode_forwards": 0, "prefill_forwards": 0, "tokens": 0, "recomputes": 0}
         self._calls = ModelCalls(
-            model, use_kv_cache=use_kv_cache, stats=self.stats, record_routes=record_routes
+            model,
+            use_kv_cache=use_kv_cache,
+            stats=self.stats,
+            record_routes=record_routes,
+            kv_spare_columns=kv_spare_columns,
         )
         self.device = self._calls.device
         self._vl = self._calls.vl

@@ -29,10 +29,19 @@ class ModelCalls:
     """
 
     def __init__(
-        self, model: nn.Module, *, use_kv_cache: bool, stats: dict[str, int], record_routes: bool = False
+        self,
+        model: nn.Module,
+        *,
+        use_kv_cache: bool,
+        stats: dict[str, int],
+        record_routes: bool = False,
+        kv_spare_columns: int | None = None,
     ) -> None:
         self.model = model
         self.stats = stats
+        #: spare columns of the cache's layers (:mod:`rlzoo.backends.native.kv`; None: its default,
+        #: 0: transformers' layers, which concatenate every step)
+        self.kv_spare_columns = kv_spare_columns
         self.recorder: RouteRecorder | None = None
         self.routes: Tensor | None = None  # [B, L, layers, top_k] of the last forward (record_routes)
         if record_routes:
@@ -96,10 +105,10 @@ class ModelCalls:
         if want_cache and not self.cache_ok(new_cache):
             self.use_cache = False  # e.g. sliding-window / linear-attention layers: recompute from now on
             new_cache = None
-        if want_cache and new_cache is not None:
+        if want_cache and new_cache is not None and self.kv_spare_columns != 0:
             from rlzoo.backends.native.kv import with_spare_columns
 
-            with_spare_columns(new_cache)  # decode steps write their column in place (native.kv)
+            with_spare_columns(new_cache, self.kv_spare_columns)  # decode steps write in place
         logits = logits[:, -1].float()  # [B, V]
         return logits, (new_cache if want_cache else None)
 

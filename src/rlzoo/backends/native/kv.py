@@ -53,14 +53,12 @@ class SpareLayer(DynamicLayer):
     def of(cls, layer: DynamicLayer, spare: int | None = None) -> SpareLayer:
         """This kind of layer holding ``layer``'s keys and values (not copied until the next update)."""
         new = cls(spare)
-        for name, value in vars(layer).items():
-            if name != "spare":
-                setattr(new, name, value)
+        vars(new).update(vars(layer))  # keys, values, is_initialized, device
         return new
 
     def _owned(self) -> bool:
         k, v, kb, vb = self.keys, self.values, self._kbuf, self._vbuf
-        if k is None or v is None or kb is None or vb is None:
+        if k is None or v is None or kb is None or vb is None:  # no buffers yet
             return False
         return _is_prefix_view(k, kb) and _is_prefix_view(v, vb)
 
